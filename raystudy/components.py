@@ -1,0 +1,221 @@
+"""Study components as data over timm's ViT parameter names.
+
+A *component* is a named set of parameters (``MHA`` = every block's ``attn.qkv`` and
+``attn.proj``, weights and biases). A *condition* is the set of components that train; the new
+head and the final norm (``HEAD``) train in every condition. ``partition`` checks that every
+parameter of a model belongs to exactly one component, so a timm rename (``ls1``, ``reg_token``)
+fails loudly instead of silently freezing or training the wrong thing.
+
+    python -m raystudy.components --model vit_base_patch16_224   # counts per component/condition
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterable
+
+import torch.nn as nn
+
+# peft wraps an adapted Linear and moves its weight to ``<name>.base_layer.weight``.
+_BASE = r"(\.base_layer)?"
+
+# Ordered: the order tables and condition names are printed in.
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    "LN1": (r"blocks\.\d+\.norm1\.(weight|bias)",),
+    "MHA": (rf"blocks\.\d+\.attn\.(qkv|proj){_BASE}\.(weight|bias)",),
+    "LN2": (r"blocks\.\d+\.norm2\.(weight|bias)",),
+    "FC1": (r"blocks\.\d+\.mlp\.fc1\.(weight|bias)",),
+    "FC2": (r"blocks\.\d+\.mlp\.fc2\.(weight|bias)",),
+    "EMBED": (r"cls_token", r"pos_embed", r"patch_embed\.proj\.(weight|bias)"),
+    "HEAD": (r"head\.(weight|bias)", r"norm\.(weight|bias)", r"fc_norm\.(weight|bias)"),
+    "LORA": (r"blocks\.\d+\.attn\.(qkv|proj)\.lora_[AB]\.[\w]+\.weight",),
+}
+
+# The components a study condition may name (HEAD always trains; LORA comes with ``lora``).
+STUDY_COMPONENTS = ("LN1", "MHA", "LN2", "FC1", "FC2", "EMBED")
+NAMED_CONDITIONS = {
+    "full": frozenset(STUDY_COMPONENTS),
+    "linear_probe": frozenset(),
+    "lora": frozenset({"LORA"}),
+}
+# The paper's seven conditions (STUDY.md), in the order its tables use.
+PAPER_CONDITIONS = ("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe")
+
+# LoRA as in the study: rank 8, alpha 16 on the attention linears.
+LORA_TARGETS = ("attn.qkv", "attn.proj")
+
+_COMPILED = {name: [re.compile(p) for p in pats] for name, pats in COMPONENTS.items()}
+
+
+class ConditionError(ValueError):
+    """A condition names something that is not a component."""
+
+
+class PartitionError(RuntimeError):
+    """A model has parameters that belong to no component, or to several."""
+
+
+def parse_condition(condition: str) -> frozenset[str]:
+    """Map a condition name to the set of components that train (besides HEAD).
+
+    >>> sorted(parse_condition("mha+FC1"))
+    ['FC1', 'MHA']
+    """
+    if not isinstance(condition, str) or not condition.strip():
+        raise ConditionError(f"condition must be a non-empty string, got {condition!r}; {_allowed()}")
+    key = condition.strip()
+    if key.lower() in NAMED_CONDITIONS:
+        return NAMED_CONDITIONS[key.lower()]
+    parts = [p.strip().upper() for p in key.split("+")]
+    for p in parts:
+        if p not in STUDY_COMPONENTS:
+            raise ConditionError(f"unknown component {p!r} in condition {condition!r}; {_allowed()}")
+    if len(set(parts)) != len(parts):
+        raise ConditionError(f"condition {condition!r} names a component twice")
+    return frozenset(parts)
+
+
+def canonical_condition(condition: str) -> str:
+    """The one spelling of a condition: named conditions lower-case, combinations in table order."""
+    comps = parse_condition(condition)
+    if condition.strip().lower() in NAMED_CONDITIONS:
+        return condition.strip().lower()
+    return "+".join(c for c in STUDY_COMPONENTS if c in comps)
+
+
+def _allowed() -> str:
+    return (f"valid: {', '.join(STUDY_COMPONENTS)}, {', '.join(NAMED_CONDITIONS)}, "
+            "or a '+' combination such as MHA+FC1")
+
+
+def component_of(param_name: str) -> list[str]:
+    """Every component whose patterns match ``param_name`` (exactly one in a sound model)."""
+    return [c for c, pats in _COMPILED.items() if any(p.fullmatch(param_name) for p in pats)]
+
+
+def partition(names: Iterable[str] | nn.Module) -> dict[str, list[str]]:
+    """Group parameter names by component, checking each belongs to exactly one.
+
+    Raises PartitionError naming every unmatched or ambiguous parameter.
+    """
+    if isinstance(names, nn.Module):
+        names = [n for n, _ in names.named_parameters()]
+    groups: dict[str, list[str]] = {c: [] for c in COMPONENTS}
+    orphans, ambiguous = [], []
+    for name in names:
+        owners = component_of(name)
+        if not owners:
+            orphans.append(name)
+        elif len(owners) > 1:
+            ambiguous.append(f"{name} ({'/'.join(owners)})")
+        else:
+            groups[owners[0]].append(name)
+    if orphans or ambiguous:
+        msg = []
+        if orphans:
+            msg.append(f"{len(orphans)} parameter(s) belong to no component: {_head(orphans)}")
+        if ambiguous:
+            msg.append(f"{len(ambiguous)} parameter(s) belong to several: {_head(ambiguous)}")
+        raise PartitionError("; ".join(msg) + " (has timm renamed something? extend "
+                             "raystudy.components.COMPONENTS)")
+    return groups
+
+
+def _head(items: list[str], k: int = 6) -> str:
+    return ", ".join(items[:k]) + (f", ... (+{len(items) - k})" if len(items) > k else "")
+
+
+def trainable_components(condition: str) -> frozenset[str]:
+    """Components that train under ``condition``, HEAD included."""
+    return parse_condition(condition) | {"HEAD"}
+
+
+def add_lora(model: nn.Module, rank: int = 8, alpha: int = 16) -> nn.Module:
+    """Inject peft LoRA adapters into the attention linears, in place (keeps timm's names)."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    targets = [n for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and n.endswith(LORA_TARGETS)]
+    if not targets:
+        raise PartitionError("model has no attention linears (attn.qkv / attn.proj) for LoRA")
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets)
+    return inject_adapter_in_model(config, model)
+
+
+def apply_condition(model: nn.Module, condition: str, *, lora_rank: int = 8,
+                    lora_alpha: int = 16) -> dict[str, int]:
+    """Make exactly the condition's parameters trainable; returns trainable counts per component.
+
+    For ``lora`` the adapters are injected first. Every other parameter gets
+    ``requires_grad=False``, so it receives no gradient and no optimizer state.
+    """
+    train = trainable_components(condition)
+    if "LORA" in train and not any("lora_" in n for n, _ in model.named_parameters()):
+        add_lora(model, lora_rank, lora_alpha)
+    groups = partition(model)
+    params = dict(model.named_parameters())
+    counts = {}
+    for comp, names in groups.items():
+        on = comp in train
+        for n in names:
+            params[n].requires_grad_(on)
+        if on and names:
+            counts[comp] = sum(params[n].numel() for n in names)
+    return counts
+
+
+def component_counts(model: nn.Module) -> dict[str, int]:
+    """Parameter count of every component of ``model`` (zero-sized ones omitted)."""
+    params = dict(model.named_parameters())
+    return {c: sum(params[n].numel() for n in ns) for c, ns in partition(model).items() if ns}
+
+
+def condition_counts(model: nn.Module, conditions: Iterable[str]) -> dict[str, int]:
+    """Trainable-parameter count of each condition on ``model`` (LoRA counted on a copy)."""
+    import copy
+
+    per_comp = component_counts(model)
+    out = {}
+    for cond in conditions:
+        comps = trainable_components(cond)
+        if "LORA" in comps:
+            out[cond] = sum(apply_condition(copy.deepcopy(model), cond).values())
+        else:
+            out[cond] = sum(per_comp.get(c, 0) for c in comps)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m raystudy.components", description=(
+        "Print parameter counts per component and trainable counts per study condition "
+        "for a model architecture (random init, no weights needed)."))
+    ap.add_argument("--model", default="vit_base_patch16_224",
+                    help="timm ViT name, alias (vit_base, vit_large, vit_huge) or vit_demo")
+    ap.add_argument("--conditions", default=",".join(PAPER_CONDITIONS + ("EMBED", "lora")),
+                    help="comma-separated conditions (default: the paper's, EMBED and lora)")
+    args = ap.parse_args(argv)
+    from raystudy import models
+    from raystudy.config import ConfigError
+
+    try:
+        conds = [canonical_condition(c) for c in args.conditions.split(",")]
+        model = models.create_model(args.model, num_classes=100, pretrained=False)
+        per_comp = component_counts(model)
+    except (ConfigError, ConditionError, PartitionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    total = sum(per_comp.values())
+    print(f"{args.model}: {total:,} parameters (head for 100 classes)")
+    print(f"{'component':<14}{'parameters':>14}")
+    for c, n in per_comp.items():
+        print(f"{c:<14}{n:>14,}")
+    print(f"\n{'condition':<14}{'trainable':>14}{'share':>9}")
+    for c, n in condition_counts(model, conds).items():
+        print(f"{c:<14}{n:>14,}{n / total:>9.2%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

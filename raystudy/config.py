@@ -1,0 +1,196 @@
+"""Finetuning configs: frozen dataclasses loaded from YAML or dicts, strict about keys and values.
+
+A config is plain data. ``load_config`` rejects unknown keys and wrong types with one line that
+names the bad value and what is allowed; ``validate`` checks the names (model, dataset,
+condition, optimizer) against their registries before any heavy work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+OPTIMIZERS = ("sgd", "adamw")
+DEVICES = ("auto", "cpu", "cuda")
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message is one line naming the value and the valid choices."""
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """One finetuning run of one study condition. Defaults are the offline demo's."""
+
+    # what to train
+    model: str = "vit_demo"
+    weights: str | None = None          # local checkpoint file; default: timm hub cache / demo cache
+    pretrained: bool = True
+    dataset: str = "digits_c"
+    data_root: str | None = None        # default: $RAYSTUDY_DATA or ~/.cache/raystudy/data
+    download: bool = False              # torchvision datasets only, on request
+    low_data: bool = False              # 10 training images per class
+    condition: str = "MHA"
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    # optimisation (STUDY.md: SGD momentum 0.9, wd 0, clip 1.0, cosine with linear warmup)
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    betas: tuple[float, float] = (0.9, 0.999)
+    steps: int = 300
+    warmup_steps: int = 30
+    batch_size: int = 64
+    grad_accum: int = 1                 # micro-batches per step; batch_size is the effective batch
+    clip_grad: float = 1.0
+    # measurement
+    eval_every: int = 50
+    log_every: int = 10
+    eval_batch_size: int = 256
+    probe_pairs: int = 0                # plasticity pairs probed before and after (0: no probe)
+    # execution
+    seed: int = 0
+    device: str = "auto"
+    num_workers: int = 0
+    compile: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    def replace(self, **changes: Any) -> "FinetuneConfig":
+        return from_dict({**self.to_dict(), **changes})
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(FinetuneConfig)
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotated type; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, value, inner[0])
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"config key {key!r} must be a list of {len(args)} numbers, got {value!r}")
+        return tuple(_coerce(key, v, a) for v, a in zip(value, args))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key {key!r} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"config key {key!r} must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"config key {key!r} must be a string, got {value!r}")
+    return value
+
+
+def from_dict(d: dict[str, Any]) -> FinetuneConfig:
+    """Build a config, refusing unknown keys and mistyped values."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"a config must be a mapping of keys to values, got {type(d).__name__}")
+    types_ = _field_types()
+    for key in d:
+        if key not in types_:
+            close = difflib.get_close_matches(str(key), types_, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {key!r}{hint}; valid keys: {', '.join(types_)}")
+    return FinetuneConfig(**{k: _coerce(k, v, types_[k]) for k, v in d.items()})
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    return data or {}
+
+
+def load_config(source: str | os.PathLike | dict | None = None, **overrides: Any) -> FinetuneConfig:
+    """A config from a YAML file, a bundled name (``demo``) or a dict, with overrides on top."""
+    if source is None:
+        base: dict[str, Any] = {}
+    elif isinstance(source, dict):
+        base = dict(source)
+    elif (CONFIG_DIR / f"{source}.yaml").is_file() and not Path(source).exists():
+        base = read_yaml(CONFIG_DIR / f"{source}.yaml")
+    else:
+        base = read_yaml(source)
+    if not isinstance(base, dict):
+        raise ConfigError(f"config {str(source)!r} must be a mapping of keys to values")
+    return from_dict({**base, **overrides})
+
+
+def validate(cfg: FinetuneConfig) -> FinetuneConfig:
+    """Check every name and range; raises ConfigError with one line. Cheap: no weights, no data."""
+    from raystudy import components, data, models
+
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    if cfg.device not in DEVICES:
+        raise ConfigError(f"unknown device {cfg.device!r}; valid: {', '.join(DEVICES)}")
+    try:
+        components.parse_condition(cfg.condition)
+    except components.ConditionError as e:
+        raise ConfigError(str(e)) from None
+    data.check_dataset(cfg.dataset)
+    models.check_model(cfg.model)
+    if cfg.weights is not None and not Path(cfg.weights).is_file():
+        raise ConfigError(f"weights file {cfg.weights!r} does not exist")
+    positive = ("lr", "steps", "batch_size", "grad_accum", "eval_every", "log_every",
+                "eval_batch_size", "lora_rank", "lora_alpha")
+    for key in positive:
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"config key {key!r} must be > 0, got {getattr(cfg, key)!r}")
+    for key in ("weight_decay", "momentum", "warmup_steps", "clip_grad", "probe_pairs", "num_workers"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)!r}")
+    if cfg.batch_size % cfg.grad_accum:
+        raise ConfigError(f"batch_size {cfg.batch_size} must be divisible by grad_accum {cfg.grad_accum}")
+    if cfg.warmup_steps >= cfg.steps:
+        raise ConfigError(f"warmup_steps {cfg.warmup_steps} must be below steps {cfg.steps}")
+    if not all(0.0 <= b < 1.0 for b in cfg.betas):
+        raise ConfigError(f"betas must lie in [0, 1), got {list(cfg.betas)}")
+    return cfg
+
+
+def default_cache() -> Path:
+    """Where raystudy keeps demo weights and data: $RAYSTUDY_CACHE or ~/.cache/raystudy."""
+    return Path(os.environ.get("RAYSTUDY_CACHE", Path.home() / ".cache" / "raystudy"))
+
+
+__all__ = ["FinetuneConfig", "ConfigError", "load_config", "from_dict", "validate",
+           "read_yaml", "default_cache", "OPTIMIZERS"]

@@ -1,0 +1,362 @@
+"""Datasets: a registry of the study's 11 benchmarks and the offline demo, with the paper's splits.
+
+Every dataset yields a *training pool* and a *test* set. The validation set is 20% of the pool,
+split by the run's seed (Flowers102: its official val split). CIFAR-10-C and DomainNet have no
+official test split, so a fixed 80/20 split (seed 0, independent of the run) makes one.
+Train transform: RandomResizedCrop + horizontal flip; eval: Resize + CenterCrop (STUDY.md).
+
+    python -m raystudy.data            # the registry and where each dataset's files are expected
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from raystudy.config import ConfigError, default_cache
+
+VAL_FRACTION = 0.2
+TEST_FRACTION = 0.2          # for datasets without an official test split
+LOW_DATA_PER_CLASS = 10
+CIFAR10C_CORRUPTIONS = ("contrast", "gaussian_noise", "motion_blur", "snow", "speckle_noise")
+CIFAR10C_SEVERITY = 5
+DOMAINNET_DOMAINS = ("clipart", "sketch")
+
+
+class DatasetUnavailable(RuntimeError):
+    """A dataset's files are missing; the message names the path expected and where to get them."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Raw images before any split: ``items[i] -> (image, label)`` and the labels as an array."""
+
+    items: Sequence
+    labels: np.ndarray
+
+
+@dataclass(frozen=True)
+class Source:
+    train_pool: Pool
+    test: Pool
+    val: Pool | None = None      # an official validation split, if the dataset has one
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    num_classes: int
+    load: Callable[[Path, bool], Source]
+    where: str                   # where to get the files
+    image: bool = True           # PIL images (False: the demo's ready tensors)
+    val_fraction: float = VAL_FRACTION
+
+
+@dataclass(frozen=True)
+class Splits:
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    num_classes: int
+
+
+# ---------------------------------------------------------------- raw containers
+
+class ArrayImages:
+    """uint8 images (N, H, W, C) as PIL images, without copying the array."""
+
+    def __init__(self, images: np.ndarray, labels: Sequence[int]):
+        self.images, self.labels = images, np.asarray(labels, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        return Image.fromarray(self.images[i]), int(self.labels[i])
+
+
+class TensorImages:
+    """Float images (N, C, H, W) in [0, 1]: the demo's, already at the model's size."""
+
+    def __init__(self, images: torch.Tensor, labels: Sequence[int]):
+        self.images, self.labels = images, np.asarray(labels, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        return self.images[i], int(self.labels[i])
+
+
+class View(Dataset):
+    """A subset of a pool with a transform: how train, val and test share one pool."""
+
+    def __init__(self, items: Sequence, indices: np.ndarray, transform: Callable | None):
+        self.items, self.indices, self.transform = items, np.asarray(indices), transform
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        img, label = self.items[int(self.indices[i])]
+        return (self.transform(img) if self.transform else img), label
+
+
+# ---------------------------------------------------------------- loaders
+
+def _require(path: Path, name: str, where: str) -> Path:
+    if not path.exists():
+        raise DatasetUnavailable(f"dataset {name!r}: expected files at {path}, not found; {where}")
+    return path
+
+
+def _cifar(cls_name: str, name: str, where: str):
+    def load(root: Path, download: bool) -> Source:
+        import torchvision.datasets as tvd
+
+        cls = getattr(tvd, cls_name)
+        try:
+            tr, te = (cls(str(root), train=t, download=download) for t in (True, False))
+        except RuntimeError as e:  # torchvision: "Dataset not found or corrupted."
+            raise DatasetUnavailable(f"dataset {name!r}: not found under {root} ({e}); {where}") from None
+        return Source(Pool(ArrayImages(tr.data, tr.targets), np.asarray(tr.targets)),
+                      Pool(ArrayImages(te.data, te.targets), np.asarray(te.targets)))
+    return load
+
+
+def _split_dataset(cls_name: str, name: str, where: str, splits: dict[str, str], **kw):
+    """torchvision datasets with named splits (Flowers102, OxfordIIITPet)."""
+    def load(root: Path, download: bool) -> Source:
+        import torchvision.datasets as tvd
+
+        cls = getattr(tvd, cls_name)
+        pools = {}
+        for role, split in splits.items():
+            try:
+                ds = cls(str(root), split=split, download=download, **kw)
+            except RuntimeError as e:
+                raise DatasetUnavailable(f"dataset {name!r}: not found under {root} ({e}); {where}") from None
+            pools[role] = Pool(_RGB(ds), np.asarray(ds._labels))
+        return Source(pools["train"], pools["test"], pools.get("val"))
+    return load
+
+
+class _RGB:
+    """Some Pets images are grey or RGBA; the model wants RGB."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int):
+        img, label = self.ds[i]
+        return img.convert("RGB"), label
+
+
+def _fixed_split(n: int, frac: float = TEST_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+    """A run-independent (pool, test) split of range(n): seed 0, always the same."""
+    perm = np.random.default_rng(0).permutation(n)
+    n_test = int(round(n * frac))
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def _cifar10c(corruption: str, name: str, where: str):
+    def load(root: Path, download: bool) -> Source:
+        d = _require(root / "CIFAR-10-C", name, where)
+        imgs = np.load(_require(d / f"{corruption}.npy", name, where), mmap_mode="r")
+        labels = np.load(_require(d / "labels.npy", name, where))
+        lo = (CIFAR10C_SEVERITY - 1) * 10_000   # rows are severities 1..5, 10k images each
+        imgs, labels = imgs[lo:lo + 10_000], labels[lo:lo + 10_000]
+        return _pool_test(ArrayImages(imgs, labels), labels)
+    return load
+
+
+def _domainnet(domain: str, name: str, where: str):
+    def load(root: Path, download: bool) -> Source:
+        from torchvision.datasets import ImageFolder
+
+        d = _require(root / "domainnet" / domain, name, where)
+        ds = ImageFolder(str(d))
+        return _pool_test(_RGB(ds), np.asarray(ds.targets))
+    return load
+
+
+class _Subset:
+    def __init__(self, items, idx):
+        self.items, self.idx = items, idx
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def __getitem__(self, i: int):
+        return self.items[int(self.idx[i])]
+
+
+def _pool_test(items, labels: np.ndarray) -> Source:
+    pool, test = _fixed_split(len(labels))
+    return Source(Pool(_Subset(items, pool), labels[pool]), Pool(_Subset(items, test), labels[test]))
+
+
+# The demo: scikit-learn's 1,797 handwritten digits (8x8), upscaled to 16x16.
+DEMO_NOISE = 0.3
+
+
+def demo_digits(corrupted: bool) -> tuple[torch.Tensor, np.ndarray]:
+    """Digits as (N, 1, 16, 16) floats in [0, 1]; corrupted: clip(1 - x + 0.3 N(0, 1)), fixed noise."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    x = torch.nn.functional.interpolate(x, size=(16, 16), mode="bilinear", align_corners=False)
+    if corrupted:
+        noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1234))
+        x = (1.0 - x + DEMO_NOISE * noise).clamp(0.0, 1.0)
+    return x, d.target.astype(np.int64)
+
+
+def _demo(corrupted: bool):
+    def load(root: Path, download: bool) -> Source:
+        x, y = demo_digits(corrupted)
+        return _pool_test(TensorImages(x, y), y)
+    return load
+
+
+_TV = "pass download=true (--download) to fetch it with torchvision, or place the files there"
+_C10C = ("download CIFAR-10-C from https://zenodo.org/records/2535967 and unpack it so that "
+         "<data_root>/CIFAR-10-C/<corruption>.npy and labels.npy exist")
+_DN = ("download DomainNet from https://ai.bu.edu/M3SDA/ and unpack each domain so that "
+       "<data_root>/domainnet/<domain>/<class>/*.jpg exist")
+
+DATASETS: dict[str, DatasetInfo] = {}
+
+
+def _register(info: DatasetInfo) -> None:
+    DATASETS[info.name] = info
+
+
+_register(DatasetInfo("cifar10", 10, _cifar("CIFAR10", "cifar10", _TV), _TV))
+_register(DatasetInfo("cifar100", 100, _cifar("CIFAR100", "cifar100", _TV), _TV))
+for _c in CIFAR10C_CORRUPTIONS:
+    _register(DatasetInfo(f"cifar10c_{_c}", 10, _cifar10c(_c, f"cifar10c_{_c}", _C10C), _C10C))
+for _d in DOMAINNET_DOMAINS:
+    _register(DatasetInfo(f"domainnet_{_d}", 345, _domainnet(_d, f"domainnet_{_d}", _DN), _DN))
+_register(DatasetInfo("flowers102", 102, _split_dataset(
+    "Flowers102", "flowers102", _TV, {"train": "train", "val": "val", "test": "test"}), _TV))
+_register(DatasetInfo("pets", 37, _split_dataset(
+    "OxfordIIITPet", "pets", _TV, {"train": "trainval", "test": "test"}, target_types="category"), _TV))
+# The demo splits 60/20/20 (STUDY.md): val is a quarter of the 80% pool.
+_register(DatasetInfo("digits", 10, _demo(False), "ships with scikit-learn", image=False, val_fraction=0.25))
+_register(DatasetInfo("digits_c", 10, _demo(True), "ships with scikit-learn", image=False, val_fraction=0.25))
+
+# The study's 11 benchmarks (STUDY.md), in its order.
+STUDY_DATASETS = ("cifar10", "cifar100", *(f"cifar10c_{c}" for c in CIFAR10C_CORRUPTIONS),
+                  *(f"domainnet_{d}" for d in DOMAINNET_DOMAINS), "flowers102", "pets")
+
+
+def check_dataset(name: str) -> DatasetInfo:
+    if name not in DATASETS:
+        raise ConfigError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+    return DATASETS[name]
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("RAYSTUDY_DATA", default_cache() / "data"))
+
+
+# ---------------------------------------------------------------- splits and transforms
+
+def transforms(img_size: int, mean: Sequence[float], std: Sequence[float], image: bool = True):
+    """The paper's (train, eval) transforms; for ready tensors (the demo) only normalisation."""
+    from torchvision import transforms as T
+
+    norm = T.Normalize(mean, std)
+    if not image:
+        return norm, norm
+    train = T.Compose([T.RandomResizedCrop(img_size), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    evaluate = T.Compose([T.Resize(img_size), T.CenterCrop(img_size), T.ToTensor(), norm])
+    return train, evaluate
+
+
+def split_pool(labels: np.ndarray, seed: int, low_data: bool = False,
+               frac: float = VAL_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) indices of a pool: val is ``frac`` of it, chosen by ``seed``.
+
+    ``low_data`` keeps 10 training images per class (chosen by the same seed).
+    """
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(labels))
+    n_val = int(round(len(labels) * frac))
+    val, train = np.sort(perm[:n_val]), perm[n_val:]
+    if low_data:
+        train = subsample_per_class(labels, train, LOW_DATA_PER_CLASS, rng)
+    return np.sort(train), val
+
+
+def subsample_per_class(labels: np.ndarray, idx: np.ndarray, k: int,
+                        rng: np.random.Generator) -> np.ndarray:
+    keep = []
+    for c in np.unique(labels[idx]):
+        members = idx[labels[idx] == c]
+        keep.append(rng.choice(members, size=min(k, len(members)), replace=False))
+    return np.sort(np.concatenate(keep))
+
+
+def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
+                 std: Sequence[float], root: str | Path | None = None, download: bool = False,
+                 low_data: bool = False) -> Splits:
+    """Train/val/test datasets of ``name`` for a run with ``seed``."""
+    info = check_dataset(name)
+    src = info.load(Path(root) if root else default_root(), download)
+    train_tf, eval_tf = transforms(img_size, mean, std, info.image)
+    pool = src.train_pool
+    if src.val is not None:  # an official validation split
+        train_idx = np.arange(len(pool.labels))
+        if low_data:
+            train_idx = subsample_per_class(pool.labels, train_idx, LOW_DATA_PER_CLASS,
+                                            np.random.default_rng(seed))
+        val = View(src.val.items, np.arange(len(src.val.labels)), eval_tf)
+    else:
+        train_idx, val_idx = split_pool(pool.labels, seed, low_data, info.val_fraction)
+        val = View(pool.items, val_idx, eval_tf)
+    return Splits(train=View(pool.items, train_idx, train_tf), val=val,
+                  test=View(src.test.items, np.arange(len(src.test.labels)), eval_tf),
+                  num_classes=info.num_classes)
+
+
+def train_batches(ds: Dataset, batch_size: int, seed: int, num_workers: int = 0,
+                  pin_memory: bool = False):
+    """An endless stream of shuffled training batches, reproducible from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=len(ds) >= batch_size,
+                        generator=gen, num_workers=num_workers, pin_memory=pin_memory,
+                        persistent_workers=num_workers > 0)
+    while True:
+        yield from loader
+
+
+def eval_loader(ds: Dataset, batch_size: int, num_workers: int = 0) -> DataLoader:
+    return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = default_root()
+    print(f"data root: {root}  (set RAYSTUDY_DATA or data_root to change)")
+    print(f"{'dataset':<26}{'classes':>8}  source")
+    for info in DATASETS.values():
+        print(f"{info.name:<26}{info.num_classes:>8}  {info.where}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""The finetuning loop: one plain function for every study condition.
+
+``train(cfg)`` reads top to bottom: build model and data, freeze by condition, then for each
+step set the lr, (sometimes) evaluate, forward/backward, measure per-component gradient norms,
+clip, step, report. The best-validation weights are evaluated on test at the end. It holds no
+global state, so Ray runs it unchanged in a Tune trial or in each DDP worker of a TorchTrainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from raystudy import components, data, models
+from raystudy.config import FinetuneConfig, default_cache, validate
+
+Report = Callable[[dict[str, Any], "dict[str, Any] | None"], None]
+
+
+# ---------------------------------------------------------------- pure helpers
+
+def get_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int) -> float:
+    """Linear warmup to ``base_lr`` over ``warmup_steps``, then cosine decay to 0 at ``total_steps``."""
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * base_lr * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside torch.distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def build_optimizer(model: nn.Module, cfg: FinetuneConfig, device: torch.device) -> torch.optim.Optimizer:
+    """An optimizer over the trainable parameters only: frozen ones get no state."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = device.type == "cuda"
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay, fused=fused or None)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                             fused=fused or None)
+
+
+def trainable_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Trainable parameters by component, for per-component gradient norms."""
+    named = dict(model.named_parameters())
+    groups = {}
+    for comp, names in components.partition(model).items():
+        ps = [named[n] for n in names if named[n].requires_grad]
+        if ps:
+            groups[comp] = ps
+    return groups
+
+
+def grad_norms(groups: dict[str, list[nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """L2 norm of each component's gradient and of all of them ("total"), as device tensors."""
+    out = {}
+    for comp, ps in groups.items():
+        grads = [p.grad for p in ps if p.grad is not None]
+        out[comp] = (torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+                     if grads else torch.zeros((), device=ps[0].device))
+    out["total"] = torch.linalg.vector_norm(torch.stack(list(out.values())))
+    return out
+
+
+def clip_(groups: dict[str, list[nn.Parameter]], total: torch.Tensor, max_norm: float) -> None:
+    """Scale all gradients so their total norm is at most ``max_norm`` (no host sync)."""
+    if max_norm <= 0:
+        return
+    grads = [p.grad for ps in groups.values() for p in ps if p.grad is not None]
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    torch._foreach_mul_(grads, coef)
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on GPU; plain fp32 elsewhere."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_step(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+               optimizer: torch.optim.Optimizer, groups: dict[str, list[nn.Parameter]],
+               clip: float, device: torch.device) -> dict[str, torch.Tensor]:
+    """One optimizer step over ``micro_batches`` (gradient accumulation); returns measurements."""
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), device=device)
+    for x, y in micro_batches:
+        with autocast(device):
+            loss = F.cross_entropy(model(x), y) / len(micro_batches)
+        loss.backward()
+        loss_sum += loss.detach()
+    norms = grad_norms(groups)
+    clip_(groups, norms["total"], clip)
+    optimizer.step()
+    return {"loss": loss_sum, **{f"grad_norm/{k}": v for k, v in norms.items()}}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, device: torch.device) -> dict[str, float]:
+    """Accuracy and mean loss over ``loader`` (summed over DDP ranks when distributed)."""
+    was_training = model.training
+    model.eval()
+    stats = torch.zeros(3, device=device, dtype=torch.float64)  # correct, loss sum, count
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device):
+            logits = model(x)
+        stats[0] += (logits.argmax(-1) == y).sum()
+        stats[1] += F.cross_entropy(logits.float(), y, reduction="sum")
+        stats[2] += len(y)
+    if world()[1] > 1:
+        dist.all_reduce(stats)
+    model.train(was_training)
+    correct, loss, n = stats.tolist()
+    return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the trainable tensors: all a checkpoint needs, since the rest never changes."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+# ---------------------------------------------------------------- building
+
+def build_model(cfg: FinetuneConfig, num_classes: int) -> nn.Module:
+    weights = cfg.weights
+    if weights is None and cfg.pretrained and models.resolve_name(cfg.model) == "vit_demo":
+        weights = demo_weights()
+    return models.create_model(cfg.model, num_classes, pretrained=cfg.pretrained, weights=weights)
+
+
+def build(cfg: FinetuneConfig, model: nn.Module | None = None):
+    """(model with the condition applied, splits, trainable counts per component).
+
+    Data comes first: a missing dataset fails before any weights are loaded.
+    """
+    ic = models.input_config(cfg.model)
+    splits = data.build_splits(cfg.dataset, seed=cfg.seed, img_size=ic["img_size"], mean=ic["mean"],
+                               std=ic["std"], root=cfg.data_root, download=cfg.download,
+                               low_data=cfg.low_data)
+    if model is None:
+        model = build_model(cfg, splits.num_classes)
+    counts = components.apply_condition(model, cfg.condition, lora_rank=cfg.lora_rank,
+                                        lora_alpha=cfg.lora_alpha)
+    return model, splits, counts
+
+
+def _shard(ds, rank: int, size: int):
+    return ds if size == 1 else torch.utils.data.Subset(ds, range(rank, len(ds), size))
+
+
+def _to(batch, device):
+    x, y = batch
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+# ---------------------------------------------------------------- the loop
+
+def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | None = None,
+          model: nn.Module | None = None) -> dict[str, Any]:
+    """Finetune ``cfg.condition`` of ``cfg.model`` on ``cfg.dataset``; returns the results.
+
+    ``report(metrics, state)`` is called every ``log_every`` steps with step measurements and
+    after each evaluation with validation metrics and ``state``, a checkpoint that ``resume``
+    takes back to continue from that step. ``model`` overrides the built one (pretraining).
+    """
+    validate(cfg)
+    t0 = time.perf_counter()
+    rank, size = world()
+    device = resolve_device(cfg.device)
+    if device.type == "cuda" and size > 1:
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(cfg.seed)  # the head's init is part of the run's seed
+
+    # -- model, data, condition
+    model, splits, counts = build(cfg, model)
+    model.to(device).train()
+    net = model
+    if size > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    if cfg.compile:
+        net = torch.compile(net)
+    groups = trainable_groups(model)
+    optimizer = build_optimizer(model, cfg, device)
+    micro = cfg.batch_size // cfg.grad_accum // size
+    val_loader = data.eval_loader(_shard(splits.val, rank, size), cfg.eval_batch_size, cfg.num_workers)
+    test_loader = data.eval_loader(_shard(splits.test, rank, size), cfg.eval_batch_size, cfg.num_workers)
+    report = report or (lambda metrics, state: None)
+
+    # -- resume
+    start, best = 0, {"val_acc": -1.0, "step": -1, "weights": trainable_state(model)}
+    if resume is not None:
+        model.load_state_dict(resume["model"], strict=False)
+        optimizer.load_state_dict(resume["optimizer"])
+        start, best = resume["step"], resume["best"]
+    # A resumed run draws a fresh, still reproducible, stream of batches.
+    batches: Iterator = data.train_batches(splits.train, micro, seed=cfg.seed * 1_000_003 + start * 7919 + rank,
+                                           num_workers=cfg.num_workers, pin_memory=device.type == "cuda")
+
+    status, last = "finished", {}
+    for step in range(start, cfg.steps):
+        lr = get_lr(step, cfg.lr, cfg.warmup_steps, cfg.steps)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+
+        out = train_step(net, [_to(next(batches), device) for _ in range(cfg.grad_accum)],
+                         optimizer, groups, cfg.clip_grad, device)
+
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            # The only host sync of the hot loop: every log_every steps.
+            last = {"step": done, "lr": lr, **{k: v.item() for k, v in out.items()}}
+            if not math.isfinite(last["loss"]):
+                status = "diverged"
+                report({**last, "diverged": 1.0}, None)
+                break
+            report(last, None)
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            val = evaluate(net, val_loader, device)
+            if val["acc"] > best["val_acc"]:
+                best = {"val_acc": val["acc"], "step": done, "weights": trainable_state(model)}
+            state = {"step": done, "model": trainable_state(model),
+                     "optimizer": optimizer.state_dict(), "best": best}
+            report({"step": done, "val_acc": val["acc"], "val_loss": val["loss"],
+                    "best_val_acc": best["val_acc"]}, state)
+
+    # -- test the best-validation weights
+    results: dict[str, Any] = {"status": status, "steps_done": last.get("step", start),
+                               "trainable_params": sum(counts.values()),
+                               **{f"trainable_params/{k}": v for k, v in counts.items()}}
+    if status == "finished":
+        model.load_state_dict(best["weights"], strict=False)
+        test = evaluate(net, test_loader, device)
+        results.update(best_val_acc=best["val_acc"], best_step=best["step"], test_acc=test["acc"],
+                       test_loss=test["loss"], final_loss=last.get("loss", float("nan")))
+    results["wall_s"] = time.perf_counter() - t0
+    return results
+
+
+# ---------------------------------------------------------------- the demo's pretrained model
+
+# Pretraining recipe of the demo backbone: clean digits, all components, AdamW (STUDY.md).
+DEMO_PRETRAIN = dict(model="vit_demo", pretrained=False, dataset="digits", condition="full",
+                     optimizer="adamw", lr=1e-3, weight_decay=0.05, steps=1500, warmup_steps=100,
+                     batch_size=64, eval_every=500, log_every=100, seed=0, device="cpu")
+
+
+def demo_weights(cache: str | os.PathLike | None = None, log: Callable[[str], None] | None = print) -> Path:
+    """The demo backbone's weights, pretrained once on clean digits and cached.
+
+    The file name carries a hash of the recipe, so a changed recipe never loads stale weights;
+    a file lock keeps concurrent trials from pretraining twice.
+    """
+    key = hashlib.sha256(json.dumps(DEMO_PRETRAIN, sort_keys=True).encode()).hexdigest()[:10]
+    root = Path(cache) if cache else default_cache()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"vit_demo_digits_{key}.pt"
+    if path.exists():
+        return path
+    with open(root / f".vit_demo_{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return path
+        if log:
+            log(f"pretraining the demo ViT on clean digits once ({DEMO_PRETRAIN['steps']} steps), "
+                f"cached at {path}")
+        cfg = FinetuneConfig(**DEMO_PRETRAIN)
+        model = models.create_model("vit_demo", 10, pretrained=False)
+        res = train(cfg, model=model)
+        if log:
+            log(f"demo backbone: source test accuracy {res['test_acc']:.3f}")
+        tmp = path.with_suffix(".tmp")
+        torch.save({k: v for k, v in model.state_dict().items()}, tmp)
+        os.replace(tmp, path)  # atomic: a reader never sees half a file
+    return path

@@ -1,0 +1,75 @@
+import pytest
+
+from raystudy.config import ConfigError, FinetuneConfig, from_dict, load_config, validate
+
+
+def test_defaults_are_the_demo_and_valid():
+    cfg = validate(load_config("demo"))
+    assert cfg.model == "vit_demo" and cfg.dataset == "digits_c"
+    assert cfg == validate(FinetuneConfig()).replace(log_every=50)
+
+
+def test_unknown_key_is_refused_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown config key 'lrr' \(did you mean 'lr'\?\)"):
+        from_dict({"lrr": 0.1})
+
+
+@pytest.mark.parametrize("key,value", [("steps", 1.5), ("steps", "ten"), ("lr", "fast"),
+                                       ("low_data", "yes"), ("betas", [0.9]), ("condition", 3)])
+def test_mistyped_values_are_refused(key, value):
+    with pytest.raises(ConfigError, match=key):
+        from_dict({key: value})
+
+
+def test_numbers_are_coerced_where_safe():
+    cfg = from_dict({"lr": 1, "weight_decay": "1e-4", "betas": [0.9, 0.95]})
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float)
+    assert cfg.weight_decay == 1e-4
+    assert cfg.betas == (0.9, 0.95)
+
+
+def test_yaml_round_trip(tmp_path):
+    import yaml
+
+    cfg = from_dict({"condition": "MHA+FC1", "lr": 0.3, "seed": 42})
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg.to_dict()))
+    assert load_config(p) == cfg
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"model": "vit_nonexistent"}, "unknown model 'vit_nonexistent'"),
+    ({"model": "resnet50"}, "not a timm VisionTransformer"),
+    ({"dataset": "imagenet9"}, "unknown dataset 'imagenet9'; valid: cifar10"),
+    ({"condition": "FC3"}, "unknown component 'FC3'"),
+    ({"optimizer": "adam"}, "unknown optimizer 'adam'; valid: sgd, adamw"),
+    ({"steps": 0}, "'steps' must be > 0"),
+    ({"batch_size": 64, "grad_accum": 5}, "divisible"),
+    ({"warmup_steps": 400}, "warmup_steps"),
+    ({"weights": "/nonexistent/w.pt"}, "weights file"),
+    ({"device": "tpu"}, "unknown device"),
+])
+def test_validate_names_the_bad_value(changes, needle):
+    with pytest.raises(ConfigError) as e:
+        validate(FinetuneConfig().replace(**changes))
+    assert needle in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_or_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: [0.1\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(lst)
+
+
+def test_config_is_frozen():
+    cfg = FinetuneConfig()
+    with pytest.raises(Exception):
+        cfg.lr = 3.0  # type: ignore[misc]

@@ -1,0 +1,136 @@
+import math
+
+import pytest
+import torch
+
+from raystudy import components, engine
+from raystudy.config import FinetuneConfig
+
+FAST = dict(model="vit_demo", pretrained=False, dataset="digits_c", steps=12, warmup_steps=2,
+            batch_size=32, eval_every=6, log_every=3, eval_batch_size=512)
+
+
+def test_get_lr_warmup_then_cosine():
+    lr = lambda s: engine.get_lr(s, 1.0, 10, 110)  # noqa: E731
+    assert lr(0) == pytest.approx(0.1)
+    assert lr(9) == pytest.approx(1.0)
+    assert lr(10) == pytest.approx(1.0)
+    assert lr(60) == pytest.approx(0.5)
+    assert lr(110) == pytest.approx(0.0)
+    assert all(lr(s) >= lr(s + 1) for s in range(10, 110))
+
+
+def test_grad_norms_per_component_and_clip():
+    model = torch.nn.Module()
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))
+    a.grad, b.grad = torch.tensor([3.0, 0.0, 4.0]), torch.tensor([0.0, 12.0, 0.0, 0.0])
+    groups = {"MHA": [a], "FC1": [b]}
+    n = engine.grad_norms(groups)
+    assert n["MHA"].item() == pytest.approx(5.0)
+    assert n["FC1"].item() == pytest.approx(12.0)
+    assert n["total"].item() == pytest.approx(13.0)
+    engine.clip_(groups, n["total"], 1.0)
+    assert engine.grad_norms(groups)["total"].item() == pytest.approx(1.0, rel=1e-5)
+    del model
+
+
+@pytest.mark.parametrize("cond", ["LN1", "FC2", "linear_probe", "lora"])
+def test_frozen_parameters_do_not_change_and_have_no_optimizer_state(cond):
+    cfg = FinetuneConfig(**FAST, condition=cond)
+    torch.manual_seed(0)
+    model, splits, _ = engine.build(cfg)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    opt = engine.build_optimizer(model, cfg, torch.device("cpu"))
+    groups = engine.trainable_groups(model)
+    batches = engine.data.train_batches(splits.train, 32, seed=0)
+    for _ in range(3):
+        out = engine.train_step(model, [next(batches)], opt, groups, 1.0, torch.device("cpu"))
+    assert set(out) >= {"loss", "grad_norm/total", "grad_norm/HEAD"}
+    after = dict(model.named_parameters())
+    for n in frozen:
+        assert torch.equal(before[n], after[n]), n
+        assert after[n].grad is None
+    changed = [n for n in after if n not in frozen and not torch.equal(before[n], after[n])]
+    assert changed, "nothing trained"
+    state_params = {id(p) for p in opt.state}
+    assert state_params == {id(p) for n, p in after.items() if n not in frozen}
+
+
+def test_train_reports_per_component_grad_norms_and_resumes():
+    cfg = FinetuneConfig(**FAST, condition="MHA+FC1")
+    logs, states = [], []
+    res = engine.train(cfg, report=lambda m, s: (logs.append(m), s is not None and states.append(s)))
+    assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
+    step_logs = [m for m in logs if "loss" in m]
+    assert [m["step"] for m in step_logs] == [3, 6, 9, 12]
+    assert {"grad_norm/MHA", "grad_norm/FC1", "grad_norm/HEAD", "grad_norm/total"} <= set(step_logs[0])
+    assert "grad_norm/LN1" not in step_logs[0]  # frozen: not measured
+    m = step_logs[0]
+    total = math.sqrt(sum(m[f"grad_norm/{c}"] ** 2 for c in ("MHA", "FC1", "HEAD")))
+    assert m["grad_norm/total"] == pytest.approx(total, rel=1e-5)
+    assert [s["step"] for s in states] == [6, 12]
+    assert res["trainable_params"] == sum(v for k, v in res.items() if k.startswith("trainable_params/"))
+
+    # resume from step 6: only steps 7..12 run
+    resumed = []
+    res2 = engine.train(cfg, report=lambda m, s: resumed.append(m), resume=states[0])
+    assert [m["step"] for m in resumed if "loss" in m] == [9, 12]
+    assert res2["status"] == "finished"
+
+
+def test_same_seed_same_result():
+    cfg = FinetuneConfig(**FAST, condition="FC2")
+    a, b = engine.train(cfg), engine.train(cfg)
+    assert a["test_acc"] == b["test_acc"] and a["final_loss"] == b["final_loss"]
+
+
+def test_grad_accumulation_matches_one_big_batch():
+    cfg = FinetuneConfig(**FAST, condition="full")
+    torch.manual_seed(0)
+    model, splits, _ = engine.build(cfg)
+    x, y = next(engine.data.train_batches(splits.train, 32, seed=0))
+    groups = engine.trainable_groups(model)
+    import copy
+
+    m2 = copy.deepcopy(model)
+    o1 = engine.build_optimizer(model, cfg, torch.device("cpu"))
+    o2 = engine.build_optimizer(m2, cfg, torch.device("cpu"))
+    r1 = engine.train_step(model, [(x, y)], o1, groups, 0.0, torch.device("cpu"))
+    r2 = engine.train_step(m2, [(x[:16], y[:16]), (x[16:], y[16:])], o2, engine.trainable_groups(m2),
+                           0.0, torch.device("cpu"))
+    assert r1["loss"].item() == pytest.approx(r2["loss"].item(), rel=1e-5)
+    assert r1["grad_norm/total"].item() == pytest.approx(r2["grad_norm/total"].item(), rel=1e-4)
+
+
+def test_diverging_run_stops_and_says_so():
+    cfg = FinetuneConfig(**{**FAST, "steps": 60, "eval_every": 30}, condition="full", lr=1e30)
+    logs = []
+    res = engine.train(cfg, report=lambda m, s: logs.append(m))
+    assert res["status"] == "diverged"
+    assert "test_acc" not in res
+    assert logs[-1].get("diverged") == 1.0
+
+
+@pytest.mark.slow
+def test_demo_run_clearly_beats_chance(demo_weights):
+    """The embedded default: MHA on corrupted digits from the digits-pretrained tiny ViT."""
+    from raystudy.config import load_config
+
+    res = engine.train(load_config("demo"))
+    assert res["status"] == "finished"
+    assert res["test_acc"] > 0.4, res  # chance is 0.1
+
+
+@pytest.mark.slow
+def test_demo_source_model_solves_source_but_not_target(demo_weights):
+    # The shift is real: the pretrained model (with its own head) fails on the corrupted digits.
+    from raystudy import data, models
+
+    model = models.create_model("vit_demo", 10, pretrained=False)
+    model.load_state_dict(torch.load(demo_weights, weights_only=True))
+    acc = {}
+    for name in ("digits", "digits_c"):
+        s = data.build_splits(name, seed=0, img_size=16, mean=(0.5,), std=(0.5,))
+        acc[name] = engine.evaluate(model, data.eval_loader(s.test, 512), torch.device("cpu"))["acc"]
+    assert acc["digits"] > 0.9 and acc["digits_c"] < 0.3, acc

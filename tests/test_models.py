@@ -1,0 +1,87 @@
+import pytest
+import timm
+import torch
+
+from raystudy import models
+from raystudy.config import ConfigError
+
+
+def test_aliases_map_to_the_papers_in21k_checkpoints():
+    assert models.resolve_name("vit_base") == "vit_base_patch16_224.orig_in21k"
+    assert models.resolve_name("vit_huge") == "vit_huge_patch14_224.orig_in21k"
+    assert models.resolve_name("vit_small_patch16_224") == "vit_small_patch16_224"
+
+
+def test_unknown_and_non_vit_models_are_refused():
+    with pytest.raises(ConfigError, match="unknown model 'vit_bse'"):
+        models.check_model("vit_bse")
+    with pytest.raises(ConfigError, match="not a timm VisionTransformer"):
+        models.check_model("resnet18")
+
+
+def test_fresh_head_for_the_datasets_classes():
+    m = models.create_model("vit_demo", 37, pretrained=False)
+    assert m.head.out_features == 37
+
+
+def test_local_weights_file_loads_the_backbone_not_the_head(tmp_path):
+    torch.manual_seed(0)
+    src = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10)
+    path = tmp_path / "w.pth"
+    torch.save(src.state_dict(), path)
+    m = models.create_model("vit_tiny_patch16_224", 5, weights=path)
+    assert m.head.out_features == 5
+    assert torch.equal(m.blocks[3].attn.qkv.weight, src.blocks[3].attn.qkv.weight)
+    assert torch.equal(m.pos_embed, src.pos_embed)
+
+
+def test_demo_weights_file_round_trip(tmp_path):
+    src = models.create_model("vit_demo", 10, pretrained=False)
+    path = tmp_path / "demo.pt"
+    torch.save(src.state_dict(), path)
+    m = models.create_model("vit_demo", 3, weights=path)
+    assert torch.equal(m.blocks[0].mlp.fc1.weight, src.blocks[0].mlp.fc1.weight)
+    with pytest.raises(models.WeightsUnavailable, match="does not fit"):
+        bad = tmp_path / "bad.pt"
+        torch.save({"blocks.0.nonsense": torch.zeros(1)}, bad)
+        models.create_model("vit_demo", 3, weights=bad)
+
+
+def test_offline_without_cache_says_how_to_prefetch(monkeypatch, tmp_path):
+    # An empty hub cache and an unreachable hub: one clear error, fast, no download stack trace.
+    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(models.WeightsUnavailable) as e:
+        models.create_model("vit_base", 10)
+    msg = str(e.value)
+    assert "python -m raystudy.prefetch --model vit_base" in msg and "--weights" in msg
+
+
+def test_hub_reachable_is_false_for_an_unresolvable_host():
+    assert models.hub_reachable("nonexistent.invalid", timeout=1.0) is False
+
+
+def test_cached_weights_are_found_without_network(tmp_path, monkeypatch):
+    # Lay out a hub cache entry the way huggingface_hub does and check it is picked up.
+    repo = "timm/vit_tiny_patch16_224.augreg_in21k"
+    snap = tmp_path / ("models--" + repo.replace("/", "--")) / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (tmp_path / ("models--" + repo.replace("/", "--")) / "refs").mkdir()
+    (tmp_path / ("models--" + repo.replace("/", "--")) / "refs" / "main").write_text("abc")
+    src = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0)
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, snap / "model.safetensors")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: pytest.fail("network used"))
+    path = models.cached_weights("vit_tiny_patch16_224.augreg_in21k")
+    assert path is not None and path.endswith("model.safetensors")
+    m = models.create_model("vit_tiny_patch16_224.augreg_in21k", 7)
+    assert torch.equal(m.blocks[0].norm1.weight, src.blocks[0].norm1.weight)
+
+
+def test_input_config_without_building():
+    assert models.input_config("vit_demo") == dict(img_size=16, in_chans=1, mean=(0.5,), std=(0.5,))
+    ic = models.input_config("vit_base")
+    assert ic["img_size"] == 224 and ic["mean"] == (0.5, 0.5, 0.5)
