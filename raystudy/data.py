@@ -225,6 +225,17 @@ def demo_digits(corrupted: bool) -> tuple[torch.Tensor, np.ndarray]:
     return x, d.target.astype(np.int64)
 
 
+def _imagenet_val(name: str, where: str):
+    """ImageNet val as a test-only pool: the pretraining distribution the plasticity probes draw x from."""
+    def load(root: Path, download: bool) -> Source:
+        from torchvision.datasets import ImageFolder
+
+        ds = ImageFolder(str(_require(root / "imagenet" / "val", name, where)))
+        empty = Pool([], np.zeros(0, dtype=np.int64))
+        return Source(empty, Pool(_RGB(ds), np.asarray(ds.targets)))
+    return load
+
+
 def _demo(corrupted: bool):
     def load(root: Path, download: bool) -> Source:
         x, y = demo_digits(corrupted)
@@ -235,6 +246,8 @@ def _demo(corrupted: bool):
 _TV = "pass download=true (--download) to fetch it with torchvision, or place the files there"
 _C10C = ("download CIFAR-10-C from https://zenodo.org/records/2535967 and unpack it so that "
          "<data_root>/CIFAR-10-C/<corruption>.npy and labels.npy exist")
+_IN = ("place the ImageNet-1k validation images, one folder per class, so that "
+       "<data_root>/imagenet/val/<wnid>/*.JPEG exist (https://image-net.org, licence required)")
 _DN = ("download DomainNet from https://ai.bu.edu/M3SDA/ and unpack each domain so that "
        "<data_root>/domainnet/<domain>/<class>/*.jpg exist")
 
@@ -255,6 +268,7 @@ _register(DatasetInfo("flowers102", 102, _split_dataset(
     "Flowers102", "flowers102", _TV, {"train": "train", "val": "val", "test": "test"}), _TV))
 _register(DatasetInfo("pets", 37, _split_dataset(
     "OxfordIIITPet", "pets", _TV, {"train": "trainval", "test": "test"}, target_types="category"), _TV))
+_register(DatasetInfo("imagenet_val", 1000, _imagenet_val("imagenet_val", _IN), _IN))
 # The demo splits 60/20/20 (STUDY.md): val is a quarter of the 80% pool.
 _register(DatasetInfo("digits", 10, _demo(False), "ships with scikit-learn", image=False, val_fraction=0.25))
 _register(DatasetInfo("digits_c", 10, _demo(True), "ships with scikit-learn", image=False, val_fraction=0.25))
@@ -262,6 +276,11 @@ _register(DatasetInfo("digits_c", 10, _demo(True), "ships with scikit-learn", im
 # The study's 11 benchmarks (STUDY.md), in its order.
 STUDY_DATASETS = ("cifar10", "cifar100", *(f"cifar10c_{c}" for c in CIFAR10C_CORRUPTIONS),
                   *(f"domainnet_{d}" for d in DOMAINNET_DOMAINS), "flowers102", "pets")
+
+
+# The pretraining-like distribution plasticity pairs draw x from, by model.
+def source_dataset(model: str) -> str:
+    return "digits" if model == "vit_demo" else "imagenet_val"
 
 
 def check_dataset(name: str) -> DatasetInfo:
