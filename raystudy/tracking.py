@@ -1,0 +1,249 @@
+"""MLflow tracking: one experiment per study, a parent run per grid, one run per trial, exactly once.
+
+Each trial config has a deterministic key (``trial_key``). Runs are found by that key, never by
+an in-memory map, so a driver that is killed and rerun reopens the same run instead of creating
+a second one, and a finished key is skipped. All writes go through an explicit ``MlflowClient``
+(no global tracking URI is set anywhere).
+
+Layout (read back by ``analysis/``):
+- tags ``raystudy.role`` = ``grid`` | ``trial`` | ``search``; ``raystudy.key``;
+  ``raystudy.status`` = ``running`` | ``finished`` | ``diverged`` | ``failed``; ``raystudy.error``;
+  ``condition``, ``dataset``, ``model``, ``optimizer``; code and package versions.
+- params: the full flat finetuning config; metrics by step; final ``best_val_acc``, ``test_acc``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from raystudy.config import ConfigError
+
+# Config keys that say how a trial runs, not what it is: they do not enter its key.
+EXECUTION_KEYS = frozenset({"device", "num_workers", "data_root", "download", "compile",
+                            "eval_batch_size", "log_every"})
+# Final results logged as metrics.
+FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_done", "wall_s",
+                 "trainable_params")
+# Step metrics reported by the loop.
+STEP_METRICS = ("loss", "lr", "val_acc", "val_loss", "best_val_acc")
+
+TERMINAL = ("finished", "diverged")
+
+
+class TrackingUnavailable(ConfigError):
+    """The tracking server or store cannot be reached."""
+
+
+def default_uri() -> str:
+    """$MLFLOW_TRACKING_URI, else a SQLite file in the working directory (MLflow 3's default)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def trial_key(config: dict[str, Any]) -> str:
+    """A stable key for a trial config: the hash of its identity keys, canonical JSON."""
+    ident = {k: v for k, v in sorted(config.items()) if k not in EXECUTION_KEYS}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check_uri(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast, with one line, if ``uri`` cannot be used as a tracking store."""
+    p = urlparse(uri)
+    if p.scheme in ("http", "https"):
+        host, port = p.hostname, p.port or (443 if p.scheme == "https" else 80)
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                pass
+        except OSError as e:
+            raise TrackingUnavailable(f"MLflow tracking server {uri} is unreachable ({e.strerror or e}); "
+                                      "start it (mlflow server ...) or pass another --tracking-uri") from None
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
+                if r.status != 200:
+                    raise OSError(f"HTTP {r.status}")
+        except OSError as e:
+            raise TrackingUnavailable(f"MLflow tracking server {uri} does not answer /health ({e})") from None
+    elif p.scheme == "sqlite":
+        path = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+        if path is None or not path.parent.is_dir():
+            raise TrackingUnavailable(f"tracking URI {uri!r}: folder {path.parent if path else '?'} does not exist")
+    elif p.scheme in ("postgresql", "mysql", "mssql") or p.scheme.startswith(("postgresql+", "mysql+")):
+        pass  # checked by the first query
+    else:
+        raise TrackingUnavailable(f"unsupported tracking URI {uri!r}; use sqlite:///PATH, "
+                                  "http(s)://HOST:PORT or a database URI (the file store is disabled in MLflow 3)")
+
+
+def client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(cl, name: str, artifact_location: str | None = None) -> str:
+    """The id of experiment ``name``, created if missing (race-safe)."""
+    exp = cl.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            cl.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return cl.create_experiment(name, artifact_location=artifact_location)
+    except Exception:  # noqa: BLE001 - created concurrently by someone else
+        exp = cl.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def default_artifact_location(uri: str) -> str | None:
+    """Artifacts next to a local SQLite store (absolute, so any working directory finds them)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def find_runs(cl, exp_id: str, **tags: str):
+    """Runs of ``exp_id`` whose tags equal ``tags`` (keys with dots allowed), oldest first."""
+    flt = " and ".join(f"tags.`{k.replace('__', '.')}` = '{v}'" for k, v in tags.items())
+    runs = cl.search_runs([exp_id], filter_string=flt, max_results=5000, order_by=["attributes.start_time ASC"])
+    return list(runs)
+
+
+def versions() -> dict[str, str]:
+    """Code and package versions, for tags."""
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("raystudy", "torch", "timm", "ray", "mlflow", "peft", "optuna"):
+        try:
+            out[f"version.{pkg}"] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent).stdout.strip()
+        if sha:
+            out["mlflow.source.git.commit"] = sha
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def parent_run(cl, exp_id: str, grid_key: str, name: str, params: dict[str, Any],
+               role: str = "grid") -> str:
+    """The grid's parent run: found by its key, created once."""
+    from mlflow.entities import Param, RunTag
+
+    found = find_runs(cl, exp_id, raystudy__role=role, raystudy__grid_key=grid_key)
+    if found:
+        run_id = found[0].info.run_id
+        cl.update_run(run_id, status="RUNNING")
+        return run_id
+    tags = {"raystudy.role": role, "raystudy.grid_key": grid_key, "mlflow.runName": name, **versions()}
+    run = cl.create_run(exp_id, tags=tags, run_name=name)
+    cl.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    return run.info.run_id
+
+
+def trial_status(cl, exp_id: str, key: str) -> tuple[str | None, Any]:
+    """(raystudy status, run) of the run with ``key``, or (None, None)."""
+    found = find_runs(cl, exp_id, raystudy__role="trial", raystudy__key=key)
+    if not found:
+        return None, None
+    # Exactly once by construction; if an older bug left two, prefer a terminal one.
+    found.sort(key=lambda r: r.data.tags.get("raystudy.status") not in TERMINAL)
+    return found[0].data.tags.get("raystudy.status"), found[0]
+
+
+def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[str, Any],
+               extra_tags: dict[str, str] | None = None) -> str:
+    """Find the run of ``key`` and mark it running, or create it: never two runs for one key."""
+    from mlflow.entities import Param, RunTag
+
+    status, run = trial_status(cl, exp_id, key)
+    if run is not None:
+        run_id = run.info.run_id
+        attempts = int(run.data.tags.get("raystudy.attempts", "1")) + 1
+        cl.update_run(run_id, status="RUNNING")
+        cl.log_batch(run_id, tags=[RunTag("raystudy.status", "running"),
+                                   RunTag("raystudy.attempts", str(attempts))])
+        return run_id
+    name = (f"{config.get('condition')}-{config.get('dataset')}-{config.get('optimizer')}-"
+            f"lr{config.get('lr')}-s{config.get('seed')}")
+    tags = {"raystudy.role": "trial", "raystudy.key": key, "raystudy.status": "running",
+            "raystudy.attempts": "1", "mlflow.runName": name,
+            **{k: str(config.get(k)) for k in ("condition", "dataset", "model", "optimizer")},
+            **versions(), **(extra_tags or {})}
+    if parent_id:
+        tags["mlflow.parentRunId"] = parent_id
+    run = cl.create_run(exp_id, tags=tags, run_name=name)
+    cl.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in config.items()])
+    _log_text(cl, run.info.run_id, _yaml(config), "config.yaml")
+    return run.info.run_id
+
+
+def log_step(cl, run_id: str, metrics: dict[str, Any], step: int) -> None:
+    """Log the numeric step metrics of one report in one batch."""
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    batch = [Metric(k, float(v), ts, step) for k, v in metrics.items()
+             if _is_step_metric(k) and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if batch:
+        cl.log_batch(run_id, metrics=batch)
+
+
+def _is_step_metric(k: str) -> bool:
+    return k in STEP_METRICS or k.startswith("grad_norm/")
+
+
+def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
+    """Log final results and artifacts; ``finished`` and ``diverged`` both end FINISHED."""
+    from mlflow.entities import Metric, RunTag
+
+    ts = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), ts, 0) for k, v in results.items()
+               if (k in FINAL_METRICS or k.startswith("trainable_params/"))
+               and isinstance(v, (int, float)) and v == v]
+    status = results.get("status", "finished")
+    cl.log_batch(run_id, metrics=metrics, tags=[RunTag("raystudy.status", status)])
+    for name in ("plasticity_before", "plasticity_after"):
+        table = results.get(name)
+        if table:
+            import pandas as pd
+
+            _log_text(cl, run_id, pd.DataFrame(table).to_csv(index=False), f"{name}.csv")
+    cl.set_terminated(run_id, status="FINISHED")
+
+
+def fail_trial(cl, run_id: str, error: str) -> None:
+    from mlflow.entities import RunTag
+
+    cl.log_batch(run_id, tags=[RunTag("raystudy.status", "failed"), RunTag("raystudy.error", error[-5000:])])
+    cl.set_terminated(run_id, status="FAILED")
+
+
+def _yaml(d: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump({k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}, sort_keys=False)
+
+
+def _log_text(cl, run_id: str, text: str, name: str) -> None:
+    cl.log_text(run_id, text, name)
+
+
+__all__ = ["default_uri", "trial_key", "check_uri", "client", "experiment_id", "parent_run",
+           "open_trial", "log_step", "finish_trial", "fail_trial", "trial_status", "find_runs",
+           "TrackingUnavailable", "io"]

@@ -1,0 +1,185 @@
+"""One trial on Ray: the Tune function trainable for every condition, and the driver's MLflow callback.
+
+``run_trial`` runs the finetuning loop in the trial itself (one GPU, or a fraction, or CPU), or,
+when the trial asks for several workers (ViT-H), launches a ``TorchTrainer`` with DDP workers
+from inside the trial, the interop pattern of Ray 2.5x/2.60 (``Tuner(TorchTrainer)`` is gone).
+The same loop, ``engine.train``, runs in both. Checkpoints go through Tune (or Train) to the
+run's storage path, so a retried trial continues from its last evaluation, not from step 0.
+
+MLflow is written by ``MlflowTrials`` in the driver only: one writer, so a SQLite store never
+sees "database is locked", and runs are found by trial key, so a rerun never duplicates one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from ray import tune
+
+from raystudy import engine, tracking
+from raystudy.config import from_dict
+
+STATE_FILE = "state.pt"
+
+
+def _save_state(state: dict, folder: str) -> None:
+    torch.save(state, Path(folder) / STATE_FILE)
+
+
+def _load_state(checkpoint) -> dict | None:
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as d:
+        return torch.load(Path(d) / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def _reporter(report_fn, checkpoint_cls):
+    """An engine ``report`` that forwards metrics, and checkpoints at evaluations, to Ray."""
+    def report(metrics: dict[str, Any], state: dict | None) -> None:
+        if state is None:
+            report_fn(metrics)
+            return
+        with tempfile.TemporaryDirectory() as d:
+            _save_state(state, d)
+            report_fn(metrics, checkpoint=checkpoint_cls.from_directory(d))
+    return report
+
+
+def run_trial(config: dict[str, Any]) -> None:
+    """The Tune trainable: ``config`` holds one trial (``key``, flat ``config``, ``workers``)."""
+    trial = config["trial"]
+    threads = int(config.get("threads", 1))
+    torch.set_num_threads(max(1, threads))
+    cl = tracking.client(config["tracking_uri"])
+    status, run = tracking.trial_status(cl, config["experiment_id"], trial["key"])
+    if status in tracking.TERMINAL:  # done by an earlier invocation: never run twice
+        tune.report({"skipped": 1, "final": 1, "status": status,
+                     **{k: v for k, v in run.data.metrics.items() if k in tracking.FINAL_METRICS}})
+        return
+    cfg = from_dict(trial["config"])
+    if trial.get("workers", 1) > 1:
+        results = _run_ddp(cfg, trial, config)
+    else:
+        resume = _load_state(tune.get_checkpoint())
+        results = engine.train(cfg, report=_reporter(tune.report, tune.Checkpoint), resume=resume)
+    tune.report({**results, "final": 1})
+
+
+def _ddp_loop(loop_config: dict[str, Any]) -> None:
+    """Each DDP worker of the TorchTrainer: the same engine.train, reporting through Ray Train."""
+    import ray.train
+
+    cfg = from_dict(loop_config["config"])
+    resume = _load_state(ray.train.get_checkpoint())
+    rank = ray.train.get_context().get_world_rank()
+
+    def report(metrics, checkpoint=None):
+        # every worker reports (Train's collective); only rank 0 carries the checkpoint
+        ray.train.report(metrics, checkpoint=checkpoint if rank == 0 else None)
+
+    results = engine.train(cfg, report=_reporter(report, ray.train.Checkpoint), resume=resume)
+    ray.train.report({**results, "final": 1})
+
+
+def _run_ddp(cfg, trial: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Launch a TorchTrainer from inside the Tune trial; returns rank 0's final results.
+
+    The run is named by the trial key under the grid's storage path, so a retried trial's
+    TorchTrainer finds its own earlier checkpoints and resumes from them.
+    """
+    import ray.train
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    use_gpu = trial.get("gpu", 0) > 0
+    per_worker = {"GPU": 1} if use_gpu else {"CPU": trial.get("cpu_per_worker", 1)}
+    trainer = TorchTrainer(
+        _ddp_loop,
+        train_loop_config={"config": trial["config"]},
+        scaling_config=ray.train.ScalingConfig(num_workers=trial["workers"], use_gpu=use_gpu,
+                                               resources_per_worker=per_worker),
+        run_config=ray.train.RunConfig(
+            name=f"ddp-{trial['key']}", storage_path=config["storage_path"],
+            callbacks=[TuneReportCallback()],
+            failure_config=ray.train.FailureConfig(max_failures=0),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1)),
+    )
+    result = trainer.fit()
+    final = dict(result.metrics or {})
+    final.pop("final", None)
+    final.pop("checkpoint_path", None)
+    return final
+
+
+class MlflowTrials(tune.Callback):
+    """Writes every trial to MLflow from the driver, exactly once per trial key."""
+
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_id: str | None):
+        self.tracking_uri, self.experiment_id, self.parent_id = tracking_uri, experiment_id, parent_id
+        self._runs: dict[str, str | None] = {}
+        self._cl = None
+
+    def __getstate__(self):  # Tune pickles callbacks with its experiment state
+        return {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id,
+                "parent_id": self.parent_id, "_runs": {}, "_cl": None}
+
+    @property
+    def cl(self):
+        if self._cl is None:
+            self._cl = tracking.client(self.tracking_uri)
+        return self._cl
+
+    def _run(self, trial) -> str | None:
+        """The MLflow run of ``trial``; None if its key already finished (it will skip)."""
+        if trial.trial_id not in self._runs:
+            t = trial.config["trial"]
+            status, _ = tracking.trial_status(self.cl, self.experiment_id, t["key"])
+            self._runs[trial.trial_id] = (None if status in tracking.TERMINAL else
+                                          tracking.open_trial(self.cl, self.experiment_id, self.parent_id,
+                                                              t["key"], t["config"],
+                                                              {"raystudy.tune_trial": trial.trial_id}))
+        return self._runs[trial.trial_id]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._run(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        run_id = self._run(trial)
+        if run_id is None or result.get("final") or result.get("skipped"):
+            return
+        tracking.log_step(self.cl, run_id, result, int(result.get("step", 0)))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        run_id = self._run(trial)
+        last = trial.last_result or {}
+        if run_id is None or last.get("skipped"):
+            return
+        tracking.finish_trial(self.cl, run_id, last)
+        self._runs.pop(trial.trial_id, None)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        """A failed attempt that Tune retries: count it and keep its error."""
+        run_id = self._run(trial)
+        if run_id is not None:
+            attempts = int(self.cl.get_run(run_id).data.tags.get("raystudy.attempts", "1")) + 1
+            self.cl.set_tag(run_id, "raystudy.attempts", str(attempts))
+            self.cl.set_tag(run_id, "raystudy.last_error", _error_text(trial)[-5000:])
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        run_id = self._run(trial)
+        if run_id is not None:
+            tracking.fail_trial(self.cl, run_id, _error_text(trial)[-5000:])
+            self._runs.pop(trial.trial_id, None)
+
+
+def _error_text(trial) -> str:
+    path = getattr(trial, "error_file", None)
+    if path and os.path.exists(path):
+        text = Path(path).read_text().strip()
+        # The last line of a traceback says what went wrong; keep the whole for the artifact.
+        return text
+    return "trial failed (no error file)"

@@ -1,0 +1,121 @@
+import pytest
+import yaml
+
+from raystudy import grid
+from raystudy.config import ConfigError
+
+
+def test_paper_grid_for_vit_base_is_the_papers_924_trials():
+    space = grid.load_space("paper")
+    trials = grid.expand(space, "vit_base")
+    assert len(trials) == 924
+    assert len({t.config["dataset"] for t in trials}) == 11
+    assert len({t.key for t in trials}) == 924
+    dn = [t for t in trials if t.config["dataset"] == "domainnet_sketch"]
+    assert sorted({t.config["lr"] for t in dn}) == [3e-3, 1e-2, 3e-2, 6e-2]
+    assert {t.config["steps"] for t in dn} == {20000}
+    assert {t.config["steps"] for t in trials if t.config["dataset"] == "pets"} == {4000}
+    assert {t.config["model"] for t in trials} == {"vit_base"}
+
+
+def test_adamw_ablation_scales_the_lr_grid():
+    space = grid.load_space("paper")
+    trials = grid.expand(space, "vit_base", datasets=["cifar10"], optimizers=["sgd", "adamw"])
+    assert len(trials) == 2 * 7 * 4 * 3
+    lrs = sorted({t.config["lr"] for t in trials if t.config["optimizer"] == "adamw"})
+    assert lrs == pytest.approx([1e-5, 3e-5, 1e-4, 3e-4])
+
+
+def test_restrictions_and_overrides():
+    space = grid.load_space("demo")
+    trials = grid.expand(space, None, conditions=["MHA+FC1"], overrides={"steps": 40, "warmup_steps": 4})
+    assert {t.config["condition"] for t in trials} == {"MHA+FC1"}
+    assert {t.config["steps"] for t in trials} == {40}
+    assert len(trials) == 4  # 2 lrs x 2 seeds
+
+
+def test_trial_key_ignores_how_a_trial_runs_but_not_what_it_is():
+    space = grid.load_space("demo")
+    a = grid.expand(space, None)[0]
+    b = grid.expand(space, None, overrides={"device": "cpu", "num_workers": 2})[0]
+    c = grid.expand(space, None, overrides={"steps": 301})[0]
+    assert a.key == b.key != c.key
+
+
+def _space(tmp_path, **changes):
+    raw = yaml.safe_load(open(grid.space_path("demo")))
+    raw.update(changes)
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return str(p)
+
+
+@pytest.mark.parametrize("changes,needle", [
+    (dict(colour="red"), "unknown key 'colour' in search space"),
+    (dict(grid={"lr": {"loguniform": [1e-3, 1e-1]}}), "sampling distribution"),
+    (dict(grid={"lrr": {"grid_search": [0.1]}}), "unknown key 'lrr'"),
+    (dict(grid={"lr": {"grid_search": []}}), "expected {grid_search"),
+    (dict(datasets={}), "at least one dataset"),
+    (dict(datasets={"mnist": {}}), "unknown dataset 'mnist'"),
+    (dict(tune={"retries": 3}), "unknown key 'retries'"),
+])
+def test_bad_spaces_are_refused_before_any_trial(tmp_path, changes, needle, capsys):
+    assert grid.main(["--space", _space(tmp_path, **changes), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--space", "nope"], "unknown search space 'nope'"),
+    (["--space", "demo", "--datasets", "cifar10"], "--datasets: cifar10 not in this space"),
+    (["--space", "demo", "--conditions", "EMBED"], "--conditions: EMBED not in this space"),
+    (["--space", "demo", "--conditions", "FC3"], "unknown component 'FC3'"),
+    (["--space", "demo", "--optimizers", "lion"], "--optimizers: lion not in this space"),
+    (["--space", "demo", "--model", "resnet50"], "not a timm VisionTransformer"),
+    (["--space", "demo", "--set", "lrr=1"], "unknown config key 'lrr'"),
+    (["--space", "demo", "--max-failures", "-1"], "--max-failures"),
+])
+def test_bad_flags_exit_2(argv, needle, capsys):
+    assert grid.main(argv + ["--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_dry_run_paper_vit_base_prints_datasets_trials_and_gpu_hours(capsys):
+    assert grid.main(["--model", "vit_base", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "924 trials = 11 datasets" in out
+    assert "GPUs per trial: 1" in out and "GPU-hours" in out
+    assert "nothing started" in out
+
+
+def test_dry_run_vit_huge_uses_ddp_workers(capsys):
+    assert grid.main(["--model", "vit_huge", "--dry-run"]) == 0
+    assert "GPUs per trial: 4 (4 DDP workers)" in capsys.readouterr().out
+
+
+def test_unreachable_tracking_server_and_unknown_address_exit_2(tmp_path, capsys):
+    assert grid.main(["--space", "demo", "--tracking-uri", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unreachable" in err[0]
+    uri = f"sqlite:///{tmp_path}/m.db"
+    assert grid.main(["--space", "demo", "--tracking-uri", uri, "--address", "127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no Ray cluster answers" in err[0]
+    assert grid.main(["--space", "demo", "--tracking-uri", "file:///tmp/x"]) == 2
+    assert "file store is disabled" in capsys.readouterr().err
+
+
+def test_ranking_chooses_lr_on_validation():
+    import pandas as pd
+
+    df = pd.DataFrame([
+        # MHA: lr 0.1 wins on val (0.9) though lr 0.3 has the better test accuracy
+        dict(dataset="d", condition="MHA", lr=0.1, seed=0, status="finished", val_acc=0.9, test_acc=0.70),
+        dict(dataset="d", condition="MHA", lr=0.3, seed=0, status="finished", val_acc=0.5, test_acc=0.80),
+        dict(dataset="d", condition="LN1", lr=0.1, seed=0, status="finished", val_acc=0.4, test_acc=0.40),
+        dict(dataset="d", condition="LN1", lr=0.3, seed=0, status="diverged", val_acc=None, test_acc=None),
+    ])
+    r = grid.ranking(df)
+    assert list(r["condition"]) == ["MHA", "LN1"]
+    assert r.iloc[0]["test_acc"] == pytest.approx(0.70)
