@@ -34,7 +34,7 @@ SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 SPACE_KEYS = ("study", "description", "base", "grid", "datasets", "optimizers", "models", "tune")
 GRID_AXES = ("condition", "lr", "seed", "optimizer")
 MODEL_KEYS = ("gpu", "cpu", "workers", "step_seconds", "config")
-TUNE_KEYS = ("max_failures", "max_concurrent", "threads_per_trial")
+TUNE_KEYS = ("max_failures", "max_concurrent", "threads_per_trial", "checkpoint_every_s")
 SAMPLERS = ("choice", "uniform", "loguniform", "quniform", "qloguniform", "randint", "lograndint",
             "randn", "sample_from")
 
@@ -241,7 +241,7 @@ def start_ray(address: str | None, num_cpus: int | None, temp_dir: str | None, d
 
 def run_grid(trials: list[Trial], *, space: Space, model: str, tracking_uri: str, experiment: str,
              storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
-             verbose: int = 1) -> dict[str, Any]:
+             checkpoint_every_s: float = 0.0, verbose: int = 1) -> dict[str, Any]:
     """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid."""
     import ray
     from ray import tune
@@ -262,7 +262,7 @@ def run_grid(trials: list[Trial], *, space: Space, model: str, tracking_uri: str
     counts = {"trials": len(trials), "already_done": len(done)}
     if pending:
         base = {"tracking_uri": tracking_uri, "experiment_id": exp_id, "storage_path": str(storage),
-                "threads": threads}
+                "threads": threads, "checkpoint_every_s": checkpoint_every_s}
 
         def resources(config):
             t = config["trial"]
@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         optimizers = _parse_list("--optimizers", args.optimizers, list(space.optimizers))
         trials = expand(space, model, datasets, conds, optimizers, parse_set(args.set or []))
         mopts = model_options(space, model)
-        tuning = {"max_failures": 2, "max_concurrent": None, "threads_per_trial": 1, **space.tune}
+        tuning = {"max_failures": 2, "max_concurrent": None, "threads_per_trial": 1,
+                  "checkpoint_every_s": 60.0, **space.tune}
         max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
         if max_failures < 0:
             raise ConfigError(f"--max-failures must be >= 0, got {max_failures}")
@@ -435,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = run_grid(trials, space=space, model=model, tracking_uri=uri, experiment=experiment,
                           storage=Path(storage) if isinstance(storage, Path) else storage,
                           max_failures=max_failures, max_concurrent=max_conc,
-                          threads=int(tuning["threads_per_trial"]), verbose=0 if args.quiet else 1)
+                          threads=int(tuning["threads_per_trial"]),
+                          checkpoint_every_s=float(tuning["checkpoint_every_s"]), verbose=0 if args.quiet else 1)
     finally:
         ray.shutdown()
     print(f"\ndone in {time.time() - t0:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "

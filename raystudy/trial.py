@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,22 @@ def _load_state(checkpoint) -> dict | None:
         return torch.load(Path(d) / STATE_FILE, map_location="cpu", weights_only=False)
 
 
-def _reporter(report_fn, checkpoint_cls):
-    """An engine ``report`` that forwards metrics, and checkpoints at evaluations, to Ray."""
+def _reporter(report_fn, checkpoint_cls, every_s: float):
+    """An engine ``report`` that forwards metrics to Ray, with a checkpoint at an evaluation when
+    ``every_s`` seconds have passed since the last one (0: at every evaluation).
+
+    Seconds rather than steps: a 5-second demo trial needs none, a 3-hour ViT-H trial many.
+    """
+    last = [time.monotonic()]
+
     def report(metrics: dict[str, Any], state: dict | None) -> None:
-        if state is None:
+        if state is None or time.monotonic() - last[0] < every_s:
             report_fn(metrics)
             return
         with tempfile.TemporaryDirectory() as d:
             _save_state(state, d)
             report_fn(metrics, checkpoint=checkpoint_cls.from_directory(d))
+        last[0] = time.monotonic()
     return report
 
 
@@ -62,10 +70,11 @@ def run_trial(config: dict[str, Any]) -> None:
         return
     cfg = from_dict(trial["config"])
     if trial.get("workers", 1) > 1:
-        results = _run_ddp(cfg, trial, config)
-    else:
-        resume = _load_state(tune.get_checkpoint())
-        results = engine.train(cfg, report=_reporter(tune.report, tune.Checkpoint), resume=resume)
+        _run_ddp(trial, config)  # rank 0's final results reach Tune through TuneReportCallback
+        return
+    resume = _load_state(tune.get_checkpoint())
+    every = float(config.get("checkpoint_every_s", 0))
+    results = engine.train(cfg, report=_reporter(tune.report, tune.Checkpoint, every), resume=resume)
     tune.report({**results, "final": 1})
 
 
@@ -81,12 +90,13 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
         # every worker reports (Train's collective); only rank 0 carries the checkpoint
         ray.train.report(metrics, checkpoint=checkpoint if rank == 0 else None)
 
-    results = engine.train(cfg, report=_reporter(report, ray.train.Checkpoint), resume=resume)
+    every = float(loop_config.get("checkpoint_every_s", 0))
+    results = engine.train(cfg, report=_reporter(report, ray.train.Checkpoint, every), resume=resume)
     ray.train.report({**results, "final": 1})
 
 
-def _run_ddp(cfg, trial: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """Launch a TorchTrainer from inside the Tune trial; returns rank 0's final results.
+def _run_ddp(trial: dict[str, Any], config: dict[str, Any]) -> None:
+    """Launch a TorchTrainer from inside the Tune trial; its reports become the trial's.
 
     The run is named by the trial key under the grid's storage path, so a retried trial's
     TorchTrainer finds its own earlier checkpoints and resumes from them.
@@ -96,10 +106,10 @@ def _run_ddp(cfg, trial: dict[str, Any], config: dict[str, Any]) -> dict[str, An
     from ray.tune.integration.ray_train import TuneReportCallback
 
     use_gpu = trial.get("gpu", 0) > 0
-    per_worker = {"GPU": 1} if use_gpu else {"CPU": trial.get("cpu_per_worker", 1)}
+    per_worker = {"GPU": 1, "CPU": trial["cpu"]} if use_gpu else {"CPU": trial["cpu"]}
     trainer = TorchTrainer(
         _ddp_loop,
-        train_loop_config={"config": trial["config"]},
+        train_loop_config={"config": trial["config"], "checkpoint_every_s": config.get("checkpoint_every_s", 0)},
         scaling_config=ray.train.ScalingConfig(num_workers=trial["workers"], use_gpu=use_gpu,
                                                resources_per_worker=per_worker),
         run_config=ray.train.RunConfig(
@@ -108,11 +118,7 @@ def _run_ddp(cfg, trial: dict[str, Any], config: dict[str, Any]) -> dict[str, An
             failure_config=ray.train.FailureConfig(max_failures=0),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1)),
     )
-    result = trainer.fit()
-    final = dict(result.metrics or {})
-    final.pop("final", None)
-    final.pop("checkpoint_path", None)
-    return final
+    trainer.fit()
 
 
 class MlflowTrials(tune.Callback):

@@ -22,7 +22,7 @@ SPACE = {
     "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": {"grid_search": [0.1, 1.0e30]},
              "seed": 0},
     "datasets": {"digits_c": {}},
-    "tune": {"max_failures": 1},
+    "tune": {"max_failures": 1, "checkpoint_every_s": 0},
 }
 
 
@@ -142,6 +142,7 @@ def test_killed_driver_then_rerun_completes_exactly_once(work):
     assert 2 <= (before["tags.raystudy.status"] == "finished").sum() < 6
     p = run(cmd, tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "resuming" in p.stdout  # Tune restored the interrupted experiment, checkpoints included
     df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
     assert len(df) == 6 and df["tags.raystudy.key"].nunique() == 6, df[["tags.raystudy.key", "status"]]
     assert set(df["status"]) == {"FINISHED"} and set(df["tags.raystudy.status"]) == {"finished"}
@@ -188,3 +189,18 @@ def test_grid_against_a_real_mlflow_server(work):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_multi_worker_trial_runs_a_nested_torchtrainer(work):
+    # The ViT-H pattern on CPU: the Tune trial launches a TorchTrainer with 2 DDP (gloo) workers.
+    tmp, ray_tmp = work
+    space = {**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 0},
+             "models": {"vit_demo": {"workers": 2, "cpu": 0.5}}}
+    p = run(grid_cmd(write_space(tmp, space), ray_tmp), tmp)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "(2 DDP workers)" in p.stdout and "1 finished" in p.stdout
+    df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
+    assert len(df) == 1 and 0 <= df.iloc[0]["metrics.test_acc"] <= 1
+    assert df.iloc[0]["metrics.grad_norm/MHA"] > 0
+    # the TorchTrainer checkpointed under the grid's storage, named by the trial key
+    assert list((tmp / "runs" / "ray").glob(f"ddp-{df.iloc[0]['tags.raystudy.key']}/checkpoint_*"))
