@@ -169,6 +169,25 @@ def build(cfg: FinetuneConfig, model: nn.Module | None = None):
     return model, splits, counts
 
 
+def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict]:
+    """Plasticity of every (mode, layer, component) on ``cfg.probe_pairs`` pairs, as rows.
+
+    x from the model's pretraining-like source (digits for the demo, imagenet_val otherwise), y
+    from the run's test split; pairs are seeded by the run's seed, so before and after
+    finetuning see the same pairs. The rows are what tracking logs as plasticity_*.csv.
+    """
+    from raystudy import probe
+
+    ic = models.input_config(cfg.model)
+    source = data.build_splits(data.source_dataset(models.resolve_name(cfg.model)), seed=cfg.seed,
+                               img_size=ic["img_size"], mean=ic["mean"], std=ic["std"],
+                               root=cfg.data_root)
+    df = probe.probe_model(model, source.test, splits.test, n_pairs=cfg.probe_pairs,
+                           batch_size=cfg.eval_batch_size, seed=cfg.seed, model_name=cfg.model,
+                           dataset_name=cfg.dataset, num_workers=cfg.num_workers)
+    return df.to_dict("records")
+
+
 def _shard(ds, rank: int, size: int):
     return ds if size == 1 else torch.utils.data.Subset(ds, range(rank, len(ds), size))
 
@@ -217,6 +236,11 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
         model.load_state_dict(resume["model"], strict=False)
         optimizer.load_state_dict(resume["optimizer"])
         start, best = resume["step"], resume["best"]
+    # Plasticity of the pretrained model. Every DDP rank probes (the same pairs): a rank that
+    # waited instead could time out at its first all-reduce during a long probe.
+    probe_before = None
+    if cfg.probe_pairs:
+        probe_before = resume.get("probe_before") if resume else probe_plasticity(cfg, model, splits)
     # A resumed run draws a fresh, still reproducible, stream of batches.
     batches: Iterator = data.train_batches(splits.train, micro, seed=cfg.seed * 1_000_003 + start * 7919 + rank,
                                            num_workers=cfg.num_workers, pin_memory=device.type == "cuda")
@@ -244,7 +268,7 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
             if val["acc"] > best["val_acc"]:
                 best = {"val_acc": val["acc"], "step": done, "weights": trainable_state(model)}
             state = {"step": done, "model": trainable_state(model),
-                     "optimizer": optimizer.state_dict(), "best": best}
+                     "optimizer": optimizer.state_dict(), "best": best, "probe_before": probe_before}
             report({"step": done, "val_acc": val["acc"], "val_loss": val["loss"],
                     "best_val_acc": best["val_acc"]}, state)
 
@@ -257,6 +281,10 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
         test = evaluate(net, test_loader, device)
         results.update(best_val_acc=best["val_acc"], best_step=best["step"], test_acc=test["acc"],
                        test_loss=test["loss"], final_loss=last.get("loss", float("nan")))
+        if cfg.probe_pairs:  # the best-validation weights, finetuned
+            results["plasticity_after"] = probe_plasticity(cfg, model, splits)
+    if probe_before is not None:
+        results["plasticity_before"] = probe_before
     results["wall_s"] = time.perf_counter() - t0
     return results
 

@@ -1,0 +1,672 @@
+"""Plasticity of ViT components: measured ratios, theoretical bounds, one streaming probe.
+
+For a component f and pairs (x, y), x from the pretraining distribution and y from the
+downstream test split (STUDY.md, "Plasticity"):
+
+    P(f) = E ||f(x) - f(y)||_F / ||x - y||_F        (Frobenius over tokens x features)
+
+measured for LN1, MHA, LN2, FC1 and FC2 of every block of a timm VisionTransformer, in two modes:
+
+- ``shared`` (the paper's): every component gets the embedding output E(x) (FC2 gets it
+  zero-padded to its input width); the denominator is ||E(x) - E(y)||_F.
+- ``in_situ``: each component gets the tensor that really enters it in the forward pass
+  (forward hooks on one pass over ``cat([x, y])``); the denominator is the distance between
+  those inputs.
+
+Pairs stream in batches and every statistic is a running one, so memory does not grow with the
+number of pairs. Rows come back per (mode, layer, component) with mean, std, n, the 95%
+interval of the mean and the theoretical bound; ``to_frame``, ``aggregate``, ``save_table`` and
+``plot`` turn them into the tidy table and the figure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from raystudy import components as _components
+
+MODES = ("shared", "in_situ")
+# Component name -> module path inside every timm block; names are raystudy.components'.
+MODULE_PATHS = {"LN1": "norm1", "MHA": "attn", "LN2": "norm2", "FC1": "mlp.fc1", "FC2": "mlp.fc2"}
+PROBE_COMPONENTS = tuple(c for c in _components.COMPONENTS if c in MODULE_PATHS)
+COLUMNS = ("model", "dataset", "mode", "layer", "component", "mean", "std", "n",
+           "ci_low", "ci_high", "bound")
+
+
+class ProbeError(ValueError):
+    """Bad probe input (mode, component, model, pairs): one line naming the value and the choices."""
+
+
+# ---------------------------------------------------------------- names
+
+def check_modes(mode: str | Sequence[str]) -> tuple[str, ...]:
+    """Modes as a tuple in canonical order; ``"both"`` means every mode.
+
+    >>> check_modes("both")
+    ('shared', 'in_situ')
+    """
+    names = [mode] if isinstance(mode, str) else list(mode)
+    out = []
+    for m in names:
+        if m == "both":
+            out.extend(MODES)
+        elif m in MODES:
+            out.append(m)
+        else:
+            raise ProbeError(f"unknown mode {m!r}; valid: {', '.join(MODES)}, both")
+    if not out:
+        raise ProbeError(f"no mode given; valid: {', '.join(MODES)}, both")
+    return tuple(m for m in MODES if m in out)
+
+
+def check_components(names: str | Iterable[str]) -> tuple[str, ...]:
+    """Component names (a comma-separated string or a sequence), upper-cased, in table order."""
+    items = names.split(",") if isinstance(names, str) else list(names)
+    out = set()
+    for c in items:
+        key = str(c).strip().upper()
+        if key not in MODULE_PATHS:
+            raise ProbeError(f"unknown component {str(c).strip()!r}; valid: {', '.join(PROBE_COMPONENTS)}")
+        out.add(key)
+    if not out:
+        raise ProbeError(f"no component given; valid: {', '.join(PROBE_COMPONENTS)}")
+    return tuple(c for c in PROBE_COMPONENTS if c in out)
+
+
+def unwrap_vit(model: nn.Module) -> nn.Module:
+    """The timm VisionTransformer inside ``model`` (DDP and torch.compile wrappers removed)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    inner = model
+    for _ in range(4):  # DDP(compile(model)) and the like
+        wrapped = [getattr(inner, a, None) for a in ("module", "_orig_mod")]
+        wrapped = [w for w in wrapped if isinstance(w, nn.Module)]
+        if not wrapped:
+            break
+        inner = wrapped[0]
+    if not isinstance(inner, VisionTransformer):
+        raise ProbeError(f"the plasticity probe needs a timm VisionTransformer, got "
+                         f"{type(inner).__name__}; its components are blocks.*.norm1, attn, norm2, "
+                         "mlp.fc1, mlp.fc2")
+    return inner
+
+
+def block_module(block: nn.Module, component: str) -> nn.Module:
+    """The module of ``component`` in a timm block (``MHA`` -> ``block.attn``)."""
+    mod = block
+    for part in MODULE_PATHS[component].split("."):
+        mod = getattr(mod, part, None)
+        if mod is None:
+            raise ProbeError(f"block {type(block).__name__} has no {MODULE_PATHS[component]} "
+                             f"(component {component}); the probe needs timm's standard ViT blocks")
+    return mod
+
+
+# ---------------------------------------------------------------- measurement
+
+def pair_norms(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-sample Frobenius norm of ``a - b`` over every dimension but the first."""
+    return torch.linalg.vector_norm((a - b).flatten(1), dim=1)
+
+
+def ratios(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den`` with NaN where ``den`` is 0: a pair with x = y has no ratio and is skipped."""
+    return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), float("nan"))
+
+
+def pair_ratios(fx: torch.Tensor, fy: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample ||fx - fy||_F / ||x - y||_F, shape (B,); NaN for pairs with ||x - y|| = 0.
+
+    Norms run over all dimensions but the first (tokens x features). NaN pairs are excluded by
+    ``RunningStats`` (and counted out of ``n``).
+    """
+    return ratios(pair_norms(fx, fy), pair_norms(x, y))
+
+
+def t_interval(mean: float, std: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Student-t interval of the mean: mean ± t_{n-1}(level) std / sqrt(n); NaN for n < 2.
+
+    At the paper's 12,800 pairs this is the normal 1.96 interval; the t quantile keeps it honest
+    for the small N of tests and quick runs.
+    """
+    if n < 2 or not math.isfinite(std):
+        return float("nan"), float("nan")
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
+    return mean - half, mean + half
+
+
+class RunningStats:
+    """Count, mean and M2 of a stream of values, in float64 on the values' device.
+
+    Batches merge with Chan et al.'s parallel update (Welford for blocks), written with masks
+    instead of indexing so a GPU never waits for the host; NaNs are skipped.
+    """
+
+    def __init__(self, device: torch.device | str | None = None):
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        if dev.type == "mps":  # no float64 there
+            dev = torch.device("cpu")
+        self.device = dev
+        self.count = torch.zeros((), dtype=torch.float64, device=dev)
+        self.mean = torch.zeros((), dtype=torch.float64, device=dev)
+        self.m2 = torch.zeros((), dtype=torch.float64, device=dev)
+
+    def update(self, values: torch.Tensor) -> None:
+        """Add a batch of values (any shape); NaNs are ignored."""
+        v = values.detach().reshape(-1).to(self.device, torch.float64)
+        ok = ~torch.isnan(v)
+        nb = ok.sum().to(torch.float64)
+        mean_b = torch.where(ok, v, 0.0).sum() / nb.clamp(min=1.0)
+        m2_b = torch.where(ok, v - mean_b, 0.0).square().sum()
+        n = self.count + nb
+        delta = mean_b - self.mean
+        self.mean = self.mean + delta * nb / n.clamp(min=1.0)
+        self.m2 = self.m2 + m2_b + delta.square() * self.count * nb / n.clamp(min=1.0)
+        self.count = n
+
+    def result(self) -> dict[str, float]:
+        """mean, std (ddof 1), n and the 95% t interval of the mean (NaN where undefined)."""
+        n = int(self.count.item())
+        mean = self.mean.item() if n else float("nan")
+        std = math.sqrt(max(self.m2.item(), 0.0) / (n - 1)) if n > 1 else float("nan")
+        lo, hi = t_interval(mean, std, n)
+        return {"mean": mean, "std": std, "n": n, "ci_low": lo, "ci_high": hi}
+
+
+class Scratch:
+    """Reused buffers for the probe's elementwise work.
+
+    On a CPU every fresh activation-sized tensor comes as fresh pages from the OS (page faults,
+    zeroing) that cost more than the subtraction written into it: measured on ViT-S, reusing a
+    few buffers more than halves the time of the probe's subtractions. Harmless on a GPU.
+    """
+
+    def __init__(self, max_buffers: int = 8):
+        self._bufs: dict[tuple, torch.Tensor] = {}
+        self.max_buffers = max_buffers
+
+    def like(self, t: torch.Tensor) -> torch.Tensor:
+        key = (tuple(t.shape), t.dtype, t.device)
+        buf = self._bufs.get(key)
+        if buf is None:
+            if len(self._bufs) >= self.max_buffers:  # e.g. a last, smaller batch: start over
+                self._bufs.clear()
+            buf = self._bufs[key] = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        return buf
+
+    def diff_norms(self, t: torch.Tensor, b: int) -> torch.Tensor:
+        """``pair_norms(t[:b], t[b:])`` without allocating the difference."""
+        d = torch.sub(t[:b], t[b:], out=self.like(t[:b]))
+        return torch.linalg.vector_norm(d.flatten(1), dim=1)
+
+
+def token_sigma_min(t: torch.Tensor, eps: float = 0.0, scratch: Scratch | None = None) -> torch.Tensor:
+    """Smallest per-token sqrt(var + eps) over the last dimension, as a 0-d tensor.
+
+    Two passes (mean, then the norm of the centred token): as exact as ``var`` and several
+    times faster than ``torch.var`` over the last dimension on a CPU.
+    """
+    t = t.detach()
+    mu = t.mean(dim=-1, keepdim=True)
+    centred = torch.sub(t, mu, out=scratch.like(t)) if scratch is not None else t - mu
+    var = torch.linalg.vector_norm(centred, dim=-1).square() / t.shape[-1]
+    return (var + eps).sqrt().min()
+
+
+class InputStats:
+    """What the bounds need of the data entering a component, as running device tensors.
+
+    ``sigma_min``: smallest per-token sqrt(var + eps) (LayerNorm's own convention);
+    ``r``: RMS token norm; ``n``: sequence length.
+    """
+
+    def __init__(self, device: torch.device | str | None = None, eps: float = 0.0):
+        dev = RunningStats(device).device
+        self.eps = eps
+        self.sigma_min = torch.full((), float("inf"), dtype=torch.float64, device=dev)
+        self.sq_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        self.tokens = 0
+        self.n = 0
+
+    def update_sigma(self, t: torch.Tensor, scratch: "Scratch | None" = None) -> None:
+        sigma = token_sigma_min(t, self.eps, scratch)
+        self.sigma_min = torch.minimum(self.sigma_min, sigma.to(self.sigma_min))
+
+    def update_radius(self, t: torch.Tensor) -> None:
+        # the norm in the activation's own precision (at least fp32), the running sum in float64:
+        # no float64 copy of a large activation
+        t = t.detach()
+        sq = torch.linalg.vector_norm(t.float() if t.element_size() < 4 else t).to(self.sq_sum).square()
+        self.sq_sum = self.sq_sum + sq
+        self.tokens += t[..., 0].numel()
+        self.n = t.shape[-2]
+
+    @property
+    def r(self) -> float:
+        return math.sqrt(self.sq_sum.item() / self.tokens) if self.tokens else float("nan")
+
+
+# ---------------------------------------------------------------- bounds
+
+def effective_weight(linear: nn.Module) -> torch.Tensor:
+    """A linear layer's weight (out, in), with any unmerged active peft LoRA delta added."""
+    base = getattr(linear, "base_layer", None)
+    if base is None:
+        return linear.weight
+    w = base.weight
+    if getattr(linear, "disable_adapters", False):
+        return w
+    merged = set(getattr(linear, "merged_adapters", []))
+    for name in getattr(linear, "active_adapters", []):
+        if name in getattr(linear, "lora_A", {}) and name not in merged:
+            w = w + linear.get_delta_weight(name)
+    return w
+
+
+def _as64(w: torch.Tensor) -> torch.Tensor:
+    w = w.detach()
+    return w.cpu().double() if w.device.type == "mps" else w.double()
+
+
+def spectral_norm(w: torch.Tensor) -> float:
+    """Largest singular value of a matrix, in float64.
+
+    Same value as ``torch.linalg.matrix_norm(w, ord=2)``, through the eigenvalues of the smaller
+    Gram matrix: several times faster than an SVD of an (hidden x dim) weight, which matters
+    for ViT-H's 64 MLP linears on a CPU; in float64 the top eigenvalue loses nothing.
+    """
+    w = _as64(w)
+    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+    return math.sqrt(max(torch.linalg.eigvalsh(gram)[-1].item(), 0.0))
+
+
+def linear_bound(linear: nn.Module) -> float:
+    """P of a linear layer never exceeds ||W||_2 (the bias cancels in f(x) - f(y))."""
+    return spectral_norm(effective_weight(linear))
+
+
+def layernorm_bound(ln: nn.Module, inputs: torch.Tensor | float) -> float:
+    """||γ||_∞ / σ_min for a LayerNorm; ``inputs`` are tensors (..., d) or σ_min itself.
+
+    σ_min is the smallest per-token sqrt(var + eps) over the inputs (LayerNorm's own eps). The
+    bound holds pair by pair: lifting a centred token u to (u, sqrt(d eps)) makes LayerNorm a
+    radial projection, and ||u/|u| - v/|v||| <= |u - v| / sqrt(|u||v|). NaN for norms other
+    than nn.LayerNorm (RMSNorm's σ is not a standard deviation).
+    """
+    if not isinstance(ln, nn.LayerNorm):
+        return float("nan")
+    if isinstance(inputs, torch.Tensor):
+        stats = InputStats(inputs.device, eps=ln.eps)
+        stats.update_sigma(inputs)
+        sigma_min = stats.sigma_min.item()
+    else:
+        sigma_min = float(inputs)
+    gamma = 1.0 if ln.weight is None else ln.weight.detach().abs().max().item()
+    return gamma / sigma_min if sigma_min > 0 else float("inf")
+
+
+def head_weights(attn: nn.Module) -> list[tuple[torch.Tensor, ...]]:
+    """(W_Q, W_K, W_V, W_O) per head of a timm Attention, in nn.Linear's (out, in) layout.
+
+    qkv.weight is (3 * heads * d_h, dim) laid out [q; k; v], so a head's W_Q, W_K, W_V are row
+    slices (d_h, dim); its W_O is a column slice (dim, d_h) of proj.weight.
+    """
+    w = effective_weight(attn.qkv)
+    wo = effective_weight(attn.proj)
+    heads, dh = attn.num_heads, attn.head_dim
+    q, k, v = w.reshape(3, heads * dh, -1).unbind(0)
+    out = []
+    for h in range(heads):
+        s = slice(h * dh, (h + 1) * dh)
+        out.append((q[s], k[s], v[s], wo[:, s]))
+    return out
+
+
+def mha_bound(attn: nn.Module, n: int, r: float) -> float:
+    """Σ_h ||W_O^h||_2 ||W_V^h||_2 sqrt(3n + (12n+3) r⁴ ||W_Q^h W_K^hᵀ / √d_h||_2²) (STUDY.md).
+
+    n: sequence length; r: RMS token norm of the data entering the attention. In the maths
+    convention (tokens as rows, x W) the logits are x W_Q W_Kᵀ xᵀ; with nn.Linear's (out, in)
+    weights that matrix is W_Qᵀ W_K (dim x dim). Biases are left out, as in the proposition.
+    NaN for attentions the proposition does not cover (qk-norm, gating, fused variants).
+    """
+    plain = (hasattr(attn, "qkv") and hasattr(attn, "proj") and hasattr(attn, "num_heads")
+             and isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity)
+             and isinstance(getattr(attn, "k_norm", nn.Identity()), nn.Identity)
+             and isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity)
+             and getattr(attn, "gate", None) is None)
+    if not plain or not math.isfinite(r):
+        return float("nan")
+    total = 0.0
+    for wq, wk, wv, wo in head_weights(attn):
+        dh = wq.shape[0]
+        # ||W_Qᵀ W_K||_2 through thin QRs of W_Qᵀ and W_Kᵀ: a (d_h x d_h) problem, not (dim x dim).
+        ra = torch.linalg.qr(_as64(wq).T, mode="r").R
+        rb = torch.linalg.qr(_as64(wk).T, mode="r").R
+        a = torch.linalg.matrix_norm(ra @ rb.T, ord=2).item() / math.sqrt(dh)
+        total += spectral_norm(wo) * spectral_norm(wv) * math.sqrt(3 * n + (12 * n + 3) * r ** 4 * a ** 2)
+    return total
+
+
+# ---------------------------------------------------------------- the probe
+
+def embed(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """E(x): the tokens that enter the first block (patches, prefix tokens, positions), by timm's own steps."""
+    x = vit.patch_embed(x)
+    x = vit._pos_embed(x)
+    x = vit.patch_drop(x)
+    return vit.norm_pre(x)
+
+
+class _Site:
+    """Running measurements of one (mode, layer, component)."""
+
+    def __init__(self, device: torch.device, eps: float = 0.0):
+        self.stats = RunningStats(device)
+        self.inputs = InputStats(device, eps)
+
+
+class _Probe:
+    """Accumulators for every (mode, layer, component), and the per-batch work of each mode."""
+
+    def __init__(self, vit: nn.Module, modes: tuple[str, ...], comps: tuple[str, ...], device):
+        self.vit, self.modes, self.comps, self.device = vit, modes, comps, device
+        self.mods = [{c: block_module(b, c) for c in comps} for b in vit.blocks]
+        self.sites = {(m, i, c): _Site(device, getattr(mods[c], "eps", 0.0))
+                      for m in modes for i, mods in enumerate(self.mods) for c in comps}
+        self.shared_inputs = InputStats(device)  # E(x), E(y): the data entering every component
+        self.scratch = Scratch()
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # -- shared: every component of every block on E(x) and E(y), as one batch of 2B
+    def shared(self, xy: torch.Tensor, b: int) -> None:
+        e = embed(self.vit, xy)
+        den = self.scratch.diff_norms(e, b)
+        self.shared_inputs.update_radius(e)
+        padded: dict[int, torch.Tensor] = {}   # E zero-padded to FC2's width, once per batch
+        sigma: dict[float, torch.Tensor] = {}  # σ_min of E depends only on the LayerNorm's eps
+        for i, mods in enumerate(self.mods):
+            for c, mod in mods.items():
+                site = self.sites[("shared", i, c)]
+                if c == "FC2":
+                    width = getattr(mod, "in_features", None)
+                    if width is None:
+                        raise ProbeError(f"blocks.{i}.mlp.fc2 is a {type(mod).__name__}, not a linear "
+                                         "layer; shared mode pads E(x) to its in_features")
+                    if width not in padded:
+                        padded[width] = F.pad(e, (0, width - e.shape[-1]))
+                    out = mod(padded[width])
+                else:
+                    out = mod(e)
+                site.stats.update(ratios(self.scratch.diff_norms(out, b), den))
+                if c in ("LN1", "LN2"):
+                    eps = site.inputs.eps
+                    if eps not in sigma:
+                        sigma[eps] = token_sigma_min(e, eps, self.scratch)
+                    site.inputs.sigma_min = torch.minimum(site.inputs.sigma_min,
+                                                          sigma[eps].to(site.inputs.sigma_min))
+                del out  # one component output alive at a time
+
+    # -- in situ: one forward over cat([x, y]); hooks measure what really enters each component
+    def in_situ(self, xy: torch.Tensor, b: int) -> None:
+        handles = [mod.register_forward_hook(self._hook(i, c, b))
+                   for i, mods in enumerate(self.mods) for c, mod in mods.items()]
+        try:
+            self.vit.forward_features(xy)
+        finally:
+            for h in handles:
+                h.remove()
+            self._last = None
+
+    def _norms(self, t: torch.Tensor, b: int) -> torch.Tensor:
+        # LN1's output is the very tensor MHA receives (LN2's, FC1's): measure it once.
+        if self._last is not None and self._last[0] is t:
+            return self._last[1]
+        n = self.scratch.diff_norms(t, b)
+        self._last = (t, n)
+        return n
+
+    def _hook(self, i: int, c: str, b: int):
+        site = self.sites[("in_situ", i, c)]
+
+        def hook(module, args, out):
+            if not args or not isinstance(args[0], torch.Tensor) or not isinstance(out, torch.Tensor):
+                raise ProbeError(f"blocks.{i}.{MODULE_PATHS[c]} does not map a tensor to a tensor; "
+                                 "in_situ mode needs timm's standard ViT blocks")
+            inp = args[0]
+            den = self._norms(inp, b)
+            site.stats.update(ratios(self._norms(out, b), den))
+            if c in ("LN1", "LN2"):
+                site.inputs.update_sigma(inp, self.scratch)
+            elif c == "MHA":
+                site.inputs.update_radius(inp)
+        return hook
+
+    def rows(self) -> list[dict]:
+        linear = {}
+        out = []
+        for (m, i, c), site in self.sites.items():
+            mod = self.mods[i][c]
+            if c in ("FC1", "FC2"):
+                if (i, c) not in linear:
+                    linear[(i, c)] = linear_bound(mod)
+                bound = linear[(i, c)]
+            elif c in ("LN1", "LN2"):
+                bound = layernorm_bound(mod, site.inputs.sigma_min.item())
+            else:
+                data = self.shared_inputs if m == "shared" else site.inputs
+                bound = mha_bound(mod, data.n, data.r)
+            out.append({"mode": m, "layer": i, "component": c, **site.stats.result(), "bound": bound})
+        return out
+
+
+def probe(model: nn.Module, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
+          mode: str | Sequence[str] = "shared",
+          components: str | Sequence[str] = PROBE_COMPONENTS) -> list[dict]:
+    """Plasticity of each (layer, component) of a timm ViT over a stream of (x, y) image batches.
+
+    ``mode`` is ``"shared"``, ``"in_situ"``, ``"both"`` or a sequence of modes; several modes
+    share one pass over ``pairs`` (each batch is loaded once). Each mode costs about one forward
+    over the 2B images of a batch. The model runs in eval mode, without autocast, in its own
+    dtype (the engine keeps fp32 weights), on its own device; its training flag is restored.
+
+    Returns one row per (mode, layer, component), layers numbered like ``blocks.{i}``: mean, std,
+    n (pairs with x != y), ci_low, ci_high (95% t interval of the mean) and bound (the
+    theoretical bound, computed from the weights and the data that entered the component).
+    """
+    modes, comps = check_modes(mode), check_components(components)
+    vit = unwrap_vit(model)
+    param = next(vit.parameters())
+    device, dtype = param.device, param.dtype
+    state = _Probe(vit, modes, comps, device)
+    was_training = vit.training
+    vit.eval()
+    seen = 0
+    try:
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            for x, y in pairs:
+                if x.shape != y.shape:
+                    raise ProbeError(f"x and y batches differ in shape: {tuple(x.shape)} vs {tuple(y.shape)}")
+                b = x.shape[0]
+                xy = torch.cat([x, y]).to(device, dtype, non_blocking=True)
+                for m in modes:
+                    getattr(state, m)(xy, b)
+                seen += b
+    finally:
+        vit.train(was_training)
+    if seen == 0:
+        raise ProbeError("no pairs to probe: the pairs iterable was empty")
+    return state.rows()
+
+
+# ---------------------------------------------------------------- pairs
+
+def _draw(rng: np.random.Generator, size: int, n: int) -> np.ndarray:
+    """n indices of range(size): fresh permutations back to back (no repeat before all are used)."""
+    reps = -(-n // size)
+    return np.concatenate([rng.permutation(size) for _ in range(reps)])[:n]
+
+
+def image_of(ds, i: int) -> torch.Tensor:
+    """The image tensor of item ``i`` of a dataset of ``(image, label)`` items (or of images)."""
+    item = ds[i]
+    img = item[0] if isinstance(item, (tuple, list)) else item
+    if not isinstance(img, torch.Tensor):
+        raise ProbeError(f"dataset items must be image tensors (C, H, W), got {type(img).__name__}; "
+                         "build the datasets with their eval transform")
+    return img
+
+
+def pairs_from_datasets(source_ds, target_ds, n_pairs: int, batch_size: int, seed: int = 0,
+                        num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Stream ``n_pairs`` (x, y) pairs in batches: x from ``source_ds``, y from ``target_ds``.
+
+    Indices are seeded permutations (with ``seed``), so the same call gives the same pairs.
+    Shapes are checked here, before any batch is loaded: a ValueError (ProbeError) names both.
+    """
+    if n_pairs < 1:
+        raise ProbeError(f"number of pairs must be >= 1, got {n_pairs}")
+    if batch_size < 1:
+        raise ProbeError(f"batch size must be >= 1, got {batch_size}")
+    if len(source_ds) == 0 or len(target_ds) == 0:
+        raise ProbeError("source and target datasets must not be empty")
+    sx, sy = tuple(image_of(source_ds, 0).shape), tuple(image_of(target_ds, 0).shape)
+    if sx != sy:
+        raise ProbeError(f"image sizes differ: source {sx} vs target {sy}; "
+                         "both must be built at the model's input size")
+    rng = np.random.default_rng(seed)
+    ix, iy = _draw(rng, len(source_ds), n_pairs), _draw(rng, len(target_ds), n_pairs)
+    return _stream(source_ds, target_ds, ix, iy, batch_size, num_workers)
+
+
+def _stream(source_ds, target_ds, ix, iy, batch_size, num_workers):
+    from torch.utils.data import DataLoader
+
+    def loader(ds, idx):
+        return DataLoader(ds, batch_size=batch_size, sampler=idx.tolist(), num_workers=num_workers)
+
+    for bx, by in zip(loader(source_ds, ix), loader(target_ds, iy)):
+        x = bx[0] if isinstance(bx, (tuple, list)) else bx
+        y = by[0] if isinstance(by, (tuple, list)) else by
+        yield x, y
+
+
+# ---------------------------------------------------------------- tables and figures
+
+def to_frame(rows: Iterable[dict], **constants) -> "pd.DataFrame":  # noqa: F821
+    """The tidy table: one row per (model, dataset, mode, layer, component).
+
+    ``constants`` fill columns the rows lack (``model="vit_base", dataset="cifar100"``) or add
+    new ones (``stage="after_finetune"``); the columns of ``COLUMNS`` come first.
+    """
+    import pandas as pd
+
+    df = pd.DataFrame([{**constants, **r} for r in rows])
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = constants.get(col, "" if col in ("model", "dataset") else np.nan)
+    extra = [c for c in df.columns if c not in COLUMNS]
+    df = df[list(COLUMNS) + extra]
+    return df.astype({"layer": int, "n": int})
+
+
+def aggregate(df) -> "pd.DataFrame":  # noqa: F821
+    """Model-level plasticity per (model, dataset, mode, component) and its rank.
+
+    The aggregate is the mean over layers of the per-layer means (every layer weighs the same,
+    whatever its n); rank 1 is the most plastic component.
+    """
+    keys = [k for k in ("model", "dataset", "mode") if k in df]
+    extra = [c for c in df.columns if c not in COLUMNS and df[c].nunique(dropna=False) > 1]
+    keys += extra
+    agg = (df.groupby(keys + ["component"], sort=False)
+             .agg(plasticity=("mean", "mean"), layer_min=("mean", "min"), layer_max=("mean", "max"),
+                  layers=("layer", "nunique"))
+             .reset_index())
+    groups = agg.groupby(keys, sort=False)
+    agg["rank"] = groups["plasticity"].rank(ascending=False, method="min").astype(int)
+    order = groups.ngroup()  # keep the table's own order of modes, not the alphabet's
+    return agg.assign(_g=order).sort_values(["_g", "rank"], kind="stable").drop(columns="_g").reset_index(drop=True)
+
+
+def ranking(df, mode: str) -> list[str]:
+    """Components of one mode from most to least plastic (model-level aggregate)."""
+    agg = aggregate(df[df["mode"] == mode])
+    return agg.sort_values("rank", kind="stable")["component"].tolist()
+
+
+def save_table(df, path_stem: str | Path) -> list[Path]:
+    """Write ``df`` as ``<stem>.csv`` and ``<stem>.parquet``; returns the paths."""
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    csv, parquet = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".parquet")
+    df.to_csv(csv, index=False)
+    df.to_parquet(parquet, index=False)
+    return [csv, parquet]
+
+
+def plot(df, path: str | Path) -> list[Path]:
+    """Figure for one (model, dataset): P per layer with 95% bands, one panel per mode, and the ranking.
+
+    Writes ``<path>.png`` and ``<path>.pdf`` (a .png/.pdf suffix of ``path`` is dropped first;
+    dots in model names such as ``vit_base_patch16_224.orig_in21k`` are kept).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    pairs = df[["model", "dataset"]].drop_duplicates()
+    if len(pairs) != 1:
+        raise ProbeError(f"plot draws one (model, dataset), got {len(pairs)}; filter the table first")
+    model, dataset = pairs.iloc[0]
+    modes = [m for m in MODES if m in set(df["mode"])]
+    comps = [c for c in PROBE_COMPONENTS if c in set(df["component"])]
+    colors = {c: f"C{i}" for i, c in enumerate(PROBE_COMPONENTS)}
+    fig = Figure(figsize=(4.2 * (len(modes) + 1), 3.6), layout="constrained")
+    FigureCanvasAgg(fig)  # Agg, explicitly, without touching pyplot's global backend
+    axes = fig.subplots(1, len(modes) + 1, squeeze=False)[0]
+    for ax, m in zip(axes, modes):
+        sub = df[df["mode"] == m]
+        for c in comps:
+            s = sub[sub["component"] == c].sort_values("layer")
+            ax.plot(s["layer"], s["mean"], marker="o", ms=3, color=colors[c], label=c)
+            ax.fill_between(s["layer"], s["ci_low"], s["ci_high"], color=colors[c], alpha=0.25, lw=0)
+        vals = sub["mean"].to_numpy(dtype=float)
+        vals = vals[np.isfinite(vals) & (vals > 0)]
+        if len(vals) and vals.max() / vals.min() > 20:  # components often differ by decades
+            ax.set_yscale("log")
+        ax.axhline(1.0, color="0.5", lw=0.8, ls=":")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=f"{m}", xlabel="layer (block)", ylabel="plasticity P (95% band)")
+        ax.legend(fontsize=7, ncols=2)
+    ax = axes[-1]
+    agg = aggregate(df)
+    width = 0.8 / max(len(modes), 1)
+    for j, m in enumerate(modes):
+        a = agg[agg["mode"] == m].set_index("component").reindex(comps)
+        xs = np.arange(len(comps)) + (j - (len(modes) - 1) / 2) * width
+        ax.bar(xs, a["plasticity"], width=width, label=m, color=f"C{j + 5}")
+        for xpos, (val, rank) in zip(xs, zip(a["plasticity"], a["rank"])):
+            if np.isfinite(val):
+                ax.annotate(f"#{int(rank)}", (xpos, val), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(np.arange(len(comps)), comps)
+    ax.set(title="ranking (mean over layers)", ylabel="plasticity P")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"plasticity of {model} on {dataset}")
+    p = Path(path)
+    if p.suffix.lower() in (".png", ".pdf"):
+        p = p.with_suffix("")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    out = [p.with_name(p.name + ".png"), p.with_name(p.name + ".pdf")]
+    for f in out:
+        fig.savefig(f, dpi=150)
+    return out

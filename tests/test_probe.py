@@ -1,0 +1,114 @@
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from raystudy import data, plasticity, probe
+
+
+def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp_path, capsys):
+    out = tmp_path / "demo"
+    rc = probe.main(["--pairs", "96", "--batch-size", "40", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert rc == 0, stdout
+    for mode in ("shared", "in_situ"):
+        line = next(l for l in stdout.splitlines() if l.startswith(f"ranking ({mode}): "))
+        ranked = [part.split()[0] for part in line.split(": ", 1)[1].split(" > ")]
+        assert sorted(ranked) == sorted(plasticity.PROBE_COMPONENTS)
+    assert "about large pretrained ViTs" in stdout  # the demo says what its ranking is not
+    assert "warning" not in stdout
+    files = {p.name for p in out.iterdir()}
+    assert files == {"plasticity.csv", "plasticity.parquet", "plasticity.png", "plasticity.pdf"}
+
+    df = pd.read_parquet(out / "plasticity.parquet")
+    assert list(df.columns) == list(plasticity.COLUMNS)
+    assert len(df) == 2 * 4 * 5 and (df["n"] == 96).all()  # modes x blocks x components
+    assert set(df["model"]) == {"vit_demo"} and set(df["dataset"]) == {"digits_c"}
+    assert (df["mean"] <= df["bound"]).all()
+    assert (df["ci_low"] < df["mean"]).all() and (df["mean"] < df["ci_high"]).all()
+    assert pd.read_csv(out / "plasticity.csv").shape == df.shape
+    # the ranking printed is the aggregate's
+    agg = plasticity.aggregate(df)
+    first = agg[(agg["mode"] == "shared") & (agg["rank"] == 1)]["component"].item()
+    assert f"ranking (shared): {first} " in stdout
+
+
+def test_probe_model_library_entry_on_a_built_model(demo_weights):
+    from raystudy import models
+
+    model = models.create_model("vit_demo", 10, weights=demo_weights)
+    kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,))
+    src, tgt = data.build_splits("digits", **kw), data.build_splits("digits_c", **kw)
+    df = probe.probe_model(model, src.test, tgt.test, n_pairs=20, batch_size=8, modes="in_situ",
+                           seed=1, model_name="vit_demo", dataset_name="digits_c",
+                           components=("MHA", "FC2"), tags={"stage": "before_finetune"})
+    assert list(df.columns) == list(plasticity.COLUMNS) + ["stage"]
+    assert set(df["mode"]) == {"in_situ"} and set(df["component"]) == {"MHA", "FC2"}
+    assert (df["n"] == 20).all() and (df["stage"] == "before_finetune").all()
+    again = probe.probe_model(model, src.test, tgt.test, n_pairs=20, batch_size=5, modes="in_situ",
+                              seed=1, components=("MHA", "FC2"))
+    assert np.allclose(again["mean"], df["mean"], rtol=1e-5)  # same seed, same pairs
+
+
+def _fake_imagenet(root):
+    from PIL import Image
+
+    d = root / "imagenet" / "val" / "n0001"
+    d.mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray(np.full((20, 20, 3), 40 * i, dtype=np.uint8)).save(d / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("args,names", [
+    (["--mode", "exact"], ["'exact'", "shared, in_situ, both"]),
+    (["--components", "LN1,LN3"], ["'LN3'", "LN1, MHA, LN2, FC1, FC2"]),
+    (["--pairs", "0"], ["--pairs", "0"]),
+    (["--pairs", "many"], ["--pairs", "'many'"]),
+    (["--model", "resnet50"], ["'resnet50'", "VisionTransformer"]),
+    (["--model", "vit_nope"], ["'vit_nope'", "vit_base"]),
+    (["--dataset", "mnist"], ["'mnist'", "digits_c"]),
+    (["--source", "imagenet"], ["'imagenet'", "imagenet_val"]),
+    (["--weights", "/nonexistent/w.pt"], ["/nonexistent/w.pt"]),
+    (["--model", "vit_small_patch16_224", "--source", "digits"], ["'digits'", "(3, 224, 224)"]),
+])
+def test_bad_input_exits_2_with_one_line(args, names, capsys):
+    rc = probe.main(args + ["--pairs", "8"] if "--pairs" not in args else args)
+    err = capsys.readouterr()
+    assert rc == 2
+    lines = err.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err.err
+    for name in names:
+        assert name in lines[0]
+    assert err.out == ""  # refused before any work is announced
+
+
+def test_missing_dataset_mismatched_sources_and_unfit_weights_exit_2(tmp_path, capsys, demo_weights):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc = probe.main(["--source", "imagenet_val", "--data-root", str(empty), "--pairs", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "imagenet_val" in err[0] and str(empty) in err[0]
+
+    # RGB ImageNet images at the demo's size do not pair with its grey digits
+    root = _fake_imagenet(tmp_path / "data")
+    rc = probe.main(["--source", "imagenet_val", "--data-root", str(root), "--pairs", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "(3, 16, 16)" in err[0] and "(1, 16, 16)" in err[0]
+
+    bad = tmp_path / "bad.pt"
+    torch.save({"something": torch.zeros(3)}, bad)
+    rc = probe.main(["--weights", str(bad), "--pairs", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and str(bad) in err[0] and "does not fit" in err[0]
+
+
+def test_cli_in_a_subprocess_refuses_an_unknown_mode():
+    res = subprocess.run([sys.executable, "-m", "raystudy.probe", "--mode", "exact"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "error: unknown mode 'exact'; valid: shared, in_situ, both"]
