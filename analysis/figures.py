@@ -1,0 +1,199 @@
+"""The study's figures, each written as PNG and PDF.
+
+Figures are drawn on ``matplotlib.figure.Figure`` objects, never through pyplot, so no GUI
+backend is chosen and nothing global changes: PNG goes through Agg, PDF through the PDF backend.
+Every function takes the tables ``analysis.stats`` returns and a path without suffix, and
+returns the files it wrote.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def save(fig, base: str | os.PathLike) -> list[Path]:
+    """Write ``base.png`` (150 dpi) and ``base.pdf``."""
+    base = Path(base)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    paths = [base.with_suffix(".png"), base.with_suffix(".pdf")]
+    fig.savefig(paths[0], dpi=150)
+    fig.savefig(paths[1])
+    return paths
+
+
+def colors(names: list[str]) -> dict[str, tuple]:
+    """One stable colour per name, in the given order (tab10, then tab20)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+
+
+def _grid(n: int, width: float = 3.4, height: float = 2.6):
+    ncols = min(4, max(1, n))
+    nrows = math.ceil(n / ncols)
+    fig = _figure(width * ncols, height * nrows + 0.5)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
+def _log_y(ax) -> None:
+    """Log y axis labelled with plain numbers (0.5, 2, 10) rather than 5×10⁻¹."""
+    from matplotlib.ticker import LogFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(LogFormatter())
+    ax.yaxis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
+
+
+def accuracy(best: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
+             scale: float = 1.0, title: str = "") -> list[Path]:
+    """Test accuracy at the best lr, mean ± std over seeds, per condition for each dataset.
+
+    One group of markers per dataset and one for the average over datasets.
+    """
+    datasets = sorted(best["dataset"].unique())
+    groups = datasets + ["average"]
+    avg = best.groupby("condition")["test_mean"].mean()
+    col = colors(conditions)
+    fig = _figure(max(6.0, 0.75 * len(groups) + 2.5), 3.8)
+    ax = fig.add_subplot()
+    width = 0.8 / max(1, len(conditions))
+    for j, c in enumerate(conditions):
+        sub = best[best["condition"] == c].set_index("dataset")
+        y = [sub["test_mean"].get(d, np.nan) * scale for d in datasets] + [avg.get(c, np.nan) * scale]
+        e = [sub["test_std"].get(d, np.nan) * scale for d in datasets] + [np.nan]
+        x = np.arange(len(groups)) - 0.4 + width * (j + 0.5)
+        ax.errorbar(x, y, yerr=np.nan_to_num(e), fmt="o", ms=4, capsize=2, color=col[c], label=c)
+    for g in range(1, len(groups)):
+        ax.axvline(g - 0.5, color="0.85", lw=0.6, zorder=0)
+    ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
+    ax.set_ylabel("test accuracy" + (" (%)" if scale == 100 else ""))
+    ax.set_title(title or "Test accuracy at the best lr (mean ± std over seeds)", fontsize=10)
+    ax.legend(fontsize=8, ncols=min(len(conditions), 7), loc="lower center",
+              bbox_to_anchor=(0.5, 1.08), frameon=False)
+    return save(fig, base)
+
+
+def curves(bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.PathLike,
+           ylabel: str = "", log: bool = False) -> list[Path]:
+    """One panel per dataset: ``key`` against step, one line per condition, ±std over seeds."""
+    sub = bands[bands["key"] == key]
+    datasets = sorted(sub["dataset"].unique())
+    if not datasets:
+        return []
+    col = colors(conditions)
+    fig, axes = _grid(len(datasets))
+    for ax, d in zip(axes, datasets):
+        for c in conditions:
+            s = sub[(sub["dataset"] == d) & (sub["condition"] == c)].sort_values("step")
+            if s.empty:
+                continue
+            ax.plot(s["step"], s["mean"], color=col[c], lw=1.2, label=c)
+            ax.fill_between(s["step"], s["mean"] - s["std"], s["mean"] + s["std"],
+                            color=col[c], alpha=0.2, lw=0)
+        ax.set_title(d, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel(ylabel or key, fontsize=8)
+        if log:
+            _log_y(ax)
+        ax.tick_params(which="both", labelsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 7), fontsize=8,
+               frameon=False)
+    return save(fig, base)
+
+
+def plasticity_layers(pooled: pd.DataFrame, mode: str, components: list[str],
+                      base: str | os.PathLike, title: str = "") -> list[Path]:
+    """One panel per dataset: plasticity per layer, one line per component, 95% band.
+
+    The dotted line is P = 1, where a component neither amplifies nor contracts differences.
+    """
+    sub = pooled[pooled["mode"] == mode]
+    datasets = sorted(sub["dataset"].unique())
+    if not datasets:
+        return []
+    col = colors(components)
+    fig, axes = _grid(len(datasets))
+    for ax, d in zip(axes, datasets):
+        for c in components:
+            s = sub[(sub["dataset"] == d) & (sub["component"] == c)].sort_values("layer")
+            if s.empty:
+                continue
+            ax.plot(s["layer"], s["mean"], "o-", ms=3, color=col[c], lw=1.2, label=c)
+            ax.fill_between(s["layer"], s["ci_low"], s["ci_high"], color=col[c], alpha=0.25, lw=0)
+        ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
+        _log_y(ax)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(d, fontsize=9)
+        ax.set_xlabel("layer", fontsize=8)
+        ax.set_ylabel("plasticity P(f)", fontsize=8)
+        ax.tick_params(which="both", labelsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper center", ncols=len(labels), fontsize=8,
+               frameon=False, title=title or f"plasticity per layer ({mode} input, 95% interval)",
+               title_fontsize=9)
+    return save(fig, base)
+
+
+def cd_diagram(avg_ranks: pd.Series, cd: float, cliques: list[list[str]],
+               base: str | os.PathLike, title: str = "") -> list[Path]:
+    """Critical-difference diagram (Demšar 2006): average ranks on an axis, rank 1 on the left.
+
+    Conditions joined by a thick bar are not significantly different (Nemenyi, their average
+    ranks differ by less than CD).
+    """
+    r = avg_ranks.sort_values()
+    k = len(r)
+    lo, hi = 1, max(k, math.ceil(r.max()))
+    span = hi - lo or 1
+    half = math.ceil(k / 2)
+    step, bar = 0.28, 0.14
+    top = 0.9
+    first = -0.25 - bar * len(cliques)
+    bottom = first - step * (half + 0.5)
+    fig = _figure(7.0, 0.9 * (top - bottom) + 0.3)
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    ax.set_xlim(lo - 0.45 * span, hi + 0.45 * span)
+    ax.set_ylim(bottom, top)
+    ax.plot([lo, hi], [0, 0], color="k", lw=1)
+    for t in range(lo, hi + 1):
+        ax.plot([t, t], [0, 0.07], color="k", lw=1)
+        ax.text(t, 0.12, str(t), ha="center", va="bottom", fontsize=8)
+    ax.plot([lo, lo + cd], [0.55, 0.55], color="k", lw=1.5)
+    for x in (lo, lo + cd):
+        ax.plot([x, x], [0.5, 0.6], color="k", lw=1)
+    ax.text(lo + cd / 2, 0.63, f"CD = {cd:.2f}", ha="center", va="bottom", fontsize=8)
+    for i, (name, rank) in enumerate(r.items()):
+        left = i < half
+        row = i if left else k - 1 - i
+        y = first - step * (row + 0.5)
+        x_end = lo - 0.1 * span if left else hi + 0.1 * span
+        ax.plot([rank, rank, x_end], [0, y, y], color="k", lw=0.8)
+        ax.text(x_end + (-0.02 if left else 0.02) * span, y, f"{name} ({rank:.2f})",
+                ha="right" if left else "left", va="center", fontsize=8)
+    for j, group in enumerate(cliques):
+        y = -0.15 - bar * j
+        ax.plot([r[group[0]] - 0.03 * span, r[group[-1]] + 0.03 * span], [y, y], color="k", lw=3,
+                solid_capstyle="butt")
+    if title:
+        ax.set_title(title, fontsize=9)
+    return save(fig, base)
+
+
+__all__ = ["accuracy", "curves", "plasticity_layers", "cd_diagram", "save", "colors"]

@@ -1,0 +1,358 @@
+"""Runs from MLflow or a CSV → one tidy DataFrame; step metrics and plasticity artifacts.
+
+The *runs* table has one row per run (``RUN_COLUMNS``):
+
+    run_id, model, optimizer, low_data, dataset, condition, lr, seed, val_acc, test_acc, status
+
+``val_acc`` is the best validation accuracy (the checkpoint tested), ``test_acc`` its test
+accuracy, ``status`` one of finished, diverged, failed (or running, for a grid still going).
+Diverged and failed runs are kept, with NaN accuracies; they are never dropped or counted as 0.
+
+Two CSV formats are read:
+
+- *per-run results*: the runs table above. Required: dataset, condition, lr, seed, test_acc.
+  Optional: run_id (default: the row number), model and optimizer (default ``unknown``),
+  low_data (default false), val_acc (default NaN: the lr can then only be chosen on test),
+  status (default: finished where test_acc is a number, failed where it is empty).
+  ``analysis.report`` writes its input in this format as ``runs.csv``.
+- *per-dataset summary*: ``dataset, condition, mean[, std]``, one row per cell, e.g. a paper's
+  published table of per-dataset means at the best lr. Enough for ranks, averages and tests.
+
+MLflow layout read (what ``raystudy``'s grid writes): trial runs tagged ``raystudy.role=trial``
+with tags condition, dataset, model, optimizer, ``raystudy.status`` and ``raystudy.error``;
+params = the flat FinetuneConfig; metrics best_val_acc and test_acc (final), val_loss and
+``grad_norm/<COMPONENT>`` (per step); artifacts config.yaml and plasticity_{before,after}.csv.
+The grid's parent run is tagged ``raystudy.role=grid``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import AnalysisError
+
+RUN_COLUMNS = ["run_id", "model", "optimizer", "low_data", "dataset", "condition", "lr", "seed",
+               "val_acc", "test_acc", "status"]
+EXTRA_COLUMNS = ["parent_run_id", "key", "error", "probe_pairs", "start_time"]
+SETTING = ["model", "optimizer", "low_data"]          # runs that share these are one study
+REQUIRED_RUN_CSV = ["dataset", "condition", "lr", "seed", "test_acc"]
+REQUIRED_SUMMARY_CSV = ["dataset", "condition", "mean"]
+PLASTICITY_COLUMNS = ["model", "dataset", "mode", "layer", "component", "mean", "std", "n",
+                      "ci_low", "ci_high", "bound"]
+TRIAL_FILTER = "tags.`raystudy.role` = 'trial'"
+GRID_FILTER = "tags.`raystudy.role` = 'grid'"
+
+_MLFLOW_STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "failed",
+                  "RUNNING": "running", "SCHEDULED": "running"}
+
+
+# ---------------------------------------------------------------- one run → one row
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def run_row(run_id: str, run_status: str, tags: Mapping[str, str], params: Mapping[str, str],
+            metrics: Mapping[str, float]) -> dict[str, Any]:
+    """The tidy row of one trial run from its MLflow status, tags, params and final metrics.
+
+    The status is the ``raystudy.status`` tag (MLflow's own status if the tag is absent); a run
+    tagged finished without a test accuracy is marked failed. Accuracies are NaN unless finished.
+    """
+    status = tags.get("raystudy.status") or _MLFLOW_STATUS.get(run_status, "failed")
+    error = tags.get("raystudy.error", "")
+    if status == "finished" and math.isnan(_num(metrics.get("test_acc"))):
+        status, error = "failed", error or "finished without a test_acc metric"
+    done = status == "finished"
+    seed, probes = _num(params.get("seed")), _num(params.get("probe_pairs"))
+    return {
+        "run_id": run_id,
+        "model": tags.get("model") or params.get("model", "unknown"),
+        "optimizer": tags.get("optimizer") or params.get("optimizer", "unknown"),
+        "low_data": str(params.get("low_data", "False")).lower() == "true",
+        "dataset": tags.get("dataset") or params.get("dataset"),
+        "condition": tags.get("condition") or params.get("condition"),
+        "lr": _num(params.get("lr")),
+        "seed": int(seed) if not math.isnan(seed) else -1,
+        "val_acc": _num(metrics.get("best_val_acc")) if done else math.nan,
+        "test_acc": _num(metrics.get("test_acc")) if done else math.nan,
+        "status": status,
+        "parent_run_id": tags.get("mlflow.parentRunId", ""),
+        "key": tags.get("raystudy.key", ""),
+        "error": error,
+        "probe_pairs": -1 if math.isnan(probes) else int(probes),
+    }
+
+
+def dedupe(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """One row per trial key: a rerun of the same trial replaces the earlier try.
+
+    A finished try wins over any other; among equals the latest (``start_time``) wins. Rows
+    without a key are all kept. Returns the table and how many rows were replaced.
+    """
+    if "key" not in runs or not (runs["key"] != "").any():
+        return runs, 0
+    keyed, loose = runs[runs["key"] != ""], runs[runs["key"] == ""]
+    ordered = keyed.assign(_done=keyed["status"] == "finished").sort_values(["_done", "start_time"])
+    kept = ordered.drop_duplicates("key", keep="last").drop(columns="_done")
+    out = pd.concat([kept, loose]).sort_index()
+    return out, len(runs) - len(out)
+
+
+# ---------------------------------------------------------------- MLflow
+
+def client(tracking_uri: str | None = None):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def experiment_id(experiment: str, tracking_uri: str | None = None) -> str:
+    """The id of an experiment given by name (or id); AnalysisError naming the known ones."""
+    from mlflow.exceptions import MlflowException
+
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None and str(experiment).isdigit():
+        try:
+            exp = c.get_experiment(str(experiment))
+        except MlflowException:
+            exp = None
+    if exp is None:
+        known = [e.name for e in c.search_experiments()]
+        where = tracking_uri or "the default tracking URI"
+        raise AnalysisError(f"unknown MLflow experiment {experiment!r} at {where}; experiments "
+                            f"there: {', '.join(known) if known else 'none'}")
+    return exp.experiment_id
+
+
+def _search(c, exp_id: str, filter_string: str) -> list:
+    runs, token = [], None
+    while True:
+        page = c.search_runs([exp_id], filter_string=filter_string, max_results=1000,
+                             page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def from_mlflow(experiment: str, tracking_uri: str | None = None) -> pd.DataFrame:
+    """The runs table of every trial run of ``experiment`` (name or id).
+
+    Raises AnalysisError for an unknown experiment, one without trial runs, or one where no
+    run finished. Reruns of a trial key are reduced to one row (``dedupe``); the frame's
+    ``attrs`` record the experiment, tracking URI and how many rows were replaced.
+    """
+    c = client(tracking_uri)
+    exp_id = experiment_id(experiment, tracking_uri)
+    found = _search(c, exp_id, TRIAL_FILTER)
+    if not found:
+        raise AnalysisError(f"experiment {experiment!r} has no trial runs (runs tagged "
+                            "raystudy.role=trial); has the grid started?")
+    rows = []
+    for r in found:
+        row = run_row(r.info.run_id, r.info.status, r.data.tags, r.data.params, r.data.metrics)
+        row["start_time"] = r.info.start_time or 0
+        rows.append(row)
+    runs, replaced = dedupe(pd.DataFrame(rows, columns=RUN_COLUMNS + EXTRA_COLUMNS))
+    runs = runs.sort_values(["dataset", "condition", "lr", "seed"], ignore_index=True)
+    check_runs(runs, f"experiment {experiment!r}")
+    runs.attrs.update(source=f"MLflow experiment {experiment!r}", experiment=experiment,
+                      experiment_id=exp_id, tracking_uri=tracking_uri, replaced=replaced)
+    return runs
+
+
+def check_runs(runs: pd.DataFrame, source: str) -> None:
+    """Raise AnalysisError when no run of ``runs`` finished, giving the counts by status."""
+    counts = runs["status"].value_counts()
+    if counts.get("finished", 0) == 0:
+        detail = ", ".join(f"{n} {s}" for s, n in counts.items())
+        raise AnalysisError(f"{source}: no finished runs ({detail or 'no runs at all'})")
+
+
+def grid_runs(experiment: str, tracking_uri: str | None = None) -> list[str]:
+    """Ids of the experiment's grid parent runs (tag ``raystudy.role=grid``)."""
+    c = client(tracking_uri)
+    return [r.info.run_id for r in _search(c, experiment_id(experiment, tracking_uri), GRID_FILTER)]
+
+
+def run_params(run_id: str, tracking_uri: str | None = None) -> dict[str, str]:
+    return dict(client(tracking_uri).get_run(run_id).data.params)
+
+
+def read_artifact(run_id: str, path: str, tracking_uri: str | None = None) -> str | None:
+    """The text of one artifact of a run, or None when the run has no such file."""
+    c = client(tracking_uri)
+    parent = os.path.dirname(path) or None
+    if path not in {f.path for f in c.list_artifacts(run_id, parent)}:
+        return None
+    with tempfile.TemporaryDirectory() as tmp, _no_progress_bars():
+        return Path(c.download_artifacts(run_id, path, dst_path=tmp)).read_text()
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """MLflow draws a progress bar per download on stderr; not for hundreds of small files."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def step_metrics(runs: pd.DataFrame, keys: Iterable[str],
+                 tracking_uri: str | None = None) -> pd.DataFrame:
+    """Metric histories of ``runs`` as a tidy table (run_id, key, step, value).
+
+    A key may name the run's condition, ``grad_norm/{condition}``: the gradient norm of the
+    component a single-component condition trains. Keys a run did not log give no rows.
+    """
+    c = client(tracking_uri)
+    rows = []
+    for run in runs.itertuples():
+        for template in keys:
+            key = template.format(condition=run.condition)
+            for m in c.get_metric_history(run.run_id, key):
+                rows.append((run.run_id, template, m.step, m.value))
+    return pd.DataFrame(rows, columns=["run_id", "key", "step", "value"])
+
+
+def plasticity(runs: pd.DataFrame, which: str = "before",
+               tracking_uri: str | None = None) -> pd.DataFrame:
+    """The ``plasticity_{which}.csv`` artifacts of ``runs``, stacked, with run_id, condition, seed.
+
+    Runs that did not probe (``probe_pairs=0``) have no such artifact and are not asked.
+    """
+    if "probe_pairs" in runs:
+        runs = runs[runs["probe_pairs"] != 0]      # -1: unknown, asked
+    frames = []
+    for run in runs.itertuples():
+        text = read_artifact(run.run_id, f"plasticity_{which}.csv", tracking_uri)
+        if text is None:
+            continue
+        df = pd.read_csv(io.StringIO(text))
+        frames.append(df.assign(run_id=run.run_id, condition=run.condition, seed=run.seed))
+    if not frames:
+        return pd.DataFrame(columns=PLASTICITY_COLUMNS + ["run_id", "condition", "seed"])
+    return pd.concat(frames, ignore_index=True)
+
+
+# ---------------------------------------------------------------- CSV
+
+def read_csv(path: str | os.PathLike) -> tuple[str, pd.DataFrame]:
+    """A CSV of per-run results or a per-dataset summary: ("runs" | "summary", table)."""
+    p = Path(path)
+    if not p.is_file():
+        raise AnalysisError(f"CSV file {str(p)!r} does not exist")
+    try:
+        df = pd.read_csv(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise AnalysisError(f"CSV file {str(p)!r} cannot be read: {str(e).splitlines()[0]}") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    if "mean" in df.columns and "lr" not in df.columns:
+        return "summary", summary_frame(df, str(p))
+    return "runs", runs_frame(df, str(p))
+
+
+def _require(df: pd.DataFrame, required: list[str], source: str, kind: str) -> None:
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise AnalysisError(f"{source}: missing column(s) {', '.join(missing)} for {kind} "
+                            f"(has: {', '.join(df.columns)}; needs at least {', '.join(required)})")
+
+
+def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
+    """Normalise a per-run results table (see the module docstring) to the runs table."""
+    _require(df, REQUIRED_RUN_CSV, source, "per-run results (or dataset, condition, mean for a "
+             "per-dataset summary)")
+    out = pd.DataFrame({
+        "run_id": df["run_id"].astype(str) if "run_id" in df else [f"row{i}" for i in range(len(df))],
+        "model": df["model"].astype(str) if "model" in df else "unknown",
+        "optimizer": df["optimizer"].astype(str) if "optimizer" in df else "unknown",
+        "low_data": (df["low_data"].astype(str).str.lower() == "true") if "low_data" in df else False,
+        "dataset": df["dataset"].astype(str),
+        "condition": df["condition"].astype(str),
+        "lr": pd.to_numeric(df["lr"], errors="coerce").astype(float),
+        "seed": pd.to_numeric(df["seed"], errors="coerce").fillna(-1).astype(int),
+        "val_acc": pd.to_numeric(df["val_acc"], errors="coerce") if "val_acc" in df else np.nan,
+        "test_acc": pd.to_numeric(df["test_acc"], errors="coerce").astype(float),
+    })
+    if "status" in df:
+        out["status"] = df["status"].fillna("failed").astype(str).str.strip().str.lower()
+    else:
+        out["status"] = np.where(out["test_acc"].notna(), "finished", "failed")
+    done = out["status"] == "finished"
+    out["val_acc"] = out["val_acc"].astype(float).where(done)
+    out["test_acc"] = out["test_acc"].where(done)
+    bad = out[done & out["lr"].isna()]
+    if len(bad):
+        raise AnalysisError(f"{source}: {len(bad)} finished row(s) have no numeric lr "
+                            f"(first: dataset {bad['dataset'].iloc[0]!r}, condition "
+                            f"{bad['condition'].iloc[0]!r})")
+    for col in ("parent_run_id", "key", "error"):
+        out[col] = df[col].fillna("").astype(str) if col in df else ""
+    out["probe_pairs"], out["start_time"] = -1, 0
+    check_runs(out, source)
+    out.attrs.update(source=source)
+    return out
+
+
+def summary_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
+    """Normalise a per-dataset summary (dataset, condition, mean[, std]) to a best-lr table."""
+    _require(df, REQUIRED_SUMMARY_CSV, source, "a per-dataset summary")
+    out = pd.DataFrame({
+        "dataset": df["dataset"].astype(str),
+        "condition": df["condition"].astype(str),
+        "lr": np.nan,
+        "test_mean": pd.to_numeric(df["mean"], errors="coerce").astype(float),
+        "test_std": pd.to_numeric(df["std"], errors="coerce").astype(float) if "std" in df else np.nan,
+        "val_mean": np.nan, "val_std": np.nan, "n": 0, "n_diverged": 0, "n_failed": 0,
+    })
+    dup = out.duplicated(["dataset", "condition"])
+    if dup.any():
+        d = out[dup].iloc[0]
+        raise AnalysisError(f"{source}: dataset {d['dataset']!r}, condition {d['condition']!r} "
+                            "appears more than once; a summary has one row per cell")
+    if out["test_mean"].isna().all():
+        raise AnalysisError(f"{source}: column mean has no numbers")
+    out.attrs.update(source=source)
+    return out
+
+
+def read_plasticity(path: str | os.PathLike) -> pd.DataFrame:
+    """A tidy plasticity CSV (``PLASTICITY_COLUMNS``; ``bound`` optional)."""
+    p = Path(path)
+    if not p.is_file():
+        raise AnalysisError(f"plasticity CSV {str(p)!r} does not exist")
+    df = pd.read_csv(p)
+    _require(df, [c for c in PLASTICITY_COLUMNS if c != "bound"], str(p), "plasticity")
+    return df
+
+
+def settings(runs: pd.DataFrame) -> list[tuple]:
+    """The distinct (model, optimizer, low_data) studies in ``runs``, sorted."""
+    return sorted(set(map(tuple, runs[SETTING].astype(str).to_numpy().tolist())))
+
+
+__all__ = ["RUN_COLUMNS", "from_mlflow", "read_csv", "runs_frame", "summary_frame", "run_row",
+           "dedupe", "step_metrics", "plasticity", "read_plasticity", "grid_runs", "read_artifact", "settings",
+           "check_runs", "experiment_id"]

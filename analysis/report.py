@@ -1,0 +1,445 @@
+"""The study's report: tables, significance tests and figures from MLflow runs or a CSV.
+
+    python -m analysis.report --experiment NAME [--tracking-uri URI] [--out DIR]
+    python -m analysis.report --csv runs.csv [--select-on test] [--reference MHA]
+    python -m analysis.report --csv paper_means.csv --reference MHA      # a per-dataset summary
+
+Per dataset and condition: the test accuracy at the best lr, mean ± std over seeds, the lr
+chosen on validation accuracy (default) or on test accuracy (``--select-on test``, what the
+reference code did); both choices are tabulated so the difference is visible. Then the average
+over datasets, per-dataset ranks and the average rank, learning-rate robustness, the paper's
+one-sided Wilcoxon signed-rank and paired t-tests of ``--reference`` against each other
+condition over the per-dataset means, a Friedman test over all conditions with Holm-corrected
+pairwise Wilcoxon tests and a Nemenyi critical-difference diagram, and, where the runs probed
+plasticity, the component ranking by plasticity next to the ranking by accuracy.
+
+Everything goes to ``--out`` (tables as .md/.csv/.tex, figures as .png/.pdf, ``report.md``);
+the report is printed. Read from MLflow, the folder is also logged as ``analysis/`` artifacts of
+the grid's parent run. Bad input exits with status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import AnalysisError, figures, load, stats, tables
+
+CURVE_KEYS = {"val_loss": ("validation loss", False), "grad_norm/total": ("gradient norm (total)", True),
+              "grad_norm/{condition}": ("gradient norm of the trained component", True)}
+
+
+@dataclass
+class Report:
+    """What ``analyse`` produced: the printed text and the files written."""
+
+    text: str
+    files: list[Path] = field(default_factory=list)
+    logged_to: list[str] = field(default_factory=list)
+
+
+def paper_order() -> tuple[str, ...]:
+    from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS
+
+    return tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
+
+
+def _restrict(df: pd.DataFrame, conditions: list[str] | None, datasets: list[str] | None,
+              source: str) -> pd.DataFrame:
+    for col, wanted in (("condition", conditions), ("dataset", datasets)):
+        if wanted:
+            unknown = [w for w in wanted if w not in set(df[col])]
+            if unknown:
+                raise AnalysisError(f"{source}: no {col} {', '.join(map(repr, unknown))}; "
+                                    f"there are: {', '.join(sorted(set(df[col])))}")
+            df = df[df[col].isin(wanted)]
+    return df
+
+
+def selected_runs(runs: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
+    """The finished runs at the chosen lr of each (dataset, condition)."""
+    m = runs.merge(best[["dataset", "condition", "lr"]], on=["dataset", "condition", "lr"])
+    return m[m["status"] == "finished"]
+
+
+def _status_line(runs: pd.DataFrame) -> str:
+    counts = runs["status"].value_counts()
+    parts = [f"{counts.get(s, 0)} {s}" for s in ("finished", "diverged", "failed")]
+    parts += [f"{n} {s}" for s, n in counts.items() if s not in ("finished", "diverged", "failed")]
+    return f"{len(runs)} runs ({', '.join(parts)})"
+
+
+def _p(p: float) -> str:
+    text = tables.fmt_p(p)
+    return f"p {text}" if text.startswith("<") else f"p = {text}"
+
+
+def _section(title: str, body: str) -> str:
+    return f"## {title}\n\n{body.rstrip()}\n"
+
+
+# ---------------------------------------------------------------- the analysis of one study
+
+def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
+            summary: pd.DataFrame | None = None, select_on: str = "val", reference: str = "MHA",
+            conditions: list[str] | None = None, datasets: list[str] | None = None,
+            bands: pd.DataFrame | None = None, plasticity: pd.DataFrame | None = None,
+            ddof: int = 0, title: str = "") -> Report:
+    """Write the tables, tests and figures of one study (one model, optimizer) into ``out_dir``.
+
+    Give ``runs`` (the per-run table of ``analysis.load``) or ``summary`` (per-dataset means).
+    ``bands`` (``stats.curve_bands`` of the selected runs) and ``plasticity`` (stacked
+    plasticity artifacts) add their figures and tables. Raises AnalysisError on bad input.
+    """
+    if (runs is None) == (summary is None):
+        raise AnalysisError("give either per-run results or a per-dataset summary")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    source = (runs if runs is not None else summary).attrs.get("source", "input")
+    files: list[Path] = []
+    sections: list[str] = []
+
+    if runs is not None:
+        runs = _restrict(runs, conditions, datasets, source)
+        load.check_runs(runs, source)
+        if select_on == "val" and runs.loc[runs["status"] == "finished", "val_acc"].isna().all():
+            raise AnalysisError(f"{source}: no validation accuracies (val_acc) to choose the lr "
+                                "on; choose it on test accuracy with --select-on test")
+        means = stats.seed_means(runs, ddof=ddof)
+        best = stats.best_lr(means, select_on)
+        other = "test" if select_on == "val" else "val"
+        has_other = runs.loc[runs["status"] == "finished", f"{other}_acc"].notna().any()
+        best_other = stats.best_lr(means, other) if has_other else None
+        scale = stats.display_scale(runs["test_acc"])
+    else:
+        summary = _restrict(summary, conditions, datasets, source)
+        means, best, best_other = None, summary, None
+        scale = stats.display_scale(summary["test_mean"])
+    stats.check_complete(best)
+
+    order = stats.order_conditions(best["condition"], paper_order())
+    table = stats.wide(best, conditions=order)
+    avg = table.mean(axis=0)
+    rk = stats.ranks(table)
+    avg_rank = rk.mean(axis=0)
+    unit = " (%)" if scale == 100 else ""
+    n_d, k = table.shape
+    chosen = {"val": "validation", "test": "test"}[select_on] if runs is not None else None
+
+    head = [f"# {title or 'raystudy analysis'}", "",
+            f"Source: {source}" + (f"; {_status_line(runs)}" if runs is not None else
+                                   " (per-dataset summary)"),
+            f"{k} conditions on {n_d} datasets" + (f"; lr chosen on {chosen} accuracy" if chosen else "")]
+    if runs is not None and runs.attrs.get("replaced"):
+        head.append(f"{runs.attrs['replaced']} earlier tries of rerun trials replaced by the rerun")
+    sections.append("\n".join(head) + "\n")
+
+    # -- accuracy at the best lr, both lr choices, robustness, ranks
+    what = f"Test accuracy{unit} at the best lr" + (f" (chosen on {chosen})" if chosen else "")
+    shown = tables.accuracy_table(best, order, avg, avg_rank, scale)
+    name = f"accuracy_{select_on}_selected" if runs is not None else "accuracy"
+    files += tables.write_table(out, name, shown, best)
+    sections.append(_section(what + (", mean ± std over seeds" if runs is not None else ""),
+                             tables.markdown(shown)))
+    files += figures.accuracy(best, order, out / "figures" / name, scale, what)
+    if best_other is not None:
+        val_best, test_best = (best, best_other) if select_on == "val" else (best_other, best)
+        sections.append(_selection_section(val_best, test_best, order, scale, out, files,
+                                           written=select_on))
+    if means is not None:
+        sections.append(_robustness_section(runs, means, order, scale, out, files))
+    files += tables.write_table(out, "ranks", tables.number_table(rk, order, avg_rank, "average", 1.0, 1), rk)
+
+    # -- the paper's test and the omnibus tests
+    if k >= 2:
+        sections.append(_significance_section(table, avg_rank, reference, scale, out, files))
+    else:
+        sections.append(_section("Significance", f"One condition only ({order[0]}): nothing to compare."))
+
+    # -- curves and plasticity (MLflow runs)
+    if bands is not None and len(bands):
+        for key, (label, log) in CURVE_KEYS.items():
+            slug = key.replace("/", "_").replace("{condition}", "own")
+            files += figures.curves(bands, key, order, out / "figures" / f"curves_{slug}", label, log)
+    if plasticity is not None and len(plasticity):
+        demo = runs is not None and "vit_demo" in set(runs["model"])
+        sections.append(_plasticity_section(plasticity, table, out, files, scale, demo))
+
+    text = "\n".join(sections)
+    (out / "report.md").write_text(text)
+    files.append(out / "report.md")
+    return Report(text=text, files=files)
+
+
+def _selection_section(val_best: pd.DataFrame, test_best: pd.DataFrame, order: list[str],
+                       scale: float, out: Path, files: list, written: str) -> str:
+    """Both lr choices side by side: the averages, ranks, and where the chosen lr moved."""
+    summaries = {}
+    for on, b in (("val", val_best), ("test", test_best)):
+        stats.check_complete(b)
+        t = stats.wide(b, conditions=order)
+        summaries[on] = (t.mean(axis=0), stats.ranks(t).mean(axis=0))
+        if on != written:
+            shown = tables.accuracy_table(b, order, *summaries[on], scale)
+            files += tables.write_table(out, f"accuracy_{on}_selected", shown, b)
+    files += tables.write_table(out, "chosen_lr", tables.chosen_lr_table(val_best, test_best, order))
+    key = ["dataset", "condition"]
+    lrs = val_best[key + ["lr"]].merge(test_best[key + ["lr"]], on=key, suffixes=("_val", "_test"))
+    moved = (lrs["lr_val"] != lrs["lr_test"]).groupby(lrs["condition"]).sum()
+    (a_val, r_val), (a_test, r_test) = summaries["val"], summaries["test"]
+    n_d = val_best["dataset"].nunique()
+    gap = pd.DataFrame({
+        "average, lr on val": [tables.fmt(a_val[c] * scale, 2) for c in order],
+        "average, lr on test": [tables.fmt(a_test[c] * scale, 2) for c in order],
+        "test − val": [tables.fmt((a_test[c] - a_val[c]) * scale, 2) for c in order],
+        "avg rank (val)": [tables.fmt(r_val[c], 2) for c in order],
+        "avg rank (test)": [tables.fmt(r_test[c], 2) for c in order],
+        "datasets where the lr differs": [f"{int(moved.get(c, 0))}/{n_d}" for c in order],
+    }, index=pd.Index(order, name="condition"))
+    files += tables.write_table(out, "selection", gap)
+    return _section("Choosing the lr on validation vs on test (the reference code chose on test)",
+                    tables.markdown(gap))
+
+
+def _robustness_section(runs: pd.DataFrame, means: pd.DataFrame, order: list[str], scale: float,
+                        out: Path, files: list) -> str:
+    """Learning-rate robustness, and the runs by status (nothing dropped silently)."""
+    gaps = stats.lr_gaps(means)
+    robust = gaps.mean(axis=0)
+    files += tables.write_table(out, "lr_robustness",
+                                tables.number_table(gaps, order, robust, "mean", scale, 2), gaps)
+    status = tables.status_table(runs, order)
+    files += tables.write_table(out, "run_status", status)
+    runs[load.RUN_COLUMNS].to_csv(out / "runs.csv", index=False)
+    files.append(out / "runs.csv")
+    rob = ", ".join(f"{c} {tables.fmt(robust.get(c, math.nan) * scale, 2)}" for c in order)
+    body = ("Mean over datasets of (max − min over lrs) of the seed-mean test accuracy; "
+            f"lower is more robust.\n\n{rob}\n")
+    if (status["finished"] < status["runs"]).any():
+        body += ("\nRuns by status (not finished: kept, left out of the means):\n\n"
+                 + tables.markdown(status))
+    return _section("Learning-rate robustness", body)
+
+
+def _significance_section(table: pd.DataFrame, avg_rank: pd.Series, reference: str, scale: float,
+                          out: Path, files: list) -> str:
+    """The paper's one-sided tests, Friedman, Holm-corrected pairs and the CD diagram."""
+    n_d, k = table.shape
+    tests = stats.paired_tests(table, reference)
+    files += tables.write_table(out, "tests", tables.tests_table(tests, scale), tests)
+    fr = stats.friedman(table)
+    cd = stats.nemenyi_cd(k, n_d)
+    cliques = stats.cd_cliques(avg_rank, cd)
+    pairs = stats.pairwise_wilcoxon(table)
+    files += tables.write_table(out, "posthoc", tables.posthoc_table(pairs, scale), pairs)
+    pd.DataFrame([{"test": "friedman", **fr},
+                  {"test": "nemenyi_cd", "statistic": cd, "k": k, "n": n_d}]
+                 ).to_csv(out / "omnibus.csv", index=False)
+    files.append(out / "omnibus.csv")
+    files += figures.cd_diagram(avg_rank, cd, cliques, out / "figures" / "cd_diagram",
+                                f"Average ranks over {n_d} datasets (Nemenyi, 5%)")
+    lines = [f"One-sided: {reference} greater than each other condition, over the {n_d} "
+             "per-dataset means (Wilcoxon signed-rank and paired t-test).", "",
+             tables.markdown(tables.tests_table(tests, scale)).rstrip(), ""]
+    if math.isnan(fr["p"]):
+        lines.append(f"Friedman test: needs at least 3 conditions and 2 datasets (have {k}, {n_d}).")
+    else:
+        lines.append(f"Friedman test over {k} conditions and {n_d} datasets: chi2 = "
+                     f"{fr['statistic']:.3f}, {_p(fr['p'])}.")
+    sig = pairs[pairs["significant"]]
+    lines.append("Post-hoc pairwise Wilcoxon, Holm-corrected at 5%: " + (
+        ", ".join(f"{a} vs {b} ({_p(p)})" for a, b, p in zip(sig["a"], sig["b"], sig["p_holm"]))
+        if len(sig) else "no significant pair") + ".")
+    lines.append(f"Nemenyi critical difference at 5%: CD = {cd:.2f} average ranks; not "
+                 "significantly different: " +
+                 ("; ".join(", ".join(g) for g in cliques) if cliques else "none") + ".")
+    return _section("Significance", "\n".join(lines))
+
+
+def _plasticity_section(plast: pd.DataFrame, table: pd.DataFrame, out: Path, files: list,
+                        scale: float = 1.0, demo: bool = False) -> str:
+    pooled = stats.pool_plasticity(plast)
+    files += tables.write_table(out, "plasticity_per_layer", pooled, index=False)
+    comps = [c for c in ("LN1", "MHA", "LN2", "FC1", "FC2") if c in set(pooled["component"])]
+    comps += sorted(set(pooled["component"]) - set(comps))
+    parts = []
+    for mode in sorted(pooled["mode"].unique()):
+        files += figures.plasticity_layers(pooled, mode, comps, out / "figures" / f"plasticity_{mode}")
+        comp_p = stats.component_plasticity(pooled, mode)
+        try:
+            ranking, corr = stats.plasticity_vs_accuracy(comp_p, table)
+        except AnalysisError as e:
+            parts.append(f"{mode} input: {e}")
+            continue
+        ranking.index.name = "component"
+        shown = pd.DataFrame({
+            "plasticity": ranking["plasticity"].map(lambda v: tables.fmt(v, 3)),
+            "plasticity rank": ranking["plasticity_rank"].map(lambda v: tables.fmt(v, 2)),
+            "accuracy": (ranking["accuracy"] * scale).map(lambda v: tables.fmt(v, 1)),
+            "accuracy rank": ranking["accuracy_rank"].map(lambda v: tables.fmt(v, 2)),
+        })
+        files += tables.write_table(out, f"plasticity_ranking_{mode}", shown, ranking)
+        files += tables.write_table(out, f"plasticity_correlation_{mode}",
+                                    corr.set_index("dataset").map(lambda v: tables.fmt(v, 3)),
+                                    corr, index=True)
+        rho = corr.set_index("dataset").loc["all"]
+        per = corr[corr["dataset"] != "all"]["rho"]
+        parts.append(
+            f"{mode} input. Components by plasticity (highest first): "
+            f"{' > '.join(ranking.index)}; by accuracy: "
+            f"{' > '.join(ranking.sort_values('accuracy_rank').index)}. Spearman rho between "
+            f"plasticity and accuracy: {tables.fmt(per.mean(), 2)} on average over "
+            f"{per.notna().sum()} datasets; {tables.fmt(rho['rho'], 2)} ({_p(rho['p'])}) "
+            "between the means over datasets.\n\n"
+            + tables.markdown(shown))
+    if demo:
+        parts.append("Note: the paper's plasticity claim is about large pretrained ViTs. On the "
+                     "tiny demo model the probe ranks LayerNorm highest (its embedding tokens are "
+                     "small, so LayerNorm amplifies differences): a finding about scale, reported "
+                     "as measured.")
+    return _section("Plasticity and accuracy", "\n\n".join(parts))
+
+
+# ---------------------------------------------------------------- sources
+
+def _setting_name(setting: tuple) -> str:
+    model, optimizer, low = setting
+    return f"{model}_{optimizer}" + ("_low_data" if low == "True" else "")
+
+
+def _title(setting: tuple) -> str:
+    model, optimizer, low = setting
+    named = [v for v in (model, optimizer) if v != "unknown"] + (["low data"] if low == "True" else [])
+    return "raystudy analysis" + (f": {', '.join(named)}" if named else "")
+
+
+def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, **kw) -> Report:
+    """``analyse`` once per study setting (model, optimizer, low data) found in ``runs``.
+
+    A single setting writes into ``out_dir``; several write one subfolder each.
+    ``extras(runs_of_one_setting)`` may return (bands, plasticity) for that setting.
+    """
+    found = load.settings(runs)
+    texts, files = [], []
+    for s in found:
+        sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)].copy()
+        sub.attrs = dict(runs.attrs)
+        bands, plast = extras(sub) if extras else (None, None)
+        target = Path(out_dir) if len(found) == 1 else Path(out_dir) / _setting_name(s)
+        r = analyse(target, runs=sub, bands=bands, plasticity=plast, title=_title(s), **kw)
+        texts.append(r.text)
+        files += r.files
+    return Report(text="\n".join(texts), files=files)
+
+
+def report_from_mlflow(experiment: str, out_dir: str | Path, tracking_uri: str | None = None,
+                       *, curves: bool = True, log: bool = True, **kw) -> Report:
+    """Load the experiment's trial runs, analyse them, and log ``out_dir`` to the grid run(s).
+
+    Curves are read for the finished runs at the chosen lr of each cell; plasticity before
+    finetuning from every run that probed (they all probe the same pretrained model).
+    """
+    runs = load.from_mlflow(experiment, tracking_uri)
+
+    def extras(sub: pd.DataFrame):
+        sub = _restrict(sub, kw.get("conditions"), kw.get("datasets"), "runs")
+        bands = None
+        if curves:
+            best = stats.best_lr(stats.seed_means(sub), kw.get("select_on", "val"))
+            chosen = selected_runs(sub, best)
+            hist = load.step_metrics(chosen, list(CURVE_KEYS), tracking_uri)
+            bands = stats.curve_bands(hist, chosen) if len(hist) else None
+        return bands, load.plasticity(sub, "before", tracking_uri)
+
+    report = analyse_runs(runs, out_dir, extras=extras, **kw)
+    if log:
+        report.logged_to = log_outputs(out_dir, runs, experiment, tracking_uri)
+    return report
+
+
+def log_outputs(out_dir: str | Path, runs: pd.DataFrame, experiment: str,
+                tracking_uri: str | None = None) -> list[str]:
+    """Log ``out_dir`` as ``analysis/`` artifacts of the grid parent run(s) of ``runs``."""
+    grids = load.grid_runs(experiment, tracking_uri)
+    parents = [p for p in dict.fromkeys(runs["parent_run_id"]) if p in grids] or grids
+    c = load.client(tracking_uri)
+    for pid in parents:
+        c.log_artifacts(pid, str(out_dir), artifact_path="analysis")
+    return parents
+
+
+def report_from_csv(path: str | Path, out_dir: str | Path, *, plasticity: pd.DataFrame | None = None,
+                    **kw) -> Report:
+    """The report of a per-run results CSV or a per-dataset summary CSV (``analysis.load``)."""
+    kind, df = load.read_csv(path)
+    if kind == "summary":
+        kw.pop("select_on", None)
+        return analyse(out_dir, summary=df, plasticity=plasticity, **kw)
+    extras = None
+    if plasticity is not None:
+        def extras(sub):
+            same = plasticity[plasticity["model"].isin(set(sub["model"]))]
+            return None, same if len(same) else plasticity
+    return analyse_runs(df, out_dir, extras=extras, **kw)
+
+
+# ---------------------------------------------------------------- CLI
+
+def _names(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--experiment", help="MLflow experiment name (or id)")
+    src.add_argument("--csv", help="per-run results or per-dataset summary CSV")
+    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
+                                           "else sqlite:///./mlflow.db, as the grid)")
+    ap.add_argument("--select-on", choices=stats.SELECT_ON, default="val",
+                    help="choose the lr on validation (default) or test accuracy")
+    ap.add_argument("--reference", default="MHA", help="condition tested against the others (MHA)")
+    ap.add_argument("--conditions", help="comma-separated conditions to analyse (default: all)")
+    ap.add_argument("--datasets", help="comma-separated datasets to analyse (default: all)")
+    ap.add_argument("--plasticity", help="tidy plasticity CSV to add (with --csv)")
+    ap.add_argument("--no-curves", action="store_true", help="skip reading metric histories")
+    ap.add_argument("--no-log", action="store_true", help="do not log the outputs to MLflow")
+    ap.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
+    args = ap.parse_args(argv)
+    kw = dict(select_on=args.select_on, reference=args.reference,
+              conditions=_names(args.conditions), datasets=_names(args.datasets))
+    from mlflow.exceptions import MlflowException
+
+    from raystudy import tracking
+    from raystudy.config import ConfigError
+
+    try:
+        if args.experiment:
+            uri = args.tracking_uri or tracking.default_uri()
+            tracking.check_uri(uri)
+            report = report_from_mlflow(args.experiment, args.out, uri,
+                                        curves=not args.no_curves, log=not args.no_log, **kw)
+        else:
+            plast = load.read_plasticity(args.plasticity) if args.plasticity else None
+            report = report_from_csv(args.csv, args.out, plasticity=plast, **kw)
+    except (AnalysisError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except MlflowException as e:
+        print(f"error: MLflow: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(report.text)
+    print(f"wrote {len(report.files)} files to {args.out}"
+          + (f"; logged them to run(s) {', '.join(report.logged_to)} under analysis/"
+             if report.logged_to else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

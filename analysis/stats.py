@@ -1,0 +1,410 @@
+"""Pure statistics over the tidy runs table and per-dataset accuracy tables.
+
+Three shapes go in and out (see ``analysis.load`` for where they come from):
+
+- *runs*: one row per run, columns ``dataset, condition, lr, seed, val_acc, test_acc, status``
+  (``status`` ∈ finished, diverged, failed; accuracies are NaN unless finished).
+- *means*: one row per (dataset, condition, lr): ``n_runs, n, n_diverged, n_failed, val_mean,
+  val_std, test_mean, test_std``, the seed statistics of finished runs (``seed_means``).
+- *wide*: a datasets × conditions table of one number per cell (the accuracy at the best lr),
+  the input of every test; rows are the paired observations.
+
+Conventions. Higher accuracy is better: rank 1 is the best condition on a dataset, ties share the
+average rank. Standard deviations over seeds use ``ddof=0`` by default, as the reference code
+(``np.std``) does. Runs that are not finished are left out of means but counted; an lr at which
+no run finished cannot be chosen. scipy does the statistics; Holm and the Nemenyi critical
+difference are a few lines each and are tested on hand-worked examples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as st
+
+from analysis import AnalysisError
+
+CELL = ["dataset", "condition"]
+SELECT_ON = ("val", "test")
+
+# q_0.05 of the Studentized range divided by sqrt(2), for k = 2..10 conditions (Demšar 2006).
+NEMENYI_Q05 = {2: 1.960, 3: 2.344, 4: 2.569, 5: 2.728, 6: 2.850, 7: 2.949, 8: 3.031, 9: 3.102,
+               10: 3.164}
+
+
+# ---------------------------------------------------------------- accuracy at the best lr
+
+def seed_means(runs: pd.DataFrame, ddof: int = 0) -> pd.DataFrame:
+    """Per (dataset, condition, lr): counts by status and mean/std over finished seeds."""
+    df = runs.copy()
+    done = df["status"] == "finished"
+    for col in ("val_acc", "test_acc"):
+        df[col] = df[col].astype(float).where(done)
+    df["_finished"] = done
+    df["_diverged"] = df["status"] == "diverged"
+    df["_failed"] = df["status"] == "failed"
+    g = df.groupby(CELL + ["lr"], sort=True)
+    out = pd.DataFrame({
+        "n_runs": g.size(),
+        "n": g["_finished"].sum(),
+        "n_diverged": g["_diverged"].sum(),
+        "n_failed": g["_failed"].sum(),
+        "val_mean": g["val_acc"].mean(),
+        "val_std": g["val_acc"].std(ddof=ddof),
+        "test_mean": g["test_acc"].mean(),
+        "test_std": g["test_acc"].std(ddof=ddof),
+    }).reset_index()
+    for col in ("n_runs", "n", "n_diverged", "n_failed"):
+        out[col] = out[col].astype(int)
+    return out
+
+
+def best_lr(means: pd.DataFrame, select_on: str = "val") -> pd.DataFrame:
+    """Per (dataset, condition): the lr with the highest seed-mean ``select_on`` accuracy.
+
+    Returns the test accuracy (mean, std, ``n`` finished seeds) at that lr, the validation
+    accuracy there, and the cell's diverged and failed runs over all lrs. Ties go to the smaller
+    lr. A cell where no lr has a finished run keeps its row with NaN lr and accuracies.
+    """
+    if select_on not in SELECT_ON:
+        raise AnalysisError(f"select_on must be one of {', '.join(SELECT_ON)}, got {select_on!r}")
+    key = f"{select_on}_mean"
+    rows = []
+    for (dataset, condition), g in means.groupby(CELL, sort=False):
+        g = g.sort_values("lr")
+        usable = g[g[key].notna()]
+        row = {"dataset": dataset, "condition": condition,
+               "n_diverged": int(g["n_diverged"].sum()), "n_failed": int(g["n_failed"].sum())}
+        if usable.empty:
+            row.update(lr=np.nan, test_mean=np.nan, test_std=np.nan, val_mean=np.nan,
+                       val_std=np.nan, n=0)
+        else:
+            best = usable.loc[usable[key].idxmax()]
+            row.update(lr=float(best["lr"]), test_mean=best["test_mean"], test_std=best["test_std"],
+                       val_mean=best["val_mean"], val_std=best["val_std"], n=int(best["n"]))
+        rows.append(row)
+    cols = ["dataset", "condition", "lr", "test_mean", "test_std", "val_mean", "val_std", "n",
+            "n_diverged", "n_failed"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def check_complete(best: pd.DataFrame, value: str = "test_mean") -> None:
+    """Raise AnalysisError naming every condition that lacks a result on some dataset."""
+    datasets = sorted(best["dataset"].unique())
+    problems = []
+    for condition in best["condition"].unique():
+        sub = best[best["condition"] == condition].set_index("dataset")[value]
+        absent = [d for d in datasets if d not in sub.index]
+        empty = [d for d in datasets if d in sub.index and pd.isna(sub[d])]
+        if absent:
+            problems.append(f"condition {condition!r} has no runs on {len(absent)} of "
+                            f"{len(datasets)} datasets: {', '.join(absent)}")
+        if empty:
+            problems.append(f"condition {condition!r} has no usable finished run on "
+                            f"{', '.join(empty)}")
+    if problems:
+        raise AnalysisError("; ".join(problems) + " (restrict the analysis with --conditions "
+                            "or --datasets to a complete subset)")
+
+
+def wide(best: pd.DataFrame, value: str = "test_mean",
+         conditions: Sequence[str] | None = None) -> pd.DataFrame:
+    """Datasets × conditions table of ``value``; columns in ``conditions`` order if given."""
+    table = best.pivot(index="dataset", columns="condition", values=value)
+    table.columns.name = None
+    if conditions is not None:
+        table = table[[c for c in conditions if c in table.columns]]
+    return table
+
+
+def order_conditions(names: Iterable[str], order: Sequence[str] = ()) -> list[str]:
+    """``names`` in the order of ``order`` first, the rest sorted after it."""
+    names = list(dict.fromkeys(names))
+    known = [c for c in order if c in names]
+    return known + sorted(c for c in names if c not in known)
+
+
+def ranks(table: pd.DataFrame) -> pd.DataFrame:
+    """Per-row ranks of a datasets × conditions table: highest value = 1, ties averaged."""
+    values = table.to_numpy(dtype=float)
+    r = np.vstack([st.rankdata(-row, method="average") for row in values]) if len(values) else values
+    return pd.DataFrame(r, index=table.index, columns=table.columns)
+
+
+def lr_gaps(means: pd.DataFrame, value: str = "test_mean") -> pd.DataFrame:
+    """Datasets × conditions table of max − min over lrs of the seed-mean ``value``.
+
+    Only lrs with a finished run count; a cell with none is NaN.
+    """
+    g = means.dropna(subset=[value]).groupby(CELL)[value]
+    gaps = (g.max() - g.min()).rename("gap").reset_index()
+    table = gaps.pivot(index="dataset", columns="condition", values="gap")
+    table.columns.name = None
+    return table
+
+
+def lr_robustness(means: pd.DataFrame, value: str = "test_mean") -> pd.Series:
+    """Per condition: the mean over datasets of (max − min over lrs). Lower is more robust."""
+    return lr_gaps(means, value).mean(axis=0).rename("lr_robustness")
+
+
+# ---------------------------------------------------------------- significance
+
+def holm(pvalues: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values, in the input order (NaN stays NaN).
+
+    Sorted ascending, the i-th smallest (i from 0) of m p-values becomes (m − i)·p, made
+    non-decreasing by a running maximum and capped at 1. Reject where adjusted p ≤ α.
+    """
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full_like(p, np.nan)
+    ok = ~np.isnan(p)
+    q = p[ok]
+    m = len(q)
+    if m == 0:
+        return out
+    order = np.argsort(q, kind="stable")
+    adj = np.minimum(np.maximum.accumulate((m - np.arange(m)) * q[order]), 1.0)
+    res = np.empty(m)
+    res[order] = adj
+    out[ok] = res
+    return out
+
+
+def signed_rank_null(ranks: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Exact null distribution of W+ for the given |d| ranks (ties allowed): values, probabilities.
+
+    Under the null each difference is positive or negative with probability 1/2, independently;
+    the 2^n sign patterns are counted by dynamic programming over doubled ranks (integers, since
+    tied ranks are multiples of 1/2).
+    """
+    twice = np.rint(2 * np.asarray(ranks, dtype=float)).astype(int)
+    counts = np.zeros(int(twice.sum()) + 1)
+    counts[0] = 1.0
+    for v in twice:
+        counts[v:] = counts[v:] + counts[:len(counts) - v].copy()
+    return np.arange(len(counts)) / 2, counts / counts.sum()
+
+
+def _signed_rank_p(w: float, null: tuple[np.ndarray, np.ndarray], alternative: str) -> float:
+    values, prob = null
+    greater = prob[values >= w - 1e-9].sum()
+    less = prob[values <= w + 1e-9].sum()
+    p = {"greater": greater, "less": less, "two-sided": 2 * min(greater, less)}[alternative]
+    return float(min(p, 1.0))
+
+
+def wilcoxon(a: Sequence[float], b: Sequence[float],
+             alternative: str = "greater") -> tuple[float, float, int]:
+    """Wilcoxon signed-rank test of paired ``a`` vs ``b``: (W+, p, n non-zero differences).
+
+    W+ is the sum of the ranks of |a − b| where a > b; zero differences are dropped (Wilcoxon's
+    convention, scipy's default). All differences zero: W+ = 0, p = 1 (no evidence either way).
+    The p-value is scipy's; with tied |d| and n ≤ 13, where scipy enumerates the 2^n sign
+    patterns by a slow permutation test (~1 s each), the same exact p comes from
+    ``signed_rank_null``.
+    """
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    d = d[~np.isnan(d)]
+    nz = d[d != 0]
+    if len(nz) == 0:
+        return 0.0, 1.0, 0
+    r = st.rankdata(np.abs(nz))
+    w = float(r[nz > 0].sum())
+    if len(np.unique(r)) < len(r) and len(nz) <= 13:
+        return w, _signed_rank_p(w, signed_rank_null(r), alternative), len(nz)
+    return w, float(st.wilcoxon(nz, alternative=alternative).pvalue), len(nz)
+
+
+def paired_t(a: Sequence[float], b: Sequence[float],
+             alternative: str = "greater") -> tuple[float, float]:
+    """Paired t-test of ``a`` vs ``b``: (t, p). NaN when the differences have no spread
+    (all equal, up to rounding: t would be infinite or noise)."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    d = d[~np.isnan(d)]
+    if len(d) < 2 or np.ptp(d) <= 1e-12 * max(1.0, float(np.abs(d).max())):
+        return math.nan, math.nan
+    res = st.ttest_rel(d, np.zeros_like(d), alternative=alternative)
+    return float(res.statistic), float(res.pvalue)
+
+
+def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greater") -> pd.DataFrame:
+    """The paper's test: ``reference`` against every other condition over the rows of ``table``.
+
+    One row per other condition: n datasets, mean difference, Wilcoxon W+ and p, paired t and
+    p (both ``alternative``), and the two-sided t p the reference code printed.
+    """
+    if reference not in table.columns:
+        raise AnalysisError(f"reference condition {reference!r} is not among the conditions: "
+                            f"{', '.join(map(str, table.columns))}")
+    rows = []
+    for other in table.columns:
+        if other == reference:
+            continue
+        a, b = table[reference].to_numpy(float), table[other].to_numpy(float)
+        w, wp, _ = wilcoxon(a, b, alternative)
+        t, tp = paired_t(a, b, alternative)
+        _, tp2 = paired_t(a, b, "two-sided")
+        rows.append({"reference": reference, "other": other, "n": int(np.sum(~np.isnan(a - b))),
+                     "mean_diff": float(np.nanmean(a - b)), "wilcoxon_W": w, "wilcoxon_p": wp,
+                     "t": t, "t_p": tp, "t_p_two_sided": tp2})
+    return pd.DataFrame(rows)
+
+
+def friedman(table: pd.DataFrame) -> dict[str, float]:
+    """Friedman test over all conditions (columns), datasets as blocks (rows).
+
+    Returns statistic, p, k conditions and n datasets; NaN statistic and p when k < 3 or n < 2
+    (scipy needs at least three conditions).
+    """
+    k, n = table.shape[1], table.shape[0]
+    if k < 3 or n < 2:
+        return {"statistic": math.nan, "p": math.nan, "k": k, "n": n}
+    res = st.friedmanchisquare(*[table[c].to_numpy(float) for c in table.columns])
+    return {"statistic": float(res.statistic), "p": float(res.pvalue), "k": k, "n": n}
+
+
+def pairwise_wilcoxon(table: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Post-hoc: two-sided Wilcoxon for every pair of conditions, Holm-corrected over the pairs."""
+    rows = []
+    for a, b in itertools.combinations(table.columns, 2):
+        w, p, n = wilcoxon(table[a], table[b], "two-sided")
+        rows.append({"a": a, "b": b, "n": n, "mean_diff": float(np.nanmean(table[a] - table[b])),
+                     "wilcoxon_W": w, "p": p})
+    out = pd.DataFrame(rows, columns=["a", "b", "n", "mean_diff", "wilcoxon_W", "p"])
+    out["p_holm"] = holm(out["p"].to_numpy()) if len(out) else []
+    out["significant"] = out["p_holm"] <= alpha
+    return out
+
+
+def nemenyi_q(k: int, alpha: float = 0.05) -> float:
+    """Critical value q_α of the Nemenyi test for k conditions (Studentized range / sqrt 2)."""
+    if k < 2:
+        raise AnalysisError(f"the Nemenyi test needs at least 2 conditions, got {k}")
+    if alpha == 0.05 and k in NEMENYI_Q05:
+        return NEMENYI_Q05[k]
+    return float(st.studentized_range.ppf(1 - alpha, k, np.inf) / math.sqrt(2))
+
+
+def nemenyi_cd(k: int, n: int, alpha: float = 0.05) -> float:
+    """Critical difference of average ranks: CD = q_α · sqrt(k(k+1) / (6N))."""
+    return nemenyi_q(k, alpha) * math.sqrt(k * (k + 1) / (6 * n))
+
+
+def cd_cliques(avg_ranks: pd.Series, cd: float) -> list[list[str]]:
+    """Maximal groups of conditions whose average ranks all differ by less than ``cd``.
+
+    These are the bars of a critical-difference diagram; groups of one are left out.
+    """
+    r = avg_ranks.sort_values()
+    names, values = list(r.index), r.to_numpy(float)
+    cliques, reach = [], -1
+    for i in range(len(values)):
+        j = i
+        while j + 1 < len(values) and values[j + 1] - values[i] < cd:
+            j += 1
+        if j > i and j > reach:
+            cliques.append(names[i:j + 1])
+        reach = max(reach, j)
+    return cliques
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Spearman rank correlation (rho, two-sided p); NaN below three points or with no spread."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[keep], y[keep]
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan, math.nan
+    res = st.spearmanr(x, y)
+    return float(res.statistic), float(res.pvalue)
+
+
+# ---------------------------------------------------------------- plasticity
+
+PLASTICITY_GROUP = ["model", "dataset", "mode", "layer", "component"]
+
+
+def pool_plasticity(df: pd.DataFrame, z: float = 1.959964) -> pd.DataFrame:
+    """Pool plasticity measurements of the same (model, dataset, mode, layer, component).
+
+    Several runs probe the same pretrained model (one per condition and seed); their pairs are
+    pooled: mean weighted by n, variance from within- and between-run spread, and a normal 95%
+    interval mean ± z·std/sqrt(n). A group with one measurement keeps its own interval.
+    """
+    rows = []
+    for key, g in df.groupby(PLASTICITY_GROUP, sort=True):
+        n = g["n"].to_numpy(float)
+        m = g["mean"].to_numpy(float)
+        s = g["std"].to_numpy(float)
+        row = dict(zip(PLASTICITY_GROUP, key))
+        if len(g) == 1:
+            row.update(mean=m[0], std=s[0], n=int(n[0]), ci_low=float(g["ci_low"].iloc[0]),
+                       ci_high=float(g["ci_high"].iloc[0]))
+        else:
+            total = n.sum()
+            mean = float((n * m).sum() / total)
+            var = float(((n - 1) * s ** 2 + n * (m - mean) ** 2).sum() / (total - 1))
+            half = z * math.sqrt(var / total)
+            row.update(mean=mean, std=math.sqrt(var), n=int(total), ci_low=mean - half,
+                       ci_high=mean + half)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=PLASTICITY_GROUP + ["mean", "std", "n", "ci_low", "ci_high"])
+
+
+def component_plasticity(pooled: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """Datasets × components table of plasticity averaged over layers, for one probe mode."""
+    sub = pooled[pooled["mode"] == mode]
+    table = sub.groupby(["dataset", "component"])["mean"].mean().unstack("component")
+    table.columns.name = None
+    return table
+
+
+def plasticity_vs_accuracy(plasticity: pd.DataFrame, accuracy: pd.DataFrame
+                           ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Component ranking by plasticity next to the ranking by accuracy, and their correlation.
+
+    ``plasticity`` and ``accuracy`` are datasets × components tables (accuracy: the conditions
+    that train one component). Returns (ranking, correlation): ranking has per component the
+    mean plasticity and its average rank, the mean accuracy and its average rank; correlation
+    has per dataset the Spearman rho and p between plasticity and accuracy over components, and
+    a last row ``all`` correlating the mean plasticity with the mean accuracy.
+    """
+    comps = [c for c in plasticity.columns if c in accuracy.columns]
+    datasets = [d for d in plasticity.index if d in accuracy.index]
+    if len(comps) < 2 or not datasets:
+        raise AnalysisError("plasticity and accuracy share no datasets or fewer than two "
+                            f"components (plasticity: {', '.join(map(str, plasticity.columns))}; "
+                            f"conditions: {', '.join(map(str, accuracy.columns))})")
+    p, a = plasticity.loc[datasets, comps], accuracy.loc[datasets, comps]
+    ranking = pd.DataFrame({
+        "plasticity": p.mean(), "plasticity_rank": ranks(p).mean(),
+        "accuracy": a.mean(), "accuracy_rank": ranks(a).mean(),
+    })
+    rows = [{"dataset": d, **dict(zip(("rho", "p"), spearman(p.loc[d], a.loc[d])))} for d in datasets]
+    rows.append({"dataset": "all", **dict(zip(("rho", "p"), spearman(p.mean(), a.mean())))})
+    return ranking.sort_values("plasticity_rank"), pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- curves
+
+def curve_bands(curves: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean and std over seeds per (dataset, condition, key, step) of step metrics.
+
+    ``curves`` has columns run_id, key, step, value; ``runs`` maps run_id to dataset and
+    condition.
+    """
+    df = curves.merge(runs[["run_id", "dataset", "condition"]], on="run_id")
+    g = df.groupby(CELL + ["key", "step"])["value"]
+    return pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=0), "n": g.size()}).reset_index()
+
+
+def display_scale(values: Iterable[float]) -> float:
+    """100 when accuracies look like fractions (all within [0, 1]), else 1."""
+    v = np.asarray(list(values), dtype=float)
+    v = v[~np.isnan(v)]
+    return 100.0 if len(v) and v.min() >= 0 and v.max() <= 1 else 1.0

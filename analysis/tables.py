@@ -1,0 +1,190 @@
+"""Tables as Markdown, CSV and LaTeX, and the study's tables built from ``analysis.stats`` output.
+
+Every table is written three ways: ``NAME.md`` and ``NAME.tex`` show formatted cells
+(``90.8 ± 0.3``); ``NAME.csv`` keeps the numbers. No dependency beyond pandas (pandas'
+``to_markdown`` would need tabulate).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+DASH = "—"
+_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+          "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+          "±": r"$\pm$", DASH: "--", "−": "-"}
+
+
+def fmt(x, digits: int = 1) -> str:
+    """A number with ``digits`` decimals; NaN and None as a dash."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return DASH
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def mean_std(mean: float, std: float, digits: int = 1) -> str:
+    """``mean ± std``; the mean alone when std is NaN; a dash when the mean is NaN."""
+    if mean is None or math.isnan(mean):
+        return DASH
+    if std is None or math.isnan(std):
+        return fmt(mean, digits)
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def fmt_p(p: float) -> str:
+    """A p-value: three significant digits, ``<1e-4`` below that."""
+    if p is None or math.isnan(p):
+        return DASH
+    return "<1e-4" if p < 1e-4 else f"{p:.3g}"
+
+
+def fmt_lr(lr: float) -> str:
+    return DASH if lr is None or math.isnan(lr) else f"{lr:g}"
+
+
+# ---------------------------------------------------------------- writers
+
+def _cells(df: pd.DataFrame, index: bool) -> tuple[list[str], list[list[str]]]:
+    header = ([str(df.index.name or "")] if index else []) + [str(c) for c in df.columns]
+    rows = [([str(i)] if index else []) + [fmt(v, 4) if isinstance(v, float) else str(v) for v in row]
+            for i, row in zip(df.index, df.itertuples(index=False))]
+    return header, rows
+
+
+def markdown(df: pd.DataFrame, index: bool = True) -> str:
+    """A GitHub Markdown table, columns padded to line up."""
+    header, rows = _cells(df, index)
+    esc = [[c.replace("|", r"\|") for c in r] for r in [header] + rows]
+    widths = [max(3, *(len(r[j]) for r in esc)) for j in range(len(header))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(esc[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+                     + [line(r) for r in esc[1:]]) + "\n"
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX.get(ch, ch) for ch in text)
+
+
+def latex(df: pd.DataFrame, index: bool = True, caption: str | None = None) -> str:
+    """A booktabs ``tabular`` (first column left-aligned, the others right-aligned)."""
+    header, rows = _cells(df, index)
+    spec = "l" + "r" * (len(header) - 1)
+    body = [" & ".join(latex_escape(c) for c in r) + r" \\" for r in rows]
+    out = [r"\begin{tabular}{" + spec + "}", r"\toprule",
+           " & ".join(latex_escape(c) for c in header) + r" \\", r"\midrule", *body,
+           r"\bottomrule", r"\end{tabular}"]
+    if caption:
+        out = [f"% {caption}"] + out
+    return "\n".join(out) + "\n"
+
+
+def write_table(out_dir: str | os.PathLike, name: str, shown: pd.DataFrame,
+                data: pd.DataFrame | None = None, index: bool = True) -> list[Path]:
+    """Write NAME.md and NAME.tex from ``shown`` and NAME.csv from ``data`` (default: shown)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.md", out / f"{name}.tex", out / f"{name}.csv"]
+    paths[0].write_text(markdown(shown, index))
+    paths[1].write_text(latex(shown, index))
+    if data is None:
+        shown.to_csv(paths[2], index=index)
+    else:
+        data.to_csv(paths[2], index=not isinstance(data.index, pd.RangeIndex))
+    return paths
+
+
+# ---------------------------------------------------------------- the study's tables
+
+def accuracy_table(best: pd.DataFrame, conditions: list[str], avg: pd.Series,
+                   avg_rank: pd.Series | None, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
+    """Conditions × (datasets, average, avg rank): ``mean ± std`` at the best lr."""
+    datasets = sorted(best["dataset"].unique())
+    cell = {(r.dataset, r.condition): mean_std(r.test_mean * scale, r.test_std * scale, digits)
+            for r in best.itertuples()}
+    rows = {}
+    for c in conditions:
+        row = {d: cell.get((d, c), DASH) for d in datasets}
+        row["average"] = fmt(avg.get(c, math.nan) * scale, digits)
+        if avg_rank is not None:
+            row["avg rank"] = fmt(avg_rank.get(c, math.nan), 2)
+        rows[c] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "condition"
+    return table
+
+
+def number_table(table: pd.DataFrame, conditions: list[str], summary: pd.Series | None,
+                 summary_name: str, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
+    """A datasets × conditions table of numbers turned to conditions × datasets, formatted."""
+    t = table.T.reindex([c for c in conditions if c in table.columns])
+    shown = t.map(lambda v: fmt(v * scale, digits))
+    if summary is not None:
+        shown[summary_name] = [fmt(summary.get(c, math.nan) * scale, digits) for c in shown.index]
+    shown.index.name = "condition"
+    shown.columns = [str(c) for c in shown.columns]
+    return shown
+
+
+def status_table(runs: pd.DataFrame, conditions: list[str]) -> pd.DataFrame:
+    """Conditions × status: how many runs finished, diverged, failed (nothing dropped)."""
+    counts = pd.crosstab(runs["condition"], runs["status"])
+    for s in ("finished", "diverged", "failed"):
+        if s not in counts:
+            counts[s] = 0
+    others = [c for c in counts.columns if c not in ("finished", "diverged", "failed")]
+    counts = counts[["finished", "diverged", "failed", *others]]
+    counts.insert(0, "runs", counts.sum(axis=1))
+    counts = counts.reindex([c for c in conditions if c in counts.index])
+    counts.columns.name = None
+    counts.index.name = "condition"
+    return counts
+
+
+def chosen_lr_table(val_best: pd.DataFrame, test_best: pd.DataFrame,
+                    conditions: list[str]) -> pd.DataFrame:
+    """Conditions × datasets: the lr chosen on validation, ``val / test`` where test differs."""
+    key = ["dataset", "condition"]
+    m = val_best[key + ["lr"]].merge(test_best[key + ["lr"]], on=key, suffixes=("_val", "_test"))
+    m["shown"] = [fmt_lr(a) if (a == b or (math.isnan(a) and math.isnan(b)))
+                  else f"{fmt_lr(a)} / {fmt_lr(b)}" for a, b in zip(m["lr_val"], m["lr_test"])]
+    t = m.pivot(index="condition", columns="dataset", values="shown")
+    t = t.reindex([c for c in conditions if c in t.index])
+    t.columns.name = None
+    return t
+
+
+def tests_table(tests: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.DataFrame:
+    """The paired tests of the reference condition, formatted."""
+    shown = pd.DataFrame({
+        "comparison": [f"{r} > {o}" for r, o in zip(tests["reference"], tests["other"])],
+        "n": tests["n"].astype(int).astype(str),
+        "mean diff": [fmt(v * scale, digits) for v in tests["mean_diff"]],
+        "Wilcoxon W+": [fmt(v, 1) for v in tests["wilcoxon_W"]],
+        "Wilcoxon p": [fmt_p(p) for p in tests["wilcoxon_p"]],
+        "t": [fmt(v, 2) for v in tests["t"]],
+        "t-test p": [fmt_p(p) for p in tests["t_p"]],
+        "t-test p (two-sided)": [fmt_p(p) for p in tests["t_p_two_sided"]],
+    })
+    return shown.set_index("comparison")
+
+
+def posthoc_table(pairs: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.DataFrame:
+    shown = pd.DataFrame({
+        "pair": [f"{a} vs {b}" for a, b in zip(pairs["a"], pairs["b"])],
+        "n": pairs["n"].astype(int).astype(str),
+        "mean diff": [fmt(v * scale, digits) for v in pairs["mean_diff"]],
+        "Wilcoxon p": [fmt_p(p) for p in pairs["p"]],
+        "Holm p": [fmt_p(p) for p in pairs["p_holm"]],
+        "significant": ["yes" if s else "no" for s in pairs["significant"]],
+    })
+    return shown.set_index("pair")
+
+
+__all__ = ["markdown", "latex", "write_table", "fmt", "mean_std", "fmt_p", "accuracy_table",
+           "number_table", "status_table", "chosen_lr_table", "tests_table", "posthoc_table"]

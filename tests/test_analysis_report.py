@@ -1,0 +1,263 @@
+"""analysis.report over CSV input: per-run results and a per-dataset summary, good and bad."""
+
+import io
+import math
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from scipy import stats as st
+
+from analysis import AnalysisError, load, report, stats
+
+# Per-run results as another codebase might publish them: no run_id, no model or optimizer.
+# Cell (A, X): lr 0.1 is best on validation (0.81) but lr 0.3 on test (0.76 vs 0.71).
+# Cell (B, Y): one seed at lr 0.3 diverged (kept, counted, left out of the mean).
+RUNS_CSV = """dataset,condition,lr,seed,val_acc,test_acc,status
+A,X,0.1,0,0.80,0.70,finished
+A,X,0.1,1,0.82,0.72,finished
+A,X,0.3,0,0.78,0.75,finished
+A,X,0.3,1,0.78,0.77,finished
+A,Y,0.1,0,0.60,0.60,finished
+A,Y,0.1,1,0.62,0.62,finished
+A,Y,0.3,0,0.50,0.50,finished
+A,Y,0.3,1,0.52,0.52,finished
+A,Z,0.1,0,0.40,0.40,finished
+A,Z,0.1,1,0.40,0.42,finished
+A,Z,0.3,0,,,failed
+A,Z,0.3,1,0.30,0.30,finished
+B,X,0.1,0,0.90,0.90,finished
+B,X,0.1,1,0.92,0.92,finished
+B,X,0.3,0,0.80,0.80,finished
+B,X,0.3,1,0.80,0.80,finished
+B,Y,0.1,0,0.70,0.70,finished
+B,Y,0.1,1,0.70,0.72,finished
+B,Y,0.3,0,0.95,0.96,finished
+B,Y,0.3,1,,,diverged
+B,Z,0.1,0,0.50,0.50,finished
+B,Z,0.1,1,0.52,0.52,finished
+B,Z,0.3,0,0.40,0.40,finished
+B,Z,0.3,1,0.40,0.40,finished
+"""
+
+# The paper's headline numbers (STUDY.md: MHA 90.8, FC1 90.7, FC2 90.3, LN2 89.9, LN1 89.8 on
+# average over 11 datasets) need per-dataset values for the tests: a made-up table whose column
+# means round to them.
+PAPER_LIKE = pd.DataFrame({
+    "MHA": [99.7, 92.3, 94.3, 89.5, 92.7, 93.8, 91.1, 79.4, 72.1, 99.9, 94.5],
+    "FC1": [99.7, 91.6, 94.0, 89.1, 92.7, 93.5, 90.6, 79.2, 72.6, 99.9, 95.3],
+    "FC2": [99.1, 92.0, 94.0, 89.1, 92.3, 93.0, 90.2, 78.8, 71.6, 99.8, 93.9],
+    "LN2": [98.9, 91.4, 93.2, 88.3, 91.9, 92.9, 90.1, 77.7, 71.8, 99.7, 93.5],
+    "LN1": [98.7, 91.1, 93.4, 89.0, 92.3, 93.0, 89.7, 77.6, 71.2, 99.4, 92.9],
+}, index=["cifar10", "cifar100", "cifar10c_contrast", "cifar10c_gaussian_noise",
+          "cifar10c_motion_blur", "cifar10c_snow", "cifar10c_speckle_noise", "domainnet_clipart",
+          "domainnet_sketch", "flowers102", "pets"])
+
+
+@pytest.fixture
+def runs_csv(tmp_path):
+    p = tmp_path / "runs.csv"
+    p.write_text(RUNS_CSV)
+    return p
+
+
+@pytest.fixture
+def paper_csv(tmp_path):
+    long = PAPER_LIKE.rename_axis("dataset").reset_index().melt("dataset", var_name="condition",
+                                                                value_name="mean")
+    p = tmp_path / "paper.csv"
+    long.to_csv(p, index=False)
+    return p
+
+
+def test_per_run_csv_loads_and_keeps_every_row(runs_csv):
+    kind, runs = load.read_csv(runs_csv)
+    assert kind == "runs" and len(runs) == 24
+    assert runs["status"].value_counts().to_dict() == {"finished": 22, "failed": 1, "diverged": 1}
+    assert runs.loc[runs["status"] != "finished", ["val_acc", "test_acc"]].isna().all().all()
+    assert set(runs["model"]) == {"unknown"} and runs["run_id"].is_unique
+
+
+def test_report_on_per_run_csv(runs_csv, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert report.main(["--csv", str(runs_csv), "--reference", "X", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # the main table: (A, X) at the lr chosen on validation, mean ± std (ddof 0) in percent
+    assert "| X         | 71.0 ± 1.0 | 91.0 ± 1.0 | 81.0" in printed
+    # both selections are reported, and where they differ
+    sel = pd.read_csv(out / "selection.csv", index_col=0)
+    assert sel.loc["X", "average, lr on val"] == 81.0 and sel.loc["X", "average, lr on test"] == 83.5
+    assert sel.loc["X", "datasets where the lr differs"] == "1/2"
+    assert "0.1 / 0.3" in (out / "chosen_lr.md").read_text()
+    best = pd.read_csv(out / "accuracy_val_selected.csv")
+    by = best.set_index(["dataset", "condition"])
+    assert by.loc[("B", "Y"), "n"] == 1 and by.loc[("B", "Y"), "n_diverged"] == 1
+    assert by.loc[("A", "Z"), "n_failed"] == 1
+    # nothing dropped: the run-status table counts all 24 runs
+    status = pd.read_csv(out / "run_status.csv", index_col=0)
+    assert status["runs"].sum() == 24 and status.loc["Z", "failed"] == 1
+    # tests over per-dataset means agree with scipy
+    tests = pd.read_csv(out / "tests.csv").set_index("other")
+    table = stats.wide(stats.best_lr(stats.seed_means(load.read_csv(runs_csv)[1]), "val"))
+    ref = st.wilcoxon(table["X"], table["Z"], alternative="greater")
+    assert tests.loc["Z", "wilcoxon_p"] == pytest.approx(ref.pvalue)
+    for name in ("accuracy_val_selected", "accuracy_test_selected", "ranks", "lr_robustness",
+                 "tests", "posthoc", "selection", "chosen_lr"):
+        for suffix in (".md", ".csv", ".tex"):
+            assert (out / f"{name}{suffix}").stat().st_size > 0, name + suffix
+    assert r"$\pm$" in (out / "accuracy_val_selected.tex").read_text()
+    for fig in ("accuracy_val_selected", "cd_diagram"):
+        assert (out / "figures" / f"{fig}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (out / "figures" / f"{fig}.pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_select_on_test_flag(runs_csv, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert report.main(["--csv", str(runs_csv), "--reference", "X", "--select-on", "test",
+                        "--out", str(out)]) == 0
+    assert "| X         | 76.0 ± 1.0 | 91.0 ± 1.0 | 83.5" in capsys.readouterr().out
+    assert (out / "accuracy_test_selected.md").is_file() and (out / "accuracy_val_selected.md").is_file()
+
+
+def test_the_written_runs_csv_gives_the_same_tables(runs_csv, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    report.report_from_csv(runs_csv, first, reference="X")
+    report.report_from_csv(first / "runs.csv", second, reference="X")
+    for name in ("accuracy_val_selected.md", "accuracy_test_selected.csv", "tests.csv",
+                 "lr_robustness.csv", "ranks.csv", "posthoc.csv"):
+        assert (first / name).read_text() == (second / name).read_text(), name
+
+
+def test_summary_csv_of_paper_means(paper_csv, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert report.main(["--csv", str(paper_csv), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    avg = PAPER_LIKE.mean()
+    assert [round(avg[c], 1) for c in ("MHA", "FC1", "FC2", "LN2", "LN1")] == [90.8, 90.7, 90.3, 89.9, 89.8]
+    for c, v in (("MHA", "90.8"), ("FC1", "90.7"), ("FC2", "90.3"), ("LN2", "89.9"), ("LN1", "89.8")):
+        line = next(ln for ln in printed.splitlines() if ln.startswith(f"| {c} "))
+        assert f"| {v}    |" in line, line
+    tests = pd.read_csv(out / "tests.csv").set_index("other")
+    for other in ("FC1", "FC2", "LN2", "LN1"):
+        w = st.wilcoxon(PAPER_LIKE["MHA"], PAPER_LIKE[other], alternative="greater")
+        t = st.ttest_rel(PAPER_LIKE["MHA"], PAPER_LIKE[other], alternative="greater")
+        assert tests.loc[other, "wilcoxon_p"] == pytest.approx(w.pvalue)
+        assert tests.loc[other, "t_p"] == pytest.approx(t.pvalue)
+    # every MHA − LN1 difference is positive: W+ = 1 + ... + 11 = 66, significant at 5%
+    assert tests.loc["LN1", "wilcoxon_W"] == 66 and tests.loc["LN1", "wilcoxon_p"] < 0.05
+    fr = st.friedmanchisquare(*[PAPER_LIKE[c] for c in PAPER_LIKE])
+    omni = pd.read_csv(out / "omnibus.csv").set_index("test")
+    assert omni.loc["friedman", "statistic"] == pytest.approx(fr.statistic)
+    assert omni.loc["nemenyi_cd", "statistic"] == pytest.approx(2.728 * (30 / 66) ** 0.5)
+    ranks = pd.read_csv(out / "ranks.csv", index_col=0)
+    assert ranks.loc["cifar10"].to_dict() == {"MHA": 1.5, "FC1": 1.5, "FC2": 3.0, "LN2": 4.0, "LN1": 5.0}
+    assert "Friedman test over 5 conditions and 11 datasets" in printed
+    assert not (out / "lr_robustness.csv").exists()      # no lrs in a summary
+
+
+def test_summary_and_runs_give_the_same_tests(runs_csv, tmp_path):
+    """A summary of the per-dataset means at the best lr yields the same tests as the runs."""
+    _, runs = load.read_csv(runs_csv)
+    best = stats.best_lr(stats.seed_means(runs), "val")
+    summary = tmp_path / "summary.csv"
+    best.rename(columns={"test_mean": "mean", "test_std": "std"})[["dataset", "condition", "mean", "std"]] \
+        .to_csv(summary, index=False)
+    report.report_from_csv(runs_csv, tmp_path / "a", reference="X")
+    report.report_from_csv(summary, tmp_path / "b", reference="X")
+    for name in ("tests.csv", "posthoc.csv", "ranks.csv", "omnibus.csv"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text(), name
+    a = (tmp_path / "a" / "accuracy_val_selected.md").read_text()
+    assert a == (tmp_path / "b" / "accuracy.md").read_text()
+
+
+def test_several_settings_get_one_folder_each(tmp_path):
+    df = pd.read_csv(io.StringIO(RUNS_CSV))
+    both = pd.concat([df.assign(optimizer="sgd"), df.assign(optimizer="adamw")])
+    both["model"] = "vit_demo"
+    p = tmp_path / "both.csv"
+    both.to_csv(p, index=False)
+    r = report.report_from_csv(p, tmp_path / "out", reference="X")
+    assert (tmp_path / "out" / "vit_demo_sgd" / "tests.csv").is_file()
+    assert (tmp_path / "out" / "vit_demo_adamw" / "tests.csv").is_file()
+    assert "raystudy analysis: vit_demo, adamw" in r.text and "vit_demo, sgd" in r.text
+
+
+def test_one_condition_has_nothing_to_compare(tmp_path, capsys):
+    p = tmp_path / "one.csv"
+    p.write_text("\n".join(ln for ln in RUNS_CSV.splitlines() if ln.startswith(("dataset", "A,X", "B,X"))))
+    assert report.main(["--csv", str(p), "--out", str(tmp_path / "out")]) == 0
+    assert "One condition only (X): nothing to compare." in capsys.readouterr().out
+
+
+def test_plasticity_csv_next_to_accuracy(paper_csv, tmp_path, capsys):
+    # plasticity of the five components, one layer, in the paper's order on every dataset
+    plast = pd.DataFrame([{"model": "vit_base", "dataset": d, "mode": "shared", "layer": 0,
+                           "component": c, "mean": m, "std": 0.1, "n": 100, "ci_low": m - 0.02,
+                           "ci_high": m + 0.02, "bound": math.nan}
+                          for d in PAPER_LIKE.index
+                          for c, m in (("MHA", 9.0), ("FC1", 6.0), ("FC2", 5.0), ("LN2", 2.0), ("LN1", 1.0))])
+    p = tmp_path / "plasticity.csv"
+    plast.to_csv(p, index=False)
+    out = tmp_path / "out"
+    assert report.main(["--csv", str(paper_csv), "--plasticity", str(p), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Components by plasticity (highest first): MHA > FC1 > FC2 > LN2 > LN1" in printed
+    corr = pd.read_csv(out / "plasticity_correlation_shared.csv").set_index("dataset")
+    means = PAPER_LIKE.mean()
+    assert corr.loc["all", "rho"] == pytest.approx(
+        st.spearmanr([9, 6, 5, 2, 1], [means[c] for c in ("MHA", "FC1", "FC2", "LN2", "LN1")]).statistic)
+    assert corr.loc["all", "rho"] == pytest.approx(1.0)   # the means keep the paper's order
+    assert (out / "figures" / "plasticity_shared.png").is_file()
+
+
+@pytest.mark.parametrize("edit,args,needle", [
+    (None, ["--reference", "MHA"], "reference condition 'MHA' is not among the conditions: X, Y, Z"),
+    (lambda t: t.replace("test_acc", "acc"), [], "missing column(s) test_acc"),
+    (lambda t: "\n".join(ln for ln in t.splitlines() if not ln.startswith("B,Z")), ["--reference", "X"],
+     "condition 'Z' has no runs on 1 of 2 datasets: B"),
+    (lambda t: "\n".join(ln if ln.startswith(("dataset", "A,")) or not ln.startswith("B,Y") else
+                         ln.rsplit(",", 3)[0] + ",,,failed" for ln in t.splitlines()),
+     ["--reference", "X"], "condition 'Y' has no usable finished run on B"),
+    (lambda t: "\n".join(ln.rsplit(",", 3)[0] + ",,,failed" if not ln.startswith("dataset") else ln
+                         for ln in t.splitlines()), [], "no finished runs (24 failed)"),
+    (lambda t: t.replace("val_acc", "other"), ["--reference", "X"], "choose it on test accuracy with --select-on test"),
+    (None, ["--reference", "X", "--conditions", "X,W"], "no condition 'W'; there are: X, Y, Z"),
+    (None, ["--reference", "X", "--datasets", "C"], "no dataset 'C'; there are: A, B"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, edit, args, needle):
+    p = tmp_path / "runs.csv"
+    p.write_text(edit(RUNS_CSV) if edit else RUNS_CSV)
+    assert report.main(["--csv", str(p), "--out", str(tmp_path / "out")] + args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert needle in err[0]
+
+
+def test_bad_summary_and_missing_file(tmp_path, capsys):
+    p = tmp_path / "s.csv"
+    p.write_text("dataset,condition,mean\nA,X,1\nA,X,2\n")
+    assert report.main(["--csv", str(p), "--reference", "X"]) == 2
+    assert "dataset 'A', condition 'X' appears more than once" in capsys.readouterr().err
+    with pytest.raises(AnalysisError, match="does not exist"):
+        load.read_csv(tmp_path / "nope.csv")
+
+
+def test_cli_subprocess(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "analysis.report", "--csv", str(tmp_path / "nope.csv")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip() == f"error: CSV file {str(tmp_path / 'nope.csv')!r} does not exist"
+
+
+@pytest.mark.parametrize("uri,needle", [
+    ("sqlite:////nonexistent/dir/m.db", "folder /nonexistent/dir does not exist"),
+    ("ftp://host/x", "unsupported tracking URI"),
+])
+def test_unusable_tracking_uri_exits_2(tmp_path, capsys, uri, needle):
+    from analysis import export_best
+
+    for main in (report.main, export_best.main):
+        assert main(["--experiment", "x", "--tracking-uri", uri, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
