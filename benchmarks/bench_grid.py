@@ -76,7 +76,7 @@ def startup(workers: int, steps: int = 8) -> tuple[float, float]:
         f"s = grid.load_space({str(f)!r}); trials = grid.expand(s)\n"
         f"grid.start_ray(None, 2, {str(work / 'r')!r}, dashboard={workers > 1})\n"
         "t0 = time.perf_counter()\n"
-        f"grid.run_grid(trials, space=s, model='vit_demo', tracking_uri='sqlite:///{work}/m.db', experiment='b',\n"
+        f"grid.run_grid(trials, label='bench', model='vit_demo', tracking_uri='sqlite:///{work}/m.db', experiment='b',\n"
         f"              storage=Path({str(work / 'st')!r}), max_failures=0, max_concurrent=1, threads=1, verbose=0)\n"
         "print('WALL', time.perf_counter() - t0); ray.shutdown()\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)

@@ -147,11 +147,11 @@ class Trial:
                 "workers": self.workers}
 
 
-def model_options(space: Space, model: str) -> dict[str, Any]:
-    """The space's per-model section for ``model`` (by alias or full name), defaults filled."""
+def model_options(section: dict[str, dict[str, Any]], model: str) -> dict[str, Any]:
+    """A space's per-model ``section`` entry for ``model`` (by alias or full name), defaults filled."""
     from raystudy import models
 
-    opts = space.models.get(model) or space.models.get(models.resolve_name(model)) or {}
+    opts = section.get(model) or section.get(models.resolve_name(model)) or {}
     return {"gpu": 0, "cpu": 1, "workers": 1, "step_seconds": None, "config": {}, **opts}
 
 
@@ -160,7 +160,7 @@ def expand(space: Space, model: str | None = None, datasets: list[str] | None = 
            overrides: dict[str, Any] | None = None) -> list[Trial]:
     """Every trial of the grid, each a validated flat config with its key and resources."""
     model = model or space.base.get("model", FinetuneConfig.model)
-    mopts = model_options(space, model)
+    mopts = model_options(space.models, model)
     ds_list = datasets or list(space.datasets)
     opt_list = optimizers or [o for o in space.grid.get("optimizer", list(space.optimizers))]
     trials = []
@@ -194,13 +194,13 @@ def expand(space: Space, model: str | None = None, datasets: list[str] | None = 
     return trials
 
 
-def grid_key(space: Space, trials: list[Trial]) -> str:
+def grid_key(trials: list[Trial]) -> str:
     return hashlib.sha256(json.dumps(sorted(t.key for t in trials)).encode()).hexdigest()[:12]
 
 
 def gpu_hours(space: Space, model: str, trials: list[Trial]) -> float | None:
     """Estimated GPU-hours: steps × the space's measured seconds per step × GPUs per trial."""
-    secs = model_options(space, model)["step_seconds"]
+    secs = model_options(space.models, model)["step_seconds"]
     if secs is None:
         return None
     return sum(t.config["steps"] * secs * max(t.gpu, 1) * t.workers for t in trials) / 3600.0
@@ -239,10 +239,13 @@ def start_ray(address: str | None, num_cpus: int | None, temp_dir: str | None, d
             raise ConfigError(f"--address {address}: {str(e).splitlines()[0]}") from None
 
 
-def run_grid(trials: list[Trial], *, space: Space, model: str, tracking_uri: str, experiment: str,
+def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
              storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
-             checkpoint_every_s: float = 0.0, verbose: int = 1) -> dict[str, Any]:
-    """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid."""
+             checkpoint_every_s: float = 0.0, verbose: int = 1, role: str = "grid") -> dict[str, Any]:
+    """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
+
+    ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder.
+    """
     import ray
     from ray import tune
 
@@ -250,14 +253,14 @@ def run_grid(trials: list[Trial], *, space: Space, model: str, tracking_uri: str
 
     cl = tracking.client(tracking_uri)
     exp_id = tracking.experiment_id(cl, experiment, tracking.default_artifact_location(tracking_uri))
-    gkey = grid_key(space, trials)
-    parent = tracking.parent_run(cl, exp_id, gkey, f"grid-{space.name}-{model}",
-                                 {"space": space.name, "model": model, "trials": len(trials)})
+    gkey = grid_key(trials)
+    parent = tracking.parent_run(cl, exp_id, gkey, f"{role}-{label}",
+                                 {"label": label, "model": model, "trials": len(trials)}, role=role)
     cl.set_tag(parent, "raystudy.status", "running")
 
     done = {t.key for t in trials if tracking.trial_status(cl, exp_id, t.key)[0] in tracking.TERMINAL}
     pending = [t for t in trials if t.key not in done]
-    name = f"{space.study}-{model}-{gkey}"
+    name = f"{label}-{gkey}"
     path = storage / name
     counts = {"trials": len(trials), "already_done": len(done)}
     if pending:
@@ -384,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         datasets = _parse_list("--datasets", args.datasets, list(space.datasets))
         optimizers = _parse_list("--optimizers", args.optimizers, list(space.optimizers))
         trials = expand(space, model, datasets, conds, optimizers, parse_set(args.set or []))
-        mopts = model_options(space, model)
+        mopts = model_options(space.models, model)
         tuning = {"max_failures": 2, "max_concurrent": None, "threads_per_trial": 1,
                   "checkpoint_every_s": 60.0, **space.tune}
         max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
@@ -433,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         if max_conc is None and mopts["workers"] > 1:  # nested TorchTrainers: one per free set of GPUs
             total = ray.cluster_resources().get("GPU", 0) if mopts["gpu"] else ray.cluster_resources().get("CPU", 1)
             max_conc = max(1, int(total // max(1, mopts["workers"])))
-        counts = run_grid(trials, space=space, model=model, tracking_uri=uri, experiment=experiment,
+        counts = run_grid(trials, label=f"{space.study}-{model}", model=model, tracking_uri=uri, experiment=experiment,
                           storage=Path(storage) if isinstance(storage, Path) else storage,
                           max_failures=max_failures, max_concurrent=max_conc,
                           threads=int(tuning["threads_per_trial"]),

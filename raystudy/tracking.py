@@ -7,7 +7,8 @@ a second one, and a finished key is skipped. All writes go through an explicit `
 
 Layout (read back by ``analysis/``):
 - tags ``raystudy.role`` = ``grid`` | ``trial`` | ``search``; ``raystudy.key``;
-  ``raystudy.status`` = ``running`` | ``finished`` | ``diverged`` | ``failed``; ``raystudy.error``;
+  ``raystudy.status`` = ``running`` | ``finished`` | ``diverged`` | ``stopped`` | ``failed`` |
+  ``interrupted``; ``raystudy.error``;
   ``condition``, ``dataset``, ``model``, ``optimizer``; code and package versions.
 - params: the full flat finetuning config; metrics by step; final ``best_val_acc``, ``test_acc``.
 """
@@ -36,7 +37,8 @@ FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_do
 # Step metrics reported by the loop.
 STEP_METRICS = ("loss", "lr", "val_acc", "val_loss", "best_val_acc")
 
-TERMINAL = ("finished", "diverged")
+# Statuses of a trial that is done: never run again. "stopped": ended early by a scheduler.
+TERMINAL = ("finished", "diverged", "stopped")
 
 
 class TrackingUnavailable(ConfigError):
@@ -217,6 +219,8 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
                if (k in FINAL_METRICS or k.startswith("trainable_params/"))
                and isinstance(v, (int, float)) and v == v]
     status = results.get("status", "finished")
+    if status == "stopped":  # stopped early: its partial numbers are not final results
+        metrics = [m for m in metrics if m.key in ("steps_done", "wall_s")]
     cl.log_batch(run_id, metrics=metrics, tags=[RunTag("raystudy.status", status)])
     for name in ("plasticity_before", "plasticity_after"):
         table = results.get(name)

@@ -45,8 +45,13 @@ def _reporter(report_fn, checkpoint_cls, every_s: float):
     Seconds rather than steps: a 5-second demo trial needs none, a 3-hour ViT-H trial many.
     """
     last = [time.monotonic()]
+    best = [0.0]
 
     def report(metrics: dict[str, Any], state: dict | None) -> None:
+        # "score" (best validation accuracy so far) rides on every report: schedulers such as
+        # ASHA compare trials at any step, not only at evaluations.
+        best[0] = max(best[0], metrics.get("val_acc", 0.0))
+        metrics = {**metrics, "score": best[0]}
         if state is None or time.monotonic() - last[0] < every_s:
             report_fn(metrics)
             return
@@ -65,8 +70,9 @@ def run_trial(config: dict[str, Any]) -> None:
     cl = tracking.client(config["tracking_uri"])
     status, run = tracking.trial_status(cl, config["experiment_id"], trial["key"])
     if status in tracking.TERMINAL:  # done by an earlier invocation: never run twice
-        tune.report({"skipped": 1, "final": 1, "status": status,
-                     **{k: v for k, v in run.data.metrics.items() if k in tracking.FINAL_METRICS}})
+        recorded = {k: v for k, v in run.data.metrics.items() if k in tracking.FINAL_METRICS}
+        tune.report({"skipped": 1, "final": 1, "status": status, **recorded,
+                     "score": recorded.get("best_val_acc", 0.0)})
         return
     cfg = from_dict(trial["config"])
     if trial.get("workers", 1) > 1:
@@ -75,7 +81,7 @@ def run_trial(config: dict[str, Any]) -> None:
     resume = _load_state(tune.get_checkpoint())
     every = float(config.get("checkpoint_every_s", 0))
     results = engine.train(cfg, report=_reporter(tune.report, tune.Checkpoint, every), resume=resume)
-    tune.report({**results, "final": 1})
+    tune.report({**results, "final": 1, "step": results["steps_done"], "score": results.get("best_val_acc", 0.0)})
 
 
 def _ddp_loop(loop_config: dict[str, Any]) -> None:
@@ -92,7 +98,8 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
 
     every = float(loop_config.get("checkpoint_every_s", 0))
     results = engine.train(cfg, report=_reporter(report, ray.train.Checkpoint, every), resume=resume)
-    ray.train.report({**results, "final": 1})
+    ray.train.report({**results, "final": 1, "step": results["steps_done"],
+                      "score": results.get("best_val_acc", 0.0)})
 
 
 def _run_ddp(trial: dict[str, Any], config: dict[str, Any]) -> None:
@@ -124,14 +131,16 @@ def _run_ddp(trial: dict[str, Any], config: dict[str, Any]) -> None:
 class MlflowTrials(tune.Callback):
     """Writes every trial to MLflow from the driver, exactly once per trial key."""
 
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_id: str | None):
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_id: str | None,
+                 tags: dict[str, str] | None = None):
         self.tracking_uri, self.experiment_id, self.parent_id = tracking_uri, experiment_id, parent_id
+        self.tags = dict(tags or {})
         self._runs: dict[str, str | None] = {}
         self._cl = None
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state
         return {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id,
-                "parent_id": self.parent_id, "_runs": {}, "_cl": None}
+                "parent_id": self.parent_id, "tags": self.tags, "_runs": {}, "_cl": None}
 
     @property
     def cl(self):
@@ -147,7 +156,7 @@ class MlflowTrials(tune.Callback):
             self._runs[trial.trial_id] = (None if status in tracking.TERMINAL else
                                           tracking.open_trial(self.cl, self.experiment_id, self.parent_id,
                                                               t["key"], t["config"],
-                                                              {"raystudy.tune_trial": trial.trial_id}))
+                                                              {"raystudy.tune_trial": trial.trial_id, **self.tags}))
         return self._runs[trial.trial_id]
 
     def on_trial_start(self, iteration, trials, trial, **info):
@@ -164,6 +173,8 @@ class MlflowTrials(tune.Callback):
         last = trial.last_result or {}
         if run_id is None or last.get("skipped"):
             return
+        if not last.get("final"):  # a scheduler (ASHA) stopped it early: no test accuracy
+            last = {**last, "status": "stopped"}
         tracking.finish_trial(self.cl, run_id, last)
         self._runs.pop(trial.trial_id, None)
 
