@@ -27,8 +27,8 @@ def save(fig, base: str | os.PathLike) -> list[Path]:
     base = Path(base)
     base.parent.mkdir(parents=True, exist_ok=True)
     paths = [base.with_suffix(".png"), base.with_suffix(".pdf")]
-    fig.savefig(paths[0], dpi=150)
-    fig.savefig(paths[1])
+    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
     return paths
 
 
@@ -112,7 +112,7 @@ def curves(bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.
             _log_y(ax)
         ax.tick_params(which="both", labelsize=7)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 7), fontsize=8,
+    fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 4), fontsize=8,
                frameon=False)
     return save(fig, base)
 
@@ -144,7 +144,7 @@ def plasticity_layers(pooled: pd.DataFrame, mode: str, components: list[str],
         ax.set_ylabel("plasticity P(f)", fontsize=8)
         ax.tick_params(which="both", labelsize=7)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper center", ncols=len(labels), fontsize=8,
+    fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 5), fontsize=8,
                frameon=False, title=title or f"plasticity per layer ({mode} input, 95% interval)",
                title_fontsize=9)
     return save(fig, base)

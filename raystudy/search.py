@@ -129,9 +129,14 @@ def load_space(name_or_path: str) -> SearchSpace:
                 raise ConfigError(f"{where}: params.{p.name}.when names unknown parameter {dep!r}; "
                                   f"valid: {', '.join(sorted(names - {p.name}))}")
             src = next(q for q in params if q.name == dep)
+            if src.when:
+                raise ConfigError(f"{where}: params.{p.name}.when depends on {dep!r}, itself conditional; "
+                                  "conditions do not chain")
             if src.kind != "choice" or not set(values) <= set(src.args):
                 raise ConfigError(f"{where}: params.{p.name}.when: {dep} must be a choice among "
                                   f"{list(src.args)}, got {list(values)}")
+    # Suggest a parameter only after those its `when` depends on (YAML order is not a promise).
+    params = tuple(sorted(params, key=lambda p: bool(p.when)))
     conds = raw.get("conditions") or ["MHA"]
     if "components" in names:
         conds = ["search"]  # the condition itself is searched

@@ -1,0 +1,98 @@
+import pytest
+import yaml
+
+from raystudy import search
+from raystudy.config import ConfigError, validate, from_dict
+
+GOOD = {
+    "study": "t", "base": {"model": "vit_demo", "dataset": "digits_c", "steps": 60, "eval_every": 10},
+    "conditions": ["MHA"],
+    "params": {"optimizer": {"choice": ["sgd", "adamw"]}, "lr": {"loguniform": [1e-3, 0.5]},
+               "warmup_steps": {"randint": [0, 10]},
+               "momentum": {"uniform": [0.8, 0.99], "when": {"optimizer": "sgd"}},
+               "beta2": {"uniform": [0.95, 0.999], "when": {"optimizer": "adamw"}}},
+}
+
+
+def write(tmp_path, raw):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return str(p)
+
+
+def test_bundled_spaces_load():
+    for name in ("optimiser", "components"):
+        s = search.load_space(name)
+        assert s.num_samples >= 1 and s.params
+    assert search.load_space("components").conditions == ("search",)
+    names = {p.name for p in search.load_space("optimiser").params}
+    assert {"lr", "weight_decay", "warmup_steps", "optimizer", "batch_size"} <= names
+
+
+def sample(space, cond="MHA", n=60):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    res = []
+    for _ in range(n):
+        t = study.ask()
+        res.append((t, search.Sampler(space, cond, space.base, {"gpu": 0, "cpu": 1, "workers": 1})(t)["trial"]))
+    return res
+
+
+def test_conditionals_momentum_only_for_sgd_beta2_only_for_adamw(tmp_path):
+    space = search.load_space(write(tmp_path, GOOD))
+    seen = set()
+    for t, trial in sample(space):
+        cfg = trial["config"]
+        validate(from_dict(cfg))
+        assert 1e-3 <= cfg["lr"] <= 0.5 and 0 <= cfg["warmup_steps"] <= 9
+        seen.add(cfg["optimizer"])
+        if cfg["optimizer"] == "sgd":
+            assert "momentum" in t.params and "beta2" not in t.params
+        else:
+            assert "beta2" in t.params and "momentum" not in t.params
+            assert cfg["betas"][1] == t.params["beta2"]
+    assert seen == {"sgd", "adamw"}
+
+
+def test_component_subsets_become_conditions(tmp_path):
+    raw = {**GOOD, "params": {"components": {"subset_of": ["LN1", "MHA", "FC1"]}, "lr": {"uniform": [0.1, 0.2]}}}
+    space = search.load_space(write(tmp_path, raw))
+    conds = {trial["config"]["condition"] for _, trial in sample(space, "search", 80)}
+    assert "linear_probe" in conds and "LN1+MHA+FC1" in conds and "MHA" in conds
+    assert all(set(c.split("+")) <= {"LN1", "MHA", "FC1"} for c in conds if c != "linear_probe")
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"lr": {"lognormal": [1e-3, 1.0]}}, "unknown distribution 'lognormal'"),
+    ({"lr": {"loguniform": [1.0, 1e-3]}}, "lower bound 1.0 is not below upper bound 0.001"),
+    ({"lr": {"loguniform": [0, 1]}}, "positive lower bound"),
+    ({"momentum": {"uniform": [0.8, 0.9], "when": {"optimiser": "sgd"}}}, "unknown parameter 'optimiser'"),
+    ({"optimizer": {"choice": ["sgd"]}, "momentum": {"uniform": [0.8, 0.9], "when": {"optimizer": "lion"}}},
+     "must be a choice among ['sgd']"),
+    ({"learning_rate": {"uniform": [0.1, 0.2]}}, "unknown parameter 'learning_rate'"),
+    ({"warmup_steps": {"randint": [0.5, 3]}}, "integer bounds"),
+    ({"components": {"subset_of": ["MHA", "FC3"]}}, "subset_of"),
+])
+def test_malformed_spaces_are_refused_before_any_trial(tmp_path, params, needle, capsys):
+    raw = {**GOOD, "params": params}
+    assert search.main(["--space", write(tmp_path, raw), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_unknown_space_key_and_bad_budget(tmp_path, capsys):
+    assert search.main(["--space", write(tmp_path, {**GOOD, "trials": 3}), "--dry-run"]) == 2
+    assert "unknown key 'trials'" in capsys.readouterr().err
+    assert search.main(["--space", write(tmp_path, {**GOOD, "budget": {"num_samples": 0}}), "--dry-run"]) == 2
+    assert "num_samples" in capsys.readouterr().err
+    assert search.main(["--space", "nope", "--dry-run"]) == 2
+    assert "unknown search space 'nope'" in capsys.readouterr().err
+
+
+def test_space_that_samples_invalid_configs_is_refused(tmp_path, capsys):
+    raw = {**GOOD, "params": {"warmup_steps": {"randint": [0, 500]}}}  # steps is 60
+    assert search.main(["--space", write(tmp_path, raw), "--dry-run"]) == 2
+    assert "warmup_steps" in capsys.readouterr().err

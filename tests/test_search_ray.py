@@ -1,0 +1,125 @@
+"""Optuna searches on the offline demo through real Ray Tune and MLflow (slow)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+SPACE = {
+    "study": "ts", "base": {"model": "vit_demo", "dataset": "digits_c", "steps": 60, "eval_every": 10,
+                            "log_every": 10, "batch_size": 32},
+    "conditions": ["MHA"],
+    "params": {"optimizer": {"choice": ["sgd", "adamw"]}, "lr": {"loguniform": [1.0e-3, 0.5]},
+               "warmup_steps": {"randint": [0, 10]},
+               "momentum": {"uniform": [0.8, 0.99], "when": {"optimizer": "sgd"}},
+               "beta2": {"uniform": [0.95, 0.999], "when": {"optimizer": "adamw"}}},
+    "budget": {"num_samples": 8},
+    "scheduler": {"grace_period": 10, "reduction_factor": 2},
+    "test_seeds": [100, 101],
+    "tune": {"checkpoint_every_s": 0},
+}
+
+
+@pytest.fixture()
+def work(tmp_path, demo_weights):
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(SPACE))
+    yield tmp_path, ray_tmp
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def cmd(tmp, ray_tmp):
+    return [sys.executable, "-m", "raystudy.search", "--space", str(tmp / "s.yaml"), "--ray-temp-dir", ray_tmp,
+            "--num-cpus", "2", "--quiet"]
+
+
+def env():
+    e = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    e.pop("MLFLOW_TRACKING_URI", None)
+    e.pop("RAY_ADDRESS", None)
+    return e
+
+
+def runs(tmp):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
+    try:
+        return mlflow.search_runs(experiment_names=["raystudy-ts-vit_demo"])
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def optuna_trials(tmp):
+    import optuna
+
+    study = optuna.load_study(study_name="ts-vit_demo-digits_c-MHA",
+                              storage=f"sqlite:///{tmp}/runs/search/optuna/optuna.db")
+    return study.get_trials(deepcopy=False)
+
+
+def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
+    tmp, ray_tmp = work
+    p = subprocess.run(cmd(tmp, ray_tmp), cwd=tmp, env=env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "best configuration per condition" in p.stdout and "(2 seeds)" in p.stdout
+    df = runs(tmp)
+    trials = df[df["tags.raystudy.search"] == "ts-vit_demo-digits_c-MHA"]
+    assert len(trials) == 8 and trials["tags.raystudy.key"].nunique() == 8
+    status = trials["tags.raystudy.status"]
+    assert (status == "stopped").sum() >= 1, status.tolist()   # ASHA stopped weak trials early
+    assert (status == "finished").sum() >= 1
+    assert trials[status == "stopped"]["metrics.test_acc"].isna().all()
+    # the best finished trial's config, re-run on test with the fresh seeds 100 and 101
+    tested = df[df["tags.mlflow.parentRunId"].isin(df[df["tags.raystudy.role"] == "search-test"]["run_id"])]
+    assert sorted(tested["params.seed"].astype(int)) == [100, 101]
+    assert tested["metrics.test_acc"].between(0, 1).all()
+    best = trials[status == "finished"].sort_values("metrics.best_val_acc").iloc[-1]
+    assert set(tested["params.lr"]) == {best["params.lr"]}
+    assert len([t for t in optuna_trials(tmp) if t.state.name == "COMPLETE"]) == 8
+
+
+def test_interrupted_search_resumes_without_repeating_trials(work):
+    tmp, ray_tmp = work
+    proc = subprocess.Popen(cmd(tmp, ray_tmp), cwd=tmp, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                done = [t for t in optuna_trials(tmp) if t.state.name == "COMPLETE"]
+            except Exception:  # noqa: BLE001 - the study does not exist yet
+                done = []
+            if len(done) >= 3:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "search ended before it could be interrupted"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        time.sleep(3)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    before = {t.number: t.params for t in optuna_trials(tmp) if t.state.name == "COMPLETE"}
+    assert 3 <= len(before) < 8
+    p = subprocess.run(cmd(tmp, ray_tmp), cwd=tmp, env=env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"{len(before)} trials done, {8 - len(before)} to run" in p.stdout
+    after = [t for t in optuna_trials(tmp) if t.state.name == "COMPLETE"]
+    assert len(after) == 8  # the budget, not the budget again
+    assert all(after[i].params == before[t] for i, t in enumerate(sorted(before)))  # history kept
+    df = runs(tmp)
+    trials = df[df["tags.raystudy.search"] == "ts-vit_demo-digits_c-MHA"]
+    assert trials["tags.raystudy.key"].is_unique
+    assert not (trials["status"] == "RUNNING").any()
+    assert set(trials["tags.raystudy.status"]) <= {"finished", "stopped", "diverged", "interrupted"}
