@@ -1,0 +1,76 @@
+"""The study end to end: demo grid (Ray + MLflow) -> analysis -> tables, figures, exported configs,
+one exported config rerun (slow, ~2 minutes)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+SPACE = {
+    "study": "e2e", "base": {"model": "vit_demo", "steps": 40, "warmup_steps": 4, "eval_every": 20,
+                             "log_every": 10, "batch_size": 32, "probe_pairs": 32},
+    "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": {"grid_search": [0.1, 0.3]},
+             "seed": {"grid_search": [0, 1]}},
+    "datasets": {"digits_c": {}},
+}
+
+
+def test_grid_analysis_export_rerun(tmp_path, demo_weights):
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    try:
+        p = subprocess.run([sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", "--ray-temp-dir", ray_tmp,
+                            "--num-cpus", "2", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=900)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "12 finished" in p.stdout
+
+    # the plasticity tables before and after finetuning are artifacts of every trial run
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cl = mlflow.MlflowClient(uri)
+    exp = cl.get_experiment_by_name("raystudy-e2e-vit_demo")
+    run = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'trial'")[0]
+    assert {a.path for a in cl.list_artifacts(run.info.run_id)} == {
+        "config.yaml", "plasticity_before.csv", "plasticity_after.csv"}
+
+    out = tmp_path / "analysis_out"
+    p = subprocess.run([sys.executable, "-m", "analysis.report", "--experiment", "raystudy-e2e-vit_demo",
+                        "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "MHA" in p.stdout and "Significance" in p.stdout
+    files = {f.name for f in out.rglob("*")}
+    assert {"report.md", "accuracy_val_selected.md", "accuracy_val_selected.tex", "accuracy_val_selected.csv",
+            "cd_diagram.png", "cd_diagram.pdf"} <= files
+    assert any(f.startswith("plasticity") and f.endswith(".png") for f in files), sorted(files)
+    grid_run = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'grid'")[0]
+    logged = [a.path for a in cl.list_artifacts(grid_run.info.run_id, "analysis")]
+    assert logged, "analysis outputs not logged to the grid's parent run"
+
+    best = tmp_path / "best"
+    p = subprocess.run([sys.executable, "-m", "analysis.export_best", "--experiment", "raystudy-e2e-vit_demo",
+                        "--per-dataset", "--out", str(best)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    exported = sorted(best.rglob("*.yaml"))
+    assert len(exported) == 3, exported
+    mha = next(f for f in exported if f.stem == "MHA")
+    assert mha.read_text().startswith("#") and "python -m raystudy.finetune --config" in mha.read_text()
+    cfg = yaml.safe_load(mha.read_text())
+    assert cfg["condition"] == "MHA" and cfg["lr"] in (0.1, 0.3)
+    p = subprocess.run([sys.executable, "-m", "raystudy.finetune", "--config", str(mha), "--quiet"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "test acc" in p.stdout
