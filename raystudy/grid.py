@@ -56,15 +56,16 @@ class Space:
 
 # ---------------------------------------------------------------- spaces
 
-def space_path(name_or_path: str) -> Path:
+def space_path(name_or_path: str, folder: Path = SPACES_DIR) -> Path:
+    """A space YAML given by path, or by name under ``folder``."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.is_file():
             raise ConfigError(f"search space file {str(p)!r} does not exist")
         return p
-    cand = SPACES_DIR / f"{name_or_path}.yaml"
+    cand = folder / f"{name_or_path}.yaml"
     if not cand.is_file():
-        known = sorted(q.stem for q in SPACES_DIR.glob("*.yaml"))
+        known = sorted(q.stem for q in folder.glob("*.yaml"))
         raise ConfigError(f"unknown search space {name_or_path!r}; valid: {', '.join(known)} or a YAML file")
     return cand
 

@@ -62,16 +62,7 @@ class SearchSpace:
 # ---------------------------------------------------------------- the space
 
 def space_path(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.is_file():
-            raise ConfigError(f"search space file {str(p)!r} does not exist")
-        return p
-    cand = SPACES_DIR / f"{name_or_path}.yaml"
-    if not cand.is_file():
-        known = sorted(q.stem for q in SPACES_DIR.glob("*.yaml"))
-        raise ConfigError(f"unknown search space {name_or_path!r}; valid: {', '.join(known)} or a YAML file")
-    return cand
+    return grid.space_path(name_or_path, SPACES_DIR)
 
 
 def _param(where: str, name: str, spec: Any, cfg_keys: tuple[str, ...]) -> Param:
