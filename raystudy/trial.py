@@ -136,11 +136,12 @@ class MlflowTrials(tune.Callback):
         self.tracking_uri, self.experiment_id, self.parent_id = tracking_uri, experiment_id, parent_id
         self.tags = dict(tags or {})
         self._runs: dict[str, str | None] = {}
+        self._where: dict[str, str] = {}
         self._cl = None
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state
         return {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id,
-                "parent_id": self.parent_id, "tags": self.tags, "_runs": {}, "_cl": None}
+                "parent_id": self.parent_id, "tags": self.tags, "_runs": {}, "_where": {}, "_cl": None}
 
     @property
     def cl(self):
@@ -164,9 +165,14 @@ class MlflowTrials(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._run(trial)
-        if run_id is None or result.get("final") or result.get("skipped"):
+        if run_id is None or result.get("skipped"):
             return
-        tracking.log_step(self.cl, run_id, result, int(result.get("step", 0)))
+        where = f"{result.get('node_ip')}:{result.get('pid')}"
+        if self._where.get(trial.trial_id) != where:  # which node and process run it (debugging)
+            self._where[trial.trial_id] = where
+            self.cl.set_tag(run_id, "raystudy.worker", where)
+        if not result.get("final"):
+            tracking.log_step(self.cl, run_id, result, int(result.get("step", 0)))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._run(trial)

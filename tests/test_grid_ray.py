@@ -204,3 +204,48 @@ def test_multi_worker_trial_runs_a_nested_torchtrainer(work):
     assert df.iloc[0]["metrics.grad_norm/MHA"] > 0
     # the TorchTrainer checkpointed under the grid's storage, named by the trial key
     assert list((tmp / "runs" / "ray").glob(f"ddp-{df.iloc[0]['tags.raystudy.key']}/checkpoint_*"))
+
+
+def test_retried_trial_resumes_from_its_checkpoint_not_step_0(work):
+    # Kill the worker process running a trial after its checkpoint at step 40: Tune retries it,
+    # and the retry continues from the checkpoint (step-20 validation is not measured twice).
+    import mlflow
+
+    tmp, ray_tmp = work
+    space = {**SPACE, "base": {**SPACE["base"], "steps": 400, "eval_every": 20},
+             "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}}
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(grid_cmd(write_space(tmp, space), ray_tmp), cwd=tmp, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    try:
+        deadline, killed = time.time() + 300, None
+        while time.time() < deadline and proc.poll() is None and killed is None:
+            time.sleep(0.5)
+            try:
+                df = trial_runs(uri)
+            except Exception:  # noqa: BLE001 - store not created yet
+                continue
+            if df.empty or "tags.raystudy.worker" not in df or df["tags.raystudy.worker"].isna().all():
+                continue
+            run_id = df.iloc[0]["run_id"]
+            steps = [m.step for m in mlflow.MlflowClient(uri).get_metric_history(run_id, "val_acc")]
+            if max(steps, default=0) >= 60:  # the step-40 checkpoint is persisted by now
+                killed = int(df.iloc[0]["tags.raystudy.worker"].rsplit(":", 1)[1])
+                os.kill(killed, signal.SIGKILL)
+        assert killed, "the trial ended before it could be killed"
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, out[-3000:]
+    df = trial_runs(uri)
+    assert len(df) == 1 and df.iloc[0]["tags.raystudy.status"] == "finished"
+    assert df.iloc[0]["tags.raystudy.attempts"] == "2"
+    assert int(df.iloc[0]["tags.raystudy.worker"].rsplit(":", 1)[1]) != killed
+    steps = [m.step for m in mlflow.MlflowClient(uri).get_metric_history(df.iloc[0]["run_id"], "val_acc")]
+    assert steps.count(20) == 1 and steps.count(400) == 1, steps
