@@ -262,7 +262,7 @@ def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, 
     done = {t.key for t in trials if tracking.trial_status(cl, exp_id, t.key)[0] in tracking.TERMINAL}
     pending = [t for t in trials if t.key not in done]
     name = f"{label}-{gkey}"
-    path = storage / name
+    path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
     counts = {"trials": len(trials), "already_done": len(done)}
     if pending:
         base = {"tracking_uri": tracking_uri, "experiment_id": exp_id, "storage_path": str(storage),
@@ -434,9 +434,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         max_conc = args.max_concurrent or tuning["max_concurrent"]
-        if max_conc is None and mopts["workers"] > 1:  # nested TorchTrainers: one per free set of GPUs
-            total = ray.cluster_resources().get("GPU", 0) if mopts["gpu"] else ray.cluster_resources().get("CPU", 1)
-            max_conc = max(1, int(total // max(1, mopts["workers"])))
+        if max_conc is None and mopts["workers"] > 1:  # nested TorchTrainers: one per free set of devices
+            total = ray.cluster_resources().get("GPU" if mopts["gpu"] else "CPU", 0)
+            # An autoscaling cluster may have no GPU node yet: then its max_workers is the cap.
+            max_conc = max(1, int(total // max(1, mopts["workers"]))) if total else None
         counts = run_grid(trials, label=f"{space.study}-{model}", model=model, tracking_uri=uri, experiment=experiment,
                           storage=Path(storage) if isinstance(storage, Path) else storage,
                           max_failures=max_failures, max_concurrent=max_conc,

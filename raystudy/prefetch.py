@@ -1,0 +1,195 @@
+"""Fetch pretrained weights and datasets once, into the caches every trial reads, before any trial starts.
+
+    python -m raystudy.prefetch --model vit_base,vit_huge --datasets study    # weights + the 11 benchmarks
+    python -m raystudy.prefetch --model vit_huge --datasets cifar10,pets --data-root /shared/data
+    python -m raystudy.prefetch --model vit_huge --datasets study --check    # report only, never download
+
+Weights go to the Hugging Face cache timm reads ($HF_HUB_CACHE, or --hf-cache), datasets under
+the data root ($RAYSTUDY_DATA, or --data-root): on a cluster, a folder the nodes share, or one
+synced to every node (README, "The cluster"), so a thousand trials never hit the hub at once and
+a trial never downloads. What is already cached is checked on disk only: with everything present
+no network is used at all. Downloads happen only for what is missing, after a few-second check
+that its host answers. CIFAR-10-C, DomainNet and ImageNet val cannot be downloaded automatically:
+their files are checked and, when missing, the line says where to get them.
+
+One line per item. Exit status 0 when everything is in place, 1 when something could not be
+fetched (each named on its own line), 2 for bad input (an unknown model or dataset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from raystudy.config import ConfigError
+
+# Hosts torchvision downloads each dataset from (checked before a download, so offline fails fast).
+DOWNLOAD_URLS = {
+    "cifar10": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+    "cifar100": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+    "flowers102": "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/",
+    "pets": "https://www.robots.ox.ac.uk/~vgg/data/pets/data/images.tar.gz",
+}
+HUB_HOST = "huggingface.co"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order
+
+
+class Unfetchable(RuntimeError):
+    """An item is not cached and cannot be fetched; the message names it and says why."""
+
+
+def parse_models(value: str | None) -> list[str]:
+    from raystudy import models
+
+    names = [v.strip() for v in (value or "").split(",") if v.strip()]
+    for n in names:
+        models.check_model(n)
+    return names
+
+
+def parse_datasets(value: str | None) -> list[str]:
+    from raystudy import data
+
+    names = []
+    for v in (value or "").split(","):
+        v = v.strip()
+        if v == "study":
+            names += [d for d in data.STUDY_DATASETS if d not in names]
+        elif v:
+            data.check_dataset(v)
+            if v not in names:
+                names.append(v)
+    return names
+
+
+# ---------------------------------------------------------------- weights
+
+def fetch_weights(name: str, *, check_only: bool = False) -> str:
+    """Make ``name``'s pretrained weights available offline; returns a one-line status."""
+    from raystudy import engine, models
+
+    full = models.resolve_name(name)
+    if full in models.LOCAL_MODELS:  # the demo: pretrained here, on data that ships offline
+        if check_only:
+            return f"local   {name}: built on first use from data that ships offline; nothing to download"
+        return f"ready   {name}: {engine.demo_weights(log=None)}"
+    cached = models.cached_weights(full)
+    if cached is not None:
+        return f"cached  {name} ({full}): {cached}"
+    repo = models.hf_hub_id(full)
+    if not repo:
+        raise Unfetchable(f"{name} ({full}): timm knows no Hugging Face repo for it; pass --weights FILE to the runs")
+    if check_only:
+        raise Unfetchable(f"{name} ({full}): not in the Hugging Face cache {models.hub_cache_dir()}")
+    if not models.hub_reachable(HUB_HOST):
+        raise Unfetchable(f"{name} ({full}): not in the Hugging Face cache {models.hub_cache_dir()} "
+                          f"and {HUB_HOST} is unreachable; run this where there is network, then copy the cache")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    t0 = time.time()
+    for fname in WEIGHT_FILES:
+        try:
+            path = hf_hub_download(repo, fname)
+            break
+        except EntryNotFoundError:
+            continue
+        except Exception as e:  # noqa: BLE001 - any download failure is reported the same way
+            raise Unfetchable(f"{name} ({full}): download from {repo} failed: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    else:
+        raise Unfetchable(f"{name} ({full}): {repo} has none of {', '.join(WEIGHT_FILES)}")
+    return f"fetched {name} ({full}): {path} ({time.time() - t0:.0f} s)"
+
+
+# ---------------------------------------------------------------- datasets
+
+def fetch_dataset(name: str, root: Path, *, check_only: bool = False) -> str:
+    """Make dataset ``name`` available under ``root``; returns a one-line status."""
+    from raystudy import data, models
+
+    info = data.check_dataset(name)
+    try:
+        src = info.load(root, False)  # files on disk only: never the network
+        return f"cached  {name}: {len(src.train_pool.labels) + len(src.test.labels)} images under {root}"
+    except data.DatasetUnavailable as e:
+        missing = str(e)
+    if name not in DOWNLOAD_URLS:  # CIFAR-10-C, DomainNet, ImageNet val: by hand
+        raise Unfetchable(missing)
+    if check_only:
+        raise Unfetchable(f"dataset {name!r}: not under {root}")
+    host = urlparse(DOWNLOAD_URLS[name]).hostname
+    if not models.hub_reachable(host):
+        raise Unfetchable(f"dataset {name!r}: not under {root} and {host} is unreachable; run this where "
+                          "there is network, or place the files there")
+    t0 = time.time()
+    try:
+        src = info.load(root, True)
+    except Exception as e:  # noqa: BLE001 - a failed download of any kind
+        raise Unfetchable(f"dataset {name!r}: download into {root} failed: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    return (f"fetched {name}: {len(src.train_pool.labels) + len(src.test.labels)} images under {root} "
+            f"({time.time() - t0:.0f} s)")
+
+
+# ---------------------------------------------------------------- CLI
+
+def prefetch(model_names: list[str], dataset_names: list[str], root: Path, *,
+             check_only: bool = False, out=print) -> list[str]:
+    """Fetch every item, printing one line each; returns the items that could not be fetched."""
+    failed = []
+    jobs = [(m, lambda m=m: fetch_weights(m, check_only=check_only)) for m in model_names]
+    jobs += [(d, lambda d=d: fetch_dataset(d, root, check_only=check_only)) for d in dataset_names]
+    for item, job in jobs:
+        try:
+            out(job())
+        except Unfetchable as e:
+            out(f"missing {e}" if check_only else f"error: could not fetch {e}")
+            failed.append(item)
+    return failed
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m raystudy.prefetch", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--model", help="comma-separated models (aliases vit_base, vit_large, vit_huge, "
+                                    "any timm ViT name, or vit_demo)")
+    ap.add_argument("--datasets", help="comma-separated datasets, or 'study' for the 11 benchmarks")
+    ap.add_argument("--data-root", help="dataset folder (default: $RAYSTUDY_DATA or ~/.cache/raystudy/data)")
+    ap.add_argument("--hf-cache", help="Hugging Face hub cache (default: $HF_HUB_CACHE, from $HF_HOME)")
+    ap.add_argument("--check", action="store_true", help="only report what is missing; never download")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.hf_cache:  # before anything reads it; huggingface_hub looks it up at each call
+        os.environ["HF_HUB_CACHE"] = str(Path(args.hf_cache).resolve())
+        import huggingface_hub.constants
+
+        huggingface_hub.constants.HF_HUB_CACHE = os.environ["HF_HUB_CACHE"]
+    try:
+        model_names = parse_models(args.model)
+        dataset_names = parse_datasets(args.datasets)
+        if not model_names and not dataset_names:
+            raise ConfigError("nothing to fetch: pass --model and/or --datasets")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from raystudy import data
+
+    root = Path(args.data_root).resolve() if args.data_root else data.default_root()
+    failed = prefetch(model_names, dataset_names, root, check_only=args.check)
+    if failed:
+        print(f"{len(failed)} of {len(model_names) + len(dataset_names)} not available: {', '.join(failed)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

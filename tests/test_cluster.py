@@ -1,0 +1,465 @@
+"""The cluster files: Ray's own autoscaler schema, the security promises, and `ray up` for real.
+
+The end-to-end tests bring cluster.local.yaml up against an SSH server on 127.0.0.1 that they
+start (Debian's openssh-server), run the demo grid on it with `ray exec`, read the runs back from
+the head's MLflow server, and take it down with `ray down`. This machine is shared with other Ray
+instances, and `ray down` runs a bare `ray stop` on the head: so the SSH user gets a HOME of its
+own and, first on its PATH, cluster/shared-host/ray, whose `stop` stops only this cluster's Ray.
+"""
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_FILES = ("cluster.yaml", "cluster.local.yaml")
+WRAPPER = REPO / "cluster" / "shared-host" / "ray"
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((REPO / name).read_text())
+
+
+def commands(cfg: dict) -> list[str]:
+    keys = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
+            "head_start_ray_commands", "worker_start_ray_commands")
+    return [c for k in keys for c in cfg.get(k, [])]
+
+
+# ---------------------------------------------------------------- the files, offline
+
+@pytest.mark.parametrize("name", CLUSTER_FILES)
+def test_cluster_file_passes_rays_autoscaler_schema(name):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    validate_config(prepare_config(load(name)))
+
+
+def test_the_schema_check_catches_mistakes():
+    import jsonschema
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    typo = {**load("cluster.yaml"), "idle_timeout_minute": 5}
+    with pytest.raises(jsonschema.ValidationError, match="idle_timeout_minute"):
+        validate_config(prepare_config(typo))
+    no_resources = load("cluster.yaml")
+    del no_resources["available_node_types"]["gpu_1x"]["resources"]
+    with pytest.raises(jsonschema.ValidationError, match="resources"):
+        validate_config(prepare_config(no_resources))
+
+
+def test_aws_cluster_uses_the_installed_rays_gpu_image():
+    import ray
+
+    assert load("cluster.yaml")["docker"]["image"] == f"rayproject/ray:{ray.__version__}-py311-gpu"
+
+
+def test_placeholders_are_named_once_at_the_top_and_nothing_secret_is_committed():
+    text = (REPO / "cluster.yaml").read_text()
+    fill_in = load("cluster.yaml")["metadata"]["fill_in"]
+    assert set(fill_in) == {"region", "storage", "key_name", "key_file", "security_group"}
+    body = text.split("# -----", 2)[2]  # after the fill-in block: only aliases
+    for key, value in fill_in.items():
+        assert value not in body, key
+        assert f"*{key}" in body, f"{key} is never used"
+    for name in CLUSTER_FILES:
+        t = (REPO / name).read_text()
+        for secret in ("PRIVATE KEY", "aws_secret_access_key", "AKIA", "password"):
+            assert secret not in t, (name, secret)
+
+
+def test_services_are_never_open_to_the_internet():
+    for name in CLUSTER_FILES:
+        cfg = load(name)
+        assert "0.0.0.0" not in (REPO / name).read_text(), name
+        head = " ".join(cfg["head_start_ray_commands"])
+        assert "--dashboard-host=127.0.0.1" in head, name
+        assert "cluster/node.sh mlflow" in head, name   # binds the head's private address only
+    node_sh = (REPO / "cluster" / "node.sh").read_text()
+    assert '--host "$ip"' in node_sh and "--allowed-hosts" in node_sh
+    # Every AWS node type names the security group (SSH from your address only): Ray then creates
+    # none of its own, whose default rules let SSH in from anywhere.
+    aws = load("cluster.yaml")
+    for t, node in aws["available_node_types"].items():
+        assert node["node_config"]["SecurityGroupIds"] == [aws["metadata"]["fill_in"]["security_group"]], t
+
+
+def test_aws_cluster_shape():
+    cfg = load("cluster.yaml")
+    types = cfg["available_node_types"]
+    head = types[cfg["head_node_type"]]
+    assert head["resources"].get("GPU", 0) == 0
+    for t in ("gpu_1x", "gpu_8x"):
+        assert types[t]["min_workers"] == 0 and types[t]["max_workers"] >= 1
+    assert types["gpu_1x"]["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
+    assert "InstanceMarketOptions" not in types["gpu_8x"]["node_config"]  # DDP trials: on demand
+    assert cfg["idle_timeout_minutes"] > 0
+    assert cfg["file_mounts"] == {"~/raystudy-src": "."}
+    assert "python -m pip install -q -e ~/raystudy-src" in cfg["setup_commands"]
+    head_cmds = " ".join(cfg["head_start_ray_commands"])
+    assert '"$RAYSTUDY_STORAGE/mlflow"' in head_cmds                 # artifacts in the bucket
+    assert any("node.sh env" in c and "$RAY_HEAD_IP" in c for c in cfg["worker_setup_commands"])
+
+
+def test_aws_worker_types_fit_every_model_of_the_papers_grid():
+    from raystudy import grid
+
+    cfg = load("cluster.yaml")
+    workers = [t for name, t in cfg["available_node_types"].items() if name != cfg["head_node_type"]]
+    space = grid.load_space("paper")
+    for model in space.models:
+        o = grid.model_options(space.models, model)
+        need = {"CPU": o["cpu"] * o["workers"], "GPU": o["gpu"] * o["workers"]}  # DDP workers packed on one node
+        assert any(all(t["resources"].get(k, 0) >= v for k, v in need.items()) for t in workers), (model, need)
+
+
+def test_local_cluster_installs_the_tree_and_tells_every_node_the_head():
+    cfg = load("cluster.local.yaml")
+    assert cfg["provider"]["type"] == "local" and {"head_ip", "worker_ips"} <= set(cfg["provider"])
+    assert cfg["file_mounts"] == {"~/raystudy-src": "."}
+    assert "python -m pip install -q -e ~/raystudy-src" in cfg["setup_commands"]
+    assert any("node.sh env" in c and "$RAY_HEAD_IP" in c for c in cfg["worker_setup_commands"])
+
+
+# ---------------------------------------------------------------- the shared-host `ray`
+
+@pytest.mark.slow
+def test_shared_host_ray_stop_stops_only_its_own_cluster():
+    import psutil
+
+    mine = tempfile.mkdtemp(prefix="rsc", dir="/tmp")
+    # A stand-in for someone else's Ray: a process named like a Ray one, under another temp dir.
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "--temp-dir=/tmp/someone-else"])
+    env = {**os.environ, "RAYSTUDY_RAY_TEMP_DIR": mine, "RAY_AUTH_MODE": "disabled",
+           "RAYSTUDY_RAY_START_ARGS": " ".join(f"--{k}={free_port()}" for k in (
+               "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port", "metrics-export-port")),
+           "PATH": f"{WRAPPER.parent}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    try:
+        p = subprocess.run(["ray", "start", "--head", f"--port={free_port()}", "--num-cpus=1",
+                            "--dashboard-host=127.0.0.1"], env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        procs = [q for q in psutil.process_iter(["cmdline"]) if mine in " ".join(q.info["cmdline"] or ())]
+        assert {q.name() for q in procs} >= {"raylet", "gcs_server"}
+        p = subprocess.run(["ray", "stop"], env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and "stopped" in p.stdout, p.stdout + p.stderr
+        assert not [q for q in procs if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+        assert other.poll() is None  # untouched
+        env.pop("RAYSTUDY_RAY_TEMP_DIR")
+        p = subprocess.run(["ray", "stop"], env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "refusing a machine-wide `ray stop`" in p.stderr
+    finally:
+        other.kill()
+        subprocess.run([sys.executable, str(WRAPPER), "stop"], env={**env, "RAYSTUDY_RAY_TEMP_DIR": mine},
+                       capture_output=True, timeout=60)
+        shutil.rmtree(mine, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- `ray up cluster.local.yaml`, for real
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str, timeout: float = 2.0, host: str | None = None) -> int | None:
+    """HTTP status of ``url``, or None when nothing listens there."""
+    req = urllib.request.Request(url, headers={"Host": host} if host else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+MISSING = [t for t in ("/usr/sbin/sshd", "ssh", "ssh-keygen", "rsync", "nc") if shutil.which(t) is None]
+
+
+class LocalCluster:
+    """cluster.local.yaml brought up on 127.0.0.1 through an SSH server of its own."""
+
+    def __init__(self, work: Path, demo_weights: Path):
+        self.work, self.name = work, f"raystudy-test-{os.getpid()}"
+        self.home, self.ray_tmp = work / "home", tempfile.mkdtemp(prefix="rsc", dir="/tmp")  # short: Ray's sockets
+        self.storage = work / "storage"
+        self.ports = {k: free_port() for k in ("ssh", "ray", "dashboard", "mlflow", "client", "agent", "metrics")}
+        self.user, self.key = getpass.getuser(), work / "id_ed25519"
+        self.sshd = None
+        self.downed = False
+        self.home.mkdir()
+        self.storage.mkdir()
+        cache = self.home / ".cache" / "raystudy"  # the demo's weights, prefetched (they take a minute to build)
+        cache.mkdir(parents=True)
+        shutil.copy(demo_weights, cache / demo_weights.name)
+
+    # -- the SSH server and the user's environment
+    def start_sshd(self):
+        w = self.work
+        for f in (self.key, w / "host_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(f)], check=True)
+        (w / "authorized_keys").write_text((w / "id_ed25519.pub").read_text())
+        session = w / "session.sh"  # ForceCommand: every SSH command runs with this cluster's HOME
+        session.write_text(f'#!/bin/bash\nexport HOME={self.home}\ncd "$HOME"\n'
+                           'if [ -n "$SSH_ORIGINAL_COMMAND" ]; then exec /bin/bash -c "$SSH_ORIGINAL_COMMAND"; '
+                           'else exec /bin/bash -l; fi\n')
+        session.chmod(0o755)
+        (w / "sshd_config").write_text("\n".join([
+            f"Port {self.ports['ssh']}", "ListenAddress 127.0.0.1", f"HostKey {w / 'host_key'}",
+            f"PidFile {w / 'sshd.pid'}", f"AuthorizedKeysFile {w / 'authorized_keys'}",
+            "StrictModes no",  # the keys live under /tmp
+            "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password", "UsePAM no", "AllowTcpForwarding yes", "X11Forwarding no",
+            "PrintMotd no", f"ForceCommand {session}", ""]))
+        if os.geteuid() == 0:
+            os.makedirs("/run/sshd", exist_ok=True)  # its privilege-separation directory
+        log = open(w / "sshd.log", "w")
+        self.sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(w / "sshd_config")],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def listening():
+            if self.sshd.poll() is not None:
+                pytest.skip(f"cannot run an SSH server here: sshd exited: {(w / 'sshd.log').read_text()[-500:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.ports["ssh"]), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        wait_for(listening, 20, "sshd")
+
+    def write_user_env(self):
+        # Its own Python environment (this one's packages, visible through --system-site-packages),
+        # so the setup command's `pip install -e` installs the synced tree there and not over this
+        # checkout's install, which the tests running next to this one use.
+        # Without a pip of its own: `python -m pip` is this one's, with this one's setuptools.
+        venv = self.home / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+        # When this Python is itself a venv, the new one's "system" packages are the base Python's:
+        # add this one's site-packages (.pth files included) after the new venv's own.
+        import site
+
+        own = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print('\\n'.join(sys.path))"],
+                             capture_output=True, text=True, check=True).stdout.split()
+        extra = [d for d in site.getsitepackages() if d not in own]
+        if extra:
+            new_site = next(d for d in own if d.startswith(str(venv)) and d.endswith("site-packages"))
+            (Path(new_site) / "zz_test_python.pth").write_text(
+                "".join(f"import site; site.addsitedir({d!r})\n" for d in extra))
+        p = self.ports
+        start_args = (f"--num-cpus=2 --ray-client-server-port={p['client']} "
+                      f"--dashboard-agent-listen-port={p['agent']} --metrics-export-port={p['metrics']}")
+        (self.home / ".bashrc").write_text("\n".join([
+            f"export PATH={WRAPPER.parent}:{self.home / 'venv' / 'bin'}:$PATH",
+            f"export RAYSTUDY_RAY_TEMP_DIR={self.ray_tmp}",
+            f'export RAYSTUDY_RAY_START_ARGS="{start_args}"',
+            "export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0", ""]))
+
+    def write_config(self) -> Path:
+        """cluster.local.yaml with this machine filled in; what the test adapts is listed here."""
+        cfg = load("cluster.local.yaml")
+        cfg["cluster_name"] = self.name
+        cfg["provider"].update(head_ip="127.0.0.1", worker_ips=[])
+        cfg["auth"] = {"ssh_user": self.user, "ssh_private_key": str(self.key),
+                       "ssh_proxy_command": f"nc 127.0.0.1 {self.ports['ssh']}"}  # Ray has no SSH-port option
+        install = "pip install -q -e ~/raystudy-src"
+        assert any(install in c for c in cfg["setup_commands"])
+        cfg["setup_commands"] = [c.replace(install, "pip install -q --no-deps --no-build-isolation -e ~/raystudy-src")
+                                 for c in cfg["setup_commands"]]  # offline: the venv already has the dependencies
+        for default, port in (("6379", "ray"), ("8265", "dashboard"), ("5000", "mlflow")):
+            assert default in " ".join(cfg["head_start_ray_commands"]), default
+            for k in ("head_start_ray_commands", "worker_start_ray_commands", "worker_setup_commands"):
+                cfg[k] = [c.replace(default, str(self.ports[port])) for c in cfg[k]]
+        path = self.work / "cluster.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.config = path
+        return path
+
+    # -- Ray's CLI, run from the repository root as the README says
+    def ray(self, *args, timeout=300) -> subprocess.CompletedProcess:
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("RAY_ADDRESS", None)
+        exe = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+        return subprocess.run([exe, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+    def head_env(self) -> dict[str, str]:
+        out = {}
+        for line in (self.home / "raystudy.env").read_text().splitlines():
+            if line.startswith("export "):
+                k, _, v = line[len("export "):].partition("=")
+                out[k] = v
+        return out
+
+    # -- teardown: everything this cluster started, and nothing else
+    def cleanup(self):
+        if self.sshd is not None and not self.downed:
+            self.ray("down", "-y", str(self.config), timeout=120)
+        env = {**os.environ, "HOME": str(self.home), "RAYSTUDY_RAY_TEMP_DIR": self.ray_tmp}
+        subprocess.run(["bash", str(REPO / "cluster" / "node.sh"), "stop-mlflow"], env=env,
+                       capture_output=True, timeout=60)
+        subprocess.run([sys.executable, str(WRAPPER), "stop"], env=env, capture_output=True, timeout=60)
+        self.close_ssh()
+        from ray.autoscaler._private.local.config import get_lock_path, get_state_path
+
+        for f in (get_lock_path(self.name), get_state_path(self.name)):
+            Path(f).unlink(missing_ok=True)
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+    def close_ssh(self):
+        """Close Ray's SSH control connection (it lingers ~10 s), then stop sshd and its sessions."""
+        import hashlib
+
+        import psutil
+
+        h = lambda s: hashlib.sha256(s.encode()).hexdigest()[:10]  # noqa: E731 - Ray's control path
+        control = Path(f"/tmp/ray_ssh_{h(getpass.getuser())}/{h(self.name)}")
+        for sock in control.glob("*") if control.is_dir() else ():
+            subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=10)
+        shutil.rmtree(control, ignore_errors=True)
+        try:
+            control.parent.rmdir()  # Ray's per-user folder, if no other cluster uses it
+        except OSError:
+            pass
+        if self.sshd is None:
+            return
+        try:
+            sessions = psutil.Process(self.sshd.pid).children(recursive=True)
+        except psutil.Error:
+            sessions = []
+        self.sshd.send_signal(signal.SIGTERM)
+        self.sshd.wait(timeout=10)
+        _, alive = psutil.wait_procs(sessions, timeout=15)
+        for q in alive:
+            q.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(demo_weights, tmp_path_factory):
+    if MISSING:
+        pytest.skip(f"`ray up` against 127.0.0.1 needs {', '.join(MISSING)}: apt-get install -y "
+                    "openssh-server rsync netcat-openbsd (.ci/run installs them)")
+    c = LocalCluster(tmp_path_factory.mktemp("cluster"), Path(demo_weights))
+    try:
+        c.start_sshd()
+        c.write_user_env()
+        c.write_config()
+        t0 = time.time()
+        p = c.ray("up", "-y", "--no-config-cache", str(c.config), timeout=600)
+        c.up_seconds = time.time() - t0
+        assert p.returncode == 0, f"ray up failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
+        c.up_output = p.stdout + p.stderr
+        yield c
+    finally:
+        c.cleanup()
+
+
+@pytest.mark.slow
+def test_ray_up_starts_ray_and_mlflow_on_the_head_and_tells_every_node(cluster):
+    env = cluster.head_env()
+    ip = env["RAYSTUDY_HEAD_IP"]
+    assert env["RAY_ADDRESS"] == f"{ip}:{cluster.ports['ray']}"
+    assert env["MLFLOW_TRACKING_URI"] == f"http://{ip}:{cluster.ports['mlflow']}"
+    assert answers(env["MLFLOW_TRACKING_URI"] + "/health") == 200
+    assert "MLflow tracking server: http://" in cluster.up_output
+    # what the README's tunnel command reads: the head's public and private addresses
+    p = cluster.ray("get-head-ip", str(cluster.config))
+    assert p.stdout.strip().splitlines()[-1] == "127.0.0.1", p.stdout + p.stderr
+    p = cluster.ray("exec", str(cluster.config), "echo $MLFLOW_TRACKING_URI")
+    assert p.stdout.strip().splitlines()[-1] == env["MLFLOW_TRACKING_URI"], p.stdout + p.stderr
+    # the project was installed from the synced tree, at the commit being run
+    p = cluster.ray("exec", str(cluster.config), "python -c 'import raystudy; print(raystudy.__file__)'")
+    assert f"{cluster.home}/raystudy-src/raystudy/__init__.py" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.slow
+def test_mlflow_and_the_dashboard_are_reachable_only_as_the_config_promises(cluster):
+    env = cluster.head_env()
+    ip, mport, dport = env["RAYSTUDY_HEAD_IP"], cluster.ports["mlflow"], cluster.ports["dashboard"]
+    assert answers(f"http://127.0.0.1:{dport}/") == 200                      # the dashboard: loopback only
+    # a request naming another host is refused (DNS rebinding)
+    assert answers(f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1",
+                   host="mlflow.example.com") == 403
+    if ip.startswith("127."):
+        pytest.skip(f"this machine's only address is {ip}: private-address binding and the SSH tunnel "
+                    "cannot be told apart from loopback here")
+    assert answers(f"http://{ip}:{dport}/") is None                          # not on the cluster address
+    assert answers(f"http://127.0.0.1:{mport}/health") is None               # MLflow: the cluster address only
+    # from a laptop: an SSH tunnel to the head's private address
+    local = free_port()
+    tunnel = subprocess.Popen(
+        ["ssh", "-N", "-i", str(cluster.key), "-o", f"ProxyCommand=nc 127.0.0.1 {cluster.ports['ssh']}",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ExitOnForwardFailure=yes",
+         "-L", f"{local}:{ip}:{mport}", f"{cluster.user}@127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: answers(f"http://localhost:{local}/health") == 200, 30, "MLflow through the SSH tunnel")
+    finally:
+        tunnel.terminate()
+        tunnel.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster):
+    from mlflow import MlflowClient
+
+    # As the README submits it: on the head, where RAY_ADDRESS and MLFLOW_TRACKING_URI are set.
+    grid = ("python -m raystudy.grid --space demo --conditions MHA,LN1 --set steps=40 "
+            "--set warmup_steps=4 --set eval_every=20 --set log_every=10 --set batch_size=32 "
+            f"--storage {cluster.storage}/ray --quiet")
+    t0 = time.time()
+    p = cluster.ray("exec", str(cluster.config), grid, timeout=900)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-5000:]
+    assert "8 finished, 0 diverged, 0 failed, 0 unfinished" in out, out[-3000:]
+    cluster.grid_seconds = time.time() - t0
+
+    uri = cluster.head_env()["MLFLOW_TRACKING_URI"]
+    cl = MlflowClient(uri)
+    exp = cl.get_experiment_by_name("raystudy-demo-vit_demo")
+    runs = cl.search_runs([exp.experiment_id], filter_string="tags.`raystudy.role` = 'trial'")
+    assert len(runs) == 8 and {r.data.tags["raystudy.status"] for r in runs} == {"finished"}
+    assert {r.data.params["condition"] for r in runs} == {"MHA", "LN1"}
+    assert all(0 <= r.data.metrics["test_acc"] <= 1 for r in runs)
+    assert not (cluster.home / "mlflow.db").exists()  # everything went to the server
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if sha.returncode == 0:  # the synced tree carries .git: runs are tagged with the commit being run
+        assert {r.data.tags.get("mlflow.source.git.commit") for r in runs} == {sha.stdout.strip()}
+    assert list((cluster.storage / "ray").iterdir())  # Tune's experiment under the storage path given
+
+
+@pytest.mark.slow
+def test_ray_down_stops_this_cluster_and_only_it(cluster):
+    import psutil
+
+    def ours():
+        return [q for q in psutil.process_iter(["cmdline"]) if cluster.ray_tmp in " ".join(q.info["cmdline"] or ())]
+
+    assert ours(), "the cluster is not running"
+    p = cluster.ray("exec", str(cluster.config), "bash ~/raystudy-src/cluster/node.sh stop-mlflow")  # as the README says
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert not (cluster.home / "raystudy-state" / "mlflow.pid").exists()
+    p = cluster.ray("down", "-y", str(cluster.config), timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    cluster.downed = True
+    wait_for(lambda: not ours(), 30, "this cluster's Ray processes to stop")
