@@ -291,6 +291,10 @@ def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, 
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
             )
         tuner.fit()
+        # Tune has ended every trial; a run it never reported an end for must not stay RUNNING.
+        stale = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
+        if stale:
+            print(f"{stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
     statuses = [tracking.trial_status(cl, exp_id, t.key)[0] for t in trials]
     for s in ("finished", "diverged", "failed"):
         counts[s] = statuses.count(s)

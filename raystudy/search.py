@@ -201,19 +201,6 @@ def make_trial(base: dict[str, Any], condition: str, values: dict[str, Any],
 
 # ---------------------------------------------------------------- running
 
-def _interrupted(cl, exp_id: str, study_name: str) -> int:
-    """Mark runs left RUNNING by a killed search as interrupted (their configs are not resampled)."""
-    from mlflow.entities import RunTag
-
-    n = 0
-    for run in tracking.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name):
-        if run.data.tags.get("raystudy.status") == "running":
-            cl.log_batch(run.info.run_id, tags=[RunTag("raystudy.status", "interrupted")])
-            cl.set_terminated(run.info.run_id, status="KILLED")
-            n += 1
-    return n
-
-
 def optuna_storage(folder: Path):
     import optuna
 
@@ -251,7 +238,8 @@ def search_condition(space: SearchSpace, condition: str, *, model: str, dataset:
 
     study_name = f"{space.study}-{model}-{dataset}-{condition}"
     cl = tracking.client(tracking_uri)
-    _interrupted(cl, exp_id, study_name)
+    # Runs a killed search left RUNNING: their configs are not resampled, so close them.
+    tracking.close_stale(cl, exp_id, raystudy__search=study_name)
     ostore = optuna_storage(storage / "optuna")
     done = completed_trials(ostore, study_name)
     remaining = num_samples - done
@@ -280,6 +268,9 @@ def search_condition(space: SearchSpace, condition: str, *, model: str, dataset:
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
         )
         tuner.fit()
+        stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
+        if stale:  # every trial of this session has ended: none may stay RUNNING
+            print(f"[{condition}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
     return best_of(cl, exp_id, study_name)
 
 

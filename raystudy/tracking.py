@@ -231,6 +231,22 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
     cl.set_terminated(run_id, status="FINISHED")
 
 
+def close_stale(cl, exp_id: str, **tags: str) -> int:
+    """Mark trial runs (matching ``tags``) still RUNNING as interrupted and KILLED; returns how many.
+
+    Called where no trial of them can still be running (a search after its Tuner returned, or
+    before it starts after a kill), so no run is ever left RUNNING.
+    """
+    from mlflow.entities import RunTag
+
+    n = 0
+    for run in find_runs(cl, exp_id, raystudy__role="trial", raystudy__status="running", **tags):
+        cl.log_batch(run.info.run_id, tags=[RunTag("raystudy.status", "interrupted")])
+        cl.set_terminated(run.info.run_id, status="KILLED")
+        n += 1
+    return n
+
+
 def fail_trial(cl, run_id: str, error: str) -> None:
     from mlflow.entities import RunTag
 

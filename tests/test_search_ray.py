@@ -121,5 +121,7 @@ def test_interrupted_search_resumes_without_repeating_trials(work):
     df = runs(tmp)
     trials = df[df["tags.raystudy.search"] == "ts-vit_demo-digits_c-MHA"]
     assert trials["tags.raystudy.key"].is_unique
-    assert not (trials["status"] == "RUNNING").any()
+    stuck = trials[trials["status"] == "RUNNING"]
+    assert stuck.empty, (df[["run_id", "status", "start_time", "tags.raystudy.status", "tags.raystudy.search",
+                             "tags.raystudy.role"]].to_string() + f"\nbefore={len(before)}\n" + p.stdout[-4000:])
     assert set(trials["tags.raystudy.status"]) <= {"finished", "stopped", "diverged", "interrupted"}

@@ -73,3 +73,17 @@ def test_default_uri_is_sqlite_in_cwd(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
     assert tracking.default_uri() == f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def test_close_stale_marks_only_running_runs_of_the_selection(store):
+    uri, cl, exp = store
+    k = [tracking.trial_key({**CFG, "seed": s}) for s in range(3)]
+    r = [tracking.open_trial(cl, exp, None, k[s], {**CFG, "seed": s}, {"raystudy.search": "a" if s < 2 else "b"})
+         for s in range(3)]
+    tracking.finish_trial(cl, r[0], {"status": "finished", "test_acc": 0.5})
+    assert tracking.close_stale(cl, exp, raystudy__search="a") == 1
+    assert cl.get_run(r[1]).info.status == "KILLED"
+    assert cl.get_run(r[1]).data.tags["raystudy.status"] == "interrupted"
+    assert cl.get_run(r[0]).info.status == "FINISHED"   # finished runs untouched
+    assert cl.get_run(r[2]).info.status == "RUNNING"    # another search's run untouched
+    assert tracking.close_stale(cl, exp, raystudy__search="a") == 0
