@@ -63,6 +63,8 @@ class FinetuneConfig:
     device: str = "auto"
     num_workers: int = 0
     compile: bool = False
+    data_path: str = "auto"             # torchvision (per image) | cache (tensor cache, batched on
+                                        # the device) | auto (cache for the demo, else torchvision)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -167,6 +169,7 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     except components.ConditionError as e:
         raise ConfigError(str(e)) from None
     data.check_dataset(cfg.dataset)
+    data.resolve_data_path(cfg.data_path, cfg.dataset)
     models.check_model(cfg.model)
     if cfg.weights is not None and not Path(cfg.weights).is_file():
         raise ConfigError(f"weights file {cfg.weights!r} does not exist")

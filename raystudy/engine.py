@@ -4,12 +4,19 @@
 step set the lr, (sometimes) evaluate, forward/backward, measure per-component gradient norms,
 clip, step, report. The best-validation weights are evaluated on test at the end. It holds no
 global state, so Ray runs it unchanged in a Tune trial or in each DDP worker of a TorchTrainer.
+
+Speed, where it comes from: bf16 autocast and fused optimizers on GPU, timm's fused attention
+(scaled_dot_product_attention), optional ``torch.compile``, frozen parameters with
+``requires_grad=False`` (autograd skips their weight gradients, and linear probing keeps no
+activations), batches cut and augmented on the device (``data_path: cache``), and no host-device
+synchronisation in the hot loop except every ``log_every`` steps.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -54,9 +61,13 @@ def world() -> tuple[int, int]:
 
 
 def build_optimizer(model: nn.Module, cfg: FinetuneConfig, device: torch.device) -> torch.optim.Optimizer:
-    """An optimizer over the trainable parameters only: frozen ones get no state."""
+    """An optimizer over the trainable parameters only: frozen ones get no state.
+
+    Fused (one kernel for all parameters) on GPU and CPU, where torch has it: ViT-B's SGD step
+    on 2 CPU cores drops from ~88 to ~50 ms.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
-    fused = device.type == "cuda"
+    fused = device.type in ("cuda", "cpu")
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay, fused=fused or None)
@@ -76,14 +87,30 @@ def trainable_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 
 def grad_norms(groups: dict[str, list[nn.Parameter]]) -> dict[str, torch.Tensor]:
-    """L2 norm of each component's gradient and of all of them ("total"), as device tensors."""
-    out = {}
-    for comp, ps in groups.items():
-        grads = [p.grad for p in ps if p.grad is not None]
-        out[comp] = (torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-                     if grads else torch.zeros((), device=ps[0].device))
-    out["total"] = torch.linalg.vector_norm(torch.stack(list(out.values())))
-    return out
+    """L2 norm of each component's gradient and of all of them ("total"), as device tensors.
+
+    A fixed handful of kernels whatever the number of components: one foreach norm over every
+    gradient, then a segmented sum of squares (the per-step cost of clip_grad_norm_, no more).
+    """
+    grads, counts = [], []
+    for ps in groups.values():
+        g = [p.grad for p in ps if p.grad is not None]
+        grads += g
+        counts.append(len(g))
+    device = next(iter(groups.values()))[0].device
+    if not grads:
+        zero = torch.zeros((), device=device)
+        return {**{c: zero for c in groups}, "total": zero}
+    sq = torch.stack(torch._foreach_norm(grads)).float().square()
+    per = torch.zeros(len(groups), device=device).index_add_(0, _owners(tuple(counts), device), sq)
+    norms = torch.cat([per, per.sum(0, keepdim=True)]).sqrt()
+    return dict(zip([*groups, "total"], norms.unbind()))
+
+
+@functools.lru_cache(maxsize=64)
+def _owners(counts: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    # Made once and kept: a host-to-device copy in every step would wait for the GPU.
+    return torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts)).to(device)
 
 
 def clip_(groups: dict[str, list[nn.Parameter]], total: torch.Tensor, max_norm: float) -> None:
@@ -161,7 +188,7 @@ def build(cfg: FinetuneConfig, model: nn.Module | None = None):
     ic = models.input_config(cfg.model)
     splits = data.build_splits(cfg.dataset, seed=cfg.seed, img_size=ic["img_size"], mean=ic["mean"],
                                std=ic["std"], root=cfg.data_root, download=cfg.download,
-                               low_data=cfg.low_data)
+                               low_data=cfg.low_data, data_path=cfg.data_path)
     if model is None:
         model = build_model(cfg, splits.num_classes)
     counts = components.apply_condition(model, cfg.condition, lora_rank=cfg.lora_rank,
@@ -186,15 +213,6 @@ def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict
                            batch_size=cfg.eval_batch_size, seed=cfg.seed, model_name=cfg.model,
                            dataset_name=cfg.dataset, num_workers=cfg.num_workers)
     return df.to_dict("records")
-
-
-def _shard(ds, rank: int, size: int):
-    return ds if size == 1 else torch.utils.data.Subset(ds, range(rank, len(ds), size))
-
-
-def _to(batch, device):
-    x, y = batch
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
 # ---------------------------------------------------------------- the loop
@@ -226,8 +244,12 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
     groups = trainable_groups(model)
     optimizer = build_optimizer(model, cfg, device)
     micro = cfg.batch_size // cfg.grad_accum // size
-    val_loader = data.eval_loader(_shard(splits.val, rank, size), cfg.eval_batch_size, cfg.num_workers)
-    test_loader = data.eval_loader(_shard(splits.test, rank, size), cfg.eval_batch_size, cfg.num_workers)
+    # Cache path: the tensor pools move to the device once; batches are cut and augmented there.
+    placed = data.place(splits, device)
+    val_loader = data.eval_batches(data.shard(placed.val, rank, size), cfg.eval_batch_size, device,
+                                   cfg.num_workers)
+    test_loader = data.eval_batches(data.shard(placed.test, rank, size), cfg.eval_batch_size, device,
+                                    cfg.num_workers)
     report = report or (lambda metrics, state: None)
 
     # -- resume
@@ -241,9 +263,9 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
     probe_before = None
     if cfg.probe_pairs:
         probe_before = resume.get("probe_before") if resume else probe_plasticity(cfg, model, splits)
-    # A resumed run draws a fresh, still reproducible, stream of batches.
-    batches: Iterator = data.train_batches(splits.train, micro, seed=cfg.seed * 1_000_003 + start * 7919 + rank,
-                                           num_workers=cfg.num_workers, pin_memory=device.type == "cuda")
+    # A resumed run draws a fresh, still reproducible, stream of batches, already on the device.
+    batches: Iterator = data.train_stream(placed.train, micro, seed=cfg.seed * 1_000_003 + start * 7919 + rank,
+                                          device=device, num_workers=cfg.num_workers)
 
     status, last = "finished", {}
     for step in range(start, cfg.steps):
@@ -251,7 +273,7 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
         for g in optimizer.param_groups:
             g["lr"] = lr
 
-        out = train_step(net, [_to(next(batches), device) for _ in range(cfg.grad_accum)],
+        out = train_step(net, [next(batches) for _ in range(cfg.grad_accum)],
                          optimizer, groups, cfg.clip_grad, device)
 
         done = step + 1
