@@ -108,7 +108,7 @@ def _count_done(db):
     if not Path(db).exists():
         return 0
     try:
-        with sqlite3.connect(db, timeout=1) as c:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
             return c.execute("select count(*) from tags where key='raystudy.status' and value='finished'").fetchone()[0]
     except sqlite3.Error:
         return 0
