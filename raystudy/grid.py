@@ -247,7 +247,6 @@ def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, 
 
     ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder.
     """
-    import ray
     from ray import tune
 
     from raystudy.trial import MlflowTrials, run_trial
@@ -259,14 +258,14 @@ def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, 
                                  {"label": label, "model": model, "trials": len(trials)}, role=role)
     cl.set_tag(parent, "raystudy.status", "running")
 
-    done = {t.key for t in trials if tracking.trial_status(cl, exp_id, t.key)[0] in tracking.TERMINAL}
+    known = tracking.statuses(cl, exp_id)
+    done = {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
     pending = [t for t in trials if t.key not in done]
     name = f"{label}-{gkey}"
     path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
     counts = {"trials": len(trials), "already_done": len(done)}
     if pending:
-        base = {"tracking_uri": tracking_uri, "experiment_id": exp_id, "storage_path": str(storage),
-                "threads": threads, "checkpoint_every_s": checkpoint_every_s}
+        base = {"storage_path": str(storage), "threads": threads, "checkpoint_every_s": checkpoint_every_s}
 
         def resources(config):
             t = config["trial"]
@@ -295,14 +294,14 @@ def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, 
         stale = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
         if stale:
             print(f"{stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
-    statuses = [tracking.trial_status(cl, exp_id, t.key)[0] for t in trials]
+    known = tracking.statuses(cl, exp_id)
+    statuses = [known.get(t.key) for t in trials]
     for s in ("finished", "diverged", "failed"):
         counts[s] = statuses.count(s)
     counts["unfinished"] = len(trials) - sum(counts[s] for s in ("finished", "diverged", "failed"))
     cl.set_tag(parent, "raystudy.status", "finished" if not counts["unfinished"] else "incomplete")
     cl.set_terminated(parent, status="FINISHED")
     counts.update(experiment_id=exp_id, parent_run_id=parent)
-    del ray
     return counts
 
 

@@ -255,8 +255,7 @@ def search_condition(space: SearchSpace, condition: str, *, model: str, dataset:
         cpu, gpu = resources["cpu"], resources["gpu"]
         tuner = tune.Tuner(
             tune.with_resources(run_trial, {"cpu": cpu, "gpu": gpu}),
-            param_space={"tracking_uri": tracking_uri, "experiment_id": exp_id, "storage_path": str(storage),
-                         "threads": int(tuning["threads_per_trial"]),
+            param_space={"storage_path": str(storage), "threads": int(tuning["threads_per_trial"]),
                          "checkpoint_every_s": float(tuning["checkpoint_every_s"])},
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,
                                         time_budget_s=time_budget_s, reuse_actors=True,

@@ -116,10 +116,26 @@ def default_artifact_location(uri: str) -> str | None:
 
 
 def find_runs(cl, exp_id: str, **tags: str):
-    """Runs of ``exp_id`` whose tags equal ``tags`` (keys with dots allowed), oldest first."""
+    """Runs of ``exp_id`` whose tags equal ``tags`` (``a__b`` names tag ``a.b``), oldest first, all pages."""
     flt = " and ".join(f"tags.`{k.replace('__', '.')}` = '{v}'" for k, v in tags.items())
-    runs = cl.search_runs([exp_id], filter_string=flt, max_results=5000, order_by=["attributes.start_time ASC"])
-    return list(runs)
+    runs, token = [], None
+    while True:
+        page = cl.search_runs([exp_id], filter_string=flt, max_results=5000,
+                              order_by=["attributes.start_time ASC"], page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def statuses(cl, exp_id: str) -> dict[str, str]:
+    """The raystudy status of every trial key of ``exp_id``, in one query (terminal ones win)."""
+    out: dict[str, str] = {}
+    for run in find_runs(cl, exp_id, raystudy__role="trial"):
+        key, status = run.data.tags.get("raystudy.key"), run.data.tags.get("raystudy.status")
+        if key and out.get(key) not in TERMINAL:
+            out[key] = status
+    return out
 
 
 def versions() -> dict[str, str]:

@@ -63,17 +63,15 @@ def _reporter(report_fn, checkpoint_cls, every_s: float):
 
 
 def run_trial(config: dict[str, Any]) -> None:
-    """The Tune trainable: ``config`` holds one trial (``key``, flat ``config``, ``workers``)."""
+    """The Tune trainable: ``config`` holds one trial (``key``, flat ``config``, ``workers``).
+
+    It never touches MLflow: the driver launches only keys not yet done, and if a restored
+    experiment reruns a trial that had already finished, the driver's callback finds the key
+    done and records nothing (compute spent twice, never a second run). Keeping MLflow out of
+    the workers saves each of them the import and the store's start-up.
+    """
     trial = config["trial"]
-    threads = int(config.get("threads", 1))
-    torch.set_num_threads(max(1, threads))
-    cl = tracking.client(config["tracking_uri"])
-    status, run = tracking.trial_status(cl, config["experiment_id"], trial["key"])
-    if status in tracking.TERMINAL:  # done by an earlier invocation: never run twice
-        recorded = {k: v for k, v in run.data.metrics.items() if k in tracking.FINAL_METRICS}
-        tune.report({"skipped": 1, "final": 1, "status": status, **recorded,
-                     "score": recorded.get("best_val_acc", 0.0)})
-        return
+    torch.set_num_threads(max(1, int(config.get("threads", 1))))
     cfg = from_dict(trial["config"])
     if trial.get("workers", 1) > 1:
         _run_ddp(trial, config)  # rank 0's final results reach Tune through TuneReportCallback
@@ -165,7 +163,7 @@ class MlflowTrials(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._run(trial)
-        if run_id is None or result.get("skipped"):
+        if run_id is None:
             return
         where = f"{result.get('node_ip')}:{result.get('pid')}"
         if self._where.get(trial.trial_id) != where:  # which node and process run it (debugging)
@@ -177,7 +175,7 @@ class MlflowTrials(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._run(trial)
         last = trial.last_result or {}
-        if run_id is None or last.get("skipped"):
+        if run_id is None:
             return
         if not last.get("final"):  # a scheduler (ASHA) stopped it early: no test accuracy
             last = {**last, "status": "stopped"}

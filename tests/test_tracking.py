@@ -87,3 +87,12 @@ def test_close_stale_marks_only_running_runs_of_the_selection(store):
     assert cl.get_run(r[0]).info.status == "FINISHED"   # finished runs untouched
     assert cl.get_run(r[2]).info.status == "RUNNING"    # another search's run untouched
     assert tracking.close_stale(cl, exp, raystudy__search="a") == 0
+
+
+def test_statuses_in_one_query_prefer_terminal(store):
+    uri, cl, exp = store
+    keys = [tracking.trial_key({**CFG, "seed": s}) for s in range(3)]
+    runs = [tracking.open_trial(cl, exp, None, k, {**CFG, "seed": s}) for s, k in enumerate(keys)]
+    tracking.finish_trial(cl, runs[0], {"status": "finished"})
+    tracking.fail_trial(cl, runs[1], "boom")
+    assert tracking.statuses(cl, exp) == {keys[0]: "finished", keys[1]: "failed", keys[2]: "running"}
