@@ -211,15 +211,20 @@ def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[st
     return run.info.run_id
 
 
-def log_step(cl, run_id: str, metrics: dict[str, Any], step: int) -> None:
-    """Log the numeric step metrics of one report in one batch."""
+def log_steps(cl, run_id: str, reports: list[dict[str, Any]]) -> None:
+    """Log the numeric step metrics of several reports (each with its ``step``) in few batches."""
     from mlflow.entities import Metric
 
     ts = int(time.time() * 1000)
-    batch = [Metric(k, float(v), ts, step) for k, v in metrics.items()
+    batch = [Metric(k, float(v), ts, int(m.get("step", 0))) for m in reports for k, v in m.items()
              if _is_step_metric(k) and isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if batch:
-        cl.log_batch(run_id, metrics=batch)
+    for i in range(0, len(batch), 1000):  # MLflow takes at most 1,000 metrics a batch
+        cl.log_batch(run_id, metrics=batch[i:i + 1000])
+
+
+def log_step(cl, run_id: str, metrics: dict[str, Any], step: int) -> None:
+    """Log the numeric step metrics of one report in one batch."""
+    log_steps(cl, run_id, [{**metrics, "step": step}])
 
 
 def _is_step_metric(k: str) -> bool:
