@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import itertools
 import json
-import math
 import os
 import socket
 import sys
@@ -24,8 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from raystudy import components, tracking
 from raystudy.config import ConfigError, FinetuneConfig, from_dict, read_yaml, validate

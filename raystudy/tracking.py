@@ -16,7 +16,6 @@ Layout (read back by ``analysis/``):
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import socket
@@ -161,7 +160,7 @@ def versions() -> dict[str, str]:
 def parent_run(cl, exp_id: str, grid_key: str, name: str, params: dict[str, Any],
                role: str = "grid") -> str:
     """The grid's parent run: found by its key, created once."""
-    from mlflow.entities import Param, RunTag
+    from mlflow.entities import Param
 
     found = find_runs(cl, exp_id, raystudy__role=role, raystudy__grid_key=grid_key)
     if found:
@@ -287,4 +286,4 @@ def _log_text(cl, run_id: str, text: str, name: str) -> None:
 
 __all__ = ["default_uri", "trial_key", "check_uri", "client", "experiment_id", "parent_run",
            "open_trial", "log_step", "finish_trial", "fail_trial", "trial_status", "find_runs",
-           "TrackingUnavailable", "io"]
+           "TrackingUnavailable"]
