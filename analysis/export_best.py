@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -32,38 +31,10 @@ import pandas as pd
 import yaml
 
 from analysis import AnalysisError, load, stats
-from raystudy.config import ConfigError, FinetuneConfig, from_dict, validate
+from raystudy.config import ConfigError, from_dict, validate
 
 
 # ---------------------------------------------------------------- params → config
-
-def _parse(key: str, raw: str, tp: Any) -> Any:
-    args = typing.get_args(tp)
-    if type(None) in args:                      # Optional[...]: MLflow logged None as "None"
-        if raw == "None":
-            return None
-        tp = next(a for a in args if a is not type(None))
-    if typing.get_origin(tp) is tuple:          # betas: "[0.9, 0.999]"
-        value = yaml.safe_load(raw)
-        if not isinstance(value, list):
-            raise AnalysisError(f"param {key!r} should be a list, got {raw!r}")
-        return value
-    if tp is bool:
-        if raw.lower() in ("true", "false"):
-            return raw.lower() == "true"
-        raise AnalysisError(f"param {key!r} should be True or False, got {raw!r}")
-    if tp in (int, float):
-        try:
-            value = float(raw)
-        except ValueError:
-            raise AnalysisError(f"param {key!r} should be a number, got {raw!r}") from None
-        if tp is float:
-            return value
-        if not value.is_integer():
-            raise AnalysisError(f"param {key!r} should be an integer, got {raw!r}")
-        return int(value)
-    return raw
-
 
 def coerce_params(params: dict[str, str]) -> dict[str, Any]:
     """MLflow's string params back to the types of ``FinetuneConfig``; other keys are left out.
@@ -71,8 +42,12 @@ def coerce_params(params: dict[str, str]) -> dict[str, Any]:
     >>> coerce_params({"lr": "0.01", "betas": "[0.9, 0.999]", "weights": "None", "compile": "False"})
     {'lr': 0.01, 'betas': [0.9, 0.999], 'weights': None, 'compile': False}
     """
-    types_ = typing.get_type_hints(FinetuneConfig)
-    return {k: _parse(k, str(v), types_[k]) for k, v in params.items() if k in types_}
+    from raystudy import tracking
+
+    try:
+        return tracking.run_config(params)
+    except ConfigError as e:
+        raise AnalysisError(f"a run's params do not read back as a config: {e}") from None
 
 
 def run_config(run_id: str, tracking_uri: str | None = None) -> dict[str, Any]:

@@ -26,7 +26,8 @@ def save(fig, base: str | os.PathLike) -> list[Path]:
     """Write ``base.png`` (150 dpi) and ``base.pdf``."""
     base = Path(base)
     base.parent.mkdir(parents=True, exist_ok=True)
-    paths = [base.with_suffix(".png"), base.with_suffix(".pdf")]
+    # Appended, not with_suffix: model names carry dots (vit_base_patch16_224.orig_in21k).
+    paths = [base.with_name(base.name + ".png"), base.with_name(base.name + ".pdf")]
     fig.savefig(paths[0], dpi=150, bbox_inches="tight")
     fig.savefig(paths[1], bbox_inches="tight")
     return paths
@@ -117,36 +118,41 @@ def curves(bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.
     return save(fig, base)
 
 
-def plasticity_layers(pooled: pd.DataFrame, mode: str, components: list[str],
-                      base: str | os.PathLike, title: str = "") -> list[Path]:
-    """One panel per dataset: plasticity per layer, one line per component, 95% band.
+def plasticity_layers(pooled: pd.DataFrame, components: list[str], base: str | os.PathLike,
+                      modes: list[str] | None = None, title: str = "") -> list[Path]:
+    """Plasticity per layer, one line per component with its 95% band: a row of panels per probe
+    mode (shared, in situ), a column per dataset. The one plasticity figure of raystudy: the
+    report and the probe CLI both draw it.
 
     The dotted line is P = 1, where a component neither amplifies nor contracts differences.
     """
-    sub = pooled[pooled["mode"] == mode]
-    datasets = sorted(sub["dataset"].unique())
-    if not datasets:
+    modes = [m for m in (modes or ("shared", "in_situ")) if m in set(pooled["mode"])]
+    datasets = sorted(pooled["dataset"].unique())
+    if not datasets or not modes:
         return []
     col = colors(components)
-    fig, axes = _grid(len(datasets))
-    for ax, d in zip(axes, datasets):
-        for c in components:
-            s = sub[(sub["dataset"] == d) & (sub["component"] == c)].sort_values("layer")
-            if s.empty:
-                continue
-            ax.plot(s["layer"], s["mean"], "o-", ms=3, color=col[c], lw=1.2, label=c)
-            ax.fill_between(s["layer"], s["ci_low"], s["ci_high"], color=col[c], alpha=0.25, lw=0)
-        ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
-        _log_y(ax)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_title(d, fontsize=9)
-        ax.set_xlabel("layer", fontsize=8)
-        ax.set_ylabel("plasticity P(f)", fontsize=8)
-        ax.tick_params(which="both", labelsize=7)
-    handles, labels = axes[0].get_legend_handles_labels()
+    ncols = len(datasets)
+    fig = _figure(3.4 * ncols, 2.6 * len(modes) + 0.5)
+    axes = fig.subplots(len(modes), ncols, squeeze=False)
+    for row, mode in zip(axes, modes):
+        sub = pooled[pooled["mode"] == mode]
+        for ax, d in zip(row, datasets):
+            for c in components:
+                s = sub[(sub["dataset"] == d) & (sub["component"] == c)].sort_values("layer")
+                if s.empty:
+                    continue
+                ax.plot(s["layer"], s["mean"], "o-", ms=3, color=col[c], lw=1.2, label=c)
+                ax.fill_between(s["layer"], s["ci_low"], s["ci_high"], color=col[c], alpha=0.25, lw=0)
+            ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
+            _log_y(ax)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.set_title(f"{d} ({mode.replace('_', ' ')} input)", fontsize=9)
+            ax.set_xlabel("layer", fontsize=8)
+            ax.set_ylabel("plasticity P(f)", fontsize=8)
+            ax.tick_params(which="both", labelsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 5), fontsize=8,
-               frameon=False, title=title or f"plasticity per layer ({mode} input, 95% interval)",
-               title_fontsize=9)
+               frameon=False, title=title or "plasticity per layer (95% interval)", title_fontsize=9)
     return save(fig, base)
 
 

@@ -29,17 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis import AnalysisError
+from raystudy import tracking
 
 RUN_COLUMNS = ["run_id", "model", "optimizer", "low_data", "dataset", "condition", "lr", "seed",
                "val_acc", "test_acc", "status"]
@@ -49,52 +48,12 @@ REQUIRED_RUN_CSV = ["dataset", "condition", "lr", "seed", "test_acc"]
 REQUIRED_SUMMARY_CSV = ["dataset", "condition", "mean"]
 PLASTICITY_COLUMNS = ["model", "dataset", "mode", "layer", "component", "mean", "std", "n",
                       "ci_low", "ci_high", "bound"]
-TRIAL_FILTER = "tags.`raystudy.role` = 'trial'"
-GRID_FILTER = "tags.`raystudy.role` = 'grid'"
-
-_MLFLOW_STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "failed",
-                  "RUNNING": "running", "SCHEDULED": "running"}
 
 
 # ---------------------------------------------------------------- one run → one row
 
-def _num(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def run_row(run_id: str, run_status: str, tags: Mapping[str, str], params: Mapping[str, str],
-            metrics: Mapping[str, float]) -> dict[str, Any]:
-    """The tidy row of one trial run from its MLflow status, tags, params and final metrics.
-
-    The status is the ``raystudy.status`` tag (MLflow's own status if the tag is absent); a run
-    tagged finished without a test accuracy is marked failed. Accuracies are NaN unless finished.
-    """
-    status = tags.get("raystudy.status") or _MLFLOW_STATUS.get(run_status, "failed")
-    error = tags.get("raystudy.error", "")
-    if status == "finished" and math.isnan(_num(metrics.get("test_acc"))):
-        status, error = "failed", error or "finished without a test_acc metric"
-    done = status == "finished"
-    seed, probes = _num(params.get("seed")), _num(params.get("probe_pairs"))
-    return {
-        "run_id": run_id,
-        "model": tags.get("model") or params.get("model", "unknown"),
-        "optimizer": tags.get("optimizer") or params.get("optimizer", "unknown"),
-        "low_data": str(params.get("low_data", "False")).lower() == "true",
-        "dataset": tags.get("dataset") or params.get("dataset"),
-        "condition": tags.get("condition") or params.get("condition"),
-        "lr": _num(params.get("lr")),
-        "seed": int(seed) if not math.isnan(seed) else -1,
-        "val_acc": _num(metrics.get("best_val_acc")) if done else math.nan,
-        "test_acc": _num(metrics.get("test_acc")) if done else math.nan,
-        "status": status,
-        "parent_run_id": tags.get("mlflow.parentRunId", ""),
-        "key": tags.get("raystudy.key", ""),
-        "error": error,
-        "probe_pairs": -1 if math.isnan(probes) else int(probes),
-    }
+# How a run becomes a row is the run record's business (raystudy.tracking); kept here by name.
+run_row = tracking.run_row
 
 
 def dedupe(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
@@ -115,9 +74,7 @@ def dedupe(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 # ---------------------------------------------------------------- MLflow
 
 def client(tracking_uri: str | None = None):
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri)
+    return tracking.client(tracking_uri)
 
 
 def experiment_id(experiment: str, tracking_uri: str | None = None) -> str:
@@ -139,17 +96,6 @@ def experiment_id(experiment: str, tracking_uri: str | None = None) -> str:
     return exp.experiment_id
 
 
-def _search(c, exp_id: str, filter_string: str) -> list:
-    runs, token = [], None
-    while True:
-        page = c.search_runs([exp_id], filter_string=filter_string, max_results=1000,
-                             page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
-
-
 def from_mlflow(experiment: str, tracking_uri: str | None = None) -> pd.DataFrame:
     """The runs table of every trial run of ``experiment`` (name or id).
 
@@ -159,16 +105,11 @@ def from_mlflow(experiment: str, tracking_uri: str | None = None) -> pd.DataFram
     """
     c = client(tracking_uri)
     exp_id = experiment_id(experiment, tracking_uri)
-    found = _search(c, exp_id, TRIAL_FILTER)
+    found = tracking.find_runs(c, exp_id, raystudy__role="trial")
     if not found:
         raise AnalysisError(f"experiment {experiment!r} has no trial runs (runs tagged "
                             "raystudy.role=trial); has the grid started?")
-    rows = []
-    for r in found:
-        row = run_row(r.info.run_id, r.info.status, r.data.tags, r.data.params, r.data.metrics)
-        row["start_time"] = r.info.start_time or 0
-        rows.append(row)
-    runs, replaced = dedupe(pd.DataFrame(rows, columns=RUN_COLUMNS + EXTRA_COLUMNS))
+    runs, replaced = dedupe(pd.DataFrame(tracking.rows(found), columns=RUN_COLUMNS + EXTRA_COLUMNS))
     runs = runs.sort_values(["dataset", "condition", "lr", "seed"], ignore_index=True)
     check_runs(runs, f"experiment {experiment!r}")
     runs.attrs.update(source=f"MLflow experiment {experiment!r}", experiment=experiment,
@@ -187,7 +128,8 @@ def check_runs(runs: pd.DataFrame, source: str) -> None:
 def grid_runs(experiment: str, tracking_uri: str | None = None) -> list[str]:
     """Ids of the experiment's grid parent runs (tag ``raystudy.role=grid``)."""
     c = client(tracking_uri)
-    return [r.info.run_id for r in _search(c, experiment_id(experiment, tracking_uri), GRID_FILTER)]
+    return [r.info.run_id for r in tracking.find_runs(c, experiment_id(experiment, tracking_uri),
+                                                      raystudy__role="grid")]
 
 
 def run_params(run_id: str, tracking_uri: str | None = None) -> dict[str, str]:

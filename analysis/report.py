@@ -167,8 +167,8 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
             slug = key.replace("/", "_").replace("{condition}", "own")
             files += figures.curves(bands, key, order, out / "figures" / f"curves_{slug}", label, log)
     if plasticity is not None and len(plasticity):
-        demo = runs is not None and "vit_demo" in set(runs["model"])
-        sections.append(_plasticity_section(plasticity, table, out, files, scale, demo))
+        notes = _model_notes(runs)
+        sections.append(_plasticity_section(plasticity, table, out, files, scale, notes))
 
     text = "\n".join(sections)
     (out / "report.md").write_text(text)
@@ -262,14 +262,14 @@ def _significance_section(table: pd.DataFrame, avg_rank: pd.Series, reference: s
 
 
 def _plasticity_section(plast: pd.DataFrame, table: pd.DataFrame, out: Path, files: list,
-                        scale: float = 1.0, demo: bool = False) -> str:
+                        scale: float = 1.0, notes: list[str] = ()) -> str:
     pooled = stats.pool_plasticity(plast)
     files += tables.write_table(out, "plasticity_per_layer", pooled, index=False)
     comps = [c for c in ("LN1", "MHA", "LN2", "FC1", "FC2") if c in set(pooled["component"])]
     comps += sorted(set(pooled["component"]) - set(comps))
     parts = []
+    files += figures.plasticity_layers(pooled, comps, out / "figures" / "plasticity")
     for mode in sorted(pooled["mode"].unique()):
-        files += figures.plasticity_layers(pooled, mode, comps, out / "figures" / f"plasticity_{mode}")
         comp_p = stats.component_plasticity(pooled, mode)
         try:
             ranking, corr = stats.plasticity_vs_accuracy(comp_p, table)
@@ -297,12 +297,16 @@ def _plasticity_section(plast: pd.DataFrame, table: pd.DataFrame, out: Path, fil
             f"{per.notna().sum()} datasets; {tables.fmt(rho['rho'], 2)} ({_p(rho['p'])}) "
             "between the means over datasets.\n\n"
             + tables.markdown(shown))
-    if demo:
-        parts.append("Note: the paper's plasticity claim is about large pretrained ViTs. On the "
-                     "tiny demo model the probe ranks LayerNorm highest (its embedding tokens are "
-                     "small, so LayerNorm amplifies differences): a finding about scale, reported "
-                     "as measured.")
+    parts += [f"Note: {n}" for n in notes]
     return _section("Plasticity and accuracy", "\n\n".join(parts))
+
+
+def _model_notes(runs: pd.DataFrame | None) -> list[str]:
+    """What the models' registry says a reader of their plasticity should know."""
+    from raystudy import models
+
+    names = sorted(set(runs["model"].dropna())) if runs is not None and "model" in runs else []
+    return [n for n in (models.plasticity_note(m) for m in names) if n]
 
 
 # ---------------------------------------------------------------- sources

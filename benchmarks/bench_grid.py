@@ -65,18 +65,18 @@ def startup(workers: int, steps: int = 8) -> tuple[float, float]:
              "models": {"vit_demo": {"workers": workers, "cpu": 0.5 if workers > 1 else 1}}}
     f = work / "s.yaml"
     f.write_text(yaml.safe_dump(space))
-    from raystudy import grid
+    from raystudy import spaces
 
-    trials = grid.expand(grid.load_space(str(f)))
+    trials = spaces.expand(spaces.load_grid(str(f)))
     base = plain(trials)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("MLFLOW_TRACKING_URI", None)
     code = (
-        "import time, sys; from pathlib import Path; from raystudy import grid; import ray\n"
-        f"s = grid.load_space({str(f)!r}); trials = grid.expand(s)\n"
-        f"grid.start_ray(None, 2, {str(work / 'r')!r}, dashboard={workers > 1})\n"
+        "import time, sys; from pathlib import Path; from raystudy import runner, spaces; import ray\n"
+        f"s = spaces.load_grid({str(f)!r}); trials = spaces.expand(s)\n"
+        f"runner.start_ray(None, 2, {str(work / 'r')!r}, dashboard={workers > 1})\n"
         "t0 = time.perf_counter()\n"
-        f"grid.run_grid(trials, label='bench', model='vit_demo', tracking_uri='sqlite:///{work}/m.db', experiment='b',\n"
+        f"runner.run_grid(trials, label='bench', model='vit_demo', tracking_uri='sqlite:///{work}/m.db', experiment='b',\n"
         f"              storage=Path({str(work / 'st')!r}), max_failures=0, max_concurrent=1, threads=1, verbose=0)\n"
         "print('WALL', time.perf_counter() - t0); ray.shutdown()\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
@@ -92,25 +92,25 @@ def main() -> int:
     ap.add_argument("--conditions", help="restrict the demo grid (default: all 7)")
     ap.add_argument("--steps", type=int, help="override steps (default: the demo's 300)")
     args = ap.parse_args()
-    from raystudy import engine, grid
+    from raystudy import pretrain, spaces
 
-    engine.demo_weights()
+    pretrain.ensure_weights("vit_demo")
     extra = []
     if args.conditions:
         extra += ["--conditions", args.conditions]
     if args.steps:
         extra += ["--set", f"steps={args.steps}", "--set", f"eval_every={max(1, args.steps // 6)}"]
-    space = grid.load_space("demo")
+    space = spaces.load_grid("demo")
     overrides = {"steps": args.steps, "eval_every": max(1, args.steps // 6)} if args.steps else None
     conds = args.conditions.split(",") if args.conditions else None
-    trials = grid.expand(space, None, conditions=conds, overrides=overrides)
+    trials = spaces.expand(space, None, conditions=conds, overrides=overrides)
     n = len(trials)
     print(f"demo grid: {n} trials; machine: {os.cpu_count()} CPUs", flush=True)
     t_plain = plain(trials)
     print(f"plain      {t_plain:8.1f} s  ({t_plain / n:.2f} s/trial)", flush=True)
-    t_grid = grid_wall(grid.space_path("demo"), extra + ["--max-concurrent", "1"])
+    t_grid = grid_wall(spaces.space_path("demo"), extra + ["--max-concurrent", "1"])
     print(f"grid       {t_grid:8.1f} s  ({t_grid / n:.2f} s/trial)", flush=True)
-    t_grid2 = grid_wall(grid.space_path("demo"), extra)
+    t_grid2 = grid_wall(spaces.space_path("demo"), extra)
     print(f"grid x2    {t_grid2:8.1f} s  ({t_grid2 / n:.2f} s/trial, 2 trials at a time)", flush=True)
     print(f"overhead per trial (grid - plain) / trials = {(t_grid - t_plain) / n:.2f} s   "
           f"(ratio grid/plain {t_grid / t_plain:.2f})")

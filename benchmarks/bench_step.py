@@ -38,7 +38,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raystudy import components, data, engine, models  # noqa: E402
+from raystudy import batches, components, datasets, engine, models  # noqa: E402
 from raystudy.config import FinetuneConfig  # noqa: E402
 
 CONDITIONS = components.PAPER_CONDITIONS  # LN1, MHA, LN2, FC1, FC2, full, linear_probe
@@ -172,8 +172,8 @@ def demo_streams(batch: int, device: torch.device):
     """The demo's real data paths: its tensors on the device (cache), and the per-image DataLoader."""
     out = {}
     for path in ("cache", "torchvision"):
-        splits = data.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path=path)
-        out[path] = data.train_stream(data.place(splits, device).train, batch, 0, device)
+        splits = datasets.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path=path)
+        out[path] = batches.train_stream(batches.place(splits, device).train, batch, 0, device)
     return out
 
 
@@ -182,13 +182,13 @@ def cifar_like_streams(batch: int, device: torch.device, workers: int, cache: Pa
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, n)
-    pool = data.Pool(data.ArrayImages(imgs, labels), labels)
+    pool = datasets.Pool(datasets.ArrayImages(imgs, labels), labels)
     ic = models.input_config(VITB)
-    tp = data.tensor_cache("bench_cifar_like", "train", pool, 32, cache, cache=cache, log=None)
-    view = data.CachedView(tp, np.arange(n), train=True, size=224, mean=ic["mean"], std=ic["std"])
-    cached = data.train_stream(data.place(data.Splits(view, view, view, 10), device).train, batch, 0, device)
-    train_tf, _ = data.transforms(224, ic["mean"], ic["std"])
-    per_image = data.train_stream(data.View(pool.items, np.arange(n), train_tf), batch, 0, device,
+    tp = batches.tensor_cache("bench_cifar_like", "train", pool, 32, cache, cache=cache, log=None)
+    view = batches.CachedView(tp, np.arange(n), train=True, size=224, mean=ic["mean"], std=ic["std"])
+    cached = batches.train_stream(batches.place(datasets.Splits(view, view, view, 10), device).train, batch, 0, device)
+    train_tf, _ = datasets.transforms(224, ic["mean"], ic["std"])
+    per_image = batches.train_stream(datasets.View(pool.items, np.arange(n), train_tf), batch, 0, device,
                                   num_workers=workers)
     return {"cache": cached, "torchvision": per_image}
 
@@ -210,10 +210,10 @@ def matmul_rate(device: torch.device, n: int = 8192, iters: int = 50) -> float:
 
 
 # Approximate split sizes (images) for the eval cost of each run: val every eval_every steps,
-# test once at the end. From the datasets' official sizes and raystudy's splits (STUDY.md).
+# test once at the end. From the datasets' official sizes and raystudy's splits.
 EVAL_IMAGES = {  # name: (val, test)
     "cifar10": (10_000, 10_000), "cifar100": (10_000, 10_000),
-    **{f"cifar10c_{c}": (1_600, 2_000) for c in data.CIFAR10C_CORRUPTIONS},
+    **{f"cifar10c_{c}": (1_600, 2_000) for c in datasets.CIFAR10C_CORRUPTIONS},
     "domainnet_clipart": (7_813, 9_767), "domainnet_sketch": (11_262, 14_077),
     "flowers102": (1_020, 6_149), "pets": (736, 3_669),
 }

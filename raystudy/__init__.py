@@ -1,9 +1,10 @@
 """raystudy: which components of a pretrained Vision Transformer to finetune, and why.
 
-Modules: config (strict configs), components (which parameters train), models (timm ViTs),
-data (datasets and splits), engine (the finetuning loop), finetune (its CLI), plasticity
-(measured plasticity and its bounds), probe (its CLI), tracking (MLflow, exactly once),
-trial (the Ray Tune trainable), grid (the study grid), search (Optuna searches).
+Modules, lowest layer first (a module imports only its own layer or lower ones): errors, paths;
+components, models, datasets, batches, augment, plasticity; config; engine (the finetuning
+loop), tracking (the MLflow run record), spaces (YAML spaces to trials); trial (the Ray Tune
+trainable), pretrain (weights raystudy builds); runner (Ray + driver-side MLflow), cli (the
+argument toolkit); and the command lines grid, search, finetune, probe, prefetch.
 Importing raystudy does nothing else: no Ray, no MLflow, no seeding.
 """
 

@@ -1,7 +1,7 @@
 """The paper's transforms as batched tensor operations, for images held as uint8 tensors.
 
 torchvision transforms one PIL image at a time: RandomResizedCrop(size) + RandomHorizontalFlip()
-for training, Resize(size) + CenterCrop(size) for evaluation (STUDY.md). Here a whole batch is
+for training, Resize(size) + CenterCrop(size) for evaluation. Here a whole batch is
 transformed at once on the device that holds it. The crop boxes are drawn by torchvision's rule,
 vectorised: all 10 attempts at once, the first that fits wins, else the centre-crop fallback.
 Crop, resize, flip and normalisation then become one affine resample (``affine_grid`` and a

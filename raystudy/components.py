@@ -40,7 +40,7 @@ NAMED_CONDITIONS = {
     "linear_probe": frozenset(),
     "lora": frozenset({"LORA"}),
 }
-# The paper's seven conditions (STUDY.md), in the order its tables use.
+# The paper's seven conditions, in the order its tables use.
 PAPER_CONDITIONS = ("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe")
 
 # LoRA as in the study: rank 8, alpha 16 on the attention linears.
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated conditions (default: the paper's, EMBED and lora)")
     args = ap.parse_args(argv)
     from raystudy import models
-    from raystudy.config import ConfigError
+    from raystudy.errors import ConfigError
 
     try:
         conds = [canonical_condition(c) for c in args.conditions.split(",")]

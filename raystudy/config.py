@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import os
 import types
 import typing
@@ -18,13 +20,11 @@ from typing import Any
 
 import yaml
 
+from raystudy.errors import ConfigError
+
 OPTIMIZERS = ("sgd", "adamw")
 DEVICES = ("auto", "cpu", "cuda")
 CONFIG_DIR = Path(__file__).parent / "configs"
-
-
-class ConfigError(ValueError):
-    """Bad user input: the message is one line naming the value and the valid choices."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class FinetuneConfig:
     condition: str = "MHA"
     lora_rank: int = 8
     lora_alpha: int = 16
-    # optimisation (STUDY.md: SGD momentum 0.9, wd 0, clip 1.0, cosine with linear warmup)
+    # optimisation (the paper: SGD momentum 0.9, wd 0, clip 1.0, cosine with linear warmup)
     optimizer: str = "sgd"
     lr: float = 0.1
     weight_decay: float = 0.0
@@ -55,7 +55,7 @@ class FinetuneConfig:
     clip_grad: float = 1.0
     # measurement
     eval_every: int = 50
-    log_every: int = 10
+    log_every: int = 50
     eval_batch_size: int = 256
     probe_pairs: int = 0                # plasticity pairs probed before and after (0: no probe)
     # execution
@@ -117,6 +117,42 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     return value
 
 
+def parse_value(key: str, text: str) -> Any:
+    """A config value from text (a CLI flag, ``--set key=value``, an MLflow param), typed by the
+    key: ``"3e-3"`` for ``lr`` is 0.003, ``"None"`` for ``weights`` is None, ``"[0.9, 0.99]"``
+    for ``betas`` a pair. The one parser of config values from text."""
+    types_ = _field_types()
+    if key not in types_:
+        close = difflib.get_close_matches(str(key), types_, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown config key {key!r}{hint}; valid keys: {', '.join(types_)}")
+    tp = types_[key]
+    if text in ("None", "null", "~") and type(None) in typing.get_args(tp):
+        return None
+    if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
+        return text  # a name stays a name: "1e3" as a dataset is not a number
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"config key {key!r}: cannot read {text!r} as a value") from None
+    if tp is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"  # MLflow logs Python's True/False
+    if tp is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return _coerce(key, value, tp)
+
+
+# Config keys that say how a trial runs, not what it is: they do not enter its key.
+EXECUTION_KEYS = frozenset({"device", "num_workers", "data_root", "download", "compile",
+                            "eval_batch_size", "log_every"})
+
+
+def trial_key(config: dict[str, Any]) -> str:
+    """A stable key for a trial config: the hash of its identity keys, canonical JSON."""
+    ident = {k: v for k, v in sorted(config.items()) if k not in EXECUTION_KEYS}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def from_dict(d: dict[str, Any]) -> FinetuneConfig:
     """Build a config, refusing unknown keys and mistyped values."""
     if not isinstance(d, dict):
@@ -158,7 +194,7 @@ def load_config(source: str | os.PathLike | dict | None = None, **overrides: Any
 
 def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     """Check every name and range; raises ConfigError with one line. Cheap: no weights, no data."""
-    from raystudy import components, data, models
+    from raystudy import components, datasets, models
 
     if cfg.optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
@@ -168,8 +204,8 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
         components.parse_condition(cfg.condition)
     except components.ConditionError as e:
         raise ConfigError(str(e)) from None
-    data.check_dataset(cfg.dataset)
-    data.resolve_data_path(cfg.data_path, cfg.dataset)
+    datasets.check_dataset(cfg.dataset)
+    datasets.resolve_data_path(cfg.data_path, cfg.dataset)
     models.check_model(cfg.model)
     if cfg.weights is not None and not Path(cfg.weights).is_file():
         raise ConfigError(f"weights file {cfg.weights!r} does not exist")
@@ -190,10 +226,5 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     return cfg
 
 
-def default_cache() -> Path:
-    """Where raystudy keeps demo weights and data: $RAYSTUDY_CACHE or ~/.cache/raystudy."""
-    return Path(os.environ.get("RAYSTUDY_CACHE", Path.home() / ".cache" / "raystudy"))
-
-
-__all__ = ["FinetuneConfig", "ConfigError", "load_config", "from_dict", "validate",
-           "read_yaml", "default_cache", "OPTIMIZERS"]
+__all__ = ["FinetuneConfig", "ConfigError", "load_config", "from_dict", "validate", "parse_value",
+           "trial_key", "read_yaml", "OPTIMIZERS"]

@@ -15,15 +15,10 @@ synchronisation in the hot loop except every ``log_every`` steps.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
-import hashlib
-import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,8 +26,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from raystudy import components, data, models
-from raystudy.config import FinetuneConfig, default_cache, validate
+from raystudy import batches, components, datasets, models, plasticity
+from raystudy.config import FinetuneConfig, validate
 
 Report = Callable[[dict[str, Any], "dict[str, Any] | None"], None]
 
@@ -132,13 +127,19 @@ def autocast(device: torch.device):
 def train_step(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
                optimizer: torch.optim.Optimizer, groups: dict[str, list[nn.Parameter]],
                clip: float, device: torch.device) -> dict[str, torch.Tensor]:
-    """One optimizer step over ``micro_batches`` (gradient accumulation); returns measurements."""
+    """One optimizer step over ``micro_batches`` (gradient accumulation); returns measurements.
+
+    Under DDP only the last micro-batch all-reduces: the others accumulate locally (``no_sync``).
+    """
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
-    for x, y in micro_batches:
-        with autocast(device):
-            loss = F.cross_entropy(model(x), y) / len(micro_batches)
-        loss.backward()
+    last = len(micro_batches) - 1
+    for i, (x, y) in enumerate(micro_batches):
+        local = model.no_sync() if i < last and hasattr(model, "no_sync") else contextlib.nullcontext()
+        with local:
+            with autocast(device):
+                loss = F.cross_entropy(model(x), y) / len(micro_batches)
+            loss.backward()
         loss_sum += loss.detach()
     norms = grad_norms(groups)
     clip_(groups, norms["total"], clip)
@@ -174,10 +175,7 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- building
 
 def build_model(cfg: FinetuneConfig, num_classes: int) -> nn.Module:
-    weights = cfg.weights
-    if weights is None and cfg.pretrained and models.resolve_name(cfg.model) == "vit_demo":
-        weights = demo_weights()
-    return models.create_model(cfg.model, num_classes, pretrained=cfg.pretrained, weights=weights)
+    return models.create_model(cfg.model, num_classes, pretrained=cfg.pretrained, weights=cfg.weights)
 
 
 def build(cfg: FinetuneConfig, model: nn.Module | None = None):
@@ -186,7 +184,7 @@ def build(cfg: FinetuneConfig, model: nn.Module | None = None):
     Data comes first: a missing dataset fails before any weights are loaded.
     """
     ic = models.input_config(cfg.model)
-    splits = data.build_splits(cfg.dataset, seed=cfg.seed, img_size=ic["img_size"], mean=ic["mean"],
+    splits = datasets.build_splits(cfg.dataset, seed=cfg.seed, img_size=ic["img_size"], mean=ic["mean"],
                                std=ic["std"], root=cfg.data_root, download=cfg.download,
                                low_data=cfg.low_data, data_path=cfg.data_path)
     if model is None:
@@ -199,17 +197,15 @@ def build(cfg: FinetuneConfig, model: nn.Module | None = None):
 def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict]:
     """Plasticity of every (mode, layer, component) on ``cfg.probe_pairs`` pairs, as rows.
 
-    x from the model's pretraining-like source (digits for the demo, imagenet_val otherwise), y
-    from the run's test split; pairs are seeded by the run's seed, so before and after
-    finetuning see the same pairs. The rows are what tracking logs as plasticity_*.csv.
+    x from the model's pretraining distribution (``models.source_dataset``), y from the run's
+    test split; pairs are seeded by the run's seed, so before and after finetuning see the
+    same pairs. The rows are what tracking logs as plasticity_*.csv.
     """
-    from raystudy import probe
-
     ic = models.input_config(cfg.model)
-    source = data.build_splits(data.source_dataset(models.resolve_name(cfg.model)), seed=cfg.seed,
-                               img_size=ic["img_size"], mean=ic["mean"], std=ic["std"],
-                               root=cfg.data_root)
-    df = probe.probe_model(model, source.test, splits.test, n_pairs=cfg.probe_pairs,
+    source = datasets.build_splits(models.source_dataset(cfg.model), seed=cfg.seed,
+                                   img_size=ic["img_size"], mean=ic["mean"], std=ic["std"],
+                                   root=cfg.data_root)
+    df = plasticity.probe_model(model, source.test, splits.test, n_pairs=cfg.probe_pairs,
                            batch_size=cfg.eval_batch_size, seed=cfg.seed, model_name=cfg.model,
                            dataset_name=cfg.dataset, num_workers=cfg.num_workers)
     return df.to_dict("records")
@@ -221,7 +217,8 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
           model: nn.Module | None = None) -> dict[str, Any]:
     """Finetune ``cfg.condition`` of ``cfg.model`` on ``cfg.dataset``; returns the results.
 
-    ``report(metrics, state)`` is called every ``log_every`` steps with step measurements and
+    ``report(metrics, state)`` is called every ``log_every`` steps with step measurements (loss,
+    ``scheduled_lr``: the lr of that step, ``grad_norm/<component>``) and
     after each evaluation with validation metrics and ``state``, a checkpoint that ``resume``
     takes back to continue from that step. ``model`` overrides the built one (pretraining).
     """
@@ -245,10 +242,10 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
     optimizer = build_optimizer(model, cfg, device)
     micro = cfg.batch_size // cfg.grad_accum // size
     # Cache path: the tensor pools move to the device once; batches are cut and augmented there.
-    placed = data.place(splits, device)
-    val_loader = data.eval_batches(data.shard(placed.val, rank, size), cfg.eval_batch_size, device,
+    placed = batches.place(splits, device)
+    val_loader = batches.eval_batches(batches.shard(placed.val, rank, size), cfg.eval_batch_size, device,
                                    cfg.num_workers)
-    test_loader = data.eval_batches(data.shard(placed.test, rank, size), cfg.eval_batch_size, device,
+    test_loader = batches.eval_batches(batches.shard(placed.test, rank, size), cfg.eval_batch_size, device,
                                     cfg.num_workers)
     report = report or (lambda metrics, state: None)
 
@@ -264,7 +261,7 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
     if cfg.probe_pairs:
         probe_before = resume.get("probe_before") if resume else probe_plasticity(cfg, model, splits)
     # A resumed run draws a fresh, still reproducible, stream of batches, already on the device.
-    batches: Iterator = data.train_stream(placed.train, micro, seed=cfg.seed * 1_000_003 + start * 7919 + rank,
+    stream: Iterator = batches.train_stream(placed.train, micro, seed=cfg.seed * 1_000_003 + start * 7919 + rank,
                                           device=device, num_workers=cfg.num_workers)
 
     status, last = "finished", {}
@@ -273,13 +270,13 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
         for g in optimizer.param_groups:
             g["lr"] = lr
 
-        out = train_step(net, [next(batches) for _ in range(cfg.grad_accum)],
+        out = train_step(net, [next(stream) for _ in range(cfg.grad_accum)],
                          optimizer, groups, cfg.clip_grad, device)
 
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             # The only host sync of the hot loop: every log_every steps.
-            last = {"step": done, "lr": lr, **{k: v.item() for k, v in out.items()}}
+            last = {"step": done, "scheduled_lr": lr, **{k: v.item() for k, v in out.items()}}
             if not math.isfinite(last["loss"]):
                 status = "diverged"
                 report({**last, "diverged": 1.0}, None)
@@ -309,41 +306,3 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
         results["plasticity_before"] = probe_before
     results["wall_s"] = time.perf_counter() - t0
     return results
-
-
-# ---------------------------------------------------------------- the demo's pretrained model
-
-# Pretraining recipe of the demo backbone: clean digits, all components, AdamW (STUDY.md).
-DEMO_PRETRAIN = dict(model="vit_demo", pretrained=False, dataset="digits", condition="full",
-                     optimizer="adamw", lr=1e-3, weight_decay=0.05, steps=1500, warmup_steps=100,
-                     batch_size=64, eval_every=500, log_every=100, seed=0, device="cpu")
-
-
-def demo_weights(cache: str | os.PathLike | None = None, log: Callable[[str], None] | None = print) -> Path:
-    """The demo backbone's weights, pretrained once on clean digits and cached.
-
-    The file name carries a hash of the recipe, so a changed recipe never loads stale weights;
-    a file lock keeps concurrent trials from pretraining twice.
-    """
-    key = hashlib.sha256(json.dumps(DEMO_PRETRAIN, sort_keys=True).encode()).hexdigest()[:10]
-    root = Path(cache) if cache else default_cache()
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"vit_demo_digits_{key}.pt"
-    if path.exists():
-        return path
-    with open(root / f".vit_demo_{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            return path
-        if log:
-            log(f"pretraining the demo ViT on clean digits once ({DEMO_PRETRAIN['steps']} steps), "
-                f"cached at {path}")
-        cfg = FinetuneConfig(**DEMO_PRETRAIN)
-        model = models.create_model("vit_demo", 10, pretrained=False)
-        res = train(cfg, model=model)
-        if log:
-            log(f"demo backbone: source test accuracy {res['test_acc']:.3f}")
-        tmp = path.with_suffix(".tmp")
-        torch.save({k: v for k, v in model.state_dict().items()}, tmp)
-        os.replace(tmp, path)  # atomic: a reader never sees half a file
-    return path

@@ -20,30 +20,20 @@ from typing import Any
 
 import yaml
 
-from raystudy import components
-from raystudy.config import ConfigError, FinetuneConfig, load_config, validate
+from raystudy import cli, components
+from raystudy.config import FinetuneConfig, load_config, parse_value, validate
+from raystudy.errors import ConfigError
 
 # Flags for the keys people change most; any other key goes through --set key=value.
 FLAGS = ("model", "weights", "dataset", "data_root", "condition", "optimizer", "lr", "steps",
          "warmup_steps", "batch_size", "grad_accum", "seed", "device", "eval_every", "probe_pairs")
 
 
-def parse_set(items: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs, values read as YAML scalars (``lr=3e-3``, ``download=true``)."""
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
-    return out
-
-
 def make_config(args: argparse.Namespace) -> FinetuneConfig:
-    overrides = {k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None}
+    overrides = {k: parse_value(k, getattr(args, k)) for k in FLAGS if getattr(args, k) is not None}
     if args.download:
         overrides["download"] = True
-    overrides.update(parse_set(args.set or []))
+    overrides.update(cli.parse_set(args.set or []))
     return validate(load_config(args.config or "demo", **overrides))
 
 
@@ -56,39 +46,39 @@ def printer(cfg: FinetuneConfig):
             return
         norms = "  ".join(f"{k.split('/')[1]} {v:.3g}" for k, v in m.items()
                           if k.startswith("grad_norm/") and not k.endswith("total"))
-        print(f"  step {m['step']:>6}/{cfg.steps}  loss {m['loss']:.4f}  lr {m['lr']:.3g}  "
+        print(f"  step {m['step']:>6}/{cfg.steps}  loss {m['loss']:.4f}  lr {m['scheduled_lr']:.3g}  "
               f"|grad| {m['grad_norm/total']:.3g} ({norms})", flush=True)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m raystudy.finetune", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = cli.Parser("python -m raystudy.finetune", __doc__)
     ap.add_argument("--config", help="YAML config file or bundled name (default: demo)")
-    for key in FLAGS:
-        kind = {"lr": float, "steps": int, "warmup_steps": int, "batch_size": int, "grad_accum": int,
-                "seed": int, "eval_every": int, "probe_pairs": int}.get(key, str)
-        ap.add_argument("--" + key.replace("_", "-"), dest=key, type=kind)
+    types_ = FinetuneConfig.__annotations__
+    for key in FLAGS:  # typed by the config itself (config.parse_value), one parser for every flag
+        ap.add_argument("--" + key.replace("_", "-"), dest=key, metavar=key.upper(),
+                        help=f"config key {key} ({types_[key]}; default: the config's)")
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config key (repeatable)")
     ap.add_argument("--out", help="folder for config.yaml and results.json")
     ap.add_argument("--quiet", action="store_true", help="print only the results")
     args = ap.parse_args(argv)
 
-    from raystudy import data, engine, models
+    from raystudy import datasets, engine, models, pretrain
 
     try:
         cfg = make_config(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        if cfg.weights is None and cfg.pretrained:
+            pretrain.ensure_weights(cfg.model)
+    except (ConfigError, models.WeightsUnavailable) as e:
+        return cli.fail(e)
 
     print(f"raystudy finetune: {cfg.model} on {cfg.dataset}, condition "
           f"{components.canonical_condition(cfg.condition)}, {cfg.optimizer} lr {cfg.lr:g}, "
           f"{cfg.steps} steps, seed {cfg.seed}", flush=True)
     try:
         results = engine.train(cfg, report=None if args.quiet else printer(cfg))
-    except (models.WeightsUnavailable, data.DatasetUnavailable) as e:
+    except (models.WeightsUnavailable, datasets.DatasetUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -1,36 +1,74 @@
-"""Models: timm ViTs with the paper's checkpoints, plus the offline demo's tiny ViT.
+"""Models: a registry of timm ViTs (the paper's checkpoints) and raystudy's own small ViTs.
 
-``create_model`` takes a short name (``vit_base``), any timm ViT name, or ``vit_demo``; weights
-come from timm's hub cache, a local file, or (for the demo) raystudy's own cache. With no network
-and no cached weights it raises ``WeightsUnavailable`` with the command that prefetches them,
-instead of a stack trace from deep inside a download.
+``create_model`` takes a short name (``vit_base``), any timm ViT name, or a name in
+``LOCAL_MODELS``. Weights come from timm's hub cache, a local file, or, for a local model, the
+file its pretraining recipe builds once (``python -m raystudy.prefetch --model NAME``). With no
+network and no weights it raises ``WeightsUnavailable`` naming the command that gets them,
+instead of a stack trace from deep inside a download. Everything downstream asks this module
+about a model (input size, normalisation, the dataset its probes draw x from); none of it
+knows a model by name.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from raystudy.config import ConfigError
+from raystudy import paths
+from raystudy.errors import ConfigError
 
-# The paper's ImageNet-21k checkpoints (STUDY.md).
+# The paper's ImageNet-21k checkpoints.
 ALIASES = {
     "vit_base": "vit_base_patch16_224.orig_in21k",
     "vit_large": "vit_large_patch16_224.orig_in21k",
     "vit_huge": "vit_huge_patch14_224.orig_in21k",
 }
 
-# raystudy's own architectures: a name and a small dict of timm VisionTransformer arguments.
-LOCAL_MODELS = {
-    # The offline demo (STUDY.md): 16x16 grey digits, 4x4 patches, 4 blocks of width 64.
-    "vit_demo": dict(img_size=16, patch_size=4, in_chans=1, embed_dim=64, depth=4, num_heads=4),
-}
+# What plasticity probes draw x from for a hub checkpoint: its pretraining distribution.
+HUB_SOURCE = "imagenet_val"
 
-# Normalisation of the demo's grey images (pixels in [0, 1]).
-DEMO_MEAN, DEMO_STD = (0.5,), (0.5,)
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A ViT raystudy defines and pretrains itself, as data (timm registers models the same way).
+
+    ``arch``: timm ``VisionTransformer`` arguments; ``pretrain``: the finetuning config that
+    builds its weights from scratch (``raystudy.pretrain``); ``source``: the dataset it is
+    pretrained on, which plasticity probes draw x from; ``note``: what users should know when
+    reading its results.
+    """
+
+    arch: dict
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    source: str
+    pretrain: dict = field(default_factory=dict)
+    note: str = ""
+    plasticity_note: str = ""
+
+
+LOCAL_MODELS = {
+    # The offline demo: 16x16 grey digits, 4x4 patches, 4 blocks of width 64, pretrained on
+    # clean digits with all components trained (AdamW), finetuned on shifted digits.
+    "vit_demo": LocalModel(
+        arch=dict(img_size=16, patch_size=4, in_chans=1, embed_dim=64, depth=4, num_heads=4),
+        mean=(0.5,), std=(0.5,), source="digits",
+        pretrain=dict(pretrained=False, dataset="digits", condition="full", optimizer="adamw",
+                      lr=1e-3, weight_decay=0.05, steps=1500, warmup_steps=100, batch_size=64,
+                      eval_every=500, log_every=100, seed=0, device="cpu"),
+        note="this is the tiny offline demo; the paper's claims are about large pretrained ViTs.",
+        plasticity_note=(
+            "the paper's plasticity claim (MHA > FC1 ~ FC2 > LN2 > LN1) is about large pretrained "
+            "ViTs; this tiny demo's ranking is expected to differ: its embedding tokens are small "
+            "next to sqrt(d), so LayerNorm amplifies differences, and its linear weights stay near "
+            "their small initialisation. It is reported as measured.")),
+}
 
 
 class WeightsUnavailable(RuntimeError):
@@ -68,15 +106,18 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
     if full in LOCAL_MODELS:
         from timm.models.vision_transformer import VisionTransformer
 
-        kw = dict(LOCAL_MODELS[full])
+        kw = dict(LOCAL_MODELS[full].arch)
         if img_size:
             kw["img_size"] = img_size
         model = VisionTransformer(num_classes=num_classes, **kw)
+        if weights is None and pretrained:
+            weights = weights_file(full)
+            if not weights.is_file():
+                raise WeightsUnavailable(
+                    f"{full}'s pretrained weights are not built yet ({weights}); build them once "
+                    f"with `python -m raystudy.prefetch --model {name}`, or pass --weights FILE")
         if weights is not None:
             load_backbone(model, weights)
-        elif pretrained:
-            raise WeightsUnavailable(f"{full} has no hub weights; pass weights=FILE "
-                                     "(raystudy.engine.demo_weights() builds the demo's)")
         return model
 
     import timm
@@ -153,13 +194,47 @@ def load_backbone(model: nn.Module, path: str | Path) -> None:
                                  f"unexpected {unexpected[:4]}")
 
 
+def weights_file(name: str) -> Path:
+    """Where a local model's pretrained weights live (built or not): the cache, named by a hash
+    of its recipe, so a changed recipe never loads stale weights."""
+    full = resolve_name(name)
+    spec = LOCAL_MODELS[full]
+    recipe = {"model": full, **spec.pretrain}
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+    return paths.cache() / f"{full}_{spec.source}_{key}.pt"
+
+
+def pretrain_recipe(name: str) -> dict | None:
+    """The finetuning config that builds ``name``'s weights, or None (hub weights)."""
+    spec = LOCAL_MODELS.get(resolve_name(name))
+    return {"model": resolve_name(name), **spec.pretrain} if spec and spec.pretrain else None
+
+
+def source_dataset(name: str) -> str:
+    """The dataset ``name`` was pretrained on, where plasticity probes draw x from."""
+    spec = LOCAL_MODELS.get(resolve_name(name))
+    return spec.source if spec else HUB_SOURCE
+
+
+def note(name: str) -> str:
+    """What a reader of ``name``'s results should know (empty for the paper's checkpoints)."""
+    spec = LOCAL_MODELS.get(resolve_name(name))
+    return spec.note if spec else ""
+
+
+def plasticity_note(name: str) -> str:
+    """What a reader of ``name``'s plasticity measurements should know (empty for hub models)."""
+    spec = LOCAL_MODELS.get(resolve_name(name))
+    return spec.plasticity_note if spec else ""
+
+
 def input_config(name: str) -> dict:
     """Input size, channels and normalisation ``name`` was pretrained with, without building it."""
     full = check_model(name)
     if full in LOCAL_MODELS:
-        c = LOCAL_MODELS[full]["in_chans"]
-        return dict(img_size=LOCAL_MODELS[full]["img_size"], in_chans=c,
-                    mean=DEMO_MEAN * c, std=DEMO_STD * c)
+        spec = LOCAL_MODELS[full]
+        return dict(img_size=spec.arch["img_size"], in_chans=spec.arch["in_chans"],
+                    mean=spec.mean, std=spec.std)
     import timm
 
     cfg = timm.models.get_pretrained_cfg(full)

@@ -1,7 +1,7 @@
 """Plasticity of ViT components: measured ratios, theoretical bounds, one streaming probe.
 
 For a component f and pairs (x, y), x from the pretraining distribution and y from the
-downstream test split (STUDY.md, "Plasticity"):
+downstream test split:
 
     P(f) = E ||f(x) - f(y)||_F / ||x - y||_F        (Frobenius over tokens x features)
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -119,15 +118,6 @@ def pair_norms(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def ratios(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     """``num / den`` with NaN where ``den`` is 0: a pair with x = y has no ratio and is skipped."""
     return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), float("nan"))
-
-
-def pair_ratios(fx: torch.Tensor, fy: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-sample ||fx - fy||_F / ||x - y||_F, shape (B,); NaN for pairs with ||x - y|| = 0.
-
-    Norms run over all dimensions but the first (tokens x features). NaN pairs are excluded by
-    ``RunningStats`` (and counted out of ``n``).
-    """
-    return ratios(pair_norms(fx, fy), pair_norms(x, y))
 
 
 def t_interval(mean: float, std: float, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -332,7 +322,7 @@ def head_weights(attn: nn.Module) -> list[tuple[torch.Tensor, ...]]:
 
 
 def mha_bound(attn: nn.Module, n: int, r: float) -> float:
-    """Σ_h ||W_O^h||_2 ||W_V^h||_2 sqrt(3n + (12n+3) r⁴ ||W_Q^h W_K^hᵀ / √d_h||_2²) (STUDY.md).
+    """Σ_h ||W_O^h||_2 ||W_V^h||_2 sqrt(3n + (12n+3) r⁴ ||W_Q^h W_K^hᵀ / √d_h||_2²).
 
     n: sequence length; r: RMS token norm of the data entering the attention. In the maths
     convention (tokens as rows, x W) the logits are x W_Q W_Kᵀ xᵀ; with nn.Linear's (out, in)
@@ -560,7 +550,7 @@ def _stream(source_ds, target_ds, ix, iy, batch_size, num_workers):
         yield x, y
 
 
-# ---------------------------------------------------------------- tables and figures
+# ---------------------------------------------------------------- the tidy table
 
 def to_frame(rows: Iterable[dict], **constants) -> "pd.DataFrame":  # noqa: F821
     """The tidy table: one row per (model, dataset, mode, layer, component).
@@ -579,94 +569,16 @@ def to_frame(rows: Iterable[dict], **constants) -> "pd.DataFrame":  # noqa: F821
     return df.astype({"layer": int, "n": int})
 
 
-def aggregate(df) -> "pd.DataFrame":  # noqa: F821
-    """Model-level plasticity per (model, dataset, mode, component) and its rank.
+def probe_model(model: nn.Module, source_ds, target_ds, *, n_pairs: int, batch_size: int,
+                modes: str | Sequence[str] = MODES, seed: int = 0, model_name: str = "",
+                dataset_name: str = "", components: str | Sequence[str] = PROBE_COMPONENTS,
+                num_workers: int = 0, tags: dict | None = None) -> "pd.DataFrame":  # noqa: F821
+    """Probe an already built model (any device) on (x, y) pairs; returns the tidy table.
 
-    The aggregate is the mean over layers of the per-layer means (every layer weighs the same,
-    whatever its n); rank 1 is the most plastic component.
+    x from ``source_ds`` (pretraining-like), y from ``target_ds`` (downstream test split), both
+    datasets of image tensors at the model's input size. All modes share one pass over the pairs.
+    ``tags`` adds constant columns (``{"stage": "after_finetune", "run_id": ...}``).
     """
-    keys = [k for k in ("model", "dataset", "mode") if k in df]
-    extra = [c for c in df.columns if c not in COLUMNS and df[c].nunique(dropna=False) > 1]
-    keys += extra
-    agg = (df.groupby(keys + ["component"], sort=False)
-             .agg(plasticity=("mean", "mean"), layer_min=("mean", "min"), layer_max=("mean", "max"),
-                  layers=("layer", "nunique"))
-             .reset_index())
-    groups = agg.groupby(keys, sort=False)
-    agg["rank"] = groups["plasticity"].rank(ascending=False, method="min").astype(int)
-    order = groups.ngroup()  # keep the table's own order of modes, not the alphabet's
-    return agg.assign(_g=order).sort_values(["_g", "rank"], kind="stable").drop(columns="_g").reset_index(drop=True)
-
-
-def ranking(df, mode: str) -> list[str]:
-    """Components of one mode from most to least plastic (model-level aggregate)."""
-    agg = aggregate(df[df["mode"] == mode])
-    return agg.sort_values("rank", kind="stable")["component"].tolist()
-
-
-def save_table(df, path_stem: str | Path) -> list[Path]:
-    """Write ``df`` as ``<stem>.csv`` and ``<stem>.parquet``; returns the paths."""
-    stem = Path(path_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    csv, parquet = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".parquet")
-    df.to_csv(csv, index=False)
-    df.to_parquet(parquet, index=False)
-    return [csv, parquet]
-
-
-def plot(df, path: str | Path) -> list[Path]:
-    """Figure for one (model, dataset): P per layer with 95% bands, one panel per mode, and the ranking.
-
-    Writes ``<path>.png`` and ``<path>.pdf`` (a .png/.pdf suffix of ``path`` is dropped first;
-    dots in model names such as ``vit_base_patch16_224.orig_in21k`` are kept).
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    pairs = df[["model", "dataset"]].drop_duplicates()
-    if len(pairs) != 1:
-        raise ProbeError(f"plot draws one (model, dataset), got {len(pairs)}; filter the table first")
-    model, dataset = pairs.iloc[0]
-    modes = [m for m in MODES if m in set(df["mode"])]
-    comps = [c for c in PROBE_COMPONENTS if c in set(df["component"])]
-    colors = {c: f"C{i}" for i, c in enumerate(PROBE_COMPONENTS)}
-    fig = Figure(figsize=(4.2 * (len(modes) + 1), 3.6), layout="constrained")
-    FigureCanvasAgg(fig)  # Agg, explicitly, without touching pyplot's global backend
-    axes = fig.subplots(1, len(modes) + 1, squeeze=False)[0]
-    for ax, m in zip(axes, modes):
-        sub = df[df["mode"] == m]
-        for c in comps:
-            s = sub[sub["component"] == c].sort_values("layer")
-            ax.plot(s["layer"], s["mean"], marker="o", ms=3, color=colors[c], label=c)
-            ax.fill_between(s["layer"], s["ci_low"], s["ci_high"], color=colors[c], alpha=0.25, lw=0)
-        vals = sub["mean"].to_numpy(dtype=float)
-        vals = vals[np.isfinite(vals) & (vals > 0)]
-        if len(vals) and vals.max() / vals.min() > 20:  # components often differ by decades
-            ax.set_yscale("log")
-        ax.axhline(1.0, color="0.5", lw=0.8, ls=":")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set(title=f"{m}", xlabel="layer (block)", ylabel="plasticity P (95% band)")
-        ax.legend(fontsize=7, ncols=2)
-    ax = axes[-1]
-    agg = aggregate(df)
-    width = 0.8 / max(len(modes), 1)
-    for j, m in enumerate(modes):
-        a = agg[agg["mode"] == m].set_index("component").reindex(comps)
-        xs = np.arange(len(comps)) + (j - (len(modes) - 1) / 2) * width
-        ax.bar(xs, a["plasticity"], width=width, label=m, color=f"C{j + 5}")
-        for xpos, (val, rank) in zip(xs, zip(a["plasticity"], a["rank"])):
-            if np.isfinite(val):
-                ax.annotate(f"#{int(rank)}", (xpos, val), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(np.arange(len(comps)), comps)
-    ax.set(title="ranking (mean over layers)", ylabel="plasticity P")
-    ax.legend(fontsize=7)
-    fig.suptitle(f"plasticity of {model} on {dataset}")
-    p = Path(path)
-    if p.suffix.lower() in (".png", ".pdf"):
-        p = p.with_suffix("")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    out = [p.with_name(p.name + ".png"), p.with_name(p.name + ".pdf")]
-    for f in out:
-        fig.savefig(f, dpi=150)
-    return out
+    pairs = pairs_from_datasets(source_ds, target_ds, n_pairs, batch_size, seed, num_workers=num_workers)
+    rows = probe(model, pairs, mode=modes, components=components)
+    return to_frame(rows, model=model_name, dataset=dataset_name, **(tags or {}))

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from raystudy.config import ConfigError
+from raystudy.errors import ConfigError
 
 # Hosts torchvision downloads each dataset from (checked before a download, so offline fails fast).
 DOWNLOAD_URLS = {
@@ -52,15 +52,15 @@ def parse_models(value: str | None) -> list[str]:
 
 
 def parse_datasets(value: str | None) -> list[str]:
-    from raystudy import data
+    from raystudy import datasets
 
     names = []
     for v in (value or "").split(","):
         v = v.strip()
         if v == "study":
-            names += [d for d in data.STUDY_DATASETS if d not in names]
+            names += [d for d in datasets.STUDY_DATASETS if d not in names]
         elif v:
-            data.check_dataset(v)
+            datasets.check_dataset(v)
             if v not in names:
                 names.append(v)
     return names
@@ -70,13 +70,15 @@ def parse_datasets(value: str | None) -> list[str]:
 
 def fetch_weights(name: str, *, check_only: bool = False) -> str:
     """Make ``name``'s pretrained weights available offline; returns a one-line status."""
-    from raystudy import engine, models
+    from raystudy import models, pretrain
 
     full = models.resolve_name(name)
-    if full in models.LOCAL_MODELS:  # the demo: pretrained here, on data that ships offline
+    if models.pretrain_recipe(full) is not None:  # pretrained here, on data that ships offline
         if check_only:
-            return f"local   {name}: built on first use from data that ships offline; nothing to download"
-        return f"ready   {name}: {engine.demo_weights(log=None)}"
+            state = "built" if models.weights_file(full).is_file() else "built by prefetch"
+            return (f"local   {name}: {state} from data that ships offline "
+                    f"({models.weights_file(full)}); nothing to download")
+        return f"ready   {name}: {pretrain.ensure_weights(full, log=None)}"
     cached = models.cached_weights(full)
     if cached is not None:
         return f"cached  {name} ({full}): {cached}"
@@ -110,13 +112,13 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
 
 def fetch_dataset(name: str, root: Path, *, check_only: bool = False) -> str:
     """Make dataset ``name`` available under ``root``; returns a one-line status."""
-    from raystudy import data, models
+    from raystudy import datasets, models
 
-    info = data.check_dataset(name)
+    info = datasets.check_dataset(name)
     try:
         src = info.load(root, False)  # files on disk only: never the network
         return f"cached  {name}: {len(src.train_pool.labels) + len(src.test.labels)} images under {root}"
-    except data.DatasetUnavailable as e:
+    except datasets.DatasetUnavailable as e:
         missing = str(e)
     if name not in DOWNLOAD_URLS:  # CIFAR-10-C, DomainNet, ImageNet val: by hand
         raise Unfetchable(missing)
@@ -180,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from raystudy import data
+    from raystudy import paths
 
-    root = Path(args.data_root).resolve() if args.data_root else data.default_root()
+    root = Path(args.data_root).resolve() if args.data_root else paths.data_root()
     failed = prefetch(model_names, dataset_names, root, check_only=args.check)
     if failed:
         print(f"{len(failed)} of {len(model_names) + len(dataset_names)} not available: {', '.join(failed)}",

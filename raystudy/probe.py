@@ -19,41 +19,55 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-import torch.nn as nn
 
 from raystudy import plasticity
-from raystudy.config import ConfigError
-
-DEMO_NOTE = ("note: the paper's plasticity claim (MHA > FC1 ~ FC2 > LN2 > LN1) is about large "
-             "pretrained ViTs; this tiny demo's ranking is expected to differ: its embedding tokens "
-             "are small next to sqrt(d), so LayerNorm amplifies differences, and its linear weights "
-             "stay near their small initialisation (STUDY.md). It is reported as measured.")
+from raystudy.errors import ConfigError
 
 
-def probe_model(model: nn.Module, source_ds, target_ds, *, n_pairs: int, batch_size: int,
-                modes: str | Sequence[str] = plasticity.MODES, seed: int = 0, model_name: str = "",
-                dataset_name: str = "", components: str | Sequence[str] = plasticity.PROBE_COMPONENTS,
-                num_workers: int = 0, tags: dict | None = None):
-    """Probe an already built model (any device) on (x, y) pairs; returns the tidy DataFrame.
 
-    x from ``source_ds`` (pretraining-like), y from ``target_ds`` (downstream test split), both
-    datasets of image tensors at the model's input size. All modes share one pass over the pairs.
-    ``tags`` adds constant columns (``{"stage": "after_finetune", "run_id": ...}``), for the
-    engine's before/after-finetuning probes and the Ray workers.
+def aggregate(df):
+    """Model-level plasticity per (model, dataset, mode, component) and its rank.
+
+    The aggregate is the mean over layers of the per-layer means (every layer weighs the same,
+    whatever its n); rank 1 is the most plastic component.
     """
-    pairs = plasticity.pairs_from_datasets(source_ds, target_ds, n_pairs, batch_size, seed,
-                                           num_workers=num_workers)
-    rows = plasticity.probe(model, pairs, mode=modes, components=components)
-    return plasticity.to_frame(rows, model=model_name, dataset=dataset_name, **(tags or {}))
+    keys = [k for k in ("model", "dataset", "mode") if k in df]
+    extra = [c for c in df.columns if c not in plasticity.COLUMNS and df[c].nunique(dropna=False) > 1]
+    keys += extra
+    agg = (df.groupby(keys + ["component"], sort=False)
+             .agg(plasticity=("mean", "mean"), layer_min=("mean", "min"), layer_max=("mean", "max"),
+                  layers=("layer", "nunique"))
+             .reset_index())
+    groups = agg.groupby(keys, sort=False)
+    agg["rank"] = groups["plasticity"].rank(ascending=False, method="min").astype(int)
+    order = groups.ngroup()  # keep the table's own order of modes, not the alphabet's
+    return agg.assign(_g=order).sort_values(["_g", "rank"], kind="stable").drop(columns="_g").reset_index(drop=True)
+
+
+def save_table(df, path_stem: str | Path) -> list[Path]:
+    """Write ``df`` as ``<stem>.csv`` and ``<stem>.parquet``; returns the paths."""
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    csv, parquet = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".parquet")
+    df.to_csv(csv, index=False)
+    df.to_parquet(parquet, index=False)
+    return [csv, parquet]
+
+
+def save_figure(df, path_stem: str | Path) -> list[Path]:
+    """The report's plasticity figure (per-layer curves with 95% bands) as PNG and PDF."""
+    from analysis import figures
+
+    comps = [c for c in plasticity.PROBE_COMPONENTS if c in set(df["component"])]
+    return figures.plasticity_layers(df, comps, path_stem, modes=list(plasticity.MODES))
 
 
 def format_tables(df) -> list[str]:
     """Lines of the per-layer tables (mean P, bound) and the ranking of each mode."""
     lines = []
-    agg = plasticity.aggregate(df)
+    agg = aggregate(df)
     comps = [c for c in plasticity.PROBE_COMPONENTS if c in set(df["component"])]
     for mode in [m for m in plasticity.MODES if m in set(df["mode"])]:
         sub = df[df["mode"] == mode]
@@ -87,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--model", default="vit_demo", help="vit_demo, vit_base/large/huge or any timm ViT")
     ap.add_argument("--dataset", default="digits_c", help="downstream dataset: y from its test split")
-    ap.add_argument("--source", help="pretraining-like dataset for x (default: digits for vit_demo, "
+    ap.add_argument("--source", help="pretraining-like dataset for x (default: the model's pretraining data: digits for vit_demo, "
                                      "imagenet_val otherwise)")
     ap.add_argument("--pairs", type=int, default=1024, help="number of (x, y) pairs (paper: 12800)")
     ap.add_argument("--batch-size", type=int, default=128, help="pairs per batch")
@@ -106,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed its message; same status, no traceback
         return int(e.code or 0)
 
-    from raystudy import data, engine, models
+    from raystudy import datasets, engine, models, pretrain
 
     # -- validate everything cheap before any data or weights are touched
     try:
@@ -121,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"unknown device {args.device!r}; valid: auto, cpu, cuda")
         full = models.check_model(args.model)
-        source = args.source or data.source_dataset(full)
-        data.check_dataset(args.dataset)
-        data.check_dataset(source)
+        source = args.source or models.source_dataset(full)
+        datasets.check_dataset(args.dataset)
+        datasets.check_dataset(source)
         if args.weights is not None and not Path(args.weights).is_file():
             raise ConfigError(f"weights file {args.weights!r} does not exist")
         ic = models.input_config(args.model)
@@ -135,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         split = dict(seed=args.seed, img_size=ic["img_size"], mean=ic["mean"], std=ic["std"],
                      root=args.data_root, download=args.download)
-        src, tgt = data.build_splits(source, **split), data.build_splits(args.dataset, **split)
+        src, tgt = datasets.build_splits(source, **split), datasets.build_splits(args.dataset, **split)
         want = (ic["in_chans"], ic["img_size"], ic["img_size"])
         for name, ds in ((source, src.test), (args.dataset, tgt.test)):
             try:
@@ -148,16 +162,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise plasticity.ProbeError(
                     f"dataset {name!r} gives images of shape {shape}, model {args.model!r} expects "
                     f"{want}; pick a source and dataset at the model's input size")
-    except (data.DatasetUnavailable, plasticity.ProbeError, ConfigError) as e:
+    except (datasets.DatasetUnavailable, plasticity.ProbeError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     # -- model
-    weights = args.weights
-    if weights is None and full == "vit_demo":
-        weights = engine.demo_weights()
     try:
-        model = models.create_model(args.model, tgt.num_classes, weights=weights)
+        if args.weights is None:
+            pretrain.ensure_weights(full)
+        model = models.create_model(args.model, tgt.num_classes, weights=args.weights)
         device = engine.resolve_device(args.device)
         model.to(device)
         plasticity.unwrap_vit(model)
@@ -168,17 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"raystudy probe: {args.model} on {args.dataset} (x: {source} test, y: {args.dataset} "
           f"test), {args.pairs} pairs in batches of {args.batch_size}, modes {', '.join(modes)}, "
           f"seed {args.seed}, {device}", flush=True)
-    df = probe_model(model, src.test, tgt.test, n_pairs=args.pairs, batch_size=args.batch_size,
+    df = plasticity.probe_model(model, src.test, tgt.test, n_pairs=args.pairs, batch_size=args.batch_size,
                      modes=modes, seed=args.seed, model_name=args.model, dataset_name=args.dataset,
                      components=comps, num_workers=args.num_workers)
     for line in format_tables(df):
         print(line)
-    if full == "vit_demo":
-        print(DEMO_NOTE)
+    if models.plasticity_note(full):
+        print("note: " + models.plasticity_note(full))
 
     out = Path(args.out or Path("runs") / "probe" / f"{args.model}_{args.dataset}")
     stem = out / "plasticity"
-    written = plasticity.save_table(df, stem) + plasticity.plot(df, stem)
+    written = save_table(df, stem) + save_figure(df, stem)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -1,6 +1,6 @@
 """MLflow tracking: one experiment per study, a parent run per grid, one run per trial, exactly once.
 
-Each trial config has a deterministic key (``trial_key``). Runs are found by that key, never by
+Each trial config has a deterministic key (``config.trial_key``). Runs are found by that key, never by
 an in-memory map, so a driver that is killed and rerun reopens the same run instead of creating
 a second one, and a finished key is skipped. All writes go through an explicit ``MlflowClient``
 (no global tracking URI is set anywhere).
@@ -10,13 +10,15 @@ Layout (read back by ``analysis/``):
   ``raystudy.status`` = ``running`` | ``finished`` | ``diverged`` | ``stopped`` | ``failed`` |
   ``interrupted``; ``raystudy.error``;
   ``condition``, ``dataset``, ``model``, ``optimizer``; code and package versions.
-- params: the full flat finetuning config; metrics by step; final ``best_val_acc``, ``test_acc``.
+- params: the full flat finetuning config (``run_config`` reads it back); metrics by step
+  (``STEP_METRICS``; ``scheduled_lr`` is the lr of that step, the param ``lr`` the base lr);
+  final ``best_val_acc`` (validation accuracy of the checkpoint tested), ``test_acc``.
+``run_row`` is how a run becomes a row of the runs table every reader uses (grid, analysis).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import math
 import os
 import socket
 import subprocess
@@ -25,16 +27,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from raystudy.config import ConfigError
+from raystudy.config import FinetuneConfig, parse_value
+from raystudy.errors import ConfigError
 
-# Config keys that say how a trial runs, not what it is: they do not enter its key.
-EXECUTION_KEYS = frozenset({"device", "num_workers", "data_root", "download", "compile",
-                            "eval_batch_size", "log_every"})
+# Tag names of the run record.
+ROLE, KEY, STATUS, ERROR, ATTEMPTS = "raystudy.role", "raystudy.key", "raystudy.status", "raystudy.error", "raystudy.attempts"
+
 # Final results logged as metrics.
 FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_done", "wall_s",
                  "trainable_params")
 # Step metrics reported by the loop.
-STEP_METRICS = ("loss", "lr", "val_acc", "val_loss", "best_val_acc")
+STEP_METRICS = ("loss", "scheduled_lr", "val_acc", "val_loss", "best_val_acc")
 
 # Statuses of a trial that is done: never run again. "stopped": ended early by a scheduler.
 TERMINAL = ("finished", "diverged", "stopped")
@@ -47,12 +50,6 @@ class TrackingUnavailable(ConfigError):
 def default_uri() -> str:
     """$MLFLOW_TRACKING_URI, else a SQLite file in the working directory (MLflow 3's default)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-
-
-def trial_key(config: dict[str, Any]) -> str:
-    """A stable key for a trial config: the hash of its identity keys, canonical JSON."""
-    ident = {k: v for k, v in sorted(config.items()) if k not in EXECUTION_KEYS}
-    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def check_uri(uri: str, timeout: float = 5.0) -> None:
@@ -206,7 +203,7 @@ def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[st
         tags["mlflow.parentRunId"] = parent_id
     run = cl.create_run(exp_id, tags=tags, run_name=name)
     cl.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in config.items()])
-    _log_text(cl, run.info.run_id, _yaml(config), "config.yaml")
+    cl.log_text(run.info.run_id, _yaml(config), "config.yaml")
     return run.info.run_id
 
 
@@ -219,11 +216,6 @@ def log_steps(cl, run_id: str, reports: list[dict[str, Any]]) -> None:
              if _is_step_metric(k) and isinstance(v, (int, float)) and not isinstance(v, bool)]
     for i in range(0, len(batch), 1000):  # MLflow takes at most 1,000 metrics a batch
         cl.log_batch(run_id, metrics=batch[i:i + 1000])
-
-
-def log_step(cl, run_id: str, metrics: dict[str, Any], step: int) -> None:
-    """Log the numeric step metrics of one report in one batch."""
-    log_steps(cl, run_id, [{**metrics, "step": step}])
 
 
 def _is_step_metric(k: str) -> bool:
@@ -247,7 +239,7 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
         if table:
             import pandas as pd
 
-            _log_text(cl, run_id, pd.DataFrame(table).to_csv(index=False), f"{name}.csv")
+            cl.log_text(run_id, pd.DataFrame(table).to_csv(index=False), f"{name}.csv")
     cl.set_terminated(run_id, status="FINISHED")
 
 
@@ -280,10 +272,67 @@ def _yaml(d: dict[str, Any]) -> str:
     return yaml.safe_dump({k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}, sort_keys=False)
 
 
-def _log_text(cl, run_id: str, text: str, name: str) -> None:
-    cl.log_text(run_id, text, name)
+# ---------------------------------------------------------------- the run record, read back
+
+_MLFLOW_STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "failed",
+                  "RUNNING": "running", "SCHEDULED": "running"}
+CONFIG_TYPES = set(FinetuneConfig.__dataclass_fields__)
 
 
-__all__ = ["default_uri", "trial_key", "check_uri", "client", "experiment_id", "parent_run",
-           "open_trial", "log_step", "finish_trial", "fail_trial", "trial_status", "find_runs",
-           "TrackingUnavailable"]
+def run_config(params: dict[str, str]) -> dict[str, Any]:
+    """A run's params (MLflow keeps strings) back as config values, as ``FinetuneConfig.to_dict``
+    gives them (pairs as lists); other keys are left out."""
+    out = {k: parse_value(k, str(v)) for k, v in params.items() if k in CONFIG_TYPES}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str, str],
+            metrics: dict[str, float]) -> dict[str, Any]:
+    """The row of one trial run in the runs table, from its MLflow status, tags, params, metrics.
+
+    ``val_acc`` is the final ``best_val_acc`` (the validation accuracy of the checkpoint that was
+    tested), ``test_acc`` its test accuracy. The status is the ``raystudy.status`` tag (MLflow's
+    own status if the tag is absent); a run tagged finished without a test accuracy is marked
+    failed. Accuracies are NaN unless finished: never zeros in a mean.
+    """
+    status = tags.get(STATUS) or _MLFLOW_STATUS.get(run_status, "failed")
+    error = tags.get(ERROR, "")
+    if status == "finished" and math.isnan(_num(metrics.get("test_acc"))):
+        status, error = "failed", error or "finished without a test_acc metric"
+    done = status == "finished"
+    seed, probes = _num(params.get("seed")), _num(params.get("probe_pairs"))
+    return {
+        "run_id": run_id,
+        "model": tags.get("model") or params.get("model", "unknown"),
+        "optimizer": tags.get("optimizer") or params.get("optimizer", "unknown"),
+        "low_data": str(params.get("low_data", "False")).lower() == "true",
+        "dataset": tags.get("dataset") or params.get("dataset"),
+        "condition": tags.get("condition") or params.get("condition"),
+        "lr": _num(params.get("lr")),
+        "seed": int(seed) if not math.isnan(seed) else -1,
+        "val_acc": _num(metrics.get("best_val_acc")) if done else math.nan,
+        "test_acc": _num(metrics.get("test_acc")) if done else math.nan,
+        "status": status,
+        "parent_run_id": tags.get("mlflow.parentRunId", ""),
+        "key": tags.get(KEY, ""),
+        "error": error,
+        "probe_pairs": -1 if math.isnan(probes) else int(probes),
+    }
+
+
+def rows(runs) -> list[dict[str, Any]]:
+    """The rows of MLflow ``Run`` objects, with their start times (for deduplication)."""
+    return [{**run_row(r.info.run_id, r.info.status, r.data.tags, r.data.params, r.data.metrics),
+             "start_time": r.info.start_time or 0} for r in runs]
+
+
+__all__ = ["default_uri", "check_uri", "client", "experiment_id", "parent_run", "open_trial",
+           "log_steps", "finish_trial", "fail_trial", "trial_status", "find_runs", "statuses",
+           "close_stale", "run_row", "rows", "run_config", "TrackingUnavailable"]

@@ -13,7 +13,7 @@ import pytest
 
 from analysis import AnalysisError, export_best, load, report, stats
 from raystudy import tracking
-from raystudy.config import FinetuneConfig, load_config, validate
+from raystudy.config import FinetuneConfig, load_config, trial_key, validate
 
 DATASETS = ("digits_c", "digits")
 CONDITIONS = ("MHA", "FC1", "LN1")
@@ -43,12 +43,12 @@ def trial_config(dataset, condition, lr, seed) -> dict:
 
 def log_trial(c, exp_id, parent, cfg, status, val=None, test=None, artifacts=True):
     """One trial written by raystudy's own tracking writer, as the grid's driver does."""
-    rid = tracking.open_trial(c, exp_id, parent, tracking.trial_key(cfg), cfg)
+    rid = tracking.open_trial(c, exp_id, parent, trial_key(cfg), cfg)
     for i, step in enumerate(range(10, 70, 10)):
-        tracking.log_step(c, rid, {"loss": 2.0 / (i + 1), "grad_norm/total": 1.0 + i,
-                                   f"grad_norm/{cfg['condition']}": 0.5 + i}, step)
+        tracking.log_steps(c, rid, [{"loss": 2.0 / (i + 1), "grad_norm/total": 1.0 + i,
+                                     f"grad_norm/{cfg['condition']}": 0.5 + i, "step": step}])
     for step in (30, 60):
-        tracking.log_step(c, rid, {"val_loss": 1.0 / step, "val_acc": 0.5}, step)
+        tracking.log_steps(c, rid, [{"val_loss": 1.0 / step, "val_acc": 0.5, "step": step}])
     if status == "failed":
         tracking.fail_trial(c, rid, "RuntimeError: CUDA out of memory")
         return rid
@@ -139,7 +139,7 @@ def test_report_from_mlflow_logs_to_the_grid_run(store, tmp_path, capsys):
     # the lr choice differs on (digits_c, FC1): val picks 0.1, test 0.3
     assert "0.1 / 0.3" in (out / "chosen_lr.md").read_text()
     for fig in ("accuracy_val_selected", "cd_diagram", "curves_val_loss", "curves_grad_norm_total",
-                "curves_grad_norm_own", "plasticity_shared", "plasticity_in_situ"):
+                "curves_grad_norm_own", "plasticity"):
         assert (out / "figures" / f"{fig}.png").is_file() and (out / "figures" / f"{fig}.pdf").is_file(), fig
     # toy plasticity is LN1 > MHA > LN2 > FC1 > FC2; accuracy MHA > FC1 > LN1
     ranking = pd.read_csv(out / "plasticity_ranking_shared.csv", index_col=0)
@@ -192,7 +192,7 @@ def test_coerce_params_round_trips_every_config_key():
     cfg = FinetuneConfig(weights=None, data_root="/data", low_data=True, betas=(0.8, 0.99), lr=3e-3)
     params = {k: str(v) for k, v in cfg.to_dict().items()}       # what MLflow stores
     assert export_best.coerce_params(params) == cfg.to_dict()
-    with pytest.raises(AnalysisError, match="param 'steps' should be an integer"):
+    with pytest.raises(AnalysisError, match="'steps' must be an integer, got 1.5"):
         export_best.coerce_params({"steps": "1.5"})
 
 

@@ -41,7 +41,7 @@ B,Z,0.3,0,0.40,0.40,finished
 B,Z,0.3,1,0.40,0.40,finished
 """
 
-# The paper's headline numbers (STUDY.md: MHA 90.8, FC1 90.7, FC2 90.3, LN2 89.9, LN1 89.8 on
+# The paper's headline numbers (the paper: MHA 90.8, FC1 90.7, FC2 90.3, LN2 89.9, LN1 89.8 on
 # average over 11 datasets) need per-dataset values for the tests: a made-up table whose column
 # means round to them.
 PAPER_LIKE = pd.DataFrame({
@@ -208,7 +208,7 @@ def test_plasticity_csv_next_to_accuracy(paper_csv, tmp_path, capsys):
     assert corr.loc["all", "rho"] == pytest.approx(
         st.spearmanr([9, 6, 5, 2, 1], [means[c] for c in ("MHA", "FC1", "FC2", "LN2", "LN1")]).statistic)
     assert corr.loc["all", "rho"] == pytest.approx(1.0)   # the means keep the paper's order
-    assert (out / "figures" / "plasticity_shared.png").is_file()
+    assert (out / "figures" / "plasticity.png").is_file()
 
 
 @pytest.mark.parametrize("edit,args,needle", [

@@ -114,13 +114,13 @@ def test_aws_cluster_shape():
 
 
 def test_aws_worker_types_fit_every_model_of_the_papers_grid():
-    from raystudy import grid
+    from raystudy import spaces
 
     cfg = load("cluster.yaml")
     workers = [t for name, t in cfg["available_node_types"].items() if name != cfg["head_node_type"]]
-    space = grid.load_space("paper")
+    space = spaces.load_grid("paper")
     for model in space.models:
-        o = grid.model_options(space.models, model)
+        o = spaces.model_options(space.models, model)
         need = {"CPU": o["cpu"] * o["workers"], "GPU": o["gpu"] * o["workers"]}  # DDP workers packed on one node
         assert any(all(t["resources"].get(k, 0) >= v for k, v in need.items()) for t in workers), (model, need)
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from raystudy import components, engine
+from raystudy import batches, engine
 from raystudy.config import FinetuneConfig
 
 FAST = dict(model="vit_demo", pretrained=False, dataset="digits_c", steps=12, warmup_steps=2,
@@ -43,9 +43,9 @@ def test_frozen_parameters_do_not_change_and_have_no_optimizer_state(cond):
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     opt = engine.build_optimizer(model, cfg, torch.device("cpu"))
     groups = engine.trainable_groups(model)
-    batches = engine.data.train_batches(splits.train, 32, seed=0)
+    stream = batches.train_batches(splits.train, 32, seed=0)
     for _ in range(3):
-        out = engine.train_step(model, [next(batches)], opt, groups, 1.0, torch.device("cpu"))
+        out = engine.train_step(model, [next(stream)], opt, groups, 1.0, torch.device("cpu"))
     assert set(out) >= {"loss", "grad_norm/total", "grad_norm/HEAD"}
     after = dict(model.named_parameters())
     for n in frozen:
@@ -89,7 +89,7 @@ def test_grad_accumulation_matches_one_big_batch():
     cfg = FinetuneConfig(**FAST, condition="full")
     torch.manual_seed(0)
     model, splits, _ = engine.build(cfg)
-    x, y = next(engine.data.train_batches(splits.train, 32, seed=0))
+    x, y = next(batches.train_batches(splits.train, 32, seed=0))
     groups = engine.trainable_groups(model)
     import copy
 
@@ -125,12 +125,43 @@ def test_demo_run_clearly_beats_chance(demo_weights):
 @pytest.mark.slow
 def test_demo_source_model_solves_source_but_not_target(demo_weights):
     # The shift is real: the pretrained model (with its own head) fails on the corrupted digits.
-    from raystudy import data, models
+    from raystudy import batches, datasets, models
 
     model = models.create_model("vit_demo", 10, pretrained=False)
     model.load_state_dict(torch.load(demo_weights, weights_only=True))
     acc = {}
     for name in ("digits", "digits_c"):
-        s = data.build_splits(name, seed=0, img_size=16, mean=(0.5,), std=(0.5,))
-        acc[name] = engine.evaluate(model, data.eval_loader(s.test, 512), torch.device("cpu"))["acc"]
+        s = datasets.build_splits(name, seed=0, img_size=16, mean=(0.5,), std=(0.5,))
+        acc[name] = engine.evaluate(model, batches.eval_loader(s.test, 512), torch.device("cpu"))["acc"]
     assert acc["digits"] > 0.9 and acc["digits_c"] < 0.3, acc
+
+
+def test_gradient_accumulation_under_ddp_all_reduces_only_the_last_micro_batch(tmp_path):
+    """A comm hook counts DDP's all-reduces: one step of 4 micro-batches syncs once, like 1."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        calls = []
+
+        def hook(state, bucket):
+            calls.append(bucket.index())
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        ddp.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        groups = {"ALL": list(model.parameters())}
+        x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+        engine.train_step(ddp, [(x[:4], y[:4])], opt, groups, 1.0, torch.device("cpu"))
+        one = len(calls)
+        calls.clear()
+        micro = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 16, 4)]
+        engine.train_step(ddp, micro, opt, groups, 1.0, torch.device("cpu"))
+        assert one >= 1 and len(calls) == one
+    finally:
+        dist.destroy_process_group()

@@ -1,13 +1,12 @@
 import pytest
 import yaml
 
-from raystudy import grid
-from raystudy.config import ConfigError
+from raystudy import grid, spaces
 
 
 def test_paper_grid_for_vit_base_is_the_papers_924_trials():
-    space = grid.load_space("paper")
-    trials = grid.expand(space, "vit_base")
+    space = spaces.load_grid("paper")
+    trials = spaces.expand(space, "vit_base")
     assert len(trials) == 924
     assert len({t.config["dataset"] for t in trials}) == 11
     assert len({t.key for t in trials}) == 924
@@ -19,31 +18,31 @@ def test_paper_grid_for_vit_base_is_the_papers_924_trials():
 
 
 def test_adamw_ablation_scales_the_lr_grid():
-    space = grid.load_space("paper")
-    trials = grid.expand(space, "vit_base", datasets=["cifar10"], optimizers=["sgd", "adamw"])
+    space = spaces.load_grid("paper")
+    trials = spaces.expand(space, "vit_base", datasets=["cifar10"], optimizers=["sgd", "adamw"])
     assert len(trials) == 2 * 7 * 4 * 3
     lrs = sorted({t.config["lr"] for t in trials if t.config["optimizer"] == "adamw"})
     assert lrs == pytest.approx([1e-5, 3e-5, 1e-4, 3e-4])
 
 
 def test_restrictions_and_overrides():
-    space = grid.load_space("demo")
-    trials = grid.expand(space, None, conditions=["MHA+FC1"], overrides={"steps": 40, "warmup_steps": 4})
+    space = spaces.load_grid("demo")
+    trials = spaces.expand(space, None, conditions=["MHA+FC1"], overrides={"steps": 40, "warmup_steps": 4})
     assert {t.config["condition"] for t in trials} == {"MHA+FC1"}
     assert {t.config["steps"] for t in trials} == {40}
     assert len(trials) == 4  # 2 lrs x 2 seeds
 
 
 def test_trial_key_ignores_how_a_trial_runs_but_not_what_it_is():
-    space = grid.load_space("demo")
-    a = grid.expand(space, None)[0]
-    b = grid.expand(space, None, overrides={"device": "cpu", "num_workers": 2})[0]
-    c = grid.expand(space, None, overrides={"steps": 301})[0]
+    space = spaces.load_grid("demo")
+    a = spaces.expand(space, None)[0]
+    b = spaces.expand(space, None, overrides={"device": "cpu", "num_workers": 2})[0]
+    c = spaces.expand(space, None, overrides={"steps": 301})[0]
     assert a.key == b.key != c.key
 
 
 def _space(tmp_path, **changes):
-    raw = yaml.safe_load(open(grid.space_path("demo")))
+    raw = yaml.safe_load(open(spaces.space_path("demo")))
     raw.update(changes)
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump(raw))

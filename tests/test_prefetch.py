@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from raystudy import data, models, prefetch
+from raystudy import datasets, models, prefetch
 
 TINY = "vit_tiny_patch16_224.augreg_in21k"  # a small timm ViT whose hub cache entry a test can build
 
@@ -121,15 +121,15 @@ def test_missing_weights_are_downloaded_safetensors_first(tmp_path, hf_cache, mo
 
 def test_missing_torchvision_dataset_is_downloaded_only_after_the_disk_check(tmp_path, monkeypatch, capsys):
     seen = []
-    real = data.DATASETS["cifar100"]
+    real = datasets.DATASETS["cifar100"]
 
     def fake_load(root, download):
         seen.append(download)
         if not download:
-            raise data.DatasetUnavailable("dataset 'cifar100': not found")
-        return data.Source(data.Pool([], np.zeros(5)), data.Pool([], np.zeros(2)))
+            raise datasets.DatasetUnavailable("dataset 'cifar100': not found")
+        return datasets.Source(datasets.Pool([], np.zeros(5)), datasets.Pool([], np.zeros(2)))
 
-    monkeypatch.setitem(data.DATASETS, "cifar100", dataclasses.replace(real, load=fake_load))
+    monkeypatch.setitem(datasets.DATASETS, "cifar100", dataclasses.replace(real, load=fake_load))
     monkeypatch.setattr(models, "hub_reachable", lambda host, *a, **k: host == "www.cs.toronto.edu")
     assert prefetch.main(["--datasets", "cifar100", "--data-root", str(tmp_path)]) == 0
     assert seen == [False, True]

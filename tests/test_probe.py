@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from raystudy import data, plasticity, probe
+from raystudy import datasets, plasticity, probe
 
 
 def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp_path, capsys):
@@ -31,7 +31,7 @@ def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp
     assert (df["ci_low"] < df["mean"]).all() and (df["mean"] < df["ci_high"]).all()
     assert pd.read_csv(out / "plasticity.csv").shape == df.shape
     # the ranking printed is the aggregate's
-    agg = plasticity.aggregate(df)
+    agg = probe.aggregate(df)
     first = agg[(agg["mode"] == "shared") & (agg["rank"] == 1)]["component"].item()
     assert f"ranking (shared): {first} " in stdout
 
@@ -41,14 +41,14 @@ def test_probe_model_library_entry_on_a_built_model(demo_weights):
 
     model = models.create_model("vit_demo", 10, weights=demo_weights)
     kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,))
-    src, tgt = data.build_splits("digits", **kw), data.build_splits("digits_c", **kw)
-    df = probe.probe_model(model, src.test, tgt.test, n_pairs=20, batch_size=8, modes="in_situ",
+    src, tgt = datasets.build_splits("digits", **kw), datasets.build_splits("digits_c", **kw)
+    df = plasticity.probe_model(model, src.test, tgt.test, n_pairs=20, batch_size=8, modes="in_situ",
                            seed=1, model_name="vit_demo", dataset_name="digits_c",
                            components=("MHA", "FC2"), tags={"stage": "before_finetune"})
     assert list(df.columns) == list(plasticity.COLUMNS) + ["stage"]
     assert set(df["mode"]) == {"in_situ"} and set(df["component"]) == {"MHA", "FC2"}
     assert (df["n"] == 20).all() and (df["stage"] == "before_finetune").all()
-    again = probe.probe_model(model, src.test, tgt.test, n_pairs=20, batch_size=5, modes="in_situ",
+    again = plasticity.probe_model(model, src.test, tgt.test, n_pairs=20, batch_size=5, modes="in_situ",
                               seed=1, components=("MHA", "FC2"))
     assert np.allclose(again["mean"], df["mean"], rtol=1e-5)  # same seed, same pairs
 
@@ -112,3 +112,36 @@ def test_cli_in_a_subprocess_refuses_an_unknown_mode():
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "error: unknown mode 'exact'; valid: shared, in_situ, both"]
+
+
+def test_table_aggregate_ranking_and_files(tmp_path):
+    rows = []
+    for mode, per_layer in {"shared": {"LN1": (1, 3), "MHA": (4, 6), "FC1": (2, 2)},
+                            "in_situ": {"LN1": (9, 9), "MHA": (1, 1), "FC1": (5, 3)}}.items():
+        for c, means in per_layer.items():
+            for layer, m in enumerate(means):
+                rows.append(dict(mode=mode, layer=layer, component=c, mean=float(m), std=0.5, n=10,
+                                 ci_low=m - 0.3, ci_high=m + 0.3, bound=10.0))
+    df = plasticity.to_frame(rows, model="vit_base_patch16_224.orig_in21k", dataset="cifar100")
+    assert list(df.columns) == list(plasticity.COLUMNS)
+    agg = probe.aggregate(df)
+    shared = agg[agg["mode"] == "shared"].set_index("component")
+    assert shared.loc["MHA", "plasticity"] == 5.0 and shared.loc["LN1", "plasticity"] == 2.0
+    assert list(agg["mode"].unique()) == ["shared", "in_situ"]
+    def ranking(mode):
+        return agg[agg["mode"] == mode].sort_values("rank", kind="stable")["component"].tolist()
+
+    assert ranking("shared") == ["MHA", "LN1", "FC1"]  # LN1 2.0 ties FC1 2.0: table order
+    assert ranking("in_situ") == ["LN1", "FC1", "MHA"]
+    assert shared.loc["FC1", "rank"] == shared.loc["LN1", "rank"] == 2
+
+    files = probe.save_table(df, tmp_path / "t")
+    import pandas as pd
+
+    back = pd.read_parquet(files[1])
+    assert back.equals(df) and pd.read_csv(files[0]).shape == df.shape
+    figs = probe.save_figure(df, tmp_path / "vit_base_patch16_224.orig_in21k_cifar100")
+    assert [f.name for f in figs] == ["vit_base_patch16_224.orig_in21k_cifar100.png",
+                                      "vit_base_patch16_224.orig_in21k_cifar100.pdf"]
+    assert all(f.stat().st_size > 1000 for f in figs)
+    assert plasticity.to_frame(rows[:1], model="m", dataset="d", stage="after")["stage"].tolist() == ["after"]

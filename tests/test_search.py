@@ -1,8 +1,8 @@
 import pytest
 import yaml
 
-from raystudy import search
-from raystudy.config import ConfigError, validate, from_dict
+from raystudy import search, spaces
+from raystudy.config import validate, from_dict
 
 GOOD = {
     "study": "t", "base": {"model": "vit_demo", "dataset": "digits_c", "steps": 60, "eval_every": 10},
@@ -22,10 +22,12 @@ def write(tmp_path, raw):
 
 def test_bundled_spaces_load():
     for name in ("optimiser", "components"):
-        s = search.load_space(name)
+        s = spaces.load_search(name)
         assert s.num_samples >= 1 and s.params
-    assert search.load_space("components").conditions == ("search",)
-    names = {p.name for p in search.load_space("optimiser").params}
+    comp = spaces.load_search("components")
+    assert comp.conditions == () and comp.searches_components
+    assert comp.studies() == [("components", None)]
+    names = {p.name for p in spaces.load_search("optimiser").params}
     assert {"lr", "weight_decay", "warmup_steps", "optimizer", "batch_size"} <= names
 
 
@@ -37,15 +39,15 @@ def sample(space, cond="MHA", n=60):
     res = []
     for _ in range(n):
         t = study.ask()
-        res.append((t, search.Sampler(space, cond, space.base, {"gpu": 0, "cpu": 1, "workers": 1})(t)["trial"]))
+        res.append((t, spaces.Sampler(space, cond, space.base, {"gpu": 0, "cpu": 1, "workers": 1})(t)["trial"]))
     return res
 
 
 def test_conditionals_momentum_only_for_sgd_beta2_only_for_adamw(tmp_path):
-    space = search.load_space(write(tmp_path, GOOD))
+    space = spaces.load_search(write(tmp_path, GOOD))
     seen = set()
     for t, trial in sample(space):
-        cfg = trial["config"]
+        cfg = trial["finetune"]
         validate(from_dict(cfg))
         assert 1e-3 <= cfg["lr"] <= 0.5 and 0 <= cfg["warmup_steps"] <= 9
         seen.add(cfg["optimizer"])
@@ -59,8 +61,8 @@ def test_conditionals_momentum_only_for_sgd_beta2_only_for_adamw(tmp_path):
 
 def test_component_subsets_become_conditions(tmp_path):
     raw = {**GOOD, "params": {"components": {"subset_of": ["LN1", "MHA", "FC1"]}, "lr": {"uniform": [0.1, 0.2]}}}
-    space = search.load_space(write(tmp_path, raw))
-    conds = {trial["config"]["condition"] for _, trial in sample(space, "search", 80)}
+    space = spaces.load_search(write(tmp_path, raw))
+    conds = {trial["finetune"]["condition"] for _, trial in sample(space, None, 80)}
     assert "linear_probe" in conds and "LN1+MHA+FC1" in conds and "MHA" in conds
     assert all(set(c.split("+")) <= {"LN1", "MHA", "FC1"} for c in conds if c != "linear_probe")
 

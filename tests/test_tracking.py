@@ -1,11 +1,12 @@
 import pytest
 
 from raystudy import tracking
+from raystudy.config import trial_key
 
 
 @pytest.fixture()
-def store(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def store(mlflow_uri):
+    uri = mlflow_uri
     cl = tracking.client(uri)
     exp = tracking.experiment_id(cl, "t", tracking.default_artifact_location(uri))
     return uri, cl, exp
@@ -16,17 +17,17 @@ CFG = {"model": "vit_demo", "dataset": "digits_c", "condition": "MHA", "optimize
 
 
 def test_trial_key_is_stable_and_ignores_execution_keys():
-    k = tracking.trial_key(CFG)
-    assert k == tracking.trial_key(dict(reversed(list(CFG.items()))))
-    assert k == tracking.trial_key({**CFG, "device": "cuda", "num_workers": 4})
-    assert k != tracking.trial_key({**CFG, "seed": 1})
+    k = trial_key(CFG)
+    assert k == trial_key(dict(reversed(list(CFG.items()))))
+    assert k == trial_key({**CFG, "device": "cuda", "num_workers": 4})
+    assert k != trial_key({**CFG, "seed": 1})
 
 
 def test_open_trial_twice_gives_one_run(store):
     uri, cl, exp = store
     parent = tracking.parent_run(cl, exp, "g1", "grid", {"space": "demo"})
     assert tracking.parent_run(cl, exp, "g1", "grid", {"space": "demo"}) == parent
-    key = tracking.trial_key(CFG)
+    key = trial_key(CFG)
     r1 = tracking.open_trial(cl, exp, parent, key, CFG)
     r2 = tracking.open_trial(cl, exp, parent, key, CFG)  # a rerun after a crash
     assert r1 == r2
@@ -35,7 +36,7 @@ def test_open_trial_twice_gives_one_run(store):
     assert run.data.tags["raystudy.attempts"] == "2"
     assert run.data.tags["mlflow.parentRunId"] == parent
     assert run.data.params["lr"] == "0.1" and run.data.tags["condition"] == "MHA"
-    tracking.log_step(cl, r1, {"loss": 1.5, "grad_norm/MHA": 0.3, "training_iteration": 4}, 10)
+    tracking.log_steps(cl, r1, [{"loss": 1.5, "grad_norm/MHA": 0.3, "training_iteration": 4, "step": 10}])
     tracking.finish_trial(cl, r1, {"status": "finished", "test_acc": 0.5, "best_val_acc": 0.6})
     run = cl.get_run(r1)
     assert run.info.status == "FINISHED"
@@ -47,7 +48,7 @@ def test_open_trial_twice_gives_one_run(store):
 
 def test_diverged_is_finished_not_failed_and_failed_keeps_its_error(store):
     uri, cl, exp = store
-    k1, k2 = tracking.trial_key(CFG), tracking.trial_key({**CFG, "seed": 9})
+    k1, k2 = trial_key(CFG), trial_key({**CFG, "seed": 9})
     r1 = tracking.open_trial(cl, exp, None, k1, CFG)
     tracking.finish_trial(cl, r1, {"status": "diverged", "test_acc": float("nan")})
     r2 = tracking.open_trial(cl, exp, None, k2, {**CFG, "seed": 9})
@@ -77,7 +78,7 @@ def test_default_uri_is_sqlite_in_cwd(monkeypatch, tmp_path):
 
 def test_close_stale_marks_only_running_runs_of_the_selection(store):
     uri, cl, exp = store
-    k = [tracking.trial_key({**CFG, "seed": s}) for s in range(3)]
+    k = [trial_key({**CFG, "seed": s}) for s in range(3)]
     r = [tracking.open_trial(cl, exp, None, k[s], {**CFG, "seed": s}, {"raystudy.search": "a" if s < 2 else "b"})
          for s in range(3)]
     tracking.finish_trial(cl, r[0], {"status": "finished", "test_acc": 0.5})
@@ -91,7 +92,7 @@ def test_close_stale_marks_only_running_runs_of_the_selection(store):
 
 def test_statuses_in_one_query_prefer_terminal(store):
     uri, cl, exp = store
-    keys = [tracking.trial_key({**CFG, "seed": s}) for s in range(3)]
+    keys = [trial_key({**CFG, "seed": s}) for s in range(3)]
     runs = [tracking.open_trial(cl, exp, None, k, {**CFG, "seed": s}) for s, k in enumerate(keys)]
     tracking.finish_trial(cl, runs[0], {"status": "finished"})
     tracking.fail_trial(cl, runs[1], "boom")

@@ -3,36 +3,26 @@
 Every dataset yields a *training pool* and a *test* set. The validation set is 20% of the pool,
 split by the run's seed (Flowers102: its official val split). CIFAR-10-C and DomainNet have no
 official test split, so a fixed 80/20 split (seed 0, independent of the run) makes one.
-Train transform: RandomResizedCrop + horizontal flip; eval: Resize + CenterCrop (STUDY.md).
+Train transform: RandomResizedCrop + horizontal flip; eval: Resize + CenterCrop, as the paper.
+``build_splits`` gives the splits as views for either data path (``raystudy.batches``).
 
-Two data paths serve the same splits (config key ``data_path``):
-- ``torchvision``: per-image PIL transforms in a DataLoader, the reference definition;
-- ``cache``: each pool decoded once into a uint8 tensor file on disk (fixed size per dataset,
-  memory-mapped and shared by every run), batches cut from it and transformed on the training
-  device in one batched resample (``raystudy.augment``). The demo's ready tensors take this
-  path without a disk cache: they simply live on the device.
-
-    python -m raystudy.data            # the registry and where each dataset's files are expected
+    python -m raystudy.datasets        # the registry and where each dataset's files are expected
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import os
-import shutil
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from raystudy import augment
-from raystudy.config import ConfigError, default_cache
+from raystudy import paths
+from raystudy.batches import CachedView, TensorPool, tensor_cache, tensor_pool
+from raystudy.errors import ConfigError
 
 VAL_FRACTION = 0.2
 TEST_FRACTION = 0.2          # for datasets without an official test split
@@ -41,7 +31,6 @@ CIFAR10C_CORRUPTIONS = ("contrast", "gaussian_noise", "motion_blur", "snow", "sp
 CIFAR10C_SEVERITY = 5
 DOMAINNET_DOMAINS = ("clipart", "sketch")
 DATA_PATHS = ("auto", "torchvision", "cache")
-CACHE_VERSION = 1            # bump when the decoding recipe changes: old caches are not reused
 
 
 class DatasetUnavailable(RuntimeError):
@@ -288,28 +277,19 @@ _register(DatasetInfo("flowers102", 102, _split_dataset(
 _register(DatasetInfo("pets", 37, _split_dataset(
     "OxfordIIITPet", "pets", _TV, {"train": "trainval", "test": "test"}, target_types="category"), _TV))
 _register(DatasetInfo("imagenet_val", 1000, _imagenet_val("imagenet_val", _IN), _IN))
-# The demo splits 60/20/20 (STUDY.md): val is a quarter of the 80% pool.
+# The demo splits 60/20/20: val is a quarter of the 80% pool.
 _register(DatasetInfo("digits", 10, _demo(False), "ships with scikit-learn", image=False, val_fraction=0.25))
 _register(DatasetInfo("digits_c", 10, _demo(True), "ships with scikit-learn", image=False, val_fraction=0.25))
 
-# The study's 11 benchmarks (STUDY.md), in its order.
+# The study's 11 benchmarks, in its order.
 STUDY_DATASETS = ("cifar10", "cifar100", *(f"cifar10c_{c}" for c in CIFAR10C_CORRUPTIONS),
                   *(f"domainnet_{d}" for d in DOMAINNET_DOMAINS), "flowers102", "pets")
-
-
-# The pretraining-like distribution plasticity pairs draw x from, by model.
-def source_dataset(model: str) -> str:
-    return "digits" if model == "vit_demo" else "imagenet_val"
 
 
 def check_dataset(name: str) -> DatasetInfo:
     if name not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
     return DATASETS[name]
-
-
-def default_root() -> Path:
-    return Path(os.environ.get("RAYSTUDY_DATA", default_cache() / "data"))
 
 
 # ---------------------------------------------------------------- splits and transforms
@@ -370,7 +350,7 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
     indices are the same on both paths.
     """
     info = check_dataset(name)
-    root = Path(root) if root else default_root()
+    root = Path(root) if root else paths.data_root()
     src = info.load(root, download)
     if resolve_data_path(data_path, name) == "cache":
         pools: dict[str, TensorPool] = {}
@@ -402,292 +382,11 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
                   num_classes=info.num_classes)
 
 
-def train_batches(ds: Dataset, batch_size: int, seed: int, num_workers: int = 0,
-                  pin_memory: bool = False):
-    """An endless stream of shuffled training batches, reproducible from ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=len(ds) >= batch_size,
-                        generator=gen, num_workers=num_workers, pin_memory=pin_memory,
-                        persistent_workers=num_workers > 0)
-    while True:
-        yield from loader
-
-
-def eval_loader(ds: Dataset, batch_size: int, num_workers: int = 0,
-                pin_memory: bool = False) -> DataLoader:
-    return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                      pin_memory=pin_memory)
-
-
-# ---------------------------------------------------------------- the cache path
-
-@dataclass(frozen=True)
-class TensorPool:
-    """A pool as tensors: images (N, C, S, S), their original (height, width), labels.
-
-    Images are uint8 in [0, 255] (a tensor cache, squashed to S×S) or floats in [0, 1] (the
-    demo's, already at the model's size); ``value_range`` says which. ``path``: the cache
-    directory it was memory-mapped from, if any.
-    """
-
-    images: torch.Tensor
-    sizes: torch.Tensor
-    labels: torch.Tensor
-    value_range: float = 255.0
-    path: Path | None = None
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def to(self, device: torch.device | str) -> "TensorPool":
-        return TensorPool(self.images.to(device), self.sizes.to(device), self.labels.to(device),
-                          self.value_range, self.path)
-
-    def __reduce__(self):
-        # DataLoader workers reopen the memory map instead of copying the pool through pickle.
-        if self.path is not None and self.images.device.type == "cpu":
-            return open_pool, (self.path,)
-        return TensorPool, (self.images, self.sizes, self.labels, self.value_range, self.path)
-
-
-def tensor_pool(pool: Pool) -> TensorPool:
-    """A pool of ready float images (the demo's) held as one tensor, without a disk cache."""
-    n = len(pool.labels)
-    images = torch.stack([pool.items[i][0] for i in range(n)])
-    sizes = torch.tensor([images.shape[-2:]], dtype=torch.int64).expand(n, 2).contiguous()
-    return TensorPool(images, sizes, torch.as_tensor(pool.labels, dtype=torch.int64), 1.0)
-
-
-def cache_dir(cache: str | os.PathLike | None = None) -> Path:
-    return (Path(cache) if cache else default_cache()) / "tensors"
-
-
-def tensor_cache(name: str, role: str, pool: Pool, size: int, root: str | os.PathLike,
-                 cache: str | os.PathLike | None = None,
-                 log: Callable[[str], None] | None = print) -> TensorPool:
-    """``pool`` decoded once into a uint8 (N, 3, size, size) tensor file, memory-mapped.
-
-    Every image is squashed to size×size (bilinear, PIL) unless it is that size already, and its
-    original (height, width) is kept. The directory name carries a hash of the recipe (cache
-    version, dataset, role, size, count, data root), so a changed recipe never reads a stale
-    cache; a file lock makes concurrent runs decode it once; the directory appears atomically.
-    """
-    if len(pool.labels) == 0:  # imagenet_val's training pool: nothing to decode
-        return TensorPool(torch.zeros(0, 3, size, size, dtype=torch.uint8),
-                          torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
-    recipe = {"version": CACHE_VERSION, "dataset": name, "role": role, "size": size,
-              "n": len(pool.labels), "root": str(Path(root).resolve())}
-    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-    base = cache_dir(cache)
-    base.mkdir(parents=True, exist_ok=True)
-    path = base / f"{name}-{role}-{size}px-{key}"
-    if not path.exists():
-        with open(base / f".{path.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not path.exists():
-                if log:
-                    log(f"decoding {name} ({role}, {len(pool.labels)} images) once into a "
-                        f"{size}x{size} tensor cache at {path}")
-                tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir()
-                _write_cache(tmp, pool, size, recipe)
-                os.replace(tmp, path)  # atomic: a reader never sees half a cache
-    return open_pool(path)
-
-
-def open_pool(path: str | os.PathLike) -> TensorPool:
-    """A tensor cache directory, memory-mapped: runs on one machine share its pages."""
-    path = Path(path)
-    # Copy-on-write map: a writable array without a copy (nothing ever writes to it).
-    images = torch.from_numpy(np.load(path / "images.npy", mmap_mode="c"))
-    sizes = torch.from_numpy(np.load(path / "sizes.npy"))
-    labels = torch.from_numpy(np.load(path / "labels.npy"))
-    return TensorPool(images, sizes, labels, 255.0, path)
-
-
-def decode(img, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A PIL image as uint8 (3, size, size), squashed if needed, and its original (height, width)."""
-    from PIL import Image
-
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    w, h = img.size
-    if (w, h) != (size, size):
-        img = img.resize((size, size), Image.BILINEAR)
-    x = torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1).contiguous()
-    return x, torch.tensor([h, w], dtype=torch.int64)
-
-
-class _Decoded(Dataset):
-    def __init__(self, items: Sequence, size: int):
-        self.items, self.size = items, size
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int):
-        return decode(self.items[i][0], self.size)
-
-
-def _write_cache(tmp: Path, pool: Pool, size: int, recipe: dict) -> None:
-    n = len(pool.labels)
-    workers = min(len(os.sched_getaffinity(0)), 16) if n >= 4096 else 0
-    images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
-                                       shape=(n, 3, size, size))
-    sizes = np.zeros((n, 2), dtype=np.int64)
-    k = 0
-    for x, hw in DataLoader(_Decoded(pool.items, size), batch_size=256, num_workers=workers):
-        images[k:k + len(x)] = x.numpy()
-        sizes[k:k + len(x)] = hw.numpy()
-        k += len(x)
-    images.flush()
-    del images
-    np.save(tmp / "sizes.npy", sizes)
-    np.save(tmp / "labels.npy", np.asarray(pool.labels, dtype=np.int64))
-    (tmp / "meta.json").write_text(json.dumps(recipe, indent=1))
-
-
-class CachedView(Dataset):
-    """A split of a TensorPool: the cache path's View.
-
-    ``batch`` transforms many images at once on any device (RandomResizedCrop + flip for a
-    training view, Resize + CenterCrop for an eval view, then normalisation; the demo's ready
-    tensors are only normalised). ``__getitem__`` does the same for one image on the pool's
-    device, for code that wants a plain Dataset (probes, DataLoaders).
-    """
-
-    def __init__(self, pool: TensorPool, indices, *, train: bool, size: int,
-                 mean: Sequence[float], std: Sequence[float], augment: bool = True):
-        self.pool, self.train, self.size, self.augment = pool, train, size, augment
-        self.mean, self.std = tuple(mean), tuple(std)
-        self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64)).to(pool.labels.device)
-        if not augment and tuple(pool.images.shape[-2:]) != (size, size):
-            raise ValueError(f"ready tensors of size {tuple(pool.images.shape[-2:])} need a "
-                             f"transform to {size}x{size}")
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int):
-        x, y = self.batch(self.indices[i:i + 1])
-        return x[0], int(y[0])
-
-    def like(self, pool: TensorPool | None = None, indices=None) -> "CachedView":
-        """The same view over another pool (moved) or a subset of its indices."""
-        idx = self.indices if indices is None else indices
-        return CachedView(self.pool if pool is None else pool, idx.cpu(), train=self.train,
-                          size=self.size, mean=self.mean, std=self.std, augment=self.augment)
-
-    def batch(self, idx: torch.Tensor, generator: torch.Generator | None = None,
-              device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pool items ``idx`` transformed, on ``device`` (default: the pool's); (x, y).
-
-        A pool held on the host feeding a GPU is gathered here and copied without blocking.
-        """
-        p = self.pool
-        x, sizes, y = p.images[idx], p.sizes[idx], p.labels[idx]
-        if device is not None and x.device.type != device.type:
-            pin = device.type == "cuda"
-            x, sizes, y = ((t.pin_memory() if pin else t).to(device, non_blocking=pin)
-                           for t in (x, sizes, y))
-        if not self.augment:
-            return augment.normalise(x, self.mean, self.std, p.value_range), y
-        if self.train:
-            return augment.train_batch(x, sizes, self.size, self.mean, self.std, generator,
-                                       p.value_range), y
-        return augment.eval_batch(x, sizes, self.size, self.mean, self.std, p.value_range), y
-
-
-def place(splits: Splits, device: torch.device, budget: float = 0.25) -> Splits:
-    """``splits`` with their tensor pools on ``device``, each moved once (train and val share one).
-
-    On a GPU a pool larger than ``budget`` of the free memory stays on the host; its batches are
-    gathered there and copied as they are cut. Views with per-image transforms are unchanged.
-    """
-    moved: dict[int, TensorPool] = {}
-
-    def put(ds):
-        if not isinstance(ds, CachedView):
-            return ds
-        key = id(ds.pool)
-        if key not in moved:
-            fits = True
-            if device.type == "cuda":
-                nbytes = ds.pool.images.numel() * ds.pool.images.element_size()
-                fits = nbytes < budget * torch.cuda.mem_get_info(device)[0]
-            moved[key] = ds.pool.to(device) if fits else ds.pool
-        return ds.like(pool=moved[key])
-
-    return Splits(put(splits.train), put(splits.val), put(splits.test), splits.num_classes)
-
-
-def shard(ds: Dataset, rank: int, size: int) -> Dataset:
-    """Every ``size``-th item from ``rank``: one DDP rank's part of an eval set."""
-    if size == 1:
-        return ds
-    if isinstance(ds, CachedView):
-        return ds.like(indices=ds.indices[rank::size])
-    return torch.utils.data.Subset(ds, range(rank, len(ds), size))
-
-
-def device_batches(view: CachedView, batch_size: int, seed: int,
-                   device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """An endless stream of shuffled, augmented training batches on ``device``, from ``seed``.
-
-    Shuffling and augmentation draw from generators on the devices that hold the pool and
-    run the model: nothing here waits for the device.
-    """
-    n = len(view)
-    if n == 0:
-        raise ValueError("no training images")
-    where = view.indices.device
-    g_idx = torch.Generator(device=where).manual_seed(seed)
-    g_aug = g_idx if where.type == device.type else torch.Generator(device=device).manual_seed(seed + 1)
-    per_epoch = max(1, n // batch_size)  # drop the last partial batch, as train_batches does
-    while True:
-        perm = view.indices[torch.randperm(n, generator=g_idx, device=where)]
-        for k in range(per_epoch):
-            yield view.batch(perm[k * batch_size:(k + 1) * batch_size], g_aug, device)
-
-
-class DeviceEval:
-    """An eval split's batches on ``device``, in order; iterable any number of times."""
-
-    def __init__(self, view: CachedView, batch_size: int, device: torch.device):
-        self.view, self.batch_size, self.device = view, batch_size, device
-
-    def __len__(self) -> int:
-        return -(-len(self.view) // self.batch_size)
-
-    def __iter__(self):
-        idx = self.view.indices
-        for k in range(0, len(idx), self.batch_size):
-            yield self.view.batch(idx[k:k + self.batch_size], None, self.device)
-
-
-def train_stream(ds: Dataset, batch_size: int, seed: int, device: torch.device,
-                 num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless training batches on ``device``, by whichever path built ``ds``."""
-    if isinstance(ds, CachedView):
-        return device_batches(ds, batch_size, seed, device)
-    pin = device.type == "cuda"
-    return ((x.to(device, non_blocking=pin), y.to(device, non_blocking=pin))
-            for x, y in train_batches(ds, batch_size, seed, num_workers, pin_memory=pin))
-
-
-def eval_batches(ds: Dataset, batch_size: int, device: torch.device,
-                 num_workers: int = 0) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-    """An eval split's batches (on ``device`` for the cache path; the loop moves the others)."""
-    if isinstance(ds, CachedView):
-        return DeviceEval(ds, batch_size, device)
-    return eval_loader(ds, batch_size, num_workers, pin_memory=device.type == "cuda")
-
 
 def main(argv: list[str] | None = None) -> int:
-    root = default_root()
+    root = paths.data_root()
     print(f"data root: {root}  (set RAYSTUDY_DATA or data_root to change)")
-    print(f"tensor cache (data_path: cache): {cache_dir()}  (set RAYSTUDY_CACHE to change)")
+    print(f"tensor cache (data_path: cache): {paths.tensor_cache()}  (set RAYSTUDY_CACHE to change)")
     print(f"{'dataset':<26}{'classes':>8}{'cache':>9}  source")
     for info in DATASETS.values():
         size = f"{info.cache_size}px" if info.image else "memory"

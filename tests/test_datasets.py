@@ -2,23 +2,23 @@ import numpy as np
 import pytest
 import torch
 
-from raystudy import data
+from raystudy import batches, datasets
 
 
 def test_registry_has_the_studys_11_benchmarks_and_the_demo():
-    assert len(data.STUDY_DATASETS) == 11
-    assert set(data.STUDY_DATASETS) <= set(data.DATASETS)
-    assert data.DATASETS["domainnet_sketch"].num_classes == 345
-    assert data.DATASETS["pets"].num_classes == 37
-    assert data.DATASETS["flowers102"].num_classes == 102
-    assert {"digits", "digits_c"} <= set(data.DATASETS)
+    assert len(datasets.STUDY_DATASETS) == 11
+    assert set(datasets.STUDY_DATASETS) <= set(datasets.DATASETS)
+    assert datasets.DATASETS["domainnet_sketch"].num_classes == 345
+    assert datasets.DATASETS["pets"].num_classes == 37
+    assert datasets.DATASETS["flowers102"].num_classes == 102
+    assert {"digits", "digits_c"} <= set(datasets.DATASETS)
 
 
 def test_split_pool_is_seeded_disjoint_and_80_20():
     labels = np.repeat(np.arange(10), 50)
-    tr0, va0 = data.split_pool(labels, seed=0)
-    tr0b, va0b = data.split_pool(labels, seed=0)
-    tr1, va1 = data.split_pool(labels, seed=42)
+    tr0, va0 = datasets.split_pool(labels, seed=0)
+    tr0b, va0b = datasets.split_pool(labels, seed=0)
+    tr1, va1 = datasets.split_pool(labels, seed=42)
     assert np.array_equal(va0, va0b) and np.array_equal(tr0, tr0b)
     assert not np.array_equal(va0, va1)
     assert len(va0) == 100 and len(tr0) == 400
@@ -28,31 +28,31 @@ def test_split_pool_is_seeded_disjoint_and_80_20():
 
 def test_low_data_keeps_ten_per_class():
     labels = np.repeat(np.arange(7), 40)
-    tr, va = data.split_pool(labels, seed=3, low_data=True)
+    tr, va = datasets.split_pool(labels, seed=3, low_data=True)
     counts = np.bincount(labels[tr], minlength=7)
     assert (counts == 10).all()
     assert not set(tr) & set(va)
 
 
 def test_fixed_test_split_does_not_depend_on_the_run():
-    a = data._fixed_split(1000)
-    b = data._fixed_split(1000)
+    a = datasets._fixed_split(1000)
+    b = datasets._fixed_split(1000)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert len(a[1]) == 200
 
 
 def test_demo_shift_is_real_and_labels_unchanged():
-    x, y = data.demo_digits(corrupted=False)
-    xc, yc = data.demo_digits(corrupted=True)
+    x, y = datasets.demo_digits(corrupted=False)
+    xc, yc = datasets.demo_digits(corrupted=True)
     assert x.shape == (1797, 1, 16, 16) and np.array_equal(y, yc)
     assert 0 <= xc.min() and xc.max() <= 1
     # contrast inversion: mean brightness flips
     assert x.mean() < 0.4 and xc.mean() > 0.6
-    assert torch.equal(xc, data.demo_digits(corrupted=True)[0])  # fixed noise
+    assert torch.equal(xc, datasets.demo_digits(corrupted=True)[0])  # fixed noise
 
 
 def test_demo_splits_are_60_20_20():
-    s = data.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,))
+    s = datasets.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,))
     n = len(s.train) + len(s.val) + len(s.test)
     assert n == 1797
     assert abs(len(s.test) / n - 0.2) < 0.01 and abs(len(s.val) / n - 0.2) < 0.01
@@ -64,8 +64,8 @@ def test_demo_splits_are_60_20_20():
                                          ("domainnet_clipart", "domainnet"),
                                          ("cifar10", "download")])
 def test_missing_files_name_the_expected_path(tmp_path, name, needle):
-    with pytest.raises(data.DatasetUnavailable) as e:
-        data.build_splits(name, seed=0, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
+    with pytest.raises(datasets.DatasetUnavailable) as e:
+        datasets.build_splits(name, seed=0, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
     msg = str(e.value)
     assert str(tmp_path) in msg and needle in msg and "\n" not in msg
 
@@ -77,7 +77,7 @@ def test_cifar10c_reads_severity_5(tmp_path):
     imgs[40_000:] = 255  # severity 5 rows white, the rest black
     imgs.flush()
     np.save(d / "labels.npy", np.tile(np.arange(10), 5_000))
-    s = data.build_splits("cifar10c_snow", seed=0, img_size=32, mean=(0.5,) * 3, std=(0.5,) * 3,
+    s = datasets.build_splits("cifar10c_snow", seed=0, img_size=32, mean=(0.5,) * 3, std=(0.5,) * 3,
                           root=tmp_path)
     assert len(s.train) + len(s.val) + len(s.test) == 10_000 and len(s.test) == 2_000
     x, _ = s.test[0]
@@ -91,7 +91,7 @@ def test_domainnet_folders_and_paper_transforms(tmp_path):
         (tmp_path / "domainnet" / "sketch" / c).mkdir(parents=True)
         for i in range(10):
             Image.new("RGB", (300, 200), (i * 20, 0, 0)).save(tmp_path / "domainnet" / "sketch" / c / f"{i}.png")
-    s = data.build_splits("domainnet_sketch", seed=0, img_size=224, mean=(0.5,) * 3,
+    s = datasets.build_splits("domainnet_sketch", seed=0, img_size=224, mean=(0.5,) * 3,
                           std=(0.5,) * 3, root=tmp_path)
     assert len(s.test) == 4 and len(s.train) + len(s.val) == 16
     xt, _ = s.train[0]
@@ -103,16 +103,16 @@ def test_eval_transform_is_resize_then_center_crop():
     from PIL import Image
     from torchvision.transforms import functional as TF
 
-    _, ev = data.transforms(224, (0.0,) * 3, (1.0,) * 3)
+    _, ev = datasets.transforms(224, (0.0,) * 3, (1.0,) * 3)
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 48, 3), dtype=np.uint8))
     want = TF.to_tensor(TF.center_crop(TF.resize(img, 224), 224))
     assert torch.allclose(ev(img), want)
 
 
 def test_train_batches_are_endless_and_seeded():
-    s = data.build_splits("digits", seed=0, img_size=16, mean=(0.5,), std=(0.5,))
-    a = data.train_batches(s.train, 64, seed=1)
-    b = data.train_batches(s.train, 64, seed=1)
+    s = datasets.build_splits("digits", seed=0, img_size=16, mean=(0.5,), std=(0.5,))
+    a = batches.train_batches(s.train, 64, seed=1)
+    b = batches.train_batches(s.train, 64, seed=1)
     for _ in range(len(s.train) // 64 + 3):  # past one epoch
         xa, ya = next(a)
         xb, yb = next(b)
@@ -120,6 +120,6 @@ def test_train_batches_are_endless_and_seeded():
 
 
 def test_data_cli_lists_the_registry(capsys):
-    assert data.main([]) == 0
+    assert datasets.main([]) == 0
     out = capsys.readouterr().out
     assert "cifar10c_speckle_noise" in out and "zenodo" in out

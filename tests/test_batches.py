@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from raystudy import data, engine
+from raystudy import batches, datasets, engine, paths
 from raystudy.config import ConfigError, FinetuneConfig, validate
 
 FAST = dict(model="vit_demo", pretrained=False, dataset="digits_c", steps=12, warmup_steps=2,
@@ -18,22 +18,22 @@ def array_pool(n=300, hw=(32, 32), seed=0):
     rng = np.random.default_rng(seed)
     imgs = rng.integers(0, 256, (n, *hw, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, n)
-    return imgs, data.Pool(data.ArrayImages(imgs, labels), labels)
+    return imgs, datasets.Pool(datasets.ArrayImages(imgs, labels), labels)
 
 
 def test_cache_reads_back_bit_identical(tmp_path):
     imgs, pool = array_pool()
     logs = []
-    p = data.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
+    p = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
     assert p.images.dtype == torch.uint8 and p.images.shape == (300, 3, 32, 32)
     assert torch.equal(p.images, torch.from_numpy(imgs).permute(0, 3, 1, 2))  # native size: exact
     assert torch.equal(p.sizes, torch.tensor([[32, 32]]).expand(300, 2))
     assert np.array_equal(p.labels.numpy(), pool.labels)
     # a second open maps the same file, decodes nothing, reads the same bits
-    again = data.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
+    again = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
     assert len(logs) == 1 and again.path == p.path
     assert torch.equal(again.images, p.images)
-    assert not list(data.cache_dir(tmp_path).glob("*.tmp*"))  # written atomically, nothing left over
+    assert not list(paths.tensor_cache(tmp_path).glob("*.tmp*"))  # written atomically, nothing left over
 
 
 def test_cache_squashes_to_a_fixed_size_and_keeps_original_sizes(tmp_path):
@@ -42,19 +42,19 @@ def test_cache_squashes_to_a_fixed_size_and_keeps_original_sizes(tmp_path):
     rng = np.random.default_rng(0)
     shapes = [(300, 200), (120, 260), (256, 256), (40, 50)]
     items = [(Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)), i) for i, (h, w) in enumerate(shapes)]
-    pool = data.Pool(items, np.arange(4))
-    p = data.tensor_cache("toy", "test", pool, 64, tmp_path, cache=tmp_path, log=None)
+    pool = datasets.Pool(items, np.arange(4))
+    p = batches.tensor_cache("toy", "test", pool, 64, tmp_path, cache=tmp_path, log=None)
     assert p.images.shape == (4, 3, 64, 64)
     assert p.sizes.tolist() == [list(s) for s in shapes]
     for k, (img, _) in enumerate(items):  # exactly what one decode of the image gives
-        assert torch.equal(p.images[k], data.decode(img, 64)[0])
+        assert torch.equal(p.images[k], batches.decode(img, 64)[0])
 
 
 def test_cache_key_follows_the_recipe(tmp_path):
     _, pool = array_pool(50)
-    a = data.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=None)
-    b = data.tensor_cache("toy", "train", pool, 16, tmp_path, cache=tmp_path, log=None)
-    c = data.tensor_cache("toy", "test", pool, 32, tmp_path, cache=tmp_path, log=None)
+    a = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=None)
+    b = batches.tensor_cache("toy", "train", pool, 16, tmp_path, cache=tmp_path, log=None)
+    c = batches.tensor_cache("toy", "test", pool, 32, tmp_path, cache=tmp_path, log=None)
     assert len({a.path, b.path, c.path}) == 3 and b.images.shape[-1] == 16
 
 
@@ -63,7 +63,7 @@ def test_concurrent_runs_decode_the_cache_once(tmp_path):
     logs, pools = [], []
 
     def open_it():
-        pools.append(data.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path,
+        pools.append(batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path,
                                        log=logs.append))
 
     threads = [threading.Thread(target=open_it) for _ in range(3)]
@@ -75,7 +75,7 @@ def test_concurrent_runs_decode_the_cache_once(tmp_path):
 
 def test_a_cached_pool_pickles_as_its_memory_map(tmp_path):
     _, pool = array_pool(2000)
-    p = data.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=None)
+    p = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=None)
     blob = pickle.dumps(p)
     assert len(blob) < 10_000  # DataLoader workers reopen the map, the pixels are not copied
     q = pickle.loads(blob)
@@ -98,9 +98,9 @@ def domainnet(tmp_path, n=10):
 def test_cache_path_has_the_same_splits_and_close_eval_images(tmp_path):
     domainnet(tmp_path)
     kw = dict(seed=3, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
-    tv = data.build_splits("domainnet_sketch", **kw)
-    ca = data.build_splits("domainnet_sketch", **kw, data_path="cache", cache=tmp_path / "c")
-    assert isinstance(ca.train, data.CachedView) and ca.train.pool is ca.val.pool
+    tv = datasets.build_splits("domainnet_sketch", **kw)
+    ca = datasets.build_splits("domainnet_sketch", **kw, data_path="cache", cache=tmp_path / "c")
+    assert isinstance(ca.train, batches.CachedView) and ca.train.pool is ca.val.pool
     assert ca.train.pool.images.shape[-2:] == (256, 256)  # DomainNet's cache size
     assert np.array_equal(ca.train.indices.numpy(), tv.train.indices)
     assert np.array_equal(ca.val.indices.numpy(), tv.val.indices)
@@ -115,11 +115,11 @@ def test_cache_path_has_the_same_splits_and_close_eval_images(tmp_path):
 
 def test_device_batches_cover_an_epoch_and_are_seeded(tmp_path):
     _, pool = array_pool(100)
-    p = data.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=None)
+    p = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=None)
     idx = np.arange(10, 90)
-    view = data.CachedView(p, idx, train=True, size=48, mean=(0.5,) * 3, std=(0.5,) * 3)
+    view = batches.CachedView(p, idx, train=True, size=48, mean=(0.5,) * 3, std=(0.5,) * 3)
     cpu = torch.device("cpu")
-    a, b = data.device_batches(view, 16, 0, cpu), data.device_batches(view, 16, 0, cpu)
+    a, b = batches.device_batches(view, 16, 0, cpu), batches.device_batches(view, 16, 0, cpu)
     seen = []
     for _ in range(5):  # one epoch: 80 images, 5 batches
         (xa, ya), (xb, yb) = next(a), next(b)
@@ -127,16 +127,16 @@ def test_device_batches_cover_an_epoch_and_are_seeded(tmp_path):
         seen.append(ya)
     labels = torch.cat(seen)
     assert sorted(labels.tolist()) == sorted(pool.labels[idx].tolist())
-    c = data.device_batches(view, 16, 1, cpu)
-    assert not torch.equal(next(c)[0], next(data.device_batches(view, 16, 0, cpu))[0])
+    c = batches.device_batches(view, 16, 1, cpu)
+    assert not torch.equal(next(c)[0], next(batches.device_batches(view, 16, 0, cpu))[0])
 
 
 def test_data_path_is_validated_with_one_line():
     with pytest.raises(ConfigError) as e:
         validate(FinetuneConfig(data_path="gpu"))
     assert str(e.value) == "unknown data_path 'gpu'; valid: auto, torchvision, cache"
-    assert data.resolve_data_path("auto", "digits_c") == "cache"
-    assert data.resolve_data_path("auto", "cifar10") == "torchvision"
+    assert datasets.resolve_data_path("auto", "digits_c") == "cache"
+    assert datasets.resolve_data_path("auto", "cifar10") == "torchvision"
 
 
 def test_demo_on_both_paths_evaluates_identically():
@@ -144,10 +144,10 @@ def test_demo_on_both_paths_evaluates_identically():
     cfg = FinetuneConfig(**FAST)
     torch.manual_seed(0)
     model, tv, _ = engine.build(cfg.replace(data_path="torchvision"))
-    ca = data.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
+    ca = datasets.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
     cpu = torch.device("cpu")
-    a = engine.evaluate(model, data.eval_batches(tv.val, 100, cpu), cpu)
-    b = engine.evaluate(model, data.eval_batches(ca.val, 100, cpu), cpu)
+    a = engine.evaluate(model, batches.eval_batches(tv.val, 100, cpu), cpu)
+    b = engine.evaluate(model, batches.eval_batches(ca.val, 100, cpu), cpu)
     assert a["acc"] == b["acc"] and a["loss"] == pytest.approx(b["loss"], rel=1e-6)
 
 
@@ -168,11 +168,11 @@ def test_the_hot_loop_reads_nothing_back_from_the_device():
     cpu = torch.device("cpu")
     opt = engine.build_optimizer(model, cfg, cpu)
     groups = engine.trainable_groups(model)
-    batches = data.train_stream(data.place(splits, cpu).train, 32, 0, cpu)
-    engine.train_step(model, [next(batches)], opt, groups, 1.0, cpu)  # warm (lru caches)
+    stream = batches.train_stream(batches.place(splits, cpu).train, 32, 0, cpu)
+    engine.train_step(model, [next(stream)], opt, groups, 1.0, cpu)  # warm (lru caches)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(3):
-            engine.train_step(model, [next(batches)], opt, groups, 1.0, cpu)
+            engine.train_step(model, [next(stream)], opt, groups, 1.0, cpu)
     names = {e.key for e in prof.key_averages()}
     assert not names & {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero"}, names
 
@@ -186,13 +186,13 @@ def test_no_host_device_sync_in_the_hot_loop_on_gpu():
     model.to(dev)
     opt = engine.build_optimizer(model, cfg, dev)
     groups = engine.trainable_groups(model)
-    batches = data.train_stream(data.place(splits, dev).train, 32, 0, dev)
-    engine.train_step(model, [next(batches)], opt, groups, 1.0, dev)
+    stream = batches.train_stream(batches.place(splits, dev).train, 32, 0, dev)
+    engine.train_step(model, [next(stream)], opt, groups, 1.0, dev)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(3):
-            engine.train_step(model, [next(batches)], opt, groups, 1.0, dev)
+            engine.train_step(model, [next(stream)], opt, groups, 1.0, dev)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -206,8 +206,8 @@ def test_an_image_dataset_trains_from_its_tensor_cache(tmp_path, monkeypatch):
                          warmup_steps=1, batch_size=4, eval_every=2, log_every=1, eval_batch_size=8)
     res = engine.train(cfg)
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
-    made = sorted(p.name.split("-")[2] for p in data.cache_dir(tmp_path / "cache").iterdir()
+    made = sorted(p.name.split("-")[2] for p in paths.tensor_cache(tmp_path / "cache").iterdir()
                   if not p.name.startswith("."))
     assert made == ["256px", "256px"]  # train pool and test, decoded once each
     engine.train(cfg.replace(seed=1))  # another run reuses them
-    assert len([p for p in data.cache_dir(tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 2
+    assert len([p for p in paths.tensor_cache(tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 2

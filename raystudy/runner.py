@@ -1,0 +1,298 @@
+"""The runner: Ray, Tune and the driver's MLflow records, shared by the grid and the searches.
+
+``start_ray`` starts or joins Ray; ``run_grid`` runs a list of trials (a grid, or a search's
+test re-evaluation) exactly once each, resuming an interrupted run of the same trials;
+``search_condition`` runs one Optuna study under ASHA. In both, ``MlflowTrials`` writes MLflow
+from the driver only: one writer, so a SQLite store never sees "database is locked", and runs
+are found by trial key, so a rerun never duplicates one. Workers run ``raystudy.trial``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from raystudy import tracking
+from raystudy.errors import ConfigError
+from raystudy.spaces import Sampler, SearchSpace, Trial, grid_key
+from raystudy.trial import run_trial
+from raystudy.config import FinetuneConfig
+
+
+# ---------------------------------------------------------------- Ray
+
+def check_address(address: str | None) -> None:
+    """An explicit HOST:PORT must answer before Ray spends a minute retrying."""
+    if address in (None, "", "auto", "local") or address.startswith(("ray://", "anyscale://")):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: expected auto, local or HOST:PORT")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--address {address}: no Ray cluster answers there ({e.strerror or e}); "
+                          "start one with `ray up cluster.yaml`, or omit --address for a local Ray") from None
+
+
+def start_ray(address: str | None, num_cpus: int | None, temp_dir: str | None, dashboard: bool) -> None:
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Each evaluation checkpoints; Tune then snapshots often and warns about it at length.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    if address in (None, "", "local"):
+        ray.init(num_cpus=num_cpus, include_dashboard=dashboard, _temp_dir=temp_dir,
+                 log_to_driver=False, configure_logging=False)
+    else:
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as e:
+            raise ConfigError(f"--address {address}: {str(e).splitlines()[0]}") from None
+
+
+def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
+             storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
+             checkpoint_every_s: float = 0.0, verbose: int = 1, role: str = "grid") -> dict[str, Any]:
+    """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
+
+    ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder.
+    """
+    cl = tracking.client(tracking_uri)
+    exp_id = tracking.experiment_id(cl, experiment, tracking.default_artifact_location(tracking_uri))
+    gkey = grid_key(trials)
+    parent = tracking.parent_run(cl, exp_id, gkey, f"{role}-{label}",
+                                 {"label": label, "model": model, "trials": len(trials)}, role=role)
+    cl.set_tag(parent, "raystudy.status", "running")
+
+    known = tracking.statuses(cl, exp_id)
+    done = {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
+    pending = [t for t in trials if t.key not in done]
+    name = f"{label}-{gkey}"
+    path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
+    counts = {"trials": len(trials), "already_done": len(done)}
+    if pending:
+        base = {"storage_path": str(storage), "threads": threads, "checkpoint_every_s": checkpoint_every_s}
+
+        def resources(config):
+            t = config["trial"]
+            if t["workers"] > 1:  # the trial only drives its TorchTrainer, whose workers hold the devices
+                return tune.PlacementGroupFactory([{"CPU": 0.01}])
+            return tune.PlacementGroupFactory([{"CPU": t["cpu"], "GPU": t["gpu"]}])
+
+        trainable = tune.with_resources(run_trial, resources)
+        if tune.Tuner.can_restore(str(path)):
+            print(f"resuming {path}: {len(pending)} of {len(trials)} trials unfinished", flush=True)
+            tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = tune.Tuner(
+                trainable,
+                param_space={**base, "trial": tune.grid_search([t.as_dict() for t in pending])},
+                tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=max_concurrent,
+                                            trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
+                run_config=tune.RunConfig(
+                    name=name, storage_path=str(storage), verbose=verbose,
+                    callbacks=[MlflowTrials(tracking_uri, exp_id, parent)],
+                    failure_config=tune.FailureConfig(max_failures=max_failures),
+                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
+            )
+        try:
+            tuner.fit()
+        finally:
+            # Tune has ended every trial (or the driver is going down): no run stays RUNNING.
+            stale = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
+            if stale:
+                print(f"{stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+            cl.set_terminated(parent, status="FINISHED")
+    known = tracking.statuses(cl, exp_id)
+    statuses = [known.get(t.key) for t in trials]
+    for s in ("finished", "diverged", "failed"):
+        counts[s] = statuses.count(s)
+    counts["unfinished"] = len(trials) - sum(counts[s] for s in ("finished", "diverged", "failed"))
+    cl.set_tag(parent, "raystudy.status", "finished" if not counts["unfinished"] else "incomplete")
+    cl.set_terminated(parent, status="FINISHED")
+    counts.update(experiment_id=exp_id, parent_run_id=parent)
+    return counts
+
+
+def _trial_name(trial) -> str:
+    c = trial.config["trial"]["finetune"]
+    return f"{c['condition']}_{c['dataset']}_{c['optimizer']}_lr{c['lr']:g}_s{c['seed']}_{trial.trial_id}"
+
+
+
+# ---------------------------------------------------------------- MLflow, from the driver
+
+class MlflowTrials(tune.Callback):
+    """Writes every trial to MLflow from the driver, exactly once per trial key."""
+
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_id: str | None,
+                 tags: dict[str, str] | None = None):
+        self.tracking_uri, self.experiment_id, self.parent_id = tracking_uri, experiment_id, parent_id
+        self.tags = dict(tags or {})
+        self._runs: dict[str, str | None] = {}
+        self._where: dict[str, str] = {}
+        self._cl = None
+
+    def __getstate__(self):  # Tune pickles callbacks with its experiment state
+        return {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id,
+                "parent_id": self.parent_id, "tags": self.tags, "_runs": {}, "_where": {}, "_cl": None}
+
+    @property
+    def cl(self):
+        if self._cl is None:
+            self._cl = tracking.client(self.tracking_uri)
+        return self._cl
+
+    def _run(self, trial) -> str | None:
+        """The MLflow run of ``trial``; None if its key already finished (it will skip)."""
+        if trial.trial_id not in self._runs:
+            t = trial.config["trial"]
+            status, _ = tracking.trial_status(self.cl, self.experiment_id, t["key"])
+            self._runs[trial.trial_id] = (None if status in tracking.TERMINAL else
+                                          tracking.open_trial(self.cl, self.experiment_id, self.parent_id,
+                                                              t["key"], t["finetune"],
+                                                              {"raystudy.tune_trial": trial.trial_id, **self.tags}))
+        return self._runs[trial.trial_id]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._run(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        run_id = self._run(trial)
+        if run_id is None:
+            return
+        where = f"{result.get('node_ip')}:{result.get('pid')}"
+        if self._where.get(trial.trial_id) != where:  # which node and process run it (debugging)
+            self._where[trial.trial_id] = where
+            self.cl.set_tag(run_id, "raystudy.worker", where)
+        steps = list(result.get("history") or [])
+        if not result.get("final"):
+            steps.append(result)
+        tracking.log_steps(self.cl, run_id, steps)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        run_id = self._run(trial)
+        last = trial.last_result or {}
+        if run_id is None:
+            return
+        if not last.get("final"):  # a scheduler (ASHA) stopped it early: no test accuracy
+            last = {**last, "status": "stopped"}
+        tracking.finish_trial(self.cl, run_id, last)
+        self._runs.pop(trial.trial_id, None)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        """A failed attempt that Tune retries: count it and keep its error."""
+        run_id = self._run(trial)
+        if run_id is not None:
+            attempts = int(self.cl.get_run(run_id).data.tags.get("raystudy.attempts", "1")) + 1
+            self.cl.set_tag(run_id, "raystudy.attempts", str(attempts))
+            self.cl.set_tag(run_id, "raystudy.last_error", _error_text(trial)[-5000:])
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        run_id = self._run(trial)
+        if run_id is not None:
+            tracking.fail_trial(self.cl, run_id, _error_text(trial)[-5000:])
+            self._runs.pop(trial.trial_id, None)
+
+
+def _error_text(trial) -> str:
+    path = getattr(trial, "error_file", None)
+    if path and os.path.exists(path):
+        text = Path(path).read_text().strip()
+        return text
+    return "trial failed (no error file)"
+
+
+# ---------------------------------------------------------------- searches
+
+def optuna_storage(folder: Path):
+    import optuna
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.RDBStorage(f"sqlite:///{folder / 'optuna.db'}")
+
+
+def completed_trials(storage, study_name: str) -> int:
+    """Trials of the persisted study that finished; stale RUNNING ones (a killed search) are failed."""
+    import optuna
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return 0
+    done = 0
+    for t in study.get_trials(deepcopy=False):
+        if t.state == optuna.trial.TrialState.RUNNING:
+            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        elif t.state == optuna.trial.TrialState.COMPLETE:
+            done += 1
+    return done
+
+
+def search_condition(space: SearchSpace, label: str, condition: str | None, *, model: str, dataset: str, base: dict[str, Any],
+                     tracking_uri: str, exp_id: str, parent: str, storage: Path, num_samples: int,
+                     time_budget_s: float | None, resources: dict[str, Any], tuning: dict[str, Any],
+                     verbose: int) -> dict[str, Any]:
+    """One Optuna study (``label``: a condition, or ``components`` when the condition itself is
+    searched); returns the best finished trial's config and score."""
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    study_name = f"{space.study}-{model}-{dataset}-{label}"
+    cl = tracking.client(tracking_uri)
+    # Runs a killed search left RUNNING: their configs are not resampled, so close them.
+    tracking.close_stale(cl, exp_id, raystudy__search=study_name)
+    ostore = optuna_storage(storage / "optuna")
+    done = completed_trials(ostore, study_name)
+    remaining = num_samples - done
+    print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {max(remaining, 0)} to run", flush=True)
+    if remaining > 0:
+        steps = int(base.get("steps", FinetuneConfig.steps))
+        searcher = OptunaSearch(space=Sampler(space, condition, base, resources), metric="score", mode="max",
+                                seed=space.seed, storage=ostore, study_name=study_name)
+        # max_t past the last step: a trial that reaches the end finishes itself (and is tested)
+        scheduler = ASHAScheduler(time_attr="step", metric="score", mode="max", max_t=steps + 1,
+                                  grace_period=min(space.grace_period, steps),
+                                  reduction_factor=space.reduction_factor)
+        cpu, gpu = resources["cpu"], resources["gpu"]
+        tuner = tune.Tuner(
+            tune.with_resources(run_trial, {"cpu": cpu, "gpu": gpu}),
+            param_space={"storage_path": str(storage), "threads": int(tuning["threads_per_trial"]),
+                         "checkpoint_every_s": float(tuning["checkpoint_every_s"])},
+            tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,
+                                        time_budget_s=time_budget_s, reuse_actors=True,
+                                        max_concurrent_trials=tuning["max_concurrent"]),
+            run_config=tune.RunConfig(
+                name=f"{study_name}-{int(time.time())}", storage_path=str(storage), verbose=verbose,
+                callbacks=[MlflowTrials(tracking_uri, exp_id, parent, {"raystudy.search": study_name})],
+                failure_config=tune.FailureConfig(max_failures=int(tuning["max_failures"])),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
+        )
+        tuner.fit()
+        stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
+        if stale:  # every trial of this session has ended: none may stay RUNNING
+            print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+    return best_of(cl, exp_id, study_name)
+
+
+def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
+    """The finished trial of ``study_name`` with the best validation accuracy, and the counts."""
+    runs = tracking.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name)
+    status = [r.data.tags.get("raystudy.status") for r in runs]
+    finished = [r for r, s in zip(runs, status) if s == "finished" and "best_val_acc" in r.data.metrics]
+    out = {"study": study_name, "trials": len(runs), "stopped": status.count("stopped"),
+           "finished": len(finished), "diverged": status.count("diverged"), "failed": status.count("failed")}
+    if finished:
+        best = max(finished, key=lambda r: r.data.metrics["best_val_acc"])
+        out.update(best_run=best.info.run_id, val_acc=best.data.metrics["best_val_acc"],
+                   config=tracking.run_config(best.data.params))
+    return out
+
+

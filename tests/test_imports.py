@@ -1,0 +1,119 @@
+"""The import graph stays layered: no circle, no import up a layer, no CLI reaching into another.
+
+Every import counts, including those inside functions (a lazy import up a layer is still a
+dependency up a layer). Layers, lowest first; a module may import its own layer or lower ones.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("raystudy", "analysis")
+
+LAYERS = [
+    # leaves: errors, paths, the packages themselves (analysis holds AnalysisError)
+    {"raystudy", "raystudy.errors", "raystudy.paths", "analysis"},
+    # the study's core: what trains, on what, and what is measured
+    {"raystudy.augment", "raystudy.batches", "raystudy.components", "raystudy.models",
+     "raystudy.datasets", "raystudy.plasticity"},
+    {"raystudy.config"},
+    # the loop, the run record, the spaces (no Ray, no MLflow)
+    {"raystudy.engine", "raystudy.tracking", "raystudy.spaces"},
+    # what runs on a worker; weights raystudy builds itself
+    {"raystudy.trial", "raystudy.pretrain"},
+    # the runner (Ray + driver-side MLflow), the analysis library, the CLI toolkit
+    {"raystudy.runner", "raystudy.cli", "analysis.load", "analysis.stats", "analysis.tables",
+     "analysis.figures"},
+    # command lines
+    {"raystudy.grid", "raystudy.search", "raystudy.finetune", "raystudy.probe", "raystudy.prefetch",
+     "analysis.report", "analysis.export_best"},
+]
+LAYER = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+CLIS = LAYERS[-1]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).glob("*.py")):
+            out[pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"] = f
+    return out
+
+
+def imports(path: Path) -> list[tuple[str, str]]:
+    """(module imported, name imported or '') of every project import in ``path``, any depth."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                found.append((sub, "") if sub in modules() else (node.module, a.name))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, "") for a in node.names if a.name.split(".")[0] in PACKAGES]
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: {dep for dep, _ in imports(p) if dep != m} for m, p in modules().items()}
+
+
+def test_every_module_has_a_layer():
+    assert set(modules()) == set(LAYER), set(modules()) ^ set(LAYER)
+
+
+def test_no_import_goes_up_a_layer():
+    up = [f"{m} (layer {LAYER[m]}) imports {d} (layer {LAYER[d]})"
+          for m, deps in graph().items() for d in deps if LAYER[d] > LAYER[m]]
+    assert not up, "\n".join(up)
+
+
+def test_no_import_circle():
+    g = graph()
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for d in sorted(g[m]):
+            if state.get(d) == 1:
+                pytest.fail("import circle: " + " -> ".join(path[path.index(d):] + [d]))
+            if d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_no_private_names_across_modules_and_no_cli_imports_another():
+    bad = []
+    for m, p in modules().items():
+        for dep, name in imports(p):
+            if name.startswith("_") and dep != m:
+                bad.append(f"{m} imports private {dep}.{name}")
+            if m in CLIS and dep in CLIS and dep != m:
+                bad.append(f"command line {m} imports command line {dep}")
+    assert not bad, "\n".join(bad)
+
+
+def test_spaces_know_nothing_of_ray_or_mlflow():
+    code = ("import sys, raystudy.spaces as s; s.expand(s.load_grid('paper'), 'vit_base'); "
+            "s.load_search('optimiser'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'mlflow', 'optuna')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_importing_every_module_starts_nothing():
+    code = ("import sys\n"
+            + "".join(f"import {m}\n" for m in modules())
+            + "import ray, torch\n"
+            "assert not ray.is_initialized()\n"
+            "assert 'MLFLOW_TRACKING_URI' not in __import__('os').environ\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -1,0 +1,56 @@
+"""The worker's Reporter: step measurements ride with the next evaluation; checkpoints by time."""
+
+import torch
+from ray import tune
+
+from raystudy import trial
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, metrics, checkpoint=None):
+        state = trial._load_state(checkpoint) if checkpoint is not None else None
+        self.calls.append((metrics, state))
+
+
+def test_step_reports_wait_for_the_next_evaluation_and_travel_with_it():
+    rec = Recorder()
+    r = trial.Reporter(rec, tune.Checkpoint, every_s=0)
+    r({"step": 10, "loss": 1.0}, None)
+    r({"step": 20, "loss": 0.9}, None)
+    assert rec.calls == []  # no round trip to the driver for step measurements alone
+    state = {"step": 20, "model": {"w": torch.ones(2)}, "best": {"val_acc": 0.5}}
+    r({"step": 20, "val_acc": 0.5}, state)
+    (metrics, saved), = rec.calls
+    assert [h["step"] for h in metrics["history"]] == [10, 20] and metrics["score"] == 0.5
+    assert saved["step"] == 20 and torch.equal(saved["model"]["w"], torch.ones(2))
+    r({"step": 30, "loss": 0.8}, None)
+    r({"step": 40, "val_acc": 0.4}, {"step": 40})
+    assert rec.calls[1][0]["score"] == 0.5  # the best validation so far, for schedulers
+    assert [h["step"] for h in rec.calls[1][0]["history"]] == [30]
+    r({"step": 50, "loss": 0.7}, None)
+    r.final({"steps_done": 50, "best_val_acc": 0.5, "test_acc": 0.45})
+    last = rec.calls[-1][0]
+    assert last["final"] == 1 and last["step"] == 50 and [h["step"] for h in last["history"]] == [50]
+    assert r.pending == []
+
+
+def test_a_diverged_step_reports_at_once():
+    rec = Recorder()
+    r = trial.Reporter(rec, tune.Checkpoint, every_s=0)
+    r({"step": 10, "loss": float("nan"), "diverged": 1.0}, None)
+    assert len(rec.calls) == 1 and rec.calls[0][0]["diverged"] == 1.0 and rec.calls[0][1] is None
+
+
+def test_checkpoints_go_with_evaluations_at_most_every_every_s(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(trial.time, "monotonic", lambda: now[0])
+    rec = Recorder()
+    r = trial.Reporter(rec, tune.Checkpoint, every_s=60)
+    for step, t in ((10, 1030.0), (20, 1061.0), (30, 1100.0), (40, 1122.0)):
+        now[0] = t
+        r({"step": step, "val_acc": 0.1 * step}, {"step": step})
+    # 30 s after the start: none; 61 s: one; 39 s after that: none; 61 s after it: one
+    assert [s["step"] if s else None for _, s in rec.calls] == [None, 20, None, 40]
