@@ -13,6 +13,16 @@ condition over the per-dataset means, a Friedman test over all conditions with H
 pairwise Wilcoxon tests and a Nemenyi critical-difference diagram, and, where the runs probed
 plasticity, the component ranking by plasticity next to the ranking by accuracy.
 
+Past the p-values (``analysis.trust``): effect sizes beside every test (Hodges-Lehmann shift with
+its interval, rank-biserial r); stratified-bootstrap intervals of each condition's mean and IQM,
+of every pairwise difference and of the probability of improvement (``--bootstrap-reps``,
+``--bootstrap-seed``, ``--bootstrap-over``); Bayesian signed-rank and hierarchical tests with a
+region of practical equivalence (``--rope`` accuracy points, ``--no-hierarchical``); the CD
+diagram's bars from Nemenyi or from the Wilcoxon-Holm tests (``--cd-cliques``); the expected best
+accuracy against the number of lrs tried and lrs chosen at the edge of their grid; the split of
+the runs' variance into dataset, lr and seed; rank correlations of plasticity and gradient norm
+with accuracy, with bootstrap intervals.
+
 Everything goes to ``--out`` (tables as .md/.csv/.tex, figures as .png/.pdf, ``report.md``);
 the report is printed. Read from MLflow, the folder is also logged as ``analysis/`` artifacts of
 the grid's parent run. Bad input exits with status 2 and one line on stderr.
@@ -43,10 +53,14 @@ class Report:
     logged_to: list[str] = field(default_factory=list)
 
 
-def paper_order() -> tuple[str, ...]:
-    from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS
+# raystudy.components' PAPER_CONDITIONS, then its other STUDY_COMPONENTS, then lora (a test
+# checks they agree): written out because importing that module imports torch, seconds per report.
+PAPER_ORDER = ("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe", "EMBED", "lora")
 
-    return tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
+
+def paper_order() -> tuple[str, ...]:
+    """The order tables list conditions in: the paper's, then the other components, then LoRA."""
+    return PAPER_ORDER
 
 
 def _restrict(df: pd.DataFrame, conditions: list[str] | None, datasets: list[str] | None,

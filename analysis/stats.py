@@ -432,12 +432,10 @@ def tuning_budget(means: pd.DataFrame, max_trials: int | None = None) -> pd.Data
     top = int(usable.groupby(CELL).size().max()) if max_trials is None else max_trials
     rows = []
     for (dataset, condition), g in usable.groupby(CELL, sort=True):
+        val, test = g["val_mean"].to_numpy(float), g["test_mean"].to_numpy(float)
         for n in range(1, top + 1):
-            rows.append({"dataset": dataset, "condition": condition, "n_lrs": n,
-                         "expected_val": expected_max(g["val_mean"], n),
-                         "expected_test": expected_max(g["val_mean"], n, g["test_mean"]),
-                         "full": n <= len(g)})
-    df = pd.DataFrame(rows)
+            rows.append((condition, n, expected_max(val, n), expected_max(val, n, test), n <= len(g)))
+    df = pd.DataFrame(rows, columns=["condition", "n_lrs", "expected_val", "expected_test", "full"])
     g = df.groupby(["condition", "n_lrs"], sort=True)
     return pd.DataFrame({"expected_val": g["expected_val"].mean(),
                          "expected_test": g["expected_test"].mean(),

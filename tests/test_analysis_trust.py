@@ -385,3 +385,10 @@ def test_report_degrades_on_one_dataset_and_one_seed(study_csv, tmp_path, capsys
     assert "One run per dataset and condition: the intervals reflect datasets only" in text
     assert "Hierarchical test: needs two or more datasets with two or more paired seeds" in text
     assert "One seed: the seed part is zero by construction." in text
+
+
+def test_report_condition_order_is_the_components_order():
+    from analysis import report
+    from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS
+
+    assert report.paper_order() == tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
