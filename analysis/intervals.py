@@ -23,6 +23,7 @@ over seeds is 2 P(X > Y) − 1.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -111,13 +112,16 @@ def improvement(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     both = ~np.isnan(a) & ~np.isnan(b)
     wins = np.where(both, (a > b) + 0.5 * (a == b), 0.0).sum(axis=(-1, -2))
     pairs = both.sum(axis=(-1, -2))
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # no finished pair anywhere: NaN
         return np.nanmean(wins / pairs, axis=-1)
 
 
 def _interval(boot: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     q = 100 * (1 - level) / 2
-    return np.nanpercentile(boot, q, axis=0), np.nanpercentile(boot, 100 - q, axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN columns give NaN bounds
+        return np.nanpercentile(boot, q, axis=0), np.nanpercentile(boot, 100 - q, axis=0)
 
 
 def aggregate_intervals(scores: np.ndarray, conditions: Sequence[str], reps: int = 2000,
@@ -211,9 +215,12 @@ def correlation_intervals(measure: pd.DataFrame, scores: np.ndarray, conditions:
     acc = np.nanmean(both, axis=-1).transpose(0, 2, 1)                    # (R, D', C)
     acc = np.take_along_axis(acc, dsel[..., None], axis=1)
     meas = m.T[dsel]                                                      # (R, D', C)
-    mean_rho = np.nanmean(rank_correlation_rows(meas, acc), axis=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # no spread on any drawn dataset: NaN
+        mean_rho = np.nanmean(rank_correlation_rows(meas, acc), axis=-1)
+        mean_point = float(np.nanmean(point))
     lo, hi = _interval(mean_rho, level)
-    rows.append({"dataset": "mean", "rho": float(np.nanmean(point)), "low": float(lo), "high": float(hi)})
+    rows.append({"dataset": "mean", "rho": mean_point, "low": float(lo), "high": float(hi)})
     return pd.DataFrame(rows, columns=["dataset", "rho", "low", "high"])
 
 

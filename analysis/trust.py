@@ -87,9 +87,11 @@ def intervals_section(scores: np.ndarray, order: list[str], reference: str, scal
     the probability of improvement. Returns the section and the pairwise frame."""
     note = _shape_note(scores)
     title = "Interval estimates (stratified bootstrap)"
-    if note and note.startswith("One dataset and one run"):
-        return _section(title, note), None
     fixed = opts.over == "seeds" or scores.shape[1] == 1
+    if fixed and int((~np.isnan(scores)).sum(axis=-1).max()) == 1:
+        note = ("One run per dataset and condition, and datasets fixed (--bootstrap-over seeds): "
+                "no interval can be estimated." if scores.shape[1] > 1 else note)
+        return _section(title, note), None
     boot = intervals.resample(scores, opts.reps, opts.seed, datasets=not fixed)
     agg = intervals.aggregate_intervals(scores, order, boot=boot)
     pairs = intervals.pairwise_intervals(scores, order, boot=boot, pairs=pair_list(order, reference))
@@ -123,6 +125,10 @@ def intervals_section(scores: np.ndarray, order: list[str], reference: str, scal
              "table's average); IQM: the interquartile mean of all runs; P(a > b): the chance a "
              "run of a beats a run of b on the same dataset, averaged over datasets (Cliff's "
              "delta = 2 P − 1)."]
+    if not fixed:
+        lines.append("With datasets resampled, a condition's own interval includes how hard the "
+                     "drawn datasets are; the differences are paired over datasets (the same "
+                     "draw for both conditions) and are the intervals to read for comparisons.")
     if note:
         lines.append(note)
     lines += ["", tables.markdown(shown).rstrip(), "", tables.markdown(pshown).rstrip()]
@@ -311,10 +317,12 @@ def correlation_text(name: str, measure: pd.DataFrame, scores: np.ndarray, order
     m = corr.set_index("dataset").loc["mean"]
     comps = [c for c in measure.columns if c in order]
     rank = measure[comps].mean().sort_values(ascending=False)
+    tie = (" A dash: no spread to rank (the measure or the accuracy ties across components)."
+           if corr["rho"].isna().any() else "")
     return (f"{name} (highest first): {' > '.join(rank.index)}. Spearman rho with accuracy "
             f"across components, per dataset with a seed-bootstrap interval, and the mean over "
             f"datasets: {tables.interval(m['rho'], m['low'], m['high'], 2)} (datasets and seeds "
-            "resampled).\n\n" + tables.markdown(shown))
+            f"resampled).{tie}\n\n" + tables.markdown(shown))
 
 
 def grad_norms(bands: pd.DataFrame) -> pd.DataFrame:

@@ -392,3 +392,15 @@ def test_report_condition_order_is_the_components_order():
     from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS
 
     assert report.paper_order() == tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
+
+
+def test_report_says_when_no_interval_can_be_estimated(study_csv, tmp_path, capsys):
+    from analysis import report
+
+    runs = pd.read_csv(study_csv)
+    one = tmp_path / "one_seed.csv"
+    runs[runs["seed"] == 0].to_csv(one, index=False)
+    assert report.main(["--csv", str(one), "--out", str(tmp_path / "a"), "--bootstrap-over", "seeds",
+                        "--no-hierarchical"]) == 0
+    assert "datasets fixed (--bootstrap-over seeds): no interval can be estimated." in capsys.readouterr().out
+    assert not (tmp_path / "a" / "intervals.csv").exists()
