@@ -1,7 +1,12 @@
 """The study's analysis: runs from MLflow (or a CSV) to tables, tests, figures and best configs.
 
     load      runs → one tidy DataFrame (one row per run); step metrics; plasticity artifacts
-    stats     pure functions: best lr, mean ± std over seeds, ranks, lr robustness, tests
+    stats     pure functions: best lr, mean ± std over seeds, ranks, lr robustness, tests,
+              effect sizes, tuning budget, variance decomposition
+    intervals stratified-bootstrap intervals, probability of improvement (rliable's manner)
+    bayes     Bayesian signed-rank and hierarchical tests with a ROPE (baycomp's models)
+    trust     the report's sections built on intervals and bayes
+    synthetic a made-up study in the runs-table layout, for tests and benchmarks
     tables    Markdown, CSV and LaTeX writers
     figures   matplotlib figures as PNG and PDF
     report    ``python -m analysis.report``: everything above into one folder (and MLflow)

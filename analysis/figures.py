@@ -202,4 +202,127 @@ def cd_diagram(avg_ranks: pd.Series, cd: float, cliques: list[list[str]],
     return save(fig, base)
 
 
-__all__ = ["accuracy", "curves", "plasticity_layers", "cd_diagram", "save", "colors"]
+def _ci_rows(ax, labels, est, low, high, color, ref=None, xlabel=""):
+    """One horizontal interval per row, the first label on top."""
+    y = np.arange(len(labels))[::-1]
+    est, low, high = (np.asarray(v, float) for v in (est, low, high))
+    ax.hlines(y, low, high, color=color, lw=5, alpha=0.45)
+    ax.plot(est, y, "|", color="k", ms=12, mew=1.5)
+    if ref is not None:
+        ax.axvline(ref, color="0.5", ls=":", lw=0.8)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_ylim(-0.7, len(labels) - 0.3)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(axis="x", color="0.9", lw=0.6)
+    ax.set_axisbelow(True)
+
+
+def intervals(agg: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
+              scale: float = 1.0, title: str = "") -> list[Path]:
+    """Interval plot (rliable style): per condition the mean and the IQM with 95% intervals.
+
+    ``agg`` is ``analysis.intervals.aggregate_intervals``: condition, statistic, estimate, low,
+    high.
+    """
+    col = colors(conditions)
+    stats_ = [s for s in ("mean", "iqm") if s in set(agg["statistic"])]
+    fig = _figure(3.2 * len(stats_) + 0.8, 0.32 * len(conditions) + 1.2)
+    axes = fig.subplots(1, len(stats_), squeeze=False)[0]
+    names = {"mean": "mean over datasets", "iqm": "interquartile mean of runs"}
+    for ax, s in zip(axes, stats_):
+        sub = agg[agg["statistic"] == s].set_index("condition").reindex(conditions)
+        y = np.arange(len(conditions))[::-1]
+        for yi, c in zip(y, conditions):
+            ax.hlines(yi, sub.loc[c, "low"] * scale, sub.loc[c, "high"] * scale, color=col[c],
+                      lw=6, alpha=0.6)
+            ax.plot(sub.loc[c, "estimate"] * scale, yi, "|", color="k", ms=12, mew=1.5)
+        ax.set_yticks(y, conditions if ax is axes[0] else [""] * len(conditions), fontsize=8)
+        ax.set_ylim(-0.7, len(conditions) - 0.3)
+        ax.set_xlabel(names[s] + (" (%)" if scale == 100 else ""), fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(axis="x", color="0.9", lw=0.6)
+        ax.set_axisbelow(True)
+    fig.suptitle(title or "Test accuracy, 95% stratified-bootstrap intervals", fontsize=9)
+    return save(fig, base)
+
+
+def improvement(pairs: pd.DataFrame, base: str | os.PathLike, title: str = "") -> list[Path]:
+    """Probability of improvement P(a > b) with 95% intervals, one row per pair (rliable style).
+
+    ``pairs`` is ``analysis.intervals.pairwise_intervals``; 0.5 (dotted) is no preference.
+    """
+    labels = [f"P({a} > {b})" for a, b in zip(pairs["a"], pairs["b"])]
+    fig = _figure(5.0, 0.26 * len(labels) + 1.0)
+    ax = fig.add_subplot()
+    _ci_rows(ax, labels, pairs["p_improve"], pairs["p_improve_low"], pairs["p_improve_high"],
+             "tab:blue", 0.5, "probability of improvement (a run of a beats a run of b)")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_title(title or "Probability of improvement, 95% stratified-bootstrap intervals", fontsize=9)
+    return save(fig, base)
+
+
+def rope_bars(rope: pd.DataFrame, base: str | os.PathLike, width: float,
+              title: str = "") -> list[Path]:
+    """Stacked bars of P(a better), P(practically equivalent), P(b better) per pair.
+
+    ``rope`` has a, b and, per test, ``{test}_p_a``, ``{test}_p_rope``, ``{test}_p_b`` for the
+    tests ``signed_rank`` and ``hierarchical`` (whichever are present and not all NaN).
+    """
+    tests = [t for t in ("signed_rank", "hierarchical")
+             if f"{t}_p_rope" in rope and rope[f"{t}_p_rope"].notna().any()]
+    if not tests:
+        return []
+    names = {"signed_rank": "Bayesian signed-rank (dataset means)",
+             "hierarchical": "hierarchical (datasets × seeds)"}
+    labels = [f"{a} vs {b}" for a, b in zip(rope["a"], rope["b"])]
+    y = np.arange(len(labels))[::-1]
+    fig = _figure(3.6 * len(tests) + 1.4, 0.26 * len(labels) + 1.3)
+    axes = fig.subplots(1, len(tests), squeeze=False)[0]
+    parts = (("p_a", "a better", "tab:blue"), ("p_rope", "equivalent", "0.75"),
+             ("p_b", "b better", "tab:orange"))
+    for ax, t in zip(axes, tests):
+        left = np.zeros(len(labels))
+        for key, lab, c in parts:
+            v = np.nan_to_num(rope[f"{t}_{key}"].to_numpy(float))
+            ax.barh(y, v, left=left, color=c, height=0.7, label=lab, edgecolor="white", lw=0.5)
+            left += v
+        ax.set_yticks(y, labels if ax is axes[0] else [""] * len(labels), fontsize=8)
+        ax.set_xlim(0, 1)
+        ax.set_title(names[t], fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_xlabel("posterior probability", fontsize=8)
+    handles, lab = axes[0].get_legend_handles_labels()
+    fig.legend(handles, lab, loc="outside upper center", ncols=3, fontsize=8, frameon=False,
+               title=title or f"Practical equivalence, ROPE ±{width:g} accuracy points",
+               title_fontsize=9)
+    return save(fig, base)
+
+
+def tuning_budget(budget: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
+                  scale: float = 1.0) -> list[Path]:
+    """Expected best validation accuracy and the test accuracy there against lrs tried
+    (Dodge et al., 2019), one line per condition, averaged over datasets."""
+    col = colors(conditions)
+    fig = _figure(7.5, 3.0)
+    axes = fig.subplots(1, 2)
+    for ax, key, lab in ((axes[0], "expected_val", "expected best validation accuracy"),
+                         (axes[1], "expected_test", "expected test accuracy at that lr")):
+        for c in conditions:
+            s = budget[budget["condition"] == c].sort_values("n_lrs")
+            if s.empty:
+                continue
+            ax.plot(s["n_lrs"], s[key] * scale, "o-", ms=3, lw=1.2, color=col[c], label=c)
+        ax.set_xlabel("learning rates tried", fontsize=8)
+        ax.set_ylabel(lab + (" (%)" if scale == 100 else ""), fontsize=8)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.tick_params(labelsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 7), fontsize=8,
+               frameon=False, title="Expected accuracy against tuning budget (Dodge et al., 2019)",
+               title_fontsize=9)
+    return save(fig, base)
+
+
+__all__ = ["accuracy", "curves", "plasticity_layers", "cd_diagram", "intervals", "improvement",
+           "rope_bars", "tuning_budget", "save", "colors"]

@@ -13,6 +13,16 @@ condition over the per-dataset means, a Friedman test over all conditions with H
 pairwise Wilcoxon tests and a Nemenyi critical-difference diagram, and, where the runs probed
 plasticity, the component ranking by plasticity next to the ranking by accuracy.
 
+Past the p-values (``analysis.trust``): effect sizes beside every test (Hodges-Lehmann shift with
+its interval, rank-biserial r); stratified-bootstrap intervals of each condition's mean and IQM,
+of every pairwise difference and of the probability of improvement (``--bootstrap-reps``,
+``--bootstrap-seed``, ``--bootstrap-over``); Bayesian signed-rank and hierarchical tests with a
+region of practical equivalence (``--rope`` accuracy points, ``--no-hierarchical``); the CD
+diagram's bars from Nemenyi or from the Wilcoxon-Holm tests (``--cd-cliques``); the expected best
+accuracy against the number of lrs tried and lrs chosen at the edge of their grid; the split of
+the runs' variance into dataset, lr and seed; rank correlations of plasticity and gradient norm
+with accuracy, with bootstrap intervals.
+
 Everything goes to ``--out`` (tables as .md/.csv/.tex, figures as .png/.pdf, ``report.md``);
 the report is printed. Read from MLflow, the folder is also logged as ``analysis/`` artifacts of
 the grid's parent run. Bad input exits with status 2 and one line on stderr.
@@ -28,7 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import AnalysisError, figures, load, stats, tables
+from analysis import AnalysisError, figures, load, stats, tables, trust
 
 CURVE_KEYS = {"val_loss": ("validation loss", False), "grad_norm/total": ("gradient norm (total)", True),
               "grad_norm/{condition}": ("gradient norm of the trained component", True)}
@@ -44,7 +54,8 @@ class Report:
 
 
 def paper_order() -> tuple[str, ...]:
-    from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS
+    """The order tables list conditions in: the paper's, then the other components, then LoRA."""
+    from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS  # no torch at import
 
     return tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
 
@@ -89,13 +100,16 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
             summary: pd.DataFrame | None = None, select_on: str = "val", reference: str = "MHA",
             conditions: list[str] | None = None, datasets: list[str] | None = None,
             bands: pd.DataFrame | None = None, plasticity: pd.DataFrame | None = None,
-            ddof: int = 0, title: str = "") -> Report:
+            ddof: int = 0, title: str = "", options: trust.Options | None = None) -> Report:
     """Write the tables, tests and figures of one study (one model, optimizer) into ``out_dir``.
 
     Give ``runs`` (the per-run table of ``analysis.load``) or ``summary`` (per-dataset means).
     ``bands`` (``stats.curve_bands`` of the selected runs) and ``plasticity`` (stacked
-    plasticity artifacts) add their figures and tables. Raises AnalysisError on bad input.
+    plasticity artifacts) add their figures and tables. ``options`` are the flags of the
+    interval, equivalence and budget sections (``trust.Options``). Raises AnalysisError on bad
+    input.
     """
+    opts = options or trust.Options()
     if (runs is None) == (summary is None):
         raise AnalysisError("give either per-run results or a per-dataset summary")
     out = Path(out_dir)
@@ -155,11 +169,18 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
         sections.append(_robustness_section(runs, means, order, scale, out, files))
     files += tables.write_table(out, "ranks", tables.number_table(rk, order, avg_rank, "average", 1.0, 1), rk)
 
-    # -- the paper's test and the omnibus tests
+    # -- the paper's test and the omnibus tests; then intervals, equivalence, budget, variance
+    scores = trust.scores_of(runs, best, table, order)
     if k >= 2:
-        sections.append(_significance_section(table, avg_rank, reference, scale, out, files))
+        sections.append(_significance_section(table, avg_rank, reference, scale, out, files,
+                                              opts.cd_cliques))
+        sections.append(trust.intervals_section(scores, order, reference, scale, opts, out, files)[0])
+        sections.append(trust.rope_section(table, scores, order, reference, scale, opts, out, files))
     else:
         sections.append(_section("Significance", f"One condition only ({order[0]}): nothing to compare."))
+    if means is not None:
+        sections.append(trust.budget_section(means, best, order, scale, out, files))
+        sections.append(trust.variance_section(runs, order, scale, out, files))
 
     # -- curves and plasticity (MLflow runs)
     if bands is not None and len(bands):
@@ -167,8 +188,13 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
             slug = key.replace("/", "_").replace("{condition}", "own")
             files += figures.curves(bands, key, order, out / "figures" / f"curves_{slug}", label, log)
     if plasticity is not None and len(plasticity):
-        notes = _model_notes(runs)
-        sections.append(_plasticity_section(plasticity, table, out, files, scale, notes))
+        sections.append(_plasticity_section(plasticity, table, out, files, scale, _model_notes(runs),
+                                            (scores, order, opts)))
+    if bands is not None and len(bands) and (bands["key"] == "grad_norm/{condition}").any():
+        text = trust.correlation_text("Components by gradient norm of the trained component",
+                                      trust.grad_norms(bands), scores, order, list(table.index),
+                                      opts, out, files, "grad_norm")
+        sections.append(_section("Gradient norm and accuracy", text))
 
     text = "\n".join(sections)
     (out / "report.md").write_text(text)
@@ -227,22 +253,30 @@ def _robustness_section(runs: pd.DataFrame, means: pd.DataFrame, order: list[str
 
 
 def _significance_section(table: pd.DataFrame, avg_rank: pd.Series, reference: str, scale: float,
-                          out: Path, files: list) -> str:
-    """The paper's one-sided tests, Friedman, Holm-corrected pairs and the CD diagram."""
+                          out: Path, files: list, clique_source: str = "nemenyi") -> str:
+    """The paper's one-sided tests, Friedman, Holm-corrected pairs and the CD diagram.
+
+    The CD diagram places conditions by mean rank; its bars join conditions the Nemenyi test
+    does not separate, or (``clique_source="wilcoxon"``) those among which no Holm-corrected
+    Wilcoxon pair is significant.
+    """
     n_d, k = table.shape
     tests = stats.paired_tests(table, reference)
     files += tables.write_table(out, "tests", tables.tests_table(tests, scale), tests)
     fr = stats.friedman(table)
     cd = stats.nemenyi_cd(k, n_d)
-    cliques = stats.cd_cliques(avg_rank, cd)
     pairs = stats.pairwise_wilcoxon(table)
+    nemenyi_groups = stats.cd_cliques(avg_rank, cd)
+    cliques = stats.wilcoxon_cliques(avg_rank, pairs) if clique_source == "wilcoxon" else nemenyi_groups
     files += tables.write_table(out, "posthoc", tables.posthoc_table(pairs, scale), pairs)
     pd.DataFrame([{"test": "friedman", **fr},
                   {"test": "nemenyi_cd", "statistic": cd, "k": k, "n": n_d}]
                  ).to_csv(out / "omnibus.csv", index=False)
     files.append(out / "omnibus.csv")
+    bars = ("bars: no Holm-corrected Wilcoxon pair significant" if clique_source == "wilcoxon"
+            else "bars: Nemenyi, mean ranks within CD")
     files += figures.cd_diagram(avg_rank, cd, cliques, out / "figures" / "cd_diagram",
-                                f"Average ranks over {n_d} datasets (Nemenyi, 5%)")
+                                f"Mean-rank based: average ranks over {n_d} datasets; {bars} (5%)")
     lines = [f"One-sided: {reference} greater than each other condition, over the {n_d} "
              "per-dataset means (Wilcoxon signed-rank and paired t-test).", "",
              tables.markdown(tables.tests_table(tests, scale)).rstrip(), ""]
@@ -255,14 +289,22 @@ def _significance_section(table: pd.DataFrame, avg_rank: pd.Series, reference: s
     lines.append("Post-hoc pairwise Wilcoxon, Holm-corrected at 5%: " + (
         ", ".join(f"{a} vs {b} ({_p(p)})" for a, b, p in zip(sig["a"], sig["b"], sig["p_holm"]))
         if len(sig) else "no significant pair") + ".")
-    lines.append(f"Nemenyi critical difference at 5%: CD = {cd:.2f} average ranks; not "
-                 "significantly different: " +
-                 ("; ".join(", ".join(g) for g in cliques) if cliques else "none") + ".")
+    lines.append(f"Nemenyi critical difference at 5% (mean-rank based): CD = {cd:.2f} average "
+                 "ranks; not significantly different: " +
+                 ("; ".join(", ".join(g) for g in nemenyi_groups) if nemenyi_groups else "none") + ".")
+    if clique_source == "wilcoxon":
+        wil = "; ".join(", ".join(g) for g in cliques) if cliques else "none"
+        lines.append(f"The CD diagram's bars come from the Holm-corrected Wilcoxon tests: {wil}.")
+    lines.append("The pairwise Wilcoxon-Holm tests are the primary all-pairs result; the "
+                 "Nemenyi test compares mean ranks, so its verdict on two conditions depends on "
+                 "which others are in the study (Benavoli, Corani and Mangili, 2016). Effect "
+                 "sizes: the Hodges-Lehmann shift (median of Walsh averages of the per-dataset "
+                 "differences) with its exact 95% interval, and the rank-biserial r.")
     return _section("Significance", "\n".join(lines))
 
 
 def _plasticity_section(plast: pd.DataFrame, table: pd.DataFrame, out: Path, files: list,
-                        scale: float = 1.0, notes: list[str] = ()) -> str:
+                        scale: float = 1.0, notes: list[str] = (), boot=None) -> str:
     pooled = stats.pool_plasticity(plast)
     files += tables.write_table(out, "plasticity_per_layer", pooled, index=False)
     comps = [c for c in ("LN1", "MHA", "LN2", "FC1", "FC2") if c in set(pooled["component"])]
@@ -297,6 +339,12 @@ def _plasticity_section(plast: pd.DataFrame, table: pd.DataFrame, out: Path, fil
             f"{per.notna().sum()} datasets; {tables.fmt(rho['rho'], 2)} ({_p(rho['p'])}) "
             "between the means over datasets.\n\n"
             + tables.markdown(shown))
+        if boot is not None:
+            scores, order, opts = boot
+            parts.append(trust.correlation_text(f"{mode} input, with intervals. Components by "
+                                                "plasticity", comp_p, scores, order,
+                                                list(table.index), opts, out, files,
+                                                f"plasticity_{mode}"))
     parts += [f"Note: {n}" for n in notes]
     return _section("Plasticity and accuracy", "\n\n".join(parts))
 
@@ -413,11 +461,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", help="comma-separated datasets to analyse (default: all)")
     ap.add_argument("--plasticity", help="tidy plasticity CSV to add (with --csv)")
     ap.add_argument("--no-curves", action="store_true", help="skip reading metric histories")
+    ap.add_argument("--rope", type=float, default=0.5,
+                    help="half-width of the region of practical equivalence, in accuracy points (0.5)")
+    ap.add_argument("--cd-cliques", choices=trust.CD_CLIQUES, default="nemenyi",
+                    help="bars of the CD diagram: Nemenyi mean ranks (default) or Wilcoxon-Holm pairs")
+    ap.add_argument("--bootstrap-reps", type=int, default=2000, help="bootstrap replicates (2000)")
+    ap.add_argument("--bootstrap-seed", type=int, default=0,
+                    help="seed of the bootstrap and the Bayesian tests' sampling (0)")
+    ap.add_argument("--bootstrap-over", choices=trust.BOOTSTRAP_OVER, default="datasets+seeds",
+                    help="resample datasets and seeds (default) or seeds within fixed datasets")
+    ap.add_argument("--no-hierarchical", action="store_true",
+                    help="skip the hierarchical Bayesian test over datasets and seeds")
     ap.add_argument("--no-log", action="store_true", help="do not log the outputs to MLflow")
     ap.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
     args = ap.parse_args(argv)
+    if args.rope < 0 or args.bootstrap_reps < 1:
+        print("error: --rope must be >= 0 and --bootstrap-reps >= 1", file=sys.stderr)
+        return 2
+    opts = trust.Options(rope=args.rope, reps=args.bootstrap_reps, seed=args.bootstrap_seed,
+                         over=args.bootstrap_over, hierarchical=not args.no_hierarchical,
+                         cd_cliques=args.cd_cliques)
     kw = dict(select_on=args.select_on, reference=args.reference,
-              conditions=_names(args.conditions), datasets=_names(args.datasets))
+              conditions=_names(args.conditions), datasets=_names(args.datasets), options=opts)
     from mlflow.exceptions import MlflowException
 
     from raystudy import tracking

@@ -236,7 +236,8 @@ def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greate
     """The paper's test: ``reference`` against every other condition over the rows of ``table``.
 
     One row per other condition: n datasets, mean difference, Wilcoxon W+ and p, paired t and
-    p (both ``alternative``), and the two-sided t p the reference code printed.
+    p (both ``alternative``), the two-sided t p the reference code printed, and the effect
+    sizes of ``effect_sizes`` (Hodges-Lehmann shift with its 95% interval, rank-biserial r).
     """
     if reference not in table.columns:
         raise AnalysisError(f"reference condition {reference!r} is not among the conditions: "
@@ -251,7 +252,7 @@ def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greate
         _, tp2 = paired_t(a, b, "two-sided")
         rows.append({"reference": reference, "other": other, "n": int(np.sum(~np.isnan(a - b))),
                      "mean_diff": float(np.nanmean(a - b)), "wilcoxon_W": w, "wilcoxon_p": wp,
-                     "t": t, "t_p": tp, "t_p_two_sided": tp2})
+                     "t": t, "t_p": tp, "t_p_two_sided": tp2, **effect_sizes(a, b)})
     return pd.DataFrame(rows)
 
 
@@ -269,13 +270,15 @@ def friedman(table: pd.DataFrame) -> dict[str, float]:
 
 
 def pairwise_wilcoxon(table: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
-    """Post-hoc: two-sided Wilcoxon for every pair of conditions, Holm-corrected over the pairs."""
+    """Post-hoc: two-sided Wilcoxon for every pair of conditions, Holm-corrected over the pairs,
+    with the effect sizes of each pair (``effect_sizes``)."""
     rows = []
     for a, b in itertools.combinations(table.columns, 2):
         w, p, n = wilcoxon(table[a], table[b], "two-sided")
         rows.append({"a": a, "b": b, "n": n, "mean_diff": float(np.nanmean(table[a] - table[b])),
-                     "wilcoxon_W": w, "p": p})
-    out = pd.DataFrame(rows, columns=["a", "b", "n", "mean_diff", "wilcoxon_W", "p"])
+                     "wilcoxon_W": w, "p": p, **effect_sizes(table[a], table[b])})
+    out = pd.DataFrame(rows, columns=["a", "b", "n", "mean_diff", "wilcoxon_W", "p", "hl", "hl_low",
+                                      "hl_high", "rank_biserial"])
     out["p_holm"] = holm(out["p"].to_numpy()) if len(out) else []
     out["significant"] = out["p_holm"] <= alpha
     return out
@@ -311,6 +314,178 @@ def cd_cliques(avg_ranks: pd.Series, cd: float) -> list[list[str]]:
             cliques.append(names[i:j + 1])
         reach = max(reach, j)
     return cliques
+
+
+def rank_cliques(avg_ranks: pd.Series, differ) -> list[list[str]]:
+    """Maximal runs of conditions, adjacent in average-rank order, where no pair ``differ(a, b)``.
+
+    The bars of a critical-difference diagram drawn from any pairwise decision; groups of one
+    are left out. ``cd_cliques`` is the Nemenyi case (``differ``: ranks apart by CD or more).
+    """
+    names = list(avg_ranks.sort_values().index)
+    cliques, reach = [], -1
+    for i in range(len(names)):
+        j = i
+        while j + 1 < len(names) and not any(differ(names[m], names[j + 1]) for m in range(i, j + 1)):
+            j += 1
+        if j > i and j > reach:
+            cliques.append(names[i:j + 1])
+        reach = max(reach, j)
+    return cliques
+
+
+def wilcoxon_cliques(avg_ranks: pd.Series, pairs: pd.DataFrame) -> list[list[str]]:
+    """CD-diagram bars from the Holm-corrected pairwise Wilcoxon tests (``pairwise_wilcoxon``).
+
+    Conditions adjacent in average rank are joined when no pair among them is significant, so
+    the bars agree with the primary all-pairs result instead of the mean-rank test, whose
+    verdict on two conditions depends on which others are in the comparison (Benavoli, Corani
+    and Mangili, JMLR 2016).
+    """
+    sig = {frozenset((a, b)) for a, b, s in zip(pairs["a"], pairs["b"], pairs["significant"]) if s}
+    return rank_cliques(avg_ranks, lambda a, b: frozenset((a, b)) in sig)
+
+
+# ---------------------------------------------------------------- effect sizes
+
+def walsh_averages(d: Sequence[float]) -> np.ndarray:
+    """All (d_i + d_j) / 2 for i <= j, sorted (n(n+1)/2 values; NaN dropped first)."""
+    d = np.asarray(d, dtype=float)
+    d = d[~np.isnan(d)]
+    i, j = np.triu_indices(len(d))
+    return np.sort((d[i] + d[j]) / 2)
+
+
+def hodges_lehmann(a: Sequence[float], b: Sequence[float],
+                   alpha: float = 0.05) -> tuple[float, float, float]:
+    """Hodges-Lehmann estimate of the paired shift a − b with its exact 1−alpha interval.
+
+    The estimate is the median of the Walsh averages of d = a − b; the interval is Tukey's: the
+    c+1-th smallest to the c+1-th largest Walsh average, c the largest W with P(W+ <= c) <=
+    alpha/2 under the signed-rank null (the interval that inverts the Wilcoxon test). With too
+    few pairs for any such c (n < 6 at 5%) the interval is NaN.
+    """
+    walsh = walsh_averages(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))
+    if len(walsh) == 0:
+        return math.nan, math.nan, math.nan
+    n = int(round((math.sqrt(8 * len(walsh) + 1) - 1) / 2))
+    est = float(np.median(walsh))
+    values, prob = signed_rank_null(np.arange(1, n + 1))
+    below = values[np.cumsum(prob) <= alpha / 2 + 1e-12]
+    if len(below) == 0:
+        return est, math.nan, math.nan
+    c = int(below.max())
+    return est, float(walsh[c]), float(walsh[len(walsh) - 1 - c])
+
+
+def rank_biserial(a: Sequence[float], b: Sequence[float]) -> float:
+    """Matched-pairs rank-biserial correlation (W+ − W−) / (W+ + W−) of a − b, in [−1, 1].
+
+    The effect size of the Wilcoxon signed-rank test: 1 when every non-zero difference favours
+    ``a``; zero differences are dropped as the test drops them. NaN when all are zero.
+    """
+    w, _, n = wilcoxon(a, b, "two-sided")
+    return math.nan if n == 0 else 2 * w / (n * (n + 1) / 2) - 1
+
+
+def effect_sizes(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> dict[str, float]:
+    """Hodges-Lehmann shift with its interval and the rank-biserial r of paired a − b."""
+    hl, lo, hi = hodges_lehmann(a, b, alpha)
+    return {"hl": hl, "hl_low": lo, "hl_high": hi, "rank_biserial": rank_biserial(a, b)}
+
+
+# ---------------------------------------------------------------- tuning budget
+
+def expected_max(values: Sequence[float], n: int, follow: Sequence[float] | None = None) -> float:
+    """Expected maximum of ``n`` draws with replacement from ``values`` (Dodge et al., 2019).
+
+    With v_(1) <= ... <= v_(N) sorted, E[max of n] = sum_i v_(i) [(i/N)^n − ((i−1)/N)^n].
+    With ``follow`` (paired with ``values``), the expected ``follow`` of the draw whose value is
+    the maximum: the test accuracy of the configuration chosen on validation. NaN values are
+    dropped; ties keep their input order.
+    """
+    v = np.asarray(values, dtype=float)
+    f = v if follow is None else np.asarray(follow, dtype=float)
+    keep = ~np.isnan(v) & ~np.isnan(f)
+    v, f = v[keep], f[keep]
+    if len(v) == 0 or n < 1:
+        return math.nan
+    order = np.argsort(v, kind="stable")
+    N = len(v)
+    i = np.arange(1, N + 1)
+    w = (i / N) ** n - ((i - 1) / N) ** n
+    return float((w * f[order]).sum())
+
+
+def tuning_budget(means: pd.DataFrame, max_trials: int | None = None) -> pd.DataFrame:
+    """Expected best validation accuracy, and the test accuracy there, against lrs tried.
+
+    ``means`` is ``seed_means``: each lr of a (dataset, condition) is one trial scored by its
+    seed-mean accuracies; lrs without a finished run are left out. One row per (condition,
+    n_lrs) for n_lrs = 1 .. the largest grid: the expected values averaged over datasets, with
+    how many datasets have a grid that large (a smaller grid's value stays at its full size).
+    """
+    usable = means.dropna(subset=["val_mean", "test_mean"])
+    if usable.empty:
+        return pd.DataFrame(columns=["condition", "n_lrs", "expected_val", "expected_test",
+                                     "datasets"])
+    top = int(usable.groupby(CELL).size().max()) if max_trials is None else max_trials
+    rows = []
+    for (dataset, condition), g in usable.groupby(CELL, sort=True):
+        val, test = g["val_mean"].to_numpy(float), g["test_mean"].to_numpy(float)
+        for n in range(1, top + 1):
+            rows.append((condition, n, expected_max(val, n), expected_max(val, n, test), n <= len(g)))
+    df = pd.DataFrame(rows, columns=["condition", "n_lrs", "expected_val", "expected_test", "full"])
+    g = df.groupby(["condition", "n_lrs"], sort=True)
+    return pd.DataFrame({"expected_val": g["expected_val"].mean(),
+                         "expected_test": g["expected_test"].mean(),
+                         "datasets": g["full"].sum().astype(int)}).reset_index()
+
+
+def lr_edges(means: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
+    """Where the chosen lr sits in its grid: one row per (dataset, condition).
+
+    The grid is every lr the cell has runs at (finished or not); ``edge`` is ``low`` or
+    ``high`` when the chosen lr is the smallest or largest of a grid of two or more, else
+    ``inside``; NaN lr (nothing usable) gives ``none``.
+    """
+    grids = means.groupby(CELL)["lr"].agg(["min", "max", "size"]).reset_index()
+    m = best[CELL + ["lr"]].merge(grids, on=CELL, how="left")
+    edge = np.where(m["lr"].isna(), "none",
+                    np.where((m["size"] >= 2) & (m["lr"] == m["max"]), "high",
+                             np.where((m["size"] >= 2) & (m["lr"] == m["min"]), "low", "inside")))
+    return pd.DataFrame({"dataset": m["dataset"], "condition": m["condition"], "lr": m["lr"],
+                         "grid_min": m["min"], "grid_max": m["max"], "grid_size": m["size"],
+                         "edge": edge})
+
+
+# ---------------------------------------------------------------- variance decomposition
+
+def variance_decomposition(runs: pd.DataFrame, value: str = "test_acc") -> pd.DataFrame:
+    """Per condition: how the spread of finished runs splits into dataset, lr and seed.
+
+    The law of total variance over the nesting dataset > lr > seed, with every run weighted
+    once (population variances, ddof 0), is exact:
+    total = Var(dataset means) + E[Var of lr means within a dataset] + E[Var over seeds in a
+    (dataset, lr) cell]. Returns the three parts, the total, and their shares of it.
+    """
+    df = runs[runs["status"] == "finished"].dropna(subset=[value])
+    rows = []
+    for condition, g in df.groupby("condition", sort=True):
+        y = g[value].to_numpy(float)
+        m_d = g.groupby("dataset")[value].transform("mean").to_numpy(float)
+        m_dl = g.groupby(["dataset", "lr"])[value].transform("mean").to_numpy(float)
+        parts = {"dataset": np.mean((m_d - y.mean()) ** 2), "lr": np.mean((m_dl - m_d) ** 2),
+                 "seed": np.mean((y - m_dl) ** 2)}
+        total = float(np.mean((y - y.mean()) ** 2))
+        row = {"condition": condition, "n_runs": len(y), **{f"var_{k}": float(v) for k, v in parts.items()},
+               "var_total": total}
+        for k, v in parts.items():
+            row[f"share_{k}"] = float(v / total) if total > 0 else math.nan
+        rows.append(row)
+    cols = ["condition", "n_runs", "var_dataset", "var_lr", "var_seed", "var_total",
+            "share_dataset", "share_lr", "share_seed"]
+    return pd.DataFrame(rows, columns=cols)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:

@@ -48,6 +48,15 @@ def fmt_lr(lr: float) -> str:
     return DASH if lr is None or math.isnan(lr) else f"{lr:g}"
 
 
+def interval(est: float, low: float, high: float, digits: int = 1, scale: float = 1.0) -> str:
+    """``est [low, high]`` scaled; the estimate alone when the interval is NaN."""
+    if est is None or math.isnan(est):
+        return DASH
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return fmt(est * scale, digits)
+    return f"{est * scale:.{digits}f} [{low * scale:.{digits}f}, {high * scale:.{digits}f}]"
+
+
 # ---------------------------------------------------------------- writers
 
 def _cells(df: pd.DataFrame, index: bool) -> tuple[list[str], list[list[str]]]:
@@ -170,8 +179,18 @@ def tests_table(tests: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.
         "t": [fmt(v, 2) for v in tests["t"]],
         "t-test p": [fmt_p(p) for p in tests["t_p"]],
         "t-test p (two-sided)": [fmt_p(p) for p in tests["t_p_two_sided"]],
+        **_effect_columns(tests, scale, digits),
     })
     return shown.set_index("comparison")
+
+
+def _effect_columns(df: pd.DataFrame, scale: float, digits: int) -> dict[str, list[str]]:
+    """Hodges-Lehmann shift [95% interval] and rank-biserial r, where ``df`` has them."""
+    if "hl" not in df:
+        return {}
+    return {"HL shift [95% CI]": [interval(e, lo, hi, digits, scale)
+                                  for e, lo, hi in zip(df["hl"], df["hl_low"], df["hl_high"])],
+            "rank-biserial r": [fmt(v, 2) for v in df["rank_biserial"]]}
 
 
 def posthoc_table(pairs: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.DataFrame:
@@ -182,9 +201,10 @@ def posthoc_table(pairs: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> p
         "Wilcoxon p": [fmt_p(p) for p in pairs["p"]],
         "Holm p": [fmt_p(p) for p in pairs["p_holm"]],
         "significant": ["yes" if s else "no" for s in pairs["significant"]],
+        **_effect_columns(pairs, scale, digits),
     })
     return shown.set_index("pair")
 
 
-__all__ = ["markdown", "latex", "write_table", "fmt", "mean_std", "fmt_p", "accuracy_table",
+__all__ = ["markdown", "latex", "write_table", "fmt", "mean_std", "fmt_p", "interval", "accuracy_table",
            "number_table", "status_table", "chosen_lr_table", "tests_table", "posthoc_table"]

@@ -15,8 +15,11 @@ import argparse
 import re
 import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import torch.nn as nn
+if TYPE_CHECKING:  # torch is imported where a model is, not here: cheap names for the analysis
+    import torch.nn as nn
+
 
 # peft wraps an adapted Linear and moves its weight to ``<name>.base_layer.weight``.
 _BASE = r"(\.base_layer)?"
@@ -100,7 +103,7 @@ def partition(names: Iterable[str] | nn.Module) -> dict[str, list[str]]:
 
     Raises PartitionError naming every unmatched or ambiguous parameter.
     """
-    if isinstance(names, nn.Module):
+    if hasattr(names, "named_parameters"):
         names = [n for n, _ in names.named_parameters()]
     groups: dict[str, list[str]] = {c: [] for c in COMPONENTS}
     orphans, ambiguous = [], []
@@ -134,6 +137,7 @@ def trainable_components(condition: str) -> frozenset[str]:
 
 def add_lora(model: nn.Module, rank: int = 8, alpha: int = 16) -> nn.Module:
     """Inject peft LoRA adapters into the attention linears, in place (keeps timm's names)."""
+    import torch.nn as nn
     from peft import LoraConfig, inject_adapter_in_model
 
     targets = [n for n, m in model.named_modules()

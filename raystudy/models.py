@@ -16,12 +16,13 @@ import json
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
-import torch.nn as nn
+from typing import TYPE_CHECKING
 
 from raystudy import paths
 from raystudy.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not with the registry
+    import torch.nn as nn
 
 # The paper's ImageNet-21k checkpoints.
 ALIASES = {
@@ -184,6 +185,8 @@ def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
 
 def load_backbone(model: nn.Module, path: str | Path) -> None:
     """Load a state dict from ``path`` into ``model``, skipping the head (a fresh one is wanted)."""
+    import torch
+
     state = torch.load(path, map_location="cpu", weights_only=True)
     state = state.get("model", state)
     state = {k: v for k, v in state.items() if not k.startswith("head.")}

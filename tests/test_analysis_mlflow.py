@@ -147,6 +147,11 @@ def test_report_from_mlflow_logs_to_the_grid_run(store, tmp_path, capsys):
     corr = pd.read_csv(out / "plasticity_correlation_shared.csv").set_index("dataset")
     assert corr.loc["digits", "rho"] == pytest.approx(-0.5)
     assert "Components by plasticity (highest first): LN1 > MHA > FC1" in printed
+    # gradient norms of the trained component (0.5 .. 5.5 for all three here) against accuracy
+    assert "## Gradient norm and accuracy" in printed
+    gn = pd.read_csv(out / "grad_norm_correlation_ci.csv").set_index("dataset")
+    assert list(gn.index) == ["digits", "digits_c", "mean"]
+    assert (out / "plasticity_shared_correlation_ci.csv").is_file()
     c = mlflow.MlflowClient(tracking_uri=store["uri"])
     logged = {f.path for f in c.list_artifacts(store["parent"], "analysis")}
     assert {"analysis/report.md", "analysis/accuracy_val_selected.md", "analysis/figures"} <= logged

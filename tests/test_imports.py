@@ -27,7 +27,7 @@ LAYERS = [
     {"raystudy.trial", "raystudy.pretrain"},
     # the runner (Ray + driver-side MLflow), the analysis library, the CLI toolkit
     {"raystudy.runner", "raystudy.cli", "analysis.load", "analysis.stats", "analysis.tables",
-     "analysis.figures"},
+     "analysis.figures", "analysis.intervals", "analysis.bayes", "analysis.trust", "analysis.synthetic"},
     # command lines
     {"raystudy.grid", "raystudy.search", "raystudy.finetune", "raystudy.probe", "raystudy.prefetch",
      "analysis.report", "analysis.export_best"},
@@ -117,3 +117,10 @@ def test_importing_every_module_starts_nothing():
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_the_analysis_and_the_registries_load_without_torch():
+    code = ("import sys, analysis.report, analysis.export_best, raystudy.components, raystudy.models; "
+            "analysis.report.paper_order(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
