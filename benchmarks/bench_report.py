@@ -51,7 +51,7 @@ def build_store(root: Path, runs) -> tuple[str, str]:
     import mlflow
 
     from raystudy import tracking
-    from raystudy.config import FinetuneConfig
+    from raystudy.config import FinetuneConfig, trial_key
 
     db = root / "mlflow.db"
     uri = f"sqlite:///{db}"
@@ -60,9 +60,9 @@ def build_store(root: Path, runs) -> tuple[str, str]:
     parent = tracking.parent_run(c, exp_id, "bench", "grid-bench", {"space": "bench"})
     cfg = FinetuneConfig(model="vit_demo", pretrained=False, dataset="digits", condition="MHA",
                          lr=0.1, seed=0).to_dict()
-    template = tracking.open_trial(c, exp_id, parent, tracking.trial_key(cfg), cfg)
-    tracking.log_step(c, template, {"loss": 1.0, "grad_norm/total": 2.0, "grad_norm/MHA": 1.0,
-                                    "val_loss": 0.5, "val_acc": 0.8}, 10)
+    template = tracking.open_trial(c, exp_id, parent, trial_key(cfg), cfg)
+    tracking.log_steps(c, template, [{"loss": 1.0, "grad_norm/total": 2.0, "grad_norm/MHA": 1.0,
+                                      "val_loss": 0.5, "val_acc": 0.8, "step": 10}])
     tracking.finish_trial(c, template, {"status": "finished", "best_val_acc": 0.8,
                                         "test_acc": 0.7, "best_step": 10})
     c.set_terminated(parent, "FINISHED")
