@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raystudy import components, tracking
+from raystudy import components, costs, tracking
 from raystudy.config import ConfigError, FinetuneConfig, from_dict, read_yaml, validate
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
-SPACE_KEYS = ("study", "description", "base", "grid", "datasets", "optimizers", "models", "tune")
+SPACE_KEYS = ("study", "description", "base", "grid", "datasets", "optimizers", "models", "tune",
+              "step_times")
 GRID_AXES = ("condition", "lr", "seed", "optimizer")
 MODEL_KEYS = ("gpu", "cpu", "workers", "step_seconds", "config")
 TUNE_KEYS = ("max_failures", "max_concurrent", "threads_per_trial", "checkpoint_every_s")
@@ -49,6 +50,7 @@ class Space:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     tune: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    step_times: Path | None = None  # measured step times (raystudy.costs), if the space names a file
 
 
 # ---------------------------------------------------------------- spaces
@@ -116,9 +118,13 @@ def load_space(name_or_path: str) -> Space:
         _strict(f"{path.name}: models.{m}.config", over.get("config"), cfg_keys)
         models[m] = over
     tune_opts = _strict(f"{path.name}: tune", raw.get("tune"), TUNE_KEYS)
+    step_times = raw.get("step_times")
+    if step_times is not None and not (isinstance(step_times, str) and step_times.strip()):
+        raise ConfigError(f"{path.name}: step_times must be a file path, got {step_times!r}")
     space = Space(name=path.stem, study=str(raw.get("study") or path.stem), base=base, grid=grid,
                   datasets=datasets, optimizers=optimizers, models=models, tune=tune_opts,
-                  description=str(raw.get("description") or ""))
+                  description=str(raw.get("description") or ""),
+                  step_times=path.parent / step_times if step_times else None)
     return space
 
 
@@ -196,12 +202,15 @@ def grid_key(trials: list[Trial]) -> str:
     return hashlib.sha256(json.dumps(sorted(t.key for t in trials)).encode()).hexdigest()[:12]
 
 
-def gpu_hours(space: Space, model: str, trials: list[Trial]) -> float | None:
-    """Estimated GPU-hours: steps × the space's measured seconds per step × GPUs per trial."""
-    secs = model_options(space.models, model)["step_seconds"]
-    if secs is None:
-        return None
-    return sum(t.config["steps"] * secs * max(t.gpu, 1) * t.workers for t in trials) / 3600.0
+def gpu_hours(space: Space, model: str, trials: list[Trial]) -> costs.Estimate:
+    """Estimated GPU-hours of ``trials``: from the space's measured step times (``step_times``)
+    where they cover a trial, else from its FLOP-based ``step_seconds``; see raystudy.costs."""
+    return costs.estimate(model, [costs.TrialCost(t.config["condition"], t.config["steps"],
+                                                  t.config["batch_size"], t.workers,
+                                                  max(t.gpu, 1) * t.workers, t.config["compile"])
+                                  for t in trials],
+                          step_times=space.step_times,
+                          fallback=model_options(space.models, model)["step_seconds"])
 
 
 # ---------------------------------------------------------------- Ray
@@ -389,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizers = _parse_list("--optimizers", args.optimizers, list(space.optimizers))
         trials = expand(space, model, datasets, conds, optimizers, parse_set(args.set or []))
         mopts = model_options(space.models, model)
+        hours = gpu_hours(space, model, trials)
         tuning = {"max_failures": 2, "max_concurrent": None, "threads_per_trial": 1,
                   "checkpoint_every_s": 60.0, **space.tune}
         max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
@@ -402,14 +412,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ds_seen = sorted({t.config["dataset"] for t in trials}, key=list(space.datasets).index)
     gpus = mopts["gpu"] * mopts["workers"] if mopts["workers"] > 1 else mopts["gpu"]
-    hours = gpu_hours(space, model, trials)
     print(f"grid {space.name} for {model}: {len(trials)} trials = {len(ds_seen)} datasets × "
           f"{len({t.config['condition'] for t in trials})} conditions × "
           f"{len({t.config['optimizer'] for t in trials})} optimizers × lrs × seeds")
     print(f"  datasets: {', '.join(ds_seen)}")
     print(f"  GPUs per trial: {gpus:g}" + (f" ({mopts['workers']} DDP workers)" if mopts["workers"] > 1 else "")
-          + (f"; estimate {hours:,.0f} GPU-hours (step_seconds={mopts['step_seconds']} from the space)"
-             if hours is not None else ""))
+          + f"; {hours.describe()}")
+    if hours.measured:  # per condition: frozen components cost less
+        print("  GPU-hours per condition: " + ", ".join(f"{c} {h:,.0f}" for c, h in hours.by_condition.items()))
     if args.dry_run:
         print("dry run: nothing started")
         return 0
