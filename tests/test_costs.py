@@ -83,8 +83,10 @@ def test_write_and_load_round_trip_with_canonical_conditions(tmp_path):
 @pytest.mark.parametrize("bad,needle", [
     ({"format": "v0"}, "format must be 'raystudy-step-times/1'"),
     ({"models": {}}, "'models' must map architectures"),
-    ({"models": {"vit_base": {"batch_per_gpu": 0, "seconds_per_step": {"full": 1}}}}, "batch_per_gpu must be a positive"),
-    ({"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {"full": -1}}}}, "seconds_per_step.full must be a positive"),
+    ({"models": {"vit_base": {"batch_per_gpu": 0, "seconds_per_step": {"full": 1}}}},
+     "batch_per_gpu must be a positive"),
+    ({"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {"full": -1}}}},
+     "seconds_per_step.full must be a positive"),
     ({"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {"FC3": 1}}}}, "unknown component 'FC3'"),
     ({"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {}, "speed": 1}}}, "unknown key 'speed'"),
 ])
