@@ -587,6 +587,8 @@ def part_vitb(run: Run, r: dict) -> None:
         tflops = flops[c] / t[c] / 1e12
         per[c] = {"seconds_per_step": t[c], "images_per_s": batch / t[c],
                   "counted_gflop_per_step": flops[c] / 1e9, "analytic_gflop_per_step": analytic[c] / 1e9,
+                  # far from 1: an attention kernel torch's counter does not know (MFU then low)
+                  "counted_over_analytic": flops[c] / analytic[c],
                   "achieved_tflops": tflops,
                   "mfu": run.mfu(tflops * 1e12),
                   "time_ratio_to_full": t.ratio(c, "full"), "flop_share": flops[c] / flops["full"]}
@@ -1121,7 +1123,9 @@ def environment(run: Run) -> dict:
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
         env.update(device_name=props.name, gpu_memory_gib=props.total_memory / 2**30,
-                   capability=f"{props.major}.{props.minor}")
+                   capability=f"{props.major}.{props.minor}",
+                   sdpa_enabled={name: bool(getattr(torch.backends.cuda, f"{name}_sdp_enabled", lambda: None)())
+                                 for name in ("flash", "mem_efficient", "cudnn", "math")})
     else:
         env.update(device_name=f"CPU ({platform.machine()})", gpu_memory_gib=NO_CUDA)
     try:
