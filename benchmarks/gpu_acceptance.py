@@ -653,7 +653,7 @@ def part_vitb_compiled(run: Run, r: dict) -> None:
         compiled[c] = t["compiled"]
         note(r, f"{c}: compiled {rec['seconds_per_step'] * 1e3:.1f} ms, "
                 f"eager {rec['eager_seconds_per_step'] * 1e3:.1f} ms, "
-                f"x{rec['speedup']:.2f} faster, MFU {fmt(rec['mfu'])}, compile {compile_s:.0f} s")
+                f"speed-up x{rec['speedup']:.2f}, MFU {fmt(rec['mfu'])}, compile {compile_s:.0f} s")
         del cm, model, opt, groups
         free_memory(dev)
         run.store["vitb_compiled"] = compiled
