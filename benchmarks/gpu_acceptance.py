@@ -774,7 +774,9 @@ def per_image_rate(pool, size: int, batch: int, workers: int, epochs: int) -> tu
     single = n1 / (time.perf_counter() - t0)
     if workers == 0:
         return single, single
-    loader = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True)
+    # A worker that hangs (not dies) would stall the run: a batch taking a minute is an error.
+    loader = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True,
+                        timeout=60)
     for _ in loader:  # epoch 0: worker start-up, not timed
         pass
     rates = []
