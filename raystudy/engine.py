@@ -117,19 +117,20 @@ def clip_(groups: dict[str, list[nn.Parameter]], total: torch.Tensor, max_norm: 
     torch._foreach_mul_(grads, coef)
 
 
-def autocast(device: torch.device):
-    """bf16 autocast on GPU; plain fp32 elsewhere."""
-    if device.type == "cuda":
+def autocast(device: torch.device, enabled: bool = True):
+    """bf16 autocast on GPU; plain fp32 elsewhere, or when not ``enabled`` (an fp32 reference)."""
+    if device.type == "cuda" and enabled:
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
 def train_step(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
                optimizer: torch.optim.Optimizer, groups: dict[str, list[nn.Parameter]],
-               clip: float, device: torch.device) -> dict[str, torch.Tensor]:
+               clip: float, device: torch.device, amp: bool = True) -> dict[str, torch.Tensor]:
     """One optimizer step over ``micro_batches`` (gradient accumulation); returns measurements.
 
     Under DDP only the last micro-batch all-reduces: the others accumulate locally (``no_sync``).
+    ``amp=False`` runs the step in fp32 on a GPU too: the reference bf16 is checked against.
     """
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
@@ -137,7 +138,7 @@ def train_step(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.T
     for i, (x, y) in enumerate(micro_batches):
         local = model.no_sync() if i < last and hasattr(model, "no_sync") else contextlib.nullcontext()
         with local:
-            with autocast(device):
+            with autocast(device, amp):
                 loss = F.cross_entropy(model(x), y) / len(micro_batches)
             loss.backward()
         loss_sum += loss.detach()

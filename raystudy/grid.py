@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizers = cli.parse_list("--optimizers", args.optimizers, list(space.optimizers))
         trials = spaces.expand(space, model, datasets, conds, optimizers, cli.parse_set(args.set or []))
         mopts = spaces.model_options(space.models, model)
+        hours = spaces.gpu_hours(space, model, trials)
         tuning = spaces.tune_options(space)
         max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
         if max_failures < 0:
@@ -80,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ds_seen = sorted({t.config["dataset"] for t in trials}, key=list(space.datasets).index)
     gpus = mopts["gpu"] * mopts["workers"] if mopts["workers"] > 1 else mopts["gpu"]
-    hours = spaces.gpu_hours(space, model, trials)
     print(f"grid {space.name} for {model}: {len(trials)} trials = {len(ds_seen)} datasets × "
           f"{len({t.config['condition'] for t in trials})} conditions × "
           f"{len({t.config['optimizer'] for t in trials})} optimizers × lrs × seeds")
     print(f"  datasets: {', '.join(ds_seen)}")
     print(f"  GPUs per trial: {gpus:g}" + (f" ({mopts['workers']} DDP workers)" if mopts["workers"] > 1 else "")
-          + (f"; estimate {hours:,.0f} GPU-hours (step_seconds={mopts['step_seconds']} from the space)"
-             if hours is not None else ""))
+          + f"; {hours.describe()}")
+    if hours.measured:  # per condition: frozen components cost less
+        print("  GPU-hours per condition: " + ", ".join(f"{c} {h:,.0f}" for c, h in hours.by_condition.items()))
     if args.dry_run:
         print("dry run: nothing started")
         return 0

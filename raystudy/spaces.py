@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raystudy import components, models
+from raystudy import components, costs, models
 from raystudy.config import FinetuneConfig, from_dict, read_yaml, trial_key, validate
 from raystudy.errors import ConfigError
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 SEARCH_DIR = SPACES_DIR / "optuna"
-GRID_KEYS = ("study", "description", "base", "grid", "datasets", "optimizers", "models", "tune")
+GRID_KEYS = ("study", "description", "base", "grid", "datasets", "optimizers", "models", "tune",
+             "step_times")
 MODEL_KEYS = ("gpu", "cpu", "workers", "step_seconds", "config")
 TUNE_KEYS = ("max_failures", "max_concurrent", "threads_per_trial", "checkpoint_every_s")
 TUNE_DEFAULTS = {"max_failures": 2, "max_concurrent": None, "threads_per_trial": 1, "checkpoint_every_s": 60.0}
@@ -102,6 +103,7 @@ class Space:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     tune: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    step_times: Path | None = None  # measured step times (raystudy.costs), if the space names a file
 
 
 def _grid_values(where: str, value: Any) -> list:
@@ -142,9 +144,13 @@ def load_grid(name_or_path: str) -> Space:
         strict(f"{path.name}: models.{m}.config", over.get("config"), cfg_keys)
         per_model[m] = over
     tune_opts = strict(f"{path.name}: tune", raw.get("tune"), TUNE_KEYS)
+    step_times = raw.get("step_times")
+    if step_times is not None and not (isinstance(step_times, str) and step_times.strip()):
+        raise ConfigError(f"{path.name}: step_times must be a file path, got {step_times!r}")
     space = Space(name=path.stem, study=str(raw.get("study") or path.stem), base=base, grid=grid,
                   datasets=datasets, optimizers=optimizers, models=per_model, tune=tune_opts,
-                  description=str(raw.get("description") or ""))
+                  description=str(raw.get("description") or ""),
+                  step_times=path.parent / step_times if step_times else None)
     return space
 
 
@@ -207,12 +213,15 @@ def grid_key(trials: list[Trial]) -> str:
     return hashlib.sha256(json.dumps(sorted(t.key for t in trials)).encode()).hexdigest()[:12]
 
 
-def gpu_hours(space: Space, model: str, trials: list[Trial]) -> float | None:
-    """Estimated GPU-hours: steps × the space's measured seconds per step × GPUs per trial."""
-    secs = model_options(space.models, model)["step_seconds"]
-    if secs is None:
-        return None
-    return sum(t.config["steps"] * secs * max(t.gpu, 1) * t.workers for t in trials) / 3600.0
+def gpu_hours(space: Space, model: str, trials: list[Trial]) -> costs.Estimate:
+    """Estimated GPU-hours of ``trials``: from the space's measured step times (``step_times``)
+    where they cover a trial, else from its FLOP-based ``step_seconds``; see raystudy.costs."""
+    return costs.estimate(model, [costs.TrialCost(t.config["condition"], t.config["steps"],
+                                                  t.config["batch_size"], t.workers,
+                                                  max(t.gpu, 1) * t.workers, t.config["compile"])
+                                  for t in trials],
+                          step_times=space.step_times,
+                          fallback=model_options(space.models, model)["step_seconds"])
 
 
 # ---------------------------------------------------------------- searches

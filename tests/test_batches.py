@@ -177,6 +177,7 @@ def test_the_hot_loop_reads_nothing_back_from_the_device():
     assert not names & {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero"}, names
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_no_host_device_sync_in_the_hot_loop_on_gpu():
     cfg = FinetuneConfig(**FAST, condition="full", data_path="cache")

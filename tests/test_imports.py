@@ -19,7 +19,7 @@ LAYERS = [
     {"raystudy", "raystudy.errors", "raystudy.paths", "analysis"},
     # the study's core: what trains, on what, and what is measured
     {"raystudy.augment", "raystudy.batches", "raystudy.components", "raystudy.models",
-     "raystudy.datasets", "raystudy.plasticity"},
+     "raystudy.datasets", "raystudy.plasticity", "raystudy.costs"},
     {"raystudy.config"},
     # the loop, the run record, the spaces (no Ray, no MLflow)
     {"raystudy.engine", "raystudy.tracking", "raystudy.spaces"},
