@@ -345,6 +345,10 @@ def _plasticity_section(plast: pd.DataFrame, table: pd.DataFrame, out: Path, fil
                                                 "plasticity", comp_p, scores, order,
                                                 list(table.index), opts, out, files,
                                                 f"plasticity_{mode}"))
+    if "pairing" in plast and plast["pairing"].notna().any():
+        used = sorted(set(plast["pairing"].dropna().astype(str)) - {""})
+        parts.append("Pairs: " + (", ".join(used) or "not recorded") + " (random: seeded draws; "
+                     "sequential: the first N images of each split, the paper's).")
     parts += [f"Note: {n}" for n in notes]
     return _section("Plasticity and accuracy", "\n\n".join(parts))
 

@@ -40,9 +40,12 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
 STUDY_COMPONENTS = ("LN1", "MHA", "LN2", "FC1", "FC2", "EMBED")
 NAMED_CONDITIONS = {
     "full": frozenset(STUDY_COMPONENTS),
-    "linear_probe": frozenset(),
+    "linear_probe": frozenset(),   # the paper's: logistic regression on frozen features, no SGD
+    "head_only": frozenset(),      # the new head (and final norm) trained by SGD like the others
     "lora": frozenset({"LORA"}),
 }
+# Conditions fitted in closed form on frozen features: no learning rate, no steps.
+CLOSED_FORM = frozenset({"linear_probe"})
 # The paper's seven conditions, in the order its tables use.
 PAPER_CONDITIONS = ("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe")
 
@@ -86,6 +89,11 @@ def canonical_condition(condition: str) -> str:
     if condition.strip().lower() in NAMED_CONDITIONS:
         return condition.strip().lower()
     return "+".join(c for c in STUDY_COMPONENTS if c in comps)
+
+
+def has_lr(condition: str) -> bool:
+    """Whether ``condition`` trains by SGD/AdamW (a grid's lr axis applies to it)."""
+    return canonical_condition(condition) not in CLOSED_FORM
 
 
 def _allowed() -> str:

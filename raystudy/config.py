@@ -24,6 +24,9 @@ from raystudy.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adamw")
 DEVICES = ("auto", "cpu", "cuda")
+LOW_DATA_SPLITS = ("vtab1k", "per_class")
+NORMALIZATIONS = ("checkpoint", "imagenet")
+PAIRINGS = ("random", "sequential")
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
@@ -38,7 +41,11 @@ class FinetuneConfig:
     dataset: str = "digits_c"
     data_root: str | None = None        # default: $RAYSTUDY_DATA or ~/.cache/raystudy/data
     download: bool = False              # torchvision datasets only, on request
-    low_data: bool = False              # 10 training images per class
+    low_data: bool = False              # the low-data regime (low_data_split says which subsets)
+    low_data_split: str = "vtab1k"      # vtab1k: 800 train + 200 val images (the paper's, VTAB-1k);
+                                        # per_class: 10 training images per class
+    normalization: str = "checkpoint"   # checkpoint: the model's own mean/std; imagenet: ImageNet's
+                                        # (0.485, 0.456, 0.406) / (0.229, 0.224, 0.225), the paper's
     condition: str = "MHA"
     lora_rank: int = 8
     lora_alpha: int = 16
@@ -58,6 +65,8 @@ class FinetuneConfig:
     log_every: int = 50
     eval_batch_size: int = 256
     probe_pairs: int = 0                # plasticity pairs probed before and after (0: no probe)
+    probe_pairing: str = "random"       # random: seeded draws; sequential: the first N images of
+                                        # each split in loader order (the paper's measurement)
     # execution
     seed: int = 0
     device: str = "auto"
@@ -200,6 +209,10 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
         raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     if cfg.device not in DEVICES:
         raise ConfigError(f"unknown device {cfg.device!r}; valid: {', '.join(DEVICES)}")
+    for key, allowed in (("low_data_split", LOW_DATA_SPLITS), ("normalization", NORMALIZATIONS),
+                         ("probe_pairing", PAIRINGS)):
+        if getattr(cfg, key) not in allowed:
+            raise ConfigError(f"unknown {key} {getattr(cfg, key)!r}; valid: {', '.join(allowed)}")
     try:
         components.parse_condition(cfg.condition)
     except components.ConditionError as e:
@@ -207,6 +220,7 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     datasets.check_dataset(cfg.dataset)
     datasets.resolve_data_path(cfg.data_path, cfg.dataset)
     models.check_model(cfg.model)
+    models.normalization(cfg.model, cfg.normalization)
     if cfg.weights is not None and not Path(cfg.weights).is_file():
         raise ConfigError(f"weights file {cfg.weights!r} does not exist")
     positive = ("lr", "steps", "batch_size", "grad_accum", "eval_every", "log_every",

@@ -27,6 +27,7 @@ from raystudy.errors import ConfigError
 VAL_FRACTION = 0.2
 TEST_FRACTION = 0.2          # for datasets without an official test split
 LOW_DATA_PER_CLASS = 10
+VTAB_TRAIN, VTAB_VAL = 800, 200  # VTAB-1k: the paper's low-data regime
 CIFAR10C_CORRUPTIONS = ("contrast", "gaussian_noise", "motion_blur", "snow", "speckle_noise")
 CIFAR10C_SEVERITY = 5
 DOMAINNET_DOMAINS = ("clipart", "sketch")
@@ -307,13 +308,20 @@ def transforms(img_size: int, mean: Sequence[float], std: Sequence[float], image
 
 
 def split_pool(labels: np.ndarray, seed: int, low_data: bool = False,
-               frac: float = VAL_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+               frac: float = VAL_FRACTION, low_data_split: str = "vtab1k") -> tuple[np.ndarray, np.ndarray]:
     """(train, val) indices of a pool: val is ``frac`` of it, chosen by ``seed``.
 
-    ``low_data`` keeps 10 training images per class (chosen by the same seed).
+    ``low_data``: with ``low_data_split="vtab1k"`` (the paper's), 800 training and 200
+    validation images drawn from the pool by ``seed`` (VTAB-1k); with ``"per_class"``, the usual
+    validation split and 10 training images per class (chosen by the same seed).
     """
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(labels))
+    if low_data and low_data_split == "vtab1k":
+        if len(labels) < VTAB_TRAIN + VTAB_VAL:
+            raise ConfigError(f"low_data_split vtab1k draws {VTAB_TRAIN} + {VTAB_VAL} images, but the "
+                              f"training pool holds {len(labels)}; use low_data_split: per_class")
+        return np.sort(perm[:VTAB_TRAIN]), np.sort(perm[VTAB_TRAIN:VTAB_TRAIN + VTAB_VAL])
     n_val = int(round(len(labels) * frac))
     val, train = np.sort(perm[:n_val]), perm[n_val:]
     if low_data:
@@ -341,13 +349,15 @@ def resolve_data_path(data_path: str, name: str) -> str:
 
 def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
                  std: Sequence[float], root: str | Path | None = None, download: bool = False,
-                 low_data: bool = False, data_path: str = "torchvision",
-                 cache: str | Path | None = None) -> Splits:
+                 low_data: bool = False, low_data_split: str = "vtab1k",
+                 data_path: str = "torchvision", cache: str | Path | None = None,
+                 augment_train: bool = True) -> Splits:
     """Train/val/test datasets of ``name`` for a run with ``seed``.
 
     ``data_path="cache"`` gives CachedViews over the tensor cache (decoded on first use, under
     ``cache`` or the default cache) instead of Views with per-image transforms; the split
-    indices are the same on both paths.
+    indices are the same on both paths. ``augment_train=False``: training images get the eval
+    transform (features for a linear probe). The test split never changes, low data or not.
     """
     info = check_dataset(name)
     root = Path(root) if root else paths.data_root()
@@ -369,15 +379,18 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
 
     pool = src.train_pool
     if src.val is not None:  # an official validation split
-        train_idx = np.arange(len(pool.labels))
-        if low_data:
-            train_idx = subsample_per_class(pool.labels, train_idx, LOW_DATA_PER_CLASS,
-                                            np.random.default_rng(seed))
-        val = view("val", src.val, np.arange(len(src.val.labels)), False)
+        rng = np.random.default_rng(seed)
+        train_idx, val_idx = np.arange(len(pool.labels)), np.arange(len(src.val.labels))
+        if low_data and low_data_split == "vtab1k":  # 800 from train, 200 from val
+            train_idx = np.sort(rng.permutation(len(train_idx))[:VTAB_TRAIN])
+            val_idx = np.sort(rng.permutation(len(val_idx))[:VTAB_VAL])
+        elif low_data:
+            train_idx = subsample_per_class(pool.labels, train_idx, LOW_DATA_PER_CLASS, rng)
+        val = view("val", src.val, val_idx, False)
     else:
-        train_idx, val_idx = split_pool(pool.labels, seed, low_data, info.val_fraction)
+        train_idx, val_idx = split_pool(pool.labels, seed, low_data, info.val_fraction, low_data_split)
         val = view("train", pool, val_idx, False)
-    return Splits(train=view("train", pool, train_idx, True), val=val,
+    return Splits(train=view("train", pool, train_idx, augment_train), val=val,
                   test=view("test", src.test, np.arange(len(src.test.labels)), False),
                   num_classes=info.num_classes)
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -179,15 +180,17 @@ def build_model(cfg: FinetuneConfig, num_classes: int) -> nn.Module:
     return models.create_model(cfg.model, num_classes, pretrained=cfg.pretrained, weights=cfg.weights)
 
 
-def build(cfg: FinetuneConfig, model: nn.Module | None = None):
+def build(cfg: FinetuneConfig, model: nn.Module | None = None, augment_train: bool = True):
     """(model with the condition applied, splits, trainable counts per component).
 
     Data comes first: a missing dataset fails before any weights are loaded.
     """
     ic = models.input_config(cfg.model)
-    splits = datasets.build_splits(cfg.dataset, seed=cfg.seed, img_size=ic["img_size"], mean=ic["mean"],
-                               std=ic["std"], root=cfg.data_root, download=cfg.download,
-                               low_data=cfg.low_data, data_path=cfg.data_path)
+    mean, std = models.normalization(cfg.model, cfg.normalization)
+    splits = datasets.build_splits(cfg.dataset, seed=cfg.seed, img_size=ic["img_size"], mean=mean,
+                                   std=std, root=cfg.data_root, download=cfg.download,
+                                   low_data=cfg.low_data, low_data_split=cfg.low_data_split,
+                                   data_path=cfg.data_path, augment_train=augment_train)
     if model is None:
         model = build_model(cfg, splits.num_classes)
     counts = components.apply_condition(model, cfg.condition, lora_rank=cfg.lora_rank,
@@ -203,12 +206,13 @@ def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict
     same pairs. The rows are what tracking logs as plasticity_*.csv.
     """
     ic = models.input_config(cfg.model)
+    mean, std = models.normalization(cfg.model, cfg.normalization)  # as the finetuning sees images
     source = datasets.build_splits(models.source_dataset(cfg.model), seed=cfg.seed,
-                                   img_size=ic["img_size"], mean=ic["mean"], std=ic["std"],
-                                   root=cfg.data_root)
+                                   img_size=ic["img_size"], mean=mean, std=std, root=cfg.data_root)
     df = plasticity.probe_model(model, source.test, splits.test, n_pairs=cfg.probe_pairs,
-                           batch_size=cfg.eval_batch_size, seed=cfg.seed, model_name=cfg.model,
-                           dataset_name=cfg.dataset, num_workers=cfg.num_workers)
+                                batch_size=cfg.eval_batch_size, seed=cfg.seed, model_name=cfg.model,
+                                dataset_name=cfg.dataset, num_workers=cfg.num_workers,
+                                pairing=cfg.probe_pairing)
     return df.to_dict("records")
 
 
@@ -224,6 +228,8 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
     takes back to continue from that step. ``model`` overrides the built one (pretraining).
     """
     validate(cfg)
+    if cfg.condition in components.CLOSED_FORM:
+        return linear_probe(cfg)
     t0 = time.perf_counter()
     rank, size = world()
     device = resolve_device(cfg.device)
@@ -307,3 +313,62 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
         results["plasticity_before"] = probe_before
     results["wall_s"] = time.perf_counter() - t0
     return results
+
+
+# ---------------------------------------------------------------- the paper's linear probe
+
+@torch.no_grad()
+def pooled_features(model: nn.Module, loader, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """(features, labels) in one streaming pass: the last block's output tokens, before the final
+    norm, mean-pooled over tokens, in fp32 (the paper's linear-probe features)."""
+    model.eval()
+    out: list[torch.Tensor] = []
+    hook = model.blocks[-1].register_forward_hook(lambda m, i, o: out.append(o.float().mean(1).cpu()))
+    labels = []
+    try:
+        for x, y in loader:
+            model.forward_features(x.to(device, non_blocking=True))
+            labels.append(y.cpu() if torch.is_tensor(y) else torch.as_tensor(y))
+    finally:
+        hook.remove()
+    return torch.cat(out).numpy(), torch.cat(labels).numpy()
+
+
+def linear_probe(cfg: FinetuneConfig) -> dict[str, Any]:
+    """The paper's linear probe: a multinomial logistic regression (scikit-learn, max_iter 5000)
+    on frozen features (``pooled_features``, L2-normalised, then standardised on the training
+    split), fitted once per dataset and seed; no lr, no steps. Training images get the eval
+    transform. Results have the keys ``train`` returns."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+    from sklearn.preprocessing import StandardScaler
+
+    t0 = time.perf_counter()
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model, splits, _ = build(cfg, augment_train=False)
+    model.to(device)
+    placed = batches.place(splits, device)
+    feats = {name: pooled_features(model, batches.eval_batches(getattr(placed, name), cfg.eval_batch_size,
+                                                                 device, cfg.num_workers), device)
+             for name in ("train", "val", "test")}
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+    scaler = StandardScaler().fit(unit(feats["train"][0]))
+    clf = LogisticRegression(max_iter=5000, random_state=cfg.seed)
+    clf.fit(scaler.transform(unit(feats["train"][0])), feats["train"][1])
+
+    def score(name: str) -> float:
+        x, y = feats[name]
+        return float(clf.score(scaler.transform(unit(x)), y))
+
+    xt, yt = feats["test"]
+    params = int(clf.coef_.size + clf.intercept_.size)
+    return {"status": "finished", "steps_done": 0, "trainable_params": params,
+            "trainable_params/HEAD": params, "best_val_acc": score("val"), "best_step": 0,
+            "test_acc": score("test"),
+            "test_loss": float(log_loss(yt, clf.predict_proba(scaler.transform(unit(xt))),
+                                        labels=clf.classes_)),
+            "wall_s": time.perf_counter() - t0}

@@ -31,6 +31,9 @@ ALIASES = {
     "vit_huge": "vit_huge_patch14_224.orig_in21k",
 }
 
+# ImageNet's channel statistics: what the paper normalises every model's input with.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
 # What plasticity probes draw x from for a hub checkpoint: its pretraining distribution.
 HUB_SOURCE = "imagenet_val"
 
@@ -223,6 +226,17 @@ def note(name: str) -> str:
     """What a reader of ``name``'s results should know (empty for the paper's checkpoints)."""
     spec = LOCAL_MODELS.get(resolve_name(name))
     return spec.note if spec else ""
+
+
+def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) of the input normalisation: the checkpoint's own, or ImageNet's (the paper's)."""
+    ic = input_config(name)
+    if kind == "checkpoint":
+        return tuple(ic["mean"]), tuple(ic["std"])
+    if ic["in_chans"] != 3:
+        raise ConfigError(f"normalization {kind!r} is for RGB models; {name} takes {ic['in_chans']} "
+                          "channel(s): use normalization: checkpoint")
+    return IMAGENET_MEAN, IMAGENET_STD
 
 
 def plasticity_note(name: str) -> str:

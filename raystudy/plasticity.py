@@ -32,11 +32,12 @@ import torch.nn.functional as F
 from raystudy import components as _components
 
 MODES = ("shared", "in_situ")
+PAIRINGS = ("random", "sequential")
 # Component name -> module path inside every timm block; names are raystudy.components'.
 MODULE_PATHS = {"LN1": "norm1", "MHA": "attn", "LN2": "norm2", "FC1": "mlp.fc1", "FC2": "mlp.fc2"}
 PROBE_COMPONENTS = tuple(c for c in _components.COMPONENTS if c in MODULE_PATHS)
 COLUMNS = ("model", "dataset", "mode", "layer", "component", "mean", "std", "n",
-           "ci_low", "ci_high", "bound")
+           "ci_low", "ci_high", "bound", "pairing")
 
 
 class ProbeError(ValueError):
@@ -517,12 +518,18 @@ def image_of(ds, i: int) -> torch.Tensor:
 
 
 def pairs_from_datasets(source_ds, target_ds, n_pairs: int, batch_size: int, seed: int = 0,
-                        num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                        num_workers: int = 0, pairing: str = "random"
+                        ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Stream ``n_pairs`` (x, y) pairs in batches: x from ``source_ds``, y from ``target_ds``.
 
-    Indices are seeded permutations (with ``seed``), so the same call gives the same pairs.
-    Shapes are checked here, before any batch is loaded: a ValueError (ProbeError) names both.
+    ``random``: indices are seeded permutations (with ``seed``), so the same call gives the same
+    pairs. ``sequential``: the i-th image of each dataset in its own order (no shuffling), the
+    paper's measurement (the first N ImageNet-val images in class-folder order with the first N
+    downstream test images); ``seed`` is unused. Shapes are checked here, before any batch is
+    loaded: a ValueError (ProbeError) names both.
     """
+    if pairing not in PAIRINGS:
+        raise ProbeError(f"unknown pairing {pairing!r}; valid: {', '.join(PAIRINGS)}")
     if n_pairs < 1:
         raise ProbeError(f"number of pairs must be >= 1, got {n_pairs}")
     if batch_size < 1:
@@ -533,8 +540,14 @@ def pairs_from_datasets(source_ds, target_ds, n_pairs: int, batch_size: int, see
     if sx != sy:
         raise ProbeError(f"image sizes differ: source {sx} vs target {sy}; "
                          "both must be built at the model's input size")
-    rng = np.random.default_rng(seed)
-    ix, iy = _draw(rng, len(source_ds), n_pairs), _draw(rng, len(target_ds), n_pairs)
+    if pairing == "sequential":
+        if n_pairs > min(len(source_ds), len(target_ds)):
+            raise ProbeError(f"sequential pairing takes the first {n_pairs} images of each split, but "
+                             f"they hold {len(source_ds)} and {len(target_ds)}")
+        ix = iy = np.arange(n_pairs)
+    else:
+        rng = np.random.default_rng(seed)
+        ix, iy = _draw(rng, len(source_ds), n_pairs), _draw(rng, len(target_ds), n_pairs)
     return _stream(source_ds, target_ds, ix, iy, batch_size, num_workers)
 
 
@@ -563,7 +576,7 @@ def to_frame(rows: Iterable[dict], **constants) -> "pd.DataFrame":  # noqa: F821
     df = pd.DataFrame([{**constants, **r} for r in rows])
     for col in COLUMNS:
         if col not in df:
-            df[col] = constants.get(col, "" if col in ("model", "dataset") else np.nan)
+            df[col] = constants.get(col, "" if col in ("model", "dataset", "pairing") else np.nan)
     extra = [c for c in df.columns if c not in COLUMNS]
     df = df[list(COLUMNS) + extra]
     return df.astype({"layer": int, "n": int})
@@ -572,13 +585,15 @@ def to_frame(rows: Iterable[dict], **constants) -> "pd.DataFrame":  # noqa: F821
 def probe_model(model: nn.Module, source_ds, target_ds, *, n_pairs: int, batch_size: int,
                 modes: str | Sequence[str] = MODES, seed: int = 0, model_name: str = "",
                 dataset_name: str = "", components: str | Sequence[str] = PROBE_COMPONENTS,
-                num_workers: int = 0, tags: dict | None = None) -> "pd.DataFrame":  # noqa: F821
+                num_workers: int = 0, tags: dict | None = None,
+                pairing: str = "random") -> "pd.DataFrame":  # noqa: F821
     """Probe an already built model (any device) on (x, y) pairs; returns the tidy table.
 
     x from ``source_ds`` (pretraining-like), y from ``target_ds`` (downstream test split), both
     datasets of image tensors at the model's input size. All modes share one pass over the pairs.
     ``tags`` adds constant columns (``{"stage": "after_finetune", "run_id": ...}``).
     """
-    pairs = pairs_from_datasets(source_ds, target_ds, n_pairs, batch_size, seed, num_workers=num_workers)
+    pairs = pairs_from_datasets(source_ds, target_ds, n_pairs, batch_size, seed, num_workers=num_workers,
+                                pairing=pairing)
     rows = probe(model, pairs, mode=modes, components=components)
-    return to_frame(rows, model=model_name, dataset=dataset_name, **(tags or {}))
+    return to_frame(rows, model=model_name, dataset=dataset_name, pairing=pairing, **(tags or {}))

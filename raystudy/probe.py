@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated subset of " + ",".join(plasticity.PROBE_COMPONENTS))
     ap.add_argument("--weights", help="local checkpoint file (default: hub cache; the demo's own)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the pair sampling")
+    ap.add_argument("--pairing", default="random", choices=plasticity.PAIRINGS,
+                    help="random (seeded draws, default) or sequential (the first N images of each "
+                         "split in loader order: the paper's measurement)")
     ap.add_argument("--out", help="output folder (default runs/probe/<model>_<dataset>)")
     ap.add_argument("--data-root", help="dataset root (default $RAYSTUDY_DATA)")
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
@@ -180,10 +183,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"raystudy probe: {args.model} on {args.dataset} (x: {source} test, y: {args.dataset} "
           f"test), {args.pairs} pairs in batches of {args.batch_size}, modes {', '.join(modes)}, "
-          f"seed {args.seed}, {device}", flush=True)
+          f"{args.pairing} pairs" + (f" (seed {args.seed})" if args.pairing == "random" else "")
+          + f", {device}", flush=True)
     df = plasticity.probe_model(model, src.test, tgt.test, n_pairs=args.pairs, batch_size=args.batch_size,
                      modes=modes, seed=args.seed, model_name=args.model, dataset_name=args.dataset,
-                     components=comps, num_workers=args.num_workers)
+                     components=comps, num_workers=args.num_workers, pairing=args.pairing)
     for line in format_tables(df):
         print(line)
     if models.plasticity_note(full):

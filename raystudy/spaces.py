@@ -173,7 +173,11 @@ class Trial:
 def expand(space: Space, model: str | None = None, datasets: list[str] | None = None,
            conditions: list[str] | None = None, optimizers: list[str] | None = None,
            overrides: dict[str, Any] | None = None) -> list[Trial]:
-    """Every trial of the grid, each a validated flat config with its key and resources."""
+    """Every trial of the grid, each a validated flat config with its key and resources.
+
+    A condition fitted without SGD (the paper's linear probe) has no lr: it gets one trial per
+    remaining axes, at the lr axis's first value (recorded, unused), not one per lr.
+    """
     model = model or space.base.get("model", FinetuneConfig.model)
     mopts = model_options(space.models, model)
     ds_list = datasets or list(space.datasets)
@@ -193,11 +197,15 @@ def expand(space: Space, model: str | None = None, datasets: list[str] | None = 
                 axes["condition"] = conditions
             names = list(axes)
             for values in itertools.product(*(axes[n] for n in names)):
+                point = dict(zip(names, values))
+                condition = canonical_condition(str(point.get("condition", space.base.get("condition", "MHA"))))
+                if not components.has_lr(condition) and "lr" in axes and point["lr"] != axes["lr"][0]:
+                    continue
                 cfg = {**space.base, **mopts["config"], "model": model, "dataset": ds, "optimizer": opt,
-                       **oover, **dict(zip(names, values)), **(overrides or {})}
+                       **oover, **point, **(overrides or {})}
                 if "lr" in cfg and "lr" not in (overrides or {}):
                     cfg["lr"] = float(cfg["lr"]) * lr_scale
-                cfg["condition"] = canonical_condition(str(cfg.get("condition", "MHA")))
+                cfg["condition"] = condition
                 full = validate(from_dict(cfg)).to_dict()
                 trials.append(Trial(trial_key(full), full, float(mopts["gpu"]),
                                     float(mopts["cpu"]), int(mopts["workers"])))
@@ -216,7 +224,9 @@ def grid_key(trials: list[Trial]) -> str:
 def gpu_hours(space: Space, model: str, trials: list[Trial]) -> costs.Estimate:
     """Estimated GPU-hours of ``trials``: from the space's measured step times (``step_times``)
     where they cover a trial, else from its FLOP-based ``step_seconds``; see raystudy.costs."""
-    return costs.estimate(model, [costs.TrialCost(t.config["condition"], t.config["steps"],
+    # A closed-form condition (the linear probe) takes no steps: one forward pass, priced as none.
+    return costs.estimate(model, [costs.TrialCost(t.config["condition"],
+                                                  t.config["steps"] if components.has_lr(t.config["condition"]) else 0,
                                                   t.config["batch_size"], t.workers,
                                                   max(t.gpu, 1) * t.workers, t.config["compile"])
                                   for t in trials],
@@ -389,7 +399,7 @@ def make_trial(base: dict[str, Any], condition: str | None, values: dict[str, An
     the sampled ``components`` are the condition."""
     cfg = {**base, **{k: v for k, v in values.items() if k not in PSEUDO_KEYS}}
     if condition is None:
-        condition = "+".join(values["components"]) or "linear_probe"
+        condition = "+".join(values["components"]) or "head_only"  # nothing but the head, by SGD
     cfg["condition"] = canonical_condition(condition)
     if "beta1" in values or "beta2" in values:
         b1, b2 = FinetuneConfig.betas

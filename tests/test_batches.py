@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from raystudy import batches, datasets, engine, paths
+from raystudy import batches, datasets, engine, models, paths
 from raystudy.config import ConfigError, FinetuneConfig, validate
 
 FAST = dict(model="vit_demo", pretrained=False, dataset="digits_c", steps=12, warmup_steps=2,
@@ -212,3 +212,22 @@ def test_an_image_dataset_trains_from_its_tensor_cache(tmp_path, monkeypatch):
     assert made == ["256px", "256px"]  # train pool and test, decoded once each
     engine.train(cfg.replace(seed=1))  # another run reuses them
     assert len([p for p in paths.tensor_cache(tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 2
+
+
+@pytest.mark.parametrize("data_path", ["torchvision", "cache"])
+def test_the_normalisation_a_config_names_is_what_reaches_the_model(tmp_path, monkeypatch, data_path):
+    """The same pixels, normalised by the checkpoint's (0.5, 0.5) or ImageNet's mean/std."""
+    monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
+    domainnet(tmp_path, n=6)
+    base = FinetuneConfig(model="vit_tiny_patch16_224", pretrained=False, dataset="domainnet_sketch",
+                          data_root=str(tmp_path), data_path=data_path)
+    seen = {}
+    for norm in ("checkpoint", "imagenet"):
+        _, splits, _ = engine.build(base.replace(normalization=norm))
+        seen[norm] = torch.stack([splits.test[i][0] for i in range(len(splits.test))])
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (models.IMAGENET_MEAN, models.IMAGENET_STD))
+    pixels = seen["checkpoint"] * 0.5 + 0.5
+    assert torch.allclose(seen["imagenet"], (pixels - mean) / std, atol=1e-5)
+    assert not torch.allclose(seen["imagenet"], seen["checkpoint"], atol=1e-2)
+    with pytest.raises(ConfigError, match="normalization 'imagenet' is for RGB models; vit_demo takes 1"):
+        validate(FinetuneConfig(normalization="imagenet"))

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from raystudy import batches, datasets
+from raystudy.errors import ConfigError
 
 
 def test_registry_has_the_studys_11_benchmarks_and_the_demo():
@@ -26,12 +27,26 @@ def test_split_pool_is_seeded_disjoint_and_80_20():
     assert set(tr0) | set(va0) == set(range(500))
 
 
-def test_low_data_keeps_ten_per_class():
+def test_low_data_per_class_keeps_ten_per_class():
     labels = np.repeat(np.arange(7), 40)
-    tr, va = datasets.split_pool(labels, seed=3, low_data=True)
+    tr, va = datasets.split_pool(labels, seed=3, low_data=True, low_data_split="per_class")
     counts = np.bincount(labels[tr], minlength=7)
     assert (counts == 10).all()
     assert not set(tr) & set(va)
+
+
+def test_low_data_is_vtab1k_800_train_200_val_seeded_and_test_unchanged():
+    labels = np.repeat(np.arange(10), 150)
+    tr, va = datasets.split_pool(labels, seed=3, low_data=True)
+    assert (len(tr), len(va)) == (800, 200) and not set(tr) & set(va)
+    again, other = datasets.split_pool(labels, seed=3, low_data=True), datasets.split_pool(labels, seed=4, low_data=True)
+    assert np.array_equal(again[0], tr) and np.array_equal(again[1], va)
+    assert not np.array_equal(other[0], tr)
+    with pytest.raises(ConfigError, match="vtab1k draws 800 \\+ 200 images, but the training pool holds 280"):
+        datasets.split_pool(np.repeat(np.arange(7), 40), seed=0, low_data=True)
+    kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
+    full, low = datasets.build_splits("digits_c", **kw), datasets.build_splits("digits_c", low_data=True, **kw)
+    assert (len(low.train), len(low.val)) == (800, 200) and len(low.test) == len(full.test) == 359
 
 
 def test_fixed_test_split_does_not_depend_on_the_run():

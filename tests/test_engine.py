@@ -165,3 +165,37 @@ def test_gradient_accumulation_under_ddp_all_reduces_only_the_last_micro_batch(t
         assert one >= 1 and len(calls) == one
     finally:
         dist.destroy_process_group()
+
+
+def test_linear_probe_is_the_papers_logistic_regression_on_frozen_pooled_features(demo_weights):
+    """The probe equals a scikit-learn fit done here, independently, on the same images."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from raystudy import datasets, models
+
+    cfg = FinetuneConfig(condition="linear_probe", seed=3)
+    res = engine.train(cfg)
+    assert res["status"] == "finished" and res["steps_done"] == 0 and res["trainable_params"] == 10 * 65
+
+    model = models.create_model("vit_demo", 10, weights=demo_weights).eval()
+    splits = datasets.build_splits("digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,),
+                                   data_path="cache", augment_train=False)
+
+    def feats(ds):
+        x = torch.stack([ds[i][0] for i in range(len(ds))])
+        y = np.array([ds[i][1] for i in range(len(ds))])
+        with torch.no_grad():
+            t = model.patch_drop(model._pos_embed(model.patch_embed(x)))
+            for blk in model.blocks:
+                t = blk(t)
+        f = t.mean(1).numpy()  # tokens of the last block, before the final norm, mean-pooled
+        return f / np.linalg.norm(f, axis=1, keepdims=True), y
+
+    (xtr, ytr), (xva, yva), (xte, yte) = feats(splits.train), feats(splits.val), feats(splits.test)
+    sc = StandardScaler().fit(xtr)
+    clf = LogisticRegression(max_iter=5000, random_state=3).fit(sc.transform(xtr), ytr)
+    assert res["best_val_acc"] == pytest.approx(clf.score(sc.transform(xva), yva), abs=1e-9)
+    assert res["test_acc"] == pytest.approx(clf.score(sc.transform(xte), yte), abs=1e-9)
+    assert res["test_acc"] > 0.2  # well above chance (0.1) on the shifted digits

@@ -92,7 +92,7 @@ def test_smoke_run_goes_through_every_part_and_records_everything(tmp_path):
     assert set(st.models["smoke-vit_base"].seconds) == set(G.CONDITIONS)
     assert "full" in st.models["smoke-vit_base"].compiled
     grid = parts["7_step_times"]["paper_grid"]
-    assert grid["trials"] == 924 and grid["smoke_check"]["priced_from_measurements"] == 924
+    assert grid["trials"] == 825 and grid["smoke_check"]["priced_from_measurements"] == 825
     assert "FLOP estimate" in grid["vit_base"]["dry_run"]  # no vit_base measured here: the fallback, said so
 
     md = (tmp_path / G.MD_NAME).read_text()

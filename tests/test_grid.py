@@ -4,12 +4,20 @@ import yaml
 from raystudy import grid, spaces
 
 
-def test_paper_grid_for_vit_base_is_the_papers_924_trials():
+def test_paper_grid_for_vit_base_is_the_papers_grid_with_a_linear_probe_that_has_no_lr():
     space = spaces.load_grid("paper")
     trials = spaces.expand(space, "vit_base")
-    assert len(trials) == 924
+    assert len(trials) == 11 * (6 * 4 + 1) * 3 == 825
     assert len({t.config["dataset"] for t in trials}) == 11
-    assert len({t.key for t in trials}) == 924
+    assert len({t.key for t in trials}) == 825
+    probe = [t for t in trials if t.config["condition"] == "linear_probe"]
+    assert len(probe) == 11 * 3 and len({(t.config["dataset"], t.config["seed"]) for t in probe}) == 33
+    # the paper's protocol: ImageNet normalisation, sequential pairs, evaluation cadence per dataset
+    assert {t.config["normalization"] for t in trials} == {"imagenet"}
+    assert {t.config["probe_pairing"] for t in trials} == {"sequential"}
+    every = {t.config["dataset"]: t.config["eval_every"] for t in trials}
+    assert every["cifar10c_snow"] == 350 and every["flowers102"] == 250 and every["pets"] == 200
+    assert every["cifar10"] == every["domainnet_sketch"] == 500
     dn = [t for t in trials if t.config["dataset"] == "domainnet_sketch"]
     assert sorted({t.config["lr"] for t in dn}) == [3e-3, 1e-2, 3e-2, 6e-2]
     assert {t.config["steps"] for t in dn} == {20000}
@@ -20,7 +28,7 @@ def test_paper_grid_for_vit_base_is_the_papers_924_trials():
 def test_adamw_ablation_scales_the_lr_grid():
     space = spaces.load_grid("paper")
     trials = spaces.expand(space, "vit_base", datasets=["cifar10"], optimizers=["sgd", "adamw"])
-    assert len(trials) == 2 * 7 * 4 * 3
+    assert len(trials) == 2 * (6 * 4 + 1) * 3  # the linear probe has no lr axis
     lrs = sorted({t.config["lr"] for t in trials if t.config["optimizer"] == "adamw"})
     assert lrs == pytest.approx([1e-5, 3e-5, 1e-4, 3e-4])
 
@@ -83,7 +91,7 @@ def test_bad_flags_exit_2(argv, needle, capsys):
 def test_dry_run_paper_vit_base_prints_datasets_trials_and_gpu_hours(capsys):
     assert grid.main(["--model", "vit_base", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "924 trials = 11 datasets" in out
+    assert "825 trials = 11 datasets" in out
     assert "GPUs per trial: 1" in out and "GPU-hours" in out
     assert "nothing started" in out
 

@@ -437,6 +437,19 @@ def test_pairs_from_datasets_streams_seeded_batches():
     assert not torch.equal(other, torch.cat([x for x, _ in got]))
 
 
+def test_sequential_pairs_are_the_first_n_images_of_each_split_in_order():
+    src, tgt = Images(9, (1, 4, 4)), Images(6, (1, 4, 4), offset=100.0)
+    for seed in (0, 7):  # no seed enters a sequential pairing
+        got = list(P.pairs_from_datasets(src, tgt, n_pairs=5, batch_size=2, seed=seed, pairing="sequential"))
+        xs = torch.cat([x for x, _ in got])[:, 0, 0, 0].long().tolist()
+        ys = (torch.cat([y for _, y in got])[:, 0, 0, 0] - 100).long().tolist()
+        assert xs == ys == [0, 1, 2, 3, 4]
+    with pytest.raises(P.ProbeError, match="first 7 images of each split, but they hold 9 and 6"):
+        P.pairs_from_datasets(src, tgt, n_pairs=7, batch_size=2, pairing="sequential")
+    with pytest.raises(P.ProbeError, match="unknown pairing 'shuffled'"):
+        P.pairs_from_datasets(src, tgt, n_pairs=2, batch_size=2, pairing="shuffled")
+
+
 def test_pairs_from_datasets_refuses_bad_input_before_loading():
     src = Images(4, (1, 4, 4))
     with pytest.raises(ValueError, match=r"image sizes differ: source \(1, 4, 4\) vs target \(3, 4, 4\)"):

@@ -63,8 +63,8 @@ def test_component_subsets_become_conditions(tmp_path):
     raw = {**GOOD, "params": {"components": {"subset_of": ["LN1", "MHA", "FC1"]}, "lr": {"uniform": [0.1, 0.2]}}}
     space = spaces.load_search(write(tmp_path, raw))
     conds = {trial["finetune"]["condition"] for _, trial in sample(space, None, 80)}
-    assert "linear_probe" in conds and "LN1+MHA+FC1" in conds and "MHA" in conds
-    assert all(set(c.split("+")) <= {"LN1", "MHA", "FC1"} for c in conds if c != "linear_probe")
+    assert "head_only" in conds and "LN1+MHA+FC1" in conds and "MHA" in conds
+    assert all(set(c.split("+")) <= {"LN1", "MHA", "FC1"} for c in conds if c != "head_only")
 
 
 @pytest.mark.parametrize("params,needle", [
