@@ -82,21 +82,8 @@ def test_a_cached_pool_pickles_as_its_memory_map(tmp_path):
     assert torch.equal(q.images, p.images) and torch.equal(q.labels, p.labels)
 
 
-def domainnet(tmp_path, n=10):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in ("apple", "bus"):
-        d = tmp_path / "domainnet" / "sketch" / c
-        d.mkdir(parents=True)
-        for i in range(n):
-            h, w = int(rng.integers(150, 400)), int(rng.integers(150, 400))
-            small = rng.integers(0, 256, (h // 16, w // 16, 3), dtype=np.uint8)
-            Image.fromarray(small).resize((w, h), Image.BICUBIC).save(d / f"{i}.png")
-
-
-def test_cache_path_has_the_same_splits_and_close_eval_images(tmp_path):
-    domainnet(tmp_path)
+def test_cache_path_has_the_same_splits_and_close_eval_images(tmp_path, image_folder):
+    image_folder(tmp_path)
     kw = dict(seed=3, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
     tv = datasets.build_splits("domainnet_sketch", **kw)
     ca = datasets.build_splits("domainnet_sketch", **kw, data_path="cache", cache=tmp_path / "c")
@@ -198,10 +185,10 @@ def test_no_host_device_sync_in_the_hot_loop_on_gpu():
         torch.cuda.set_sync_debug_mode("default")
 
 
-def test_an_image_dataset_trains_from_its_tensor_cache(tmp_path, monkeypatch):
+def test_an_image_dataset_trains_from_its_tensor_cache(tmp_path, monkeypatch, image_folder):
     """End to end: DomainNet-like PNG folders, decoded once into the default cache, a timm ViT at 224."""
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
-    domainnet(tmp_path, n=6)
+    image_folder(tmp_path, n=6)
     cfg = FinetuneConfig(model="vit_tiny_patch16_224", pretrained=False, dataset="domainnet_sketch",
                          data_root=str(tmp_path), data_path="cache", condition="LN1", steps=2,
                          warmup_steps=1, batch_size=4, eval_every=2, log_every=1, eval_batch_size=8)
@@ -215,10 +202,11 @@ def test_an_image_dataset_trains_from_its_tensor_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("data_path", ["torchvision", "cache"])
-def test_the_normalisation_a_config_names_is_what_reaches_the_model(tmp_path, monkeypatch, data_path):
+def test_the_normalisation_a_config_names_is_what_reaches_the_model(tmp_path, monkeypatch, data_path,
+                                                                   image_folder):
     """The same pixels, normalised by the checkpoint's (0.5, 0.5) or ImageNet's mean/std."""
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
-    domainnet(tmp_path, n=6)
+    image_folder(tmp_path, n=6)
     base = FinetuneConfig(model="vit_tiny_patch16_224", pretrained=False, dataset="domainnet_sketch",
                           data_root=str(tmp_path), data_path=data_path)
     seen = {}

@@ -98,24 +98,10 @@ def test_frozen_weights_are_bit_identical_after_steps(condition):
     assert any(not torch.equal(before[n], p) for n, p in after.items() if n not in frozen), "nothing trained"
 
 
-def image_folder(root, n: int = 12):
-    """A DomainNet-like sketch domain: two classes of PNGs of assorted sizes."""
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in ("apple", "bus"):
-        d = root / "domainnet" / "sketch" / c
-        d.mkdir(parents=True)
-        for i in range(n):
-            h, w = int(rng.integers(150, 300)), int(rng.integers(150, 300))
-            small = rng.integers(0, 256, (h // 16, w // 16, 3), dtype=np.uint8)
-            Image.fromarray(small).resize((w, h), Image.BICUBIC).save(d / f"{i}.png")
-
-
 @pytest.mark.parametrize("data_path", ["cache", "torchvision"])
-def test_single_process_loop_runs_end_to_end_without_ddp(tmp_path, monkeypatch, data_path):
+def test_single_process_loop_runs_end_to_end_without_ddp(tmp_path, monkeypatch, data_path, image_folder):
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
-    image_folder(tmp_path)
+    image_folder(tmp_path, n=12, max_side=300)
     cfg = FinetuneConfig(model=MODEL, pretrained=False, dataset="domainnet_sketch", data_root=str(tmp_path),
                          data_path=data_path, device="cuda", condition="MHA", steps=4, warmup_steps=1,
                          batch_size=8, eval_every=2, log_every=2, eval_batch_size=16)
