@@ -27,11 +27,16 @@ _BASE = r"(\.base_layer)?"
 # Ordered: the order tables and condition names are printed in.
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "LN1": (r"blocks\.\d+\.norm1\.(weight|bias)",),
-    "MHA": (rf"blocks\.\d+\.attn\.(qkv|proj){_BASE}\.(weight|bias)",),
+    # LayerScale's ls1 scales the attention branch's output, ls2 the MLP's: each trains with the
+    # component whose output it scales (MHA, FC2). EVA's separate q/v biases belong to MHA.
+    "MHA": (rf"blocks\.\d+\.attn\.(qkv|proj){_BASE}\.(weight|bias)", r"blocks\.\d+\.attn\.(q_bias|v_bias)",
+            r"blocks\.\d+\.ls1\.gamma"),
     "LN2": (r"blocks\.\d+\.norm2\.(weight|bias)",),
     "FC1": (r"blocks\.\d+\.mlp\.fc1\.(weight|bias)",),
-    "FC2": (r"blocks\.\d+\.mlp\.fc2\.(weight|bias)",),
-    "EMBED": (r"cls_token", r"pos_embed", r"patch_embed\.proj\.(weight|bias)"),
+    "FC2": (r"blocks\.\d+\.mlp\.fc2\.(weight|bias)", r"blocks\.\d+\.ls2\.gamma"),
+    # Register tokens (DINOv2, DeiT-III style) and CLIP's pre-norm are part of the embedding stage.
+    "EMBED": (r"cls_token", r"reg_token", r"pos_embed", r"patch_embed\.proj\.(weight|bias)",
+              r"norm_pre\.(weight|bias)"),
     "HEAD": (r"head\.(weight|bias)", r"norm\.(weight|bias)", r"fc_norm\.(weight|bias)"),
     "LORA": (r"blocks\.\d+\.attn\.(qkv|proj)\.lora_[AB]\.[\w]+\.weight",),
 }

@@ -36,11 +36,34 @@ def test_every_parameter_in_exactly_one_component(vit_base):
                                     "patch_embed.proj.bias"}
 
 
-@pytest.mark.parametrize("kw,culprit", [(dict(init_values=1e-5), "ls1"),
-                                        (dict(reg_tokens=2), "reg_token")])
-def test_partition_fails_loudly_on_unknown_parameters(kw, culprit):
+@pytest.mark.parametrize("names,culprit", [
+    (["blocks.0.norm1.weight", "blocks.0.attn.gate"], "blocks.0.attn.gate"),  # a name timm never had
+    (["blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc1_g.weight"], "fc1_g"),       # SwiGLU: not a study MLP
+])
+def test_partition_fails_loudly_on_unknown_parameters(names, culprit):
     with pytest.raises(C.PartitionError, match=culprit):
-        C.partition(tiny(**kw))
+        C.partition(names)
+
+
+def test_layer_scale_and_register_tokens_have_a_component():
+    """LayerScale trains with the component whose output it scales; registers are embedding."""
+    model = tiny(init_values=1e-5, reg_tokens=2)
+    groups = C.partition(model)
+    names = [n for ns in groups.values() for n in ns]
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters())
+    assert "blocks.0.ls1.gamma" in groups["MHA"] and "blocks.0.ls2.gamma" in groups["FC2"]
+    assert "reg_token" in groups["EMBED"]
+    C.apply_condition(model, "MHA")
+    trains = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert "blocks.1.ls1.gamma" in trains and "blocks.1.ls2.gamma" not in trains
+
+
+def test_components_cli_counts_a_dinov2_style_vit_with_registers(capsys):
+    assert C.main(["--model", "vit_small_patch14_reg4_dinov2", "--conditions", "MHA,FC2,full"]) == 0
+    out = capsys.readouterr().out
+    per = {line.split()[0]: int(line.split()[1].replace(",", "")) for line in out.splitlines()[2:9]}
+    assert per["MHA"] == 12 * (384 * 1152 + 1152 + 384 * 384 + 384 + 384)  # qkv, proj, ls1
+    assert per["FC2"] == 12 * (1536 * 384 + 384 + 384)                      # fc2, ls2
 
 
 def test_ambiguous_parameter_is_refused(monkeypatch):

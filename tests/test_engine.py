@@ -199,3 +199,23 @@ def test_linear_probe_is_the_papers_logistic_regression_on_frozen_pooled_feature
     assert res["best_val_acc"] == pytest.approx(clf.score(sc.transform(xva), yva), abs=1e-9)
     assert res["test_acc"] == pytest.approx(clf.score(sc.transform(xte), yte), abs=1e-9)
     assert res["test_acc"] > 0.2  # well above chance (0.1) on the shifted digits
+
+
+@pytest.mark.slow
+def test_a_layer_scale_and_register_vit_finetunes_and_probes(tmp_path, monkeypatch, image_folder):
+    """DINOv2-style (LayerScale + 4 registers, random init): a short MHA finetune with probes."""
+    monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
+    image_folder(tmp_path, n=4)
+    cfg = FinetuneConfig(model="vit_small_patch14_reg4_dinov2", pretrained=False, dataset="domainnet_sketch",
+                         data_root=str(tmp_path), data_path="cache", condition="MHA", steps=2, warmup_steps=1,
+                         batch_size=2, eval_every=2, log_every=1, eval_batch_size=4)
+    res = engine.train(cfg)
+    assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
+    assert res["trainable_params/MHA"] == 12 * (384 * 1152 + 1152 + 384 * 384 + 384 + 384)  # with ls1
+
+    from raystudy import plasticity
+
+    model, splits, _ = engine.build(cfg)  # x and y both from the folder: ImageNet val is not here
+    df = plasticity.probe_model(model.eval(), splits.train, splits.test, n_pairs=2, batch_size=2,
+                                components=("MHA", "FC2"))
+    assert len(df) == 2 * 12 * 2 and (df["mean"] <= df["bound"]).all() and (df["mean"] > 0).all()
