@@ -126,3 +126,17 @@ def test_ranking_chooses_lr_on_validation():
     r = grid.ranking(df)
     assert list(r["condition"]) == ["MHA", "LN1"]
     assert r.iloc[0]["test_acc"] == pytest.approx(0.70)
+
+
+def test_ranking_is_the_reports_average_and_average_rank():
+    import pandas as pd
+
+    rows = []
+    for d, accs in {"a": {"MHA": (0.8, 0.6), "LN1": (0.5, 0.5)}, "b": {"MHA": (0.4, 0.4), "LN1": (0.7, 0.5)}}.items():
+        for c, (s0, s1) in accs.items():
+            rows += [dict(dataset=d, condition=c, lr=0.1, seed=0, status="finished", val_acc=0.5, test_acc=s0),
+                     dict(dataset=d, condition=c, lr=0.1, seed=1, status="finished", val_acc=0.5, test_acc=s1)]
+    r = grid.ranking(pd.DataFrame(rows)).set_index("condition")
+    # seed means: MHA a 0.7, b 0.4 -> 0.55; LN1 a 0.5, b 0.6 -> 0.55; ranks: a MHA 1, b LN1 1
+    assert r.loc["MHA", "test_acc"] == pytest.approx(0.55) and r.loc["LN1", "test_acc"] == pytest.approx(0.55)
+    assert r.loc["MHA", "avg_rank"] == r.loc["LN1", "avg_rank"] == 1.5 and r.loc["MHA", "runs"] == 4
