@@ -366,3 +366,27 @@ def gains(avg_gain: pd.Series, base: str | os.PathLike, reference: str, title: s
     ax.tick_params(axis="x", labelsize=7)
     ax.set_title(title or f"Relative gain over {reference}, mean over datasets", fontsize=9)
     return save(fig, base)
+
+
+def setting_means(ab: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0,
+                  title: str = "") -> list[Path]:
+    """One row per condition, one marker per setting (e.g. SGD and AdamW): mean test accuracy.
+
+    ``ab`` is ``analysis.stats.setting_means`` (index: condition; a ``datasets`` column).
+    """
+    names = [c for c in ab.columns if c != "datasets"]
+    col = colors(names)
+    conds = list(ab.index)
+    fig = _figure(5.0, 0.32 * len(conds) + 1.3)
+    ax = fig.add_subplot()
+    y = np.arange(len(conds))[::-1]
+    for n in names:
+        ax.plot(ab[n].to_numpy(float) * scale, y, "o", ms=6, color=col[n], label=n)
+    ax.set_yticks(y, conds, fontsize=8)
+    ax.set_xlabel("mean test accuracy" + (" (%)" if scale == 100 else ""), fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(axis="x", color="0.9", lw=0.6)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8, frameon=False, loc="best")
+    ax.set_title(title, fontsize=9)
+    return save(fig, base)

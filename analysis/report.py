@@ -175,7 +175,8 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
     head = [f"# {title or 'raystudy analysis'}", "",
             f"Source: {source}" + (f"; {_status_line(runs)}" if runs is not None else
                                    " (per-dataset summary)"),
-            f"{k} conditions on {n_d} datasets" + (f"; lr chosen on {chosen} accuracy" if chosen else "")]
+            f"{k} condition{'s' * (k != 1)} on {n_d} dataset{'s' * (n_d != 1)}"
+            + (f"; lr chosen on {chosen} accuracy" if chosen else "")]
     if compared != order:
         head.append(f"Ranks, paired tests, Friedman and the CD diagram over {len(compared)} of "
                     f"them: {', '.join(compared)}")
@@ -584,6 +585,7 @@ def across_settings(runs: pd.DataFrame, out_dir: str | Path, files: list, *, sel
         name = "optimizer_ablation_" + model + ("_low_data" if low == "True" else "")
         caption = f"Optimizer ablation, {what}: mean test accuracy{unit}, lr chosen on {chosen}"
         files += tables.write_table(out, name, shown, ab, caption=caption)
+        files += figures.setting_means(ab, out / "figures" / name, scale, f"Optimizer ablation, {what}")
         parts.append(f"{caption}:\n\n{tables.markdown(shown).rstrip()}")
     if len({m for m, _, _ in bests}) > 1:
         ab = stats.setting_means({", ".join(v for v in (m, o, "low data" if low == "True" else "")
@@ -591,6 +593,7 @@ def across_settings(runs: pd.DataFrame, out_dir: str | Path, files: list, *, sel
         shown = tables.ablation_table(ab, scale)
         caption = f"Every setting: mean test accuracy{unit}, lr chosen on {chosen}"
         files += tables.write_table(out, "settings", shown, ab, caption=caption)
+        files += figures.setting_means(ab, out / "figures" / "settings", scale, "Every setting")
         parts.append(f"{caption}:\n\n{tables.markdown(shown).rstrip()}")
     parts.append(f"Each setting's own tables and tests: the subfolders "
                  f"{', '.join(_setting_name(s) for s in bests)}.")

@@ -231,6 +231,8 @@ def test_optimizer_ablation_and_settings_tables(tmp_path, capsys):
     assert ab.loc["MHA", "sgd"] == pytest.approx(0.815) and ab.loc["MHA", "adamw"] == pytest.approx(0.865)
     assert list(ab.columns) == ["datasets", "sgd", "adamw"]
     assert "adamw − sgd" in (out / "optimizer_ablation_vit_a.md").read_text()
+    for f in ("optimizer_ablation_vit_a", "settings"):
+        assert (out / "figures" / f"{f}.png").is_file() and (out / "figures" / f"{f}.pdf").is_file()
     assert "Optimizer ablation, vit_b: runs of one optimizer only (sgd); no table." in r.text
     settings = pd.read_csv(out / "settings.csv", index_col=0)
     assert settings.loc["full", "vit_b, sgd"] == pytest.approx(0.965)
