@@ -326,3 +326,67 @@ def tuning_budget(budget: pd.DataFrame, conditions: list[str], base: str | os.Pa
 
 __all__ = ["accuracy", "curves", "plasticity_layers", "cd_diagram", "intervals", "improvement",
            "rope_bars", "tuning_budget", "save", "colors"]
+
+
+def parameter_efficiency(eff: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0,
+                         title: str = "") -> list[Path]:
+    """Accuracy against trainable parameter count (log x), one labelled point per condition.
+
+    ``eff`` is ``analysis.stats.parameter_efficiency`` (index: condition; params, accuracy).
+    """
+    names = list(eff.index)
+    col = colors(names)
+    fig = _figure(5.5, 3.6)
+    ax = fig.add_subplot()
+    for c in names:
+        x, y = eff.loc[c, "params"], eff.loc[c, "accuracy"] * scale
+        ax.plot(x, y, "o", ms=6, color=col[c])
+        ax.annotate(c, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("trainable parameters (log scale)", fontsize=8)
+    ax.set_ylabel("mean test accuracy" + (" (%)" if scale == 100 else ""), fontsize=8)
+    ax.tick_params(which="both", labelsize=7)
+    ax.grid(color="0.9", lw=0.6)
+    ax.set_axisbelow(True)
+    ax.set_title(title or "Accuracy against trainable parameters", fontsize=9)
+    return save(fig, base)
+
+
+def gains(avg_gain: pd.Series, base: str | os.PathLike, reference: str, title: str = "") -> list[Path]:
+    """Horizontal bars of each condition's mean relative gain (%) over ``reference``."""
+    names = [c for c in avg_gain.index if c != reference]
+    col = colors(list(avg_gain.index))
+    fig = _figure(5.0, 0.3 * len(names) + 1.2)
+    ax = fig.add_subplot()
+    y = np.arange(len(names))[::-1]
+    ax.barh(y, [avg_gain[c] for c in names], color=[col[c] for c in names])
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(y, names, fontsize=8)
+    ax.set_xlabel(f"mean relative gain over {reference} (%)", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(title or f"Relative gain over {reference}, mean over datasets", fontsize=9)
+    return save(fig, base)
+
+
+def setting_means(ab: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0,
+                  title: str = "") -> list[Path]:
+    """One row per condition, one marker per setting (e.g. SGD and AdamW): mean test accuracy.
+
+    ``ab`` is ``analysis.stats.setting_means`` (index: condition; a ``datasets`` column).
+    """
+    names = [c for c in ab.columns if c != "datasets"]
+    col = colors(names)
+    conds = list(ab.index)
+    fig = _figure(5.0, 0.32 * len(conds) + 1.3)
+    ax = fig.add_subplot()
+    y = np.arange(len(conds))[::-1]
+    for n in names:
+        ax.plot(ab[n].to_numpy(float) * scale, y, "o", ms=6, color=col[n], label=n)
+    ax.set_yticks(y, conds, fontsize=8)
+    ax.set_xlabel("mean test accuracy" + (" (%)" if scale == 100 else ""), fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(axis="x", color="0.9", lw=0.6)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8, frameon=False, loc="best")
+    ax.set_title(title, fontsize=9)
+    return save(fig, base)

@@ -13,10 +13,14 @@ Two CSV formats are read:
 - *per-run results*: the runs table above. Required: dataset, condition, lr, seed, test_acc.
   Optional: run_id (default: the row number), model and optimizer (default ``unknown``),
   low_data (default false), val_acc (default NaN: the lr can then only be chosen on test),
-  status (default: finished where test_acc is a number, failed where it is empty).
+  status (default: finished where test_acc is a number, failed where it is empty),
+  trainable_params (default NaN: no parameter-efficiency table).
   ``analysis.report`` writes its input in this format as ``runs.csv``.
 - *per-dataset summary*: ``dataset, condition, mean[, std]``, one row per cell, e.g. a paper's
   published table of per-dataset means at the best lr. Enough for ranks, averages and tests.
+- *the paper's table shape*: a ``dataset`` column and one column per condition, one row per
+  dataset (no ``condition`` column); a cell is a mean or ``mean ± std``. Read as a per-dataset
+  summary; a row named average/avg/mean is a summary row, not a dataset, and is dropped.
 
 MLflow layout read (what ``raystudy``'s grid writes): trial runs tagged ``raystudy.role=trial``
 with tags condition, dataset, model, optimizer, ``raystudy.status`` and ``raystudy.error``;
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import tempfile
 from collections.abc import Iterable
@@ -42,7 +47,7 @@ from raystudy import tracking
 
 RUN_COLUMNS = ["run_id", "model", "optimizer", "low_data", "dataset", "condition", "lr", "seed",
                "val_acc", "test_acc", "status"]
-EXTRA_COLUMNS = ["parent_run_id", "key", "error", "probe_pairs", "start_time"]
+EXTRA_COLUMNS = ["parent_run_id", "key", "error", "probe_pairs", "start_time", "trainable_params"]
 SETTING = ["model", "optimizer", "low_data"]          # runs that share these are one study
 REQUIRED_RUN_CSV = ["dataset", "condition", "lr", "seed", "test_acc"]
 REQUIRED_SUMMARY_CSV = ["dataset", "condition", "mean"]
@@ -212,6 +217,8 @@ def read_csv(path: str | os.PathLike) -> tuple[str, pd.DataFrame]:
     df.columns = [str(c).strip() for c in df.columns]
     if "mean" in df.columns and "lr" not in df.columns:
         return "summary", summary_frame(df, str(p))
+    if is_wide(df):
+        return "summary", wide_frame(df, str(p))
     return "runs", runs_frame(df, str(p))
 
 
@@ -253,6 +260,8 @@ def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
     for col in ("parent_run_id", "key", "error"):
         out[col] = df[col].fillna("").astype(str) if col in df else ""
     out["probe_pairs"], out["start_time"] = -1, 0
+    out["trainable_params"] = (pd.to_numeric(df["trainable_params"], errors="coerce").astype(float)
+                               if "trainable_params" in df else np.nan)
     check_runs(out, source)
     out.attrs.update(source=source)
     return out
@@ -280,6 +289,49 @@ def summary_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
     return out
 
 
+AVERAGE_ROWS = ("average", "avg", "mean", "avg.")
+
+
+def is_wide(df: pd.DataFrame) -> bool:
+    """A table in the paper's shape: a ``dataset`` column, condition columns, no ``condition``."""
+    cols = [c.lower() for c in df.columns]
+    return "dataset" in cols and "condition" not in cols and "lr" not in cols and len(cols) >= 2
+
+
+def _cell(text) -> tuple[float, float]:
+    """A cell of a published table: ``90.8``, ``90.8 ± 0.3`` (or ``+-``) → (mean, std)."""
+    if isinstance(text, (int, float, np.number)):
+        return float(text), np.nan
+    s = str(text).strip().replace("+/-", "±").replace("+-", "±")
+    mean, _, std = s.partition("±")
+    m, d = pd.to_numeric(mean.strip(), errors="coerce"), pd.to_numeric(std.strip() or "nan", errors="coerce")
+    return float(m), float(d)
+
+
+def wide_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
+    """The paper's table shape (``dataset`` + one column per condition) as a per-dataset summary.
+
+    Rows named average/avg/mean are the table's own summary, not datasets: dropped (recorded in
+    ``attrs["dropped_rows"]``). A cell that is not a number (or ``mean ± std``) is an error.
+    """
+    df = df.rename(columns={c: "dataset" for c in df.columns if c.lower() == "dataset"})
+    datasets = df["dataset"].astype(str).str.strip()
+    summary_rows = datasets.str.lower().isin(AVERAGE_ROWS)
+    df, datasets = df[~summary_rows], datasets[~summary_rows]
+    conditions = [c for c in df.columns if c != "dataset"]
+    rows = []
+    for d, (_, r) in zip(datasets, df.iterrows()):
+        for c in conditions:
+            m, s = _cell(r[c])
+            if math.isnan(m) and not pd.isna(r[c]):
+                raise AnalysisError(f"{source}: dataset {d!r}, condition {c!r}: {r[c]!r} is not a "
+                                    "number (nor mean ± std)")
+            rows.append({"dataset": d, "condition": c, "mean": m, "std": s})
+    out = summary_frame(pd.DataFrame(rows, columns=["dataset", "condition", "mean", "std"]), source)
+    out.attrs["dropped_rows"] = int(summary_rows.sum())
+    return out
+
+
 def read_plasticity(path: str | os.PathLike) -> pd.DataFrame:
     """A tidy plasticity CSV (``PLASTICITY_COLUMNS``; ``bound`` optional)."""
     p = Path(path)
@@ -297,4 +349,4 @@ def settings(runs: pd.DataFrame) -> list[tuple]:
 
 __all__ = ["RUN_COLUMNS", "from_mlflow", "read_csv", "runs_frame", "summary_frame", "run_row",
            "dedupe", "step_metrics", "plasticity", "read_plasticity", "grid_runs", "read_artifact", "settings",
-           "check_runs", "experiment_id"]
+           "check_runs", "experiment_id", "is_wide", "wide_frame"]

@@ -3,17 +3,36 @@
     python -m analysis.report --experiment NAME [--tracking-uri URI] [--out DIR]
     python -m analysis.report --csv runs.csv [--select-on test] [--reference MHA]
     python -m analysis.report --csv paper_means.csv --reference MHA      # a per-dataset summary
+    python -m analysis.report --csv paper_table.csv --paper-comparison   # dataset + one column per condition
 
-Per dataset and condition: the test accuracy at the best lr, mean ± std over seeds, the lr
-chosen on validation accuracy (default) or on test accuracy (``--select-on test``, what the
-reference code did); both choices are tabulated so the difference is visible. Then the average
-over datasets, per-dataset ranks and the average rank, learning-rate robustness, the paper's
-one-sided Wilcoxon signed-rank and paired t-tests of ``--reference`` against each other
-condition over the per-dataset means, a Friedman test over all conditions with Holm-corrected
-pairwise Wilcoxon tests and a Nemenyi critical-difference diagram, and, where the runs probed
-plasticity, the component ranking by plasticity next to the ranking by accuracy.
+The paper's tables. The main table: datasets × conditions, test accuracy at the best lr, mean ±
+std over seeds, an average row and an average-rank row, once with the lr chosen on validation
+accuracy (the default, ``main_table_lr_on_val``) and once on test accuracy as the paper did
+(``main_table_lr_on_test``), each labelled; ``--select-on`` picks the one the rest of the report
+uses. The relative gain of each condition over ``--gain-reference`` (default linear_probe if
+present, else ``--reference``), per dataset and on average. Parameter efficiency: mean test
+accuracy against the trainable parameter count the runs logged (table, and a figure with a log
+x axis, LoRA included); skipped with a line when the input has no counts. Runs of several
+settings (model, optimizer, low data) get one subfolder of tables each and, across them, the
+optimizer ablation (SGD vs AdamW per condition, mean over datasets at the chosen lr) per model
+that has both, and every setting's means side by side (``settings``).
 
-Past the p-values (``analysis.trust``): effect sizes beside every test (Hodges-Lehmann shift with
+Then learning-rate robustness; the paper's tests of ``--reference`` against each other condition
+over the per-dataset means: Wilcoxon signed-rank one-sided (the reference greater) and paired
+t-test two-sided, as the paper reports them (``--t-alternative greater`` for the one-sided t-test;
+every p column names its alternative); a Friedman test with Holm-corrected pairwise Wilcoxon tests
+and a Nemenyi critical-difference diagram. Ranks, paired tests, Friedman and the CD diagram are
+over the conditions compared: all analysed (``--conditions``), or the paper's five components
+(``--paper-comparison``) while the tables keep every condition. One dataset (or one condition)
+gets a line per skipped test instead of numbers: no paired tests, no Friedman test, no CD diagram.
+Where the runs probed plasticity, the component ranking by plasticity next to the ranking by
+accuracy.
+
+Input: per-run results, a per-dataset summary (``dataset, condition, mean[, std]``) or the
+paper's table shape (``dataset`` plus one column per condition, cells ``mean`` or ``mean ±
+std``); see ``analysis.load``.
+
+Past the p-values (``analysis.trust``, over every condition analysed): effect sizes beside every test (Hodges-Lehmann shift with
 its interval, rank-biserial r); stratified-bootstrap intervals of each condition's mean and IQM,
 of every pairwise difference and of the probability of improvement (``--bootstrap-reps``,
 ``--bootstrap-seed``, ``--bootstrap-over``); Bayesian signed-rank and hierarchical tests with a
@@ -40,6 +59,8 @@ import pandas as pd
 
 from analysis import AnalysisError, figures, load, stats, tables, trust
 
+# The paper's own comparison: the five single components (--paper-comparison).
+PAPER_COMPARISON = ("LN1", "MHA", "LN2", "FC1", "FC2")
 CURVE_KEYS = {"val_loss": ("validation loss", False), "grad_norm/total": ("gradient norm (total)", True),
               "grad_norm/{condition}": ("gradient norm of the trained component", True)}
 
@@ -100,14 +121,19 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
             summary: pd.DataFrame | None = None, select_on: str = "val", reference: str = "MHA",
             conditions: list[str] | None = None, datasets: list[str] | None = None,
             bands: pd.DataFrame | None = None, plasticity: pd.DataFrame | None = None,
-            ddof: int = 0, title: str = "", options: trust.Options | None = None) -> Report:
+            ddof: int = 0, title: str = "", options: trust.Options | None = None,
+            t_alternative: str = "two-sided", compare: list[str] | None = None,
+            gain_reference: str | None = None) -> Report:
     """Write the tables, tests and figures of one study (one model, optimizer) into ``out_dir``.
 
     Give ``runs`` (the per-run table of ``analysis.load``) or ``summary`` (per-dataset means).
     ``bands`` (``stats.curve_bands`` of the selected runs) and ``plasticity`` (stacked
     plasticity artifacts) add their figures and tables. ``options`` are the flags of the
-    interval, equivalence and budget sections (``trust.Options``). Raises AnalysisError on bad
-    input.
+    interval, equivalence and budget sections (``trust.Options``). ``t_alternative`` is the
+    paired t-test's alternative (the paper's: two-sided); ``compare`` the conditions that ranks,
+    the paired tests, Friedman and the CD diagram are over (default: all analysed);
+    ``gain_reference`` the condition relative gains are over (default: linear_probe if present,
+    else ``reference``). Raises AnalysisError on bad input.
     """
     opts = options or trust.Options()
     if (runs is None) == (summary is None):
@@ -137,9 +163,10 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
     stats.check_complete(best)
 
     order = stats.order_conditions(best["condition"], paper_order())
+    compared = _compared(order, compare, source)
     table = stats.wide(best, conditions=order)
     avg = table.mean(axis=0)
-    rk = stats.ranks(table)
+    rk = stats.ranks(table[compared])
     avg_rank = rk.mean(axis=0)
     unit = " (%)" if scale == 100 else ""
     n_d, k = table.shape
@@ -148,36 +175,53 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
     head = [f"# {title or 'raystudy analysis'}", "",
             f"Source: {source}" + (f"; {_status_line(runs)}" if runs is not None else
                                    " (per-dataset summary)"),
-            f"{k} conditions on {n_d} datasets" + (f"; lr chosen on {chosen} accuracy" if chosen else "")]
+            f"{k} condition{'s' * (k != 1)} on {n_d} dataset{'s' * (n_d != 1)}"
+            + (f"; lr chosen on {chosen} accuracy" if chosen else "")]
+    if compared != order:
+        head.append(f"Ranks, paired tests, Friedman and the CD diagram over {len(compared)} of "
+                    f"them: {', '.join(compared)}")
     if runs is not None and runs.attrs.get("replaced"):
         head.append(f"{runs.attrs['replaced']} earlier tries of rerun trials replaced by the rerun")
+    if summary is not None and summary.attrs.get("dropped_rows"):
+        head.append(f"{summary.attrs['dropped_rows']} average row(s) of the input table left out "
+                    "(recomputed here)")
     sections.append("\n".join(head) + "\n")
 
-    # -- accuracy at the best lr, both lr choices, robustness, ranks
+    # -- the main table (both lr choices where the runs allow), robustness, ranks
     what = f"Test accuracy{unit} at the best lr" + (f" (chosen on {chosen})" if chosen else "")
     shown = tables.accuracy_table(best, order, avg, avg_rank, scale)
     name = f"accuracy_{select_on}_selected" if runs is not None else "accuracy"
     files += tables.write_table(out, name, shown, best)
-    sections.append(_section(what + (", mean ± std over seeds" if runs is not None else ""),
-                             tables.markdown(shown)))
+    sections.append(_main_section(best, best_other, select_on, order, compared, scale, out, files,
+                                  runs is not None))
     files += figures.accuracy(best, order, out / "figures" / name, scale, what)
     if best_other is not None:
         val_best, test_best = (best, best_other) if select_on == "val" else (best_other, best)
         sections.append(_selection_section(val_best, test_best, order, scale, out, files,
-                                           written=select_on))
+                                           written=select_on, compared=compared))
     if means is not None:
         sections.append(_robustness_section(runs, means, order, scale, out, files))
-    files += tables.write_table(out, "ranks", tables.number_table(rk, order, avg_rank, "average", 1.0, 1), rk)
+    files += tables.write_table(out, "ranks", tables.number_table(rk, compared, avg_rank, "average", 1.0, 1), rk)
+    if len(compared) >= 2 and reference not in compared:   # before any table names it
+        stats.paired_tests(table[compared], reference)
+    sections.append(_gain_section(table, order, gain_reference or next(
+        (c for c in ("linear_probe", reference) if c in order), None), chosen, out, files))
+    sections.append(_efficiency_section(runs, table, scale, chosen, out, files))
 
     # -- the paper's test and the omnibus tests; then intervals, equivalence, budget, variance
     scores = trust.scores_of(runs, best, table, order)
-    if k >= 2:
-        sections.append(_significance_section(table, avg_rank, reference, scale, out, files,
-                                              opts.cd_cliques))
+    if k >= 2 and len(compared) >= 2:
+        sections.append(_significance_section(table[compared], avg_rank, reference, scale, out,
+                                              files, opts.cd_cliques, t_alternative))
         sections.append(trust.intervals_section(scores, order, reference, scale, opts, out, files)[0])
         sections.append(trust.rope_section(table, scores, order, reference, scale, opts, out, files))
+    elif k >= 2:
+        sections.append(_section("Significance", f"One condition compared ({compared[0]}): "
+                                 "nothing to compare.\nNo paired tests, no Friedman test, no CD "
+                                 "diagram."))
     else:
-        sections.append(_section("Significance", f"One condition only ({order[0]}): nothing to compare."))
+        sections.append(_section("Significance", f"One condition only ({order[0]}): nothing to "
+                                 "compare.\nNo paired tests, no Friedman test, no CD diagram."))
     if means is not None:
         sections.append(trust.budget_section(means, best, order, scale, out, files))
         sections.append(trust.variance_section(runs, order, scale, out, files))
@@ -202,14 +246,102 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
     return Report(text=text, files=files)
 
 
+def _compared(order: list[str], compare: list[str] | None, source: str) -> list[str]:
+    """The conditions the tests and ranks are over: ``compare`` in table order, all if None."""
+    if not compare:
+        return list(order)
+    missing = [c for c in compare if c not in order]
+    if missing:
+        raise AnalysisError(f"{source}: the compared condition(s) {', '.join(missing)} are not "
+                            f"among the conditions analysed: {', '.join(order)}")
+    return [c for c in order if c in compare]
+
+
+def _main_section(best: pd.DataFrame, best_other: pd.DataFrame | None, select_on: str,
+                  order: list[str], compared: list[str], scale: float, out: Path, files: list,
+                  from_runs: bool) -> str:
+    """The paper's main table (datasets × conditions, average and avg rank rows), once per lr
+    choice the runs allow, each labelled: on validation (the default), on test (the paper's)."""
+    unit = " (%)" if scale == 100 else ""
+    if not from_runs:
+        rk = stats.ranks(stats.wide(best, conditions=compared)).mean(axis=0)
+        shown = tables.main_table(best, order, rk, scale)
+        caption = f"Test accuracy{unit} per dataset, as given (per-dataset summary)"
+        files += tables.write_table(out, "main_table", shown, stats.wide(best, conditions=order),
+                                    caption=caption)
+        return _section("Main table", f"{caption}:\n\n{tables.markdown(shown)}")
+    label = {"val": "lr chosen on validation accuracy (the default)",
+             "test": "lr chosen on test accuracy (as the paper did)"}
+    parts = []
+    for on, b in ((select_on, best), ({"val": "test", "test": "val"}[select_on], best_other)):
+        if b is None:
+            continue
+        rk = stats.ranks(stats.wide(b, conditions=compared)).mean(axis=0)
+        shown = tables.main_table(b, order, rk, scale)
+        caption = f"Test accuracy{unit}, mean ± std over seeds, {label[on]}"
+        files += tables.write_table(out, f"main_table_lr_on_{on}", shown, b, caption=caption)
+        used = " — used by the rest of this report" if on == select_on else ""
+        parts.append(f"{caption}{used}:\n\n{tables.markdown(shown).rstrip()}")
+    if best_other is None:
+        parts.append(f"(No {'test' if select_on == 'val' else 'validation'} accuracies to choose "
+                     "the lr on the other way.)")
+    return _section("Main table", "\n\n".join(parts))
+
+
+def _gain_section(table: pd.DataFrame, order: list[str], ref: str | None, chosen: str | None,
+                  out: Path, files: list) -> str:
+    """Each condition's relative gain over ``ref`` per dataset and on average."""
+    if ref is None:
+        return _section("Relative gain", "Skipped: neither linear_probe nor the reference "
+                                         "condition is analysed (--gain-reference names one).")
+    title = f"Relative gain over {ref}"
+    if ref not in order:
+        raise AnalysisError(f"gain reference {ref!r} is not among the conditions: {', '.join(order)}")
+    if len(order) < 2:
+        return _section(title, "One condition only: no gain to compute.")
+    gain = stats.relative_gain(table[order], ref)
+    shown = tables.dataset_table(gain, order, "average", 2)
+    files += tables.write_table(out, "relative_gain", shown, gain,
+                                caption=f"Relative gain over {ref} (%)")
+    files += figures.gains(gain.mean(axis=0), out / "figures" / "relative_gain", ref)
+    lr = f" at the lr chosen on {chosen}" if chosen else ""
+    return _section(title, f"100 · (accuracy − {ref}'s) / {ref}'s, per dataset{lr}; average: the "
+                           f"mean over datasets of the per-dataset gains (%).\n\n" + tables.markdown(shown))
+
+
+def _efficiency_section(runs: pd.DataFrame | None, table: pd.DataFrame, scale: float,
+                        chosen: str | None, out: Path, files: list) -> str:
+    """Accuracy against trainable parameter count (table and log-x figure), LoRA included."""
+    title = "Parameter efficiency"
+    params = stats.trainable_params(runs) if runs is not None else pd.DataFrame()
+    if params.empty:
+        why = ("a per-dataset summary has no parameter counts" if runs is None else
+               "the runs have no trainable parameter counts (trainable_params)")
+        return _section(title, f"Skipped: {why}.")
+    eff = stats.parameter_efficiency(params, table)
+    if eff.empty:
+        return _section(title, "Skipped: no condition has both a parameter count and an accuracy.")
+    shown = tables.efficiency_table(eff, scale)
+    files += tables.write_table(out, "parameter_efficiency", shown, eff,
+                                caption="Trainable parameters and mean test accuracy")
+    files += tables.write_table(out, "trainable_params", tables.dataset_table(params, list(eff.index), "mean", 0),
+                                params)
+    files += figures.parameter_efficiency(eff, out / "figures" / "parameter_efficiency", scale)
+    return _section(title, "Trainable parameters (mean over datasets: the classifier head's size "
+                           "follows the number of classes) and mean test accuracy over the same "
+                           f"datasets{f', lr chosen on {chosen}' if chosen else ''}.\n\n"
+                    + tables.markdown(shown))
+
+
 def _selection_section(val_best: pd.DataFrame, test_best: pd.DataFrame, order: list[str],
-                       scale: float, out: Path, files: list, written: str) -> str:
+                       scale: float, out: Path, files: list, written: str,
+                       compared: list[str] | None = None) -> str:
     """Both lr choices side by side: the averages, ranks, and where the chosen lr moved."""
     summaries = {}
     for on, b in (("val", val_best), ("test", test_best)):
         stats.check_complete(b)
         t = stats.wide(b, conditions=order)
-        summaries[on] = (t.mean(axis=0), stats.ranks(t).mean(axis=0))
+        summaries[on] = (t.mean(axis=0), stats.ranks(t[compared or order]).mean(axis=0))
         if on != written:
             shown = tables.accuracy_table(b, order, *summaries[on], scale)
             files += tables.write_table(out, f"accuracy_{on}_selected", shown, b)
@@ -223,8 +355,8 @@ def _selection_section(val_best: pd.DataFrame, test_best: pd.DataFrame, order: l
         "average, lr on val": [tables.fmt(a_val[c] * scale, 2) for c in order],
         "average, lr on test": [tables.fmt(a_test[c] * scale, 2) for c in order],
         "test − val": [tables.fmt((a_test[c] - a_val[c]) * scale, 2) for c in order],
-        "avg rank (val)": [tables.fmt(r_val[c], 2) for c in order],
-        "avg rank (test)": [tables.fmt(r_test[c], 2) for c in order],
+        "avg rank (val)": [tables.fmt(r_val.get(c, math.nan), 2) for c in order],
+        "avg rank (test)": [tables.fmt(r_test.get(c, math.nan), 2) for c in order],
         "datasets where the lr differs": [f"{int(moved.get(c, 0))}/{n_d}" for c in order],
     }, index=pd.Index(order, name="condition"))
     files += tables.write_table(out, "selection", gap)
@@ -241,7 +373,8 @@ def _robustness_section(runs: pd.DataFrame, means: pd.DataFrame, order: list[str
                                 tables.number_table(gaps, order, robust, "mean", scale, 2), gaps)
     status = tables.status_table(runs, order)
     files += tables.write_table(out, "run_status", status)
-    runs[load.RUN_COLUMNS].to_csv(out / "runs.csv", index=False)
+    cols = load.RUN_COLUMNS + (["trainable_params"] if "trainable_params" in runs else [])
+    runs[cols].to_csv(out / "runs.csv", index=False)
     files.append(out / "runs.csv")
     rob = ", ".join(f"{c} {tables.fmt(robust.get(c, math.nan) * scale, 2)}" for c in order)
     body = ("Mean over datasets of (max − min over lrs) of the seed-mean test accuracy; "
@@ -253,15 +386,29 @@ def _robustness_section(runs: pd.DataFrame, means: pd.DataFrame, order: list[str
 
 
 def _significance_section(table: pd.DataFrame, avg_rank: pd.Series, reference: str, scale: float,
-                          out: Path, files: list, clique_source: str = "nemenyi") -> str:
-    """The paper's one-sided tests, Friedman, Holm-corrected pairs and the CD diagram.
+                          out: Path, files: list, clique_source: str = "nemenyi",
+                          t_alternative: str = "two-sided") -> str:
+    """The paper's tests, Friedman, Holm-corrected pairs and the CD diagram, over the columns
+    of ``table`` (the conditions compared).
 
-    The CD diagram places conditions by mean rank; its bars join conditions the Nemenyi test
-    does not separate, or (``clique_source="wilcoxon"``) those among which no Holm-corrected
-    Wilcoxon pair is significant.
+    The paper's tests: Wilcoxon signed-rank one-sided (the reference greater) and the paired
+    t-test two-sided (``t_alternative="greater"`` for one-sided). The CD diagram places
+    conditions by mean rank; its bars join conditions the Nemenyi test does not separate, or
+    (``clique_source="wilcoxon"``) those among which no Holm-corrected Wilcoxon pair is
+    significant. One dataset: every test across datasets is skipped with a line saying so.
     """
     n_d, k = table.shape
-    tests = stats.paired_tests(table, reference)
+    if n_d < 2:
+        d = table.index[0]
+        return _section("Significance", "\n".join([
+            f"One dataset ({d}): every test here compares conditions across datasets.",
+            (f"- No paired tests of {reference} against the others (Wilcoxon, t-test): they need "
+             "two or more datasets."),
+            "- No Friedman test: it needs two or more datasets.",
+            ("- No post-hoc pairwise tests and no critical-difference diagram: the average ranks "
+             f"are {d}'s own ranks."),
+        ]))
+    tests = stats.paired_tests(table, reference, t_alternative=t_alternative)
     files += tables.write_table(out, "tests", tables.tests_table(tests, scale), tests)
     fr = stats.friedman(table)
     cd = stats.nemenyi_cd(k, n_d)
@@ -277,8 +424,12 @@ def _significance_section(table: pd.DataFrame, avg_rank: pd.Series, reference: s
             else "bars: Nemenyi, mean ranks within CD")
     files += figures.cd_diagram(avg_rank, cd, cliques, out / "figures" / "cd_diagram",
                                 f"Mean-rank based: average ranks over {n_d} datasets; {bars} (5%)")
-    lines = [f"One-sided: {reference} greater than each other condition, over the {n_d} "
-             "per-dataset means (Wilcoxon signed-rank and paired t-test).", "",
+    t_text = ("two-sided, as in the paper (--t-alternative greater: one-sided)"
+              if t_alternative == "two-sided" else
+              f"one-sided, {reference} greater (--t-alternative; the paper's is two-sided, also shown)")
+    lines = [(f"{reference} against each other condition over the {n_d} per-dataset means: "
+              f"Wilcoxon signed-rank one-sided, {reference} greater, as in the paper; paired "
+              f"t-test {t_text}."), "",
              tables.markdown(tables.tests_table(tests, scale)).rstrip(), ""]
     if math.isnan(fr["p"]):
         lines.append(f"Friedman test: needs at least 3 conditions and 2 datasets (have {k}, {n_d}).")
@@ -377,7 +528,8 @@ def _title(setting: tuple) -> str:
 def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, **kw) -> Report:
     """``analyse`` once per study setting (model, optimizer, low data) found in ``runs``.
 
-    A single setting writes into ``out_dir``; several write one subfolder each.
+    A single setting writes into ``out_dir``; several write one subfolder each, and into
+    ``out_dir`` the tables across them (``across_settings``) and a ``report.md`` of it all.
     ``extras(runs_of_one_setting)`` may return (bands, plasticity) for that setting.
     """
     found = load.settings(runs)
@@ -390,7 +542,66 @@ def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, **kw) 
         r = analyse(target, runs=sub, bands=bands, plasticity=plast, title=_title(s), **kw)
         texts.append(r.text)
         files += r.files
+    if len(found) > 1:
+        texts.insert(0, across_settings(runs, out_dir, files, select_on=kw.get("select_on", "val"),
+                                        conditions=kw.get("conditions"), datasets=kw.get("datasets"),
+                                        ddof=kw.get("ddof", 0)))
+        text = "\n".join(texts)
+        (Path(out_dir) / "report.md").write_text(text)
+        files.append(Path(out_dir) / "report.md")
     return Report(text="\n".join(texts), files=files)
+
+
+def _optimizer_order(names) -> list[str]:
+    return sorted(names, key=lambda o: (o.lower() != "sgd", o.lower()))
+
+
+def across_settings(runs: pd.DataFrame, out_dir: str | Path, files: list, *, select_on: str = "val",
+                    conditions: list[str] | None = None, datasets: list[str] | None = None,
+                    ddof: int = 0) -> str:
+    """The tables across study settings: per model (and low-data flag) the optimizer ablation
+    (mean over datasets at the chosen lr, one column per optimizer) where it has runs of two or
+    more optimizers; with several models, every setting's means side by side (``settings``).
+    Each setting's own tables are in its subfolder. Returns the Markdown."""
+    out = Path(out_dir)
+    runs = _restrict(runs, conditions, datasets, runs.attrs.get("source", "runs"))
+    bests = {}
+    for s in load.settings(runs):
+        sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
+        bests[s] = stats.best_lr(stats.seed_means(sub, ddof=ddof), select_on)
+    order = stats.order_conditions(runs["condition"], paper_order())
+    scale = stats.display_scale(runs["test_acc"])
+    unit = " (%)" if scale == 100 else ""
+    chosen = {"val": "validation", "test": "test"}[select_on]
+    parts = [(f"Mean test accuracy{unit} over datasets at the lr chosen on {chosen} accuracy; each "
+              "condition over the datasets every column has runs on (column datasets).")]
+    groups: dict[tuple, dict[str, pd.DataFrame]] = {}
+    for (model, optimizer, low), b in bests.items():
+        groups.setdefault((model, low), {})[optimizer] = b
+    for (model, low), by_opt in groups.items():
+        what = model + (", low data" if low == "True" else "")
+        if len(by_opt) < 2:
+            parts.append(f"Optimizer ablation, {what}: runs of one optimizer only "
+                         f"({', '.join(by_opt)}); no table.")
+            continue
+        ab = stats.setting_means({o: by_opt[o] for o in _optimizer_order(by_opt)}, order)
+        shown = tables.ablation_table(ab, scale)
+        name = "optimizer_ablation_" + model + ("_low_data" if low == "True" else "")
+        caption = f"Optimizer ablation, {what}: mean test accuracy{unit}, lr chosen on {chosen}"
+        files += tables.write_table(out, name, shown, ab, caption=caption)
+        files += figures.setting_means(ab, out / "figures" / name, scale, f"Optimizer ablation, {what}")
+        parts.append(f"{caption}:\n\n{tables.markdown(shown).rstrip()}")
+    if len({m for m, _, _ in bests}) > 1:
+        ab = stats.setting_means({", ".join(v for v in (m, o, "low data" if low == "True" else "")
+                                            if v): b for (m, o, low), b in bests.items()}, order)
+        shown = tables.ablation_table(ab, scale)
+        caption = f"Every setting: mean test accuracy{unit}, lr chosen on {chosen}"
+        files += tables.write_table(out, "settings", shown, ab, caption=caption)
+        files += figures.setting_means(ab, out / "figures" / "settings", scale, "Every setting")
+        parts.append(f"{caption}:\n\n{tables.markdown(shown).rstrip()}")
+    parts.append(f"Each setting's own tables and tests: the subfolders "
+                 f"{', '.join(_setting_name(s) for s in bests)}.")
+    return _section("Across settings: optimizer ablation and models", "\n\n".join(parts))
 
 
 def report_from_mlflow(experiment: str, out_dir: str | Path, tracking_uri: str | None = None,
@@ -461,6 +672,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--select-on", choices=stats.SELECT_ON, default="val",
                     help="choose the lr on validation (default) or test accuracy")
     ap.add_argument("--reference", default="MHA", help="condition tested against the others (MHA)")
+    ap.add_argument("--t-alternative", choices=stats.T_ALTERNATIVES, default="two-sided",
+                    help="paired t-test: two-sided (default, the paper's) or one-sided, the "
+                         "reference greater (the Wilcoxon test is one-sided, as in the paper)")
+    ap.add_argument("--paper-comparison", action="store_true",
+                    help="ranks, paired tests, Friedman and the CD diagram over the paper's five "
+                         "components (LN1, MHA, LN2, FC1, FC2); tables keep every condition")
+    ap.add_argument("--gain-reference",
+                    help="condition the relative gains are over (default: linear_probe if present, "
+                         "else --reference)")
     ap.add_argument("--conditions", help="comma-separated conditions to analyse (default: all)")
     ap.add_argument("--datasets", help="comma-separated datasets to analyse (default: all)")
     ap.add_argument("--plasticity", help="tidy plasticity CSV to add (with --csv)")
@@ -486,7 +706,9 @@ def main(argv: list[str] | None = None) -> int:
                          over=args.bootstrap_over, hierarchical=not args.no_hierarchical,
                          cd_cliques=args.cd_cliques)
     kw = dict(select_on=args.select_on, reference=args.reference,
-              conditions=_names(args.conditions), datasets=_names(args.datasets), options=opts)
+              conditions=_names(args.conditions), datasets=_names(args.datasets), options=opts,
+              t_alternative=args.t_alternative, gain_reference=args.gain_reference,
+              compare=list(PAPER_COMPARISON) if args.paper_comparison else None)
     from mlflow.exceptions import MlflowException
 
     from raystudy import tracking

@@ -152,6 +152,78 @@ def lr_robustness(means: pd.DataFrame, value: str = "test_mean") -> pd.Series:
     return lr_gaps(means, value).mean(axis=0).rename("lr_robustness")
 
 
+# ---------------------------------------------------------------- the paper's other tables
+
+def relative_gain(table: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """Datasets × conditions: 100 · (x − x_ref) / x_ref, each condition's gain over ``reference``
+    in percent of the reference's accuracy on that dataset (the reference's own column is 0)."""
+    if reference not in table.columns:
+        raise AnalysisError(f"gain reference {reference!r} is not among the conditions: "
+                            f"{', '.join(map(str, table.columns))}")
+    ref = table[reference].astype(float)
+    return table.astype(float).sub(ref, axis=0).div(ref, axis=0) * 100
+
+
+def setting_means(bests: dict[str, pd.DataFrame], conditions: Sequence[str],
+                  value: str = "test_mean") -> pd.DataFrame:
+    """Per condition: the mean over datasets of ``value`` at the chosen lr, one column per setting.
+
+    ``bests`` maps a setting (an optimizer for the optimizer ablation, a model, ...) to its
+    ``best_lr`` table. Each condition is averaged over the datasets every setting has a number
+    on (``datasets``), so the columns compare like with like; with no such dataset, NaN.
+    """
+    names = list(bests)
+    rows = []
+    for c in conditions:
+        per = {o: b[b["condition"] == c].dropna(subset=[value]).set_index("dataset")[value]
+               for o, b in bests.items()}
+        common = sorted(set.intersection(*(set(v.index) for v in per.values()))) if per else []
+        row = {"condition": c, "datasets": len(common)}
+        for o in names:
+            row[o] = float(per[o].loc[common].mean()) if common else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["condition", "datasets", *names]).set_index("condition")
+
+
+def trainable_params(runs: pd.DataFrame) -> pd.DataFrame:
+    """Datasets × conditions: trainable parameter count (mean over the runs that logged one).
+
+    The count depends on the condition and, through the classifier head, on the dataset's
+    number of classes, never on lr or seed; every run that logged it counts, diverged ones too.
+    Empty when no run has a count.
+    """
+    if "trainable_params" not in runs:
+        return pd.DataFrame()
+    df = runs.dropna(subset=["trainable_params"])
+    if df.empty:
+        return pd.DataFrame()
+    table = df.groupby(CELL)["trainable_params"].mean().unstack("condition")
+    table.columns.name = None
+    return table
+
+
+def parameter_efficiency(params: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
+    """Per condition: mean trainable parameters and mean accuracy over the datasets both have.
+
+    ``params`` and ``accuracy`` are datasets × conditions tables (``trainable_params``,
+    ``wide``). Returns ``params``, ``accuracy``, ``datasets`` and ``share_of_full`` (the count
+    over the ``full`` condition's, where ``full`` is present), sorted by count.
+    """
+    rows = []
+    for c in accuracy.columns:
+        if c not in params.columns:
+            continue
+        both = params[c].dropna().index.intersection(accuracy[c].dropna().index)
+        if len(both) == 0:
+            continue
+        rows.append({"condition": c, "params": float(params.loc[both, c].mean()),
+                     "accuracy": float(accuracy.loc[both, c].mean()), "datasets": len(both)})
+    out = pd.DataFrame(rows, columns=["condition", "params", "accuracy", "datasets"]).set_index("condition")
+    full = out["params"].get("full", math.nan)
+    out["share_of_full"] = out["params"] / full
+    return out.sort_values("params", kind="stable")
+
+
 # ---------------------------------------------------------------- significance
 
 def holm(pvalues: Sequence[float]) -> np.ndarray:
@@ -232,11 +304,17 @@ def paired_t(a: Sequence[float], b: Sequence[float],
     return float(res.statistic), float(res.pvalue)
 
 
-def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greater") -> pd.DataFrame:
-    """The paper's test: ``reference`` against every other condition over the rows of ``table``.
+T_ALTERNATIVES = ("two-sided", "greater")
 
-    One row per other condition: n datasets, mean difference, Wilcoxon W+ and p, paired t and
-    p (both ``alternative``), the two-sided t p the reference code printed, and the effect
+
+def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greater",
+                 t_alternative: str = "two-sided") -> pd.DataFrame:
+    """The paper's tests: ``reference`` against every other condition over the rows of ``table``.
+
+    One row per other condition: n datasets, mean difference, Wilcoxon W+ and p (``alternative``;
+    the paper's is one-sided, "greater": the reference better), paired t and p
+    (``t_alternative``; the paper's, scipy's default, is two-sided), the two-sided t p always,
+    each p's alternative by name (``wilcoxon_alternative``, ``t_alternative``), and the effect
     sizes of ``effect_sizes`` (Hodges-Lehmann shift with its 95% interval, rank-biserial r).
     """
     if reference not in table.columns:
@@ -248,11 +326,12 @@ def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greate
             continue
         a, b = table[reference].to_numpy(float), table[other].to_numpy(float)
         w, wp, _ = wilcoxon(a, b, alternative)
-        t, tp = paired_t(a, b, alternative)
+        t, tp = paired_t(a, b, t_alternative)
         _, tp2 = paired_t(a, b, "two-sided")
         rows.append({"reference": reference, "other": other, "n": int(np.sum(~np.isnan(a - b))),
                      "mean_diff": float(np.nanmean(a - b)), "wilcoxon_W": w, "wilcoxon_p": wp,
-                     "t": t, "t_p": tp, "t_p_two_sided": tp2, **effect_sizes(a, b)})
+                     "wilcoxon_alternative": alternative, "t": t, "t_p": tp,
+                     "t_alternative": t_alternative, "t_p_two_sided": tp2, **effect_sizes(a, b)})
     return pd.DataFrame(rows)
 
 

@@ -94,13 +94,17 @@ def latex(df: pd.DataFrame, index: bool = True, caption: str | None = None) -> s
 
 
 def write_table(out_dir: str | os.PathLike, name: str, shown: pd.DataFrame,
-                data: pd.DataFrame | None = None, index: bool = True) -> list[Path]:
-    """Write NAME.md and NAME.tex from ``shown`` and NAME.csv from ``data`` (default: shown)."""
+                data: pd.DataFrame | None = None, index: bool = True,
+                caption: str | None = None) -> list[Path]:
+    """Write NAME.md and NAME.tex from ``shown`` and NAME.csv from ``data`` (default: shown).
+
+    A ``caption`` heads the Markdown file and is a comment above the LaTeX tabular.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.md", out / f"{name}.tex", out / f"{name}.csv"]
-    paths[0].write_text(markdown(shown, index))
-    paths[1].write_text(latex(shown, index))
+    paths[0].write_text((f"{caption}\n\n" if caption else "") + markdown(shown, index))
+    paths[1].write_text(latex(shown, index, caption))
     if data is None:
         shown.to_csv(paths[2], index=index)
     else:
@@ -168,20 +172,78 @@ def chosen_lr_table(val_best: pd.DataFrame, test_best: pd.DataFrame,
     return t
 
 
+ALTERNATIVE_LABEL = {"greater": "one-sided, reference greater", "two-sided": "two-sided",
+                     "less": "one-sided, reference smaller"}
+
+
 def tests_table(tests: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.DataFrame:
-    """The paired tests of the reference condition, formatted."""
+    """The paired tests of the reference condition, formatted; every p column names its
+    alternative (``stats.paired_tests``' ``wilcoxon_alternative`` and ``t_alternative``)."""
+    w_alt = tests["wilcoxon_alternative"].iloc[0] if "wilcoxon_alternative" in tests and len(tests) else "greater"
+    t_alt = tests["t_alternative"].iloc[0] if "t_alternative" in tests and len(tests) else "greater"
     shown = pd.DataFrame({
-        "comparison": [f"{r} > {o}" for r, o in zip(tests["reference"], tests["other"])],
+        "comparison": [f"{r} vs {o}" for r, o in zip(tests["reference"], tests["other"])],
         "n": tests["n"].astype(int).astype(str),
         "mean diff": [fmt(v * scale, digits) for v in tests["mean_diff"]],
         "Wilcoxon W+": [fmt(v, 1) for v in tests["wilcoxon_W"]],
-        "Wilcoxon p": [fmt_p(p) for p in tests["wilcoxon_p"]],
+        f"Wilcoxon p ({ALTERNATIVE_LABEL[w_alt]})": [fmt_p(p) for p in tests["wilcoxon_p"]],
         "t": [fmt(v, 2) for v in tests["t"]],
-        "t-test p": [fmt_p(p) for p in tests["t_p"]],
-        "t-test p (two-sided)": [fmt_p(p) for p in tests["t_p_two_sided"]],
-        **_effect_columns(tests, scale, digits),
+        f"t-test p ({ALTERNATIVE_LABEL[t_alt]})": [fmt_p(p) for p in tests["t_p"]],
     })
+    if t_alt != "two-sided":
+        shown["t-test p (two-sided)"] = [fmt_p(p) for p in tests["t_p_two_sided"]]
+    for k, v in _effect_columns(tests, scale, digits).items():
+        shown[k] = v
     return shown.set_index("comparison")
+
+
+def main_table(best: pd.DataFrame, conditions: list[str], avg_rank: pd.Series | None = None,
+               scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
+    """The paper's main table: datasets × conditions of ``mean ± std`` at the chosen lr, then an
+    ``average`` row (mean over datasets of the means) and, given ranks, an ``avg rank`` row."""
+    datasets = sorted(best["dataset"].unique())
+    cell = {(r.dataset, r.condition): mean_std(r.test_mean * scale, r.test_std * scale, digits)
+            for r in best.itertuples()}
+    avg = best.groupby("condition")["test_mean"].mean()
+    rows = {d: {c: cell.get((d, c), DASH) for c in conditions} for d in datasets}
+    rows["average"] = {c: fmt(avg.get(c, math.nan) * scale, digits) for c in conditions}
+    if avg_rank is not None:
+        rows["avg rank"] = {c: fmt(avg_rank.get(c, math.nan), 2) for c in conditions}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "dataset"
+    return table
+
+
+def dataset_table(table: pd.DataFrame, conditions: list[str], summary_name: str = "average",
+                  digits: int = 1) -> pd.DataFrame:
+    """A datasets × conditions table of numbers, formatted, with a row of column means."""
+    t = table[[c for c in conditions if c in table.columns]].astype(float)
+    shown = t.map(lambda v: fmt(v, digits))
+    shown.loc[summary_name] = [fmt(v, digits) for v in t.mean(axis=0)]
+    shown.index.name = "dataset"
+    return shown
+
+
+def ablation_table(ab: pd.DataFrame, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
+    """``stats.optimizer_ablation`` formatted; with two optimizers, their difference (second −
+    first) as a last column."""
+    opts = [c for c in ab.columns if c != "datasets"]
+    shown = pd.DataFrame({o: [fmt(v * scale, digits) for v in ab[o]] for o in opts}, index=ab.index)
+    if len(opts) == 2:
+        a, b = opts
+        shown[f"{b} − {a}"] = [fmt((y - x) * scale, digits) for x, y in zip(ab[a], ab[b])]
+    shown["datasets"] = ab["datasets"].astype(int).astype(str)
+    return shown
+
+
+def efficiency_table(eff: pd.DataFrame, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
+    """``stats.parameter_efficiency`` formatted: the count with thousands separators."""
+    return pd.DataFrame({
+        "trainable params": [DASH if math.isnan(v) else f"{v:,.0f}" for v in eff["params"]],
+        "% of full": [fmt(v * 100, 3) if not math.isnan(v) else DASH for v in eff["share_of_full"]],
+        "accuracy": [fmt(v * scale, digits) for v in eff["accuracy"]],
+        "datasets": eff["datasets"].astype(int).astype(str),
+    }, index=eff.index)
 
 
 def _effect_columns(df: pd.DataFrame, scale: float, digits: int) -> dict[str, list[str]]:
@@ -207,4 +269,5 @@ def posthoc_table(pairs: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> p
 
 
 __all__ = ["markdown", "latex", "write_table", "fmt", "mean_std", "fmt_p", "interval", "accuracy_table",
-           "number_table", "status_table", "chosen_lr_table", "tests_table", "posthoc_table"]
+           "number_table", "status_table", "chosen_lr_table", "tests_table", "posthoc_table",
+           "main_table", "dataset_table", "ablation_table", "efficiency_table"]

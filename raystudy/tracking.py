@@ -300,7 +300,8 @@ def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str
     ``val_acc`` is the final ``best_val_acc`` (the validation accuracy of the checkpoint that was
     tested), ``test_acc`` its test accuracy. The status is the ``raystudy.status`` tag (MLflow's
     own status if the tag is absent); a run tagged finished without a test accuracy is marked
-    failed. Accuracies are NaN unless finished: never zeros in a mean.
+    failed. Accuracies are NaN unless finished: never zeros in a mean. ``trainable_params`` is
+    the run's logged count (NaN when it logged none).
     """
     status = tags.get(STATUS) or _MLFLOW_STATUS.get(run_status, "failed")
     error = tags.get(ERROR, "")
@@ -324,6 +325,8 @@ def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str
         "key": tags.get(KEY, ""),
         "error": error,
         "probe_pairs": -1 if math.isnan(probes) else int(probes),
+        # logged by finished and diverged runs alike: the count does not depend on the outcome
+        "trainable_params": _num(metrics.get("trainable_params")),
     }
 
 

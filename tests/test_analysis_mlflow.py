@@ -21,6 +21,7 @@ LRS = (0.1, 0.3)
 SEEDS = (0, 1)
 COMPONENTS = ("LN1", "MHA", "LN2", "FC1", "FC2")
 EXPERIMENT = "toy-study"
+TRAINABLE = {"MHA": 2_000, "FC1": 1_500, "LN1": 40}
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,10 @@ def log_trial(c, exp_id, parent, cfg, status, val=None, test=None, artifacts=Tru
     if status == "failed":
         tracking.fail_trial(c, rid, "RuntimeError: CUDA out of memory")
         return rid
-    results = {"status": status}
+    # the engine logs the count whether the run finished or diverged (head: 10 classes)
+    count = TRAINABLE[cfg["condition"]] + 650
+    results = {"status": status, "trainable_params": count,
+               f"trainable_params/{cfg['condition']}": TRAINABLE[cfg["condition"]]}
     if status == "finished":
         results.update(best_val_acc=val, test_acc=test, best_step=60)
     if artifacts and cfg["probe_pairs"]:
@@ -156,6 +160,10 @@ def test_report_from_mlflow_logs_to_the_grid_run(store, tmp_path, capsys):
     logged = {f.path for f in c.list_artifacts(store["parent"], "analysis")}
     assert {"analysis/report.md", "analysis/accuracy_val_selected.md", "analysis/figures"} <= logged
     assert f"logged them to run(s) {store['parent']}" in printed
+    # trainable parameter counts read back from the runs: the parameter-efficiency table
+    eff = pd.read_csv(out / "parameter_efficiency.csv", index_col=0)
+    assert eff["params"].to_dict() == {"LN1": 690, "FC1": 2_150, "MHA": 2_650}
+    assert (out / "figures" / "parameter_efficiency.pdf").is_file()
 
 
 def test_csv_path_gives_the_same_tables_as_mlflow(store, tmp_path):

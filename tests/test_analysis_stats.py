@@ -177,8 +177,12 @@ def test_paired_tests_table_reference_against_each_other():
     assert ln1["mean_diff"] == 1.0 and ln1["wilcoxon_W"] == 15.0 and ln1["wilcoxon_p"] == pytest.approx(1 / 32)
     assert math.isnan(ln1["t"])                     # identical differences: t undefined
     fc1 = tests.loc["FC1"]
-    assert fc1["t_p"] == pytest.approx(st.ttest_rel(table["MHA"], table["FC1"], alternative="greater").pvalue)
-    assert fc1["t_p_two_sided"] == pytest.approx(st.ttest_rel(table["MHA"], table["FC1"]).pvalue)
+    # the paper's t-test is two-sided (scipy's default); the Wilcoxon one-sided
+    assert fc1["t_p"] == pytest.approx(st.ttest_rel(table["MHA"], table["FC1"]).pvalue)
+    assert (fc1["t_alternative"], fc1["wilcoxon_alternative"]) == ("two-sided", "greater")
+    one = stats.paired_tests(table, "MHA", t_alternative="greater").set_index("other").loc["FC1"]
+    assert one["t_p"] == pytest.approx(st.ttest_rel(table["MHA"], table["FC1"], alternative="greater").pvalue)
+    assert one["t_p_two_sided"] == pytest.approx(fc1["t_p"]) and one["t_alternative"] == "greater"
     with pytest.raises(AnalysisError, match="reference condition 'LN2' is not among"):
         stats.paired_tests(table, "LN2")
 
