@@ -125,21 +125,23 @@ def test_dry_run_prices_trials_from_the_measured_file_the_space_names(tmp_path, 
     assert "from measured step times (NVIDIA H200, 2026-05-01" in out and "h200.json" in out
     assert "step_seconds" not in out
     # pets: 4000 steps x 4 lrs x 3 seeds = 48,000 steps per condition at batch 512 (2 x 256):
-    # full 0.4 s -> 5.33 h; every other condition 0.2 s -> 2.67 h; 21.33 h in all
+    # full 0.4 s -> 5.33 h; LN1, MHA, LN2, FC1, FC2 0.2 s -> 2.67 h each; the linear probe takes no
+    # steps (a logistic regression on frozen features) -> 0 h; 18.67 h in all
     space = spaces.load_grid(str(space_file))
     est = spaces.gpu_hours(space, "vit_base", spaces.expand(space, "vit_base", ["pets"]))
     assert est.by_condition["full"] == pytest.approx(48_000 * 0.4 / 3600)
     assert est.by_condition["LN1"] == pytest.approx(48_000 * 0.2 / 3600)
-    assert est.hours == pytest.approx(48_000 * (0.4 + 6 * 0.2) / 3600)
-    assert "estimate 21 GPU-hours" in out and "GPU-hours per condition: LN1 3," in out and "full 5," in out
+    assert est.by_condition.get("linear_probe", 0.0) == 0.0
+    assert est.hours == pytest.approx(48_000 * (0.4 + 5 * 0.2) / 3600)
+    assert "estimate 19 GPU-hours" in out and "GPU-hours per condition: LN1 3," in out and "full 5," in out
 
 
 def test_dry_run_without_the_named_file_uses_step_seconds_and_says_so(tmp_path, capsys):
     space_file = paper_space(tmp_path, "measured/missing.json")
     assert grid.main(["--space", str(space_file), "--model", "vit_base", "--datasets", "pets", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    # 48,000 steps per condition x 7 x 0.17 s = 15.9 h
-    assert "estimate 16 GPU-hours (step_seconds=0.17 from the space, a FLOP estimate" in out
+    # 48,000 steps per condition x 6 (the linear probe takes none) x 0.17 s = 13.6 h
+    assert "estimate 14 GPU-hours (step_seconds=0.17 from the space, a FLOP estimate" in out
     assert "missing.json not found" in out
 
 
