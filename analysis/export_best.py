@@ -116,7 +116,10 @@ def best_overall(runs: pd.DataFrame, select_on: str = "val") -> pd.DataFrame:
 # ---------------------------------------------------------------- writing
 
 def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "+-_." else "_" for ch in str(name))
+    """A tag value (anyone can set MLflow tags) as one safe path component: never '.', '..',
+    a separator or a hidden name."""
+    s = "".join(ch if ch.isalnum() or ch in "+-_." else "_" for ch in str(name))
+    return "_" + s[1:] if not s or s.startswith(".") else s
 
 
 def header(path: Path, row: dict, select_on: str, per_dataset: bool, scale: float) -> str:
@@ -154,6 +157,8 @@ def export(runs: pd.DataFrame, out_dir: str | Path, tracking_uri: str | None = N
             cfg = run_config(row["run_id"], tracking_uri)
             cfg.update(lr=float(row["lr"]), seed=int(row["seed"]))
             path = (base / _slug(row["dataset"]) if per_dataset else base) / f"{_slug(row['condition'])}.yaml"
+            if out.resolve() not in path.resolve().parents:  # e.g. a symlink planted in out
+                raise AnalysisError(f"refusing to write {path}: it resolves outside --out {out}")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(header(path, row, select_on, per_dataset, scale)
                             + yaml.safe_dump(cfg, sort_keys=False))

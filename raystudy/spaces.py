@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,17 @@ def strict(where: str, d: Any, allowed: tuple[str, ...]) -> dict:
         if k not in allowed:
             raise ConfigError(f"unknown key {k!r} in {where}; valid: {', '.join(allowed)}")
     return d
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def study_name(where: str, value: Any) -> str:
+    """A space's ``study``: it names folders under --storage, so one plain path component."""
+    if not isinstance(value, str) or not NAME.fullmatch(value) or ".." in value:
+        raise ConfigError(f"{where}: study {value!r} must be a plain name (letters, digits, . _ + -; "
+                          "no '/' or '..'): it names a folder under --storage")
+    return value
 
 
 def canonical_condition(c: str) -> str:
@@ -142,7 +154,7 @@ def load_grid(name_or_path: str) -> Space:
         strict(f"{path.name}: models.{m}.config", over.get("config"), cfg_keys)
         per_model[m] = over
     tune_opts = strict(f"{path.name}: tune", raw.get("tune"), TUNE_KEYS)
-    space = Space(name=path.stem, study=str(raw.get("study") or path.stem), base=base, grid=grid,
+    space = Space(name=path.stem, study=study_name(path.name, raw.get("study") or path.stem), base=base, grid=grid,
                   datasets=datasets, optimizers=optimizers, models=per_model, tune=tune_opts,
                   description=str(raw.get("description") or ""))
     return space
@@ -329,7 +341,7 @@ def load_search(name_or_path: str) -> SearchSpace:
     per_model = {m: strict(f"{where}: models.{m}", o, MODEL_KEYS) for m, o in (raw.get("models") or {}).items()}
     tune_opts = strict(f"{where}: tune", raw.get("tune"), TUNE_KEYS)
     space = SearchSpace(
-        name=path.stem, study=str(raw.get("study") or f"search-{path.stem}"), base=base,
+        name=path.stem, study=study_name(where, raw.get("study") or f"search-{path.stem}"), base=base,
         conditions=tuple(conds), params=params, num_samples=int(budget.get("num_samples", 16)),
         time_budget_s=budget.get("time_budget_s"), grace_period=int(sched.get("grace_period", 1)),
         reduction_factor=int(sched.get("reduction_factor", 3)), seed=int(raw.get("seed", 0)),
