@@ -21,7 +21,6 @@ Bad input exits with status 2 and one line on stderr.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -180,8 +179,9 @@ def check(paths: list[Path]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.export_best", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    from raystudy import cli
+
+    ap = cli.Parser("python -m analysis.export_best", __doc__)
     ap.add_argument("--experiment", required=True, help="MLflow experiment name (or id)")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
                                            "else sqlite:///./mlflow.db, as the grid)")
@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     from raystudy import tracking
 
     try:
+        cli.check_folder("--out", args.out)
         uri = args.tracking_uri or tracking.default_uri()
         tracking.check_uri(uri)
         runs = load.from_mlflow(args.experiment, uri)

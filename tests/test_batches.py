@@ -211,3 +211,27 @@ def test_an_image_dataset_trains_from_its_tensor_cache(tmp_path, monkeypatch):
     assert made == ["256px", "256px"]  # train pool and test, decoded once each
     engine.train(cfg.replace(seed=1))  # another run reuses them
     assert len([p for p in paths.tensor_cache(tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 2
+
+
+def test_a_corrupt_tensor_cache_is_found_and_rebuilt(tmp_path):
+    imgs, pool = array_pool(n=40)
+    logs = []
+    p = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
+    want_images, want_labels = p.images.clone(), p.labels.clone()
+    folder = p.path
+    del p
+    # labels shifted by one: the same size, silently wrong
+    labels = np.load(folder / "labels.npy")
+    np.save(folder / "labels.npy", np.roll(labels, 1))
+    logs.clear()
+    q = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
+    assert torch.equal(q.labels, want_labels)
+    assert any("labels.npy" in line and "rebuilding" in line for line in logs), logs
+    del q
+    # images truncated
+    with open(folder / "images.npy", "r+b") as f:
+        f.truncate(1000)
+    logs.clear()
+    r = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
+    assert torch.equal(r.images, want_images) and torch.equal(r.labels, want_labels)
+    assert any("images.npy" in line and "rebuilding" in line for line in logs), logs
