@@ -21,7 +21,6 @@ Bad input exits with status 2 and one line on stderr.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -116,7 +115,10 @@ def best_overall(runs: pd.DataFrame, select_on: str = "val") -> pd.DataFrame:
 # ---------------------------------------------------------------- writing
 
 def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "+-_." else "_" for ch in str(name))
+    """A tag value (anyone can set MLflow tags) as one safe path component: never '.', '..',
+    a separator or a hidden name."""
+    s = "".join(ch if ch.isalnum() or ch in "+-_." else "_" for ch in str(name))
+    return "_" + s[1:] if not s or s.startswith(".") else s
 
 
 def header(path: Path, row: dict, select_on: str, per_dataset: bool, scale: float) -> str:
@@ -154,6 +156,8 @@ def export(runs: pd.DataFrame, out_dir: str | Path, tracking_uri: str | None = N
             cfg = run_config(row["run_id"], tracking_uri)
             cfg.update(lr=float(row["lr"]), seed=int(row["seed"]))
             path = (base / _slug(row["dataset"]) if per_dataset else base) / f"{_slug(row['condition'])}.yaml"
+            if out.resolve() not in path.resolve().parents:  # e.g. a symlink planted in out
+                raise AnalysisError(f"refusing to write {path}: it resolves outside --out {out}")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(header(path, row, select_on, per_dataset, scale)
                             + yaml.safe_dump(cfg, sort_keys=False))
@@ -175,8 +179,9 @@ def check(paths: list[Path]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.export_best", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    from raystudy import cli
+
+    ap = cli.Parser("python -m analysis.export_best", __doc__)
     ap.add_argument("--experiment", required=True, help="MLflow experiment name (or id)")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
                                            "else sqlite:///./mlflow.db, as the grid)")
@@ -192,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     from raystudy import tracking
 
     try:
+        cli.check_folder("--out", args.out)
         uri = args.tracking_uri or tracking.default_uri()
         tracking.check_uri(uri)
         runs = load.from_mlflow(args.experiment, uri)

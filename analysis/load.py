@@ -205,15 +205,25 @@ def plasticity(runs: pd.DataFrame, which: str = "before",
 
 # ---------------------------------------------------------------- CSV
 
+def _read_table(p: Path, what: str) -> pd.DataFrame:
+    """A CSV file as a table, or AnalysisError in one line (missing, binary, empty, malformed)."""
+    if not p.is_file():
+        raise AnalysisError(f"{what} {str(p)!r} does not exist")
+    try:
+        with open(p, "rb") as f:
+            if b"\x00" in f.read(8192):
+                raise AnalysisError(f"{what} {str(p)!r} is not a readable CSV (binary)")
+        return pd.read_csv(p)
+    except pd.errors.EmptyDataError:
+        raise AnalysisError(f"{what} {str(p)!r} is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
+        raise AnalysisError(f"{what} {str(p)!r} is not a readable CSV: {str(e).splitlines()[0]}") from None
+
+
 def read_csv(path: str | os.PathLike) -> tuple[str, pd.DataFrame]:
     """A CSV of per-run results or a per-dataset summary: ("runs" | "summary", table)."""
     p = Path(path)
-    if not p.is_file():
-        raise AnalysisError(f"CSV file {str(p)!r} does not exist")
-    try:
-        df = pd.read_csv(p)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise AnalysisError(f"CSV file {str(p)!r} cannot be read: {str(e).splitlines()[0]}") from None
+    df = _read_table(p, "CSV file")
     df.columns = [str(c).strip() for c in df.columns]
     if "mean" in df.columns and "lr" not in df.columns:
         return "summary", summary_frame(df, str(p))
@@ -335,9 +345,7 @@ def wide_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
 def read_plasticity(path: str | os.PathLike) -> pd.DataFrame:
     """A tidy plasticity CSV (``PLASTICITY_COLUMNS``; ``bound`` optional)."""
     p = Path(path)
-    if not p.is_file():
-        raise AnalysisError(f"plasticity CSV {str(p)!r} does not exist")
-    df = pd.read_csv(p)
+    df = _read_table(p, "plasticity CSV")
     _require(df, [c for c in PLASTICITY_COLUMNS if c != "bound"], str(p), "plasticity")
     return df
 

@@ -49,7 +49,6 @@ the grid's parent run. Bad input exits with status 2 and one line on stderr.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass, field
@@ -662,8 +661,10 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    from raystudy import cli
+    from raystudy.errors import ConfigError
+
+    ap = cli.Parser("python -m analysis.report", __doc__)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--experiment", help="MLflow experiment name (or id)")
     src.add_argument("--csv", help="per-run results or per-dataset summary CSV")
@@ -699,9 +700,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-log", action="store_true", help="do not log the outputs to MLflow")
     ap.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
     args = ap.parse_args(argv)
-    if args.rope < 0 or args.bootstrap_reps < 1:
-        print("error: --rope must be >= 0 and --bootstrap-reps >= 1", file=sys.stderr)
-        return 2
+    try:
+        if not (math.isfinite(args.rope) and args.rope >= 0):
+            raise AnalysisError(f"--rope must be a finite number >= 0, got {args.rope}")
+        cli.check_count("--bootstrap-reps", args.bootstrap_reps)
+        cli.check_folder("--out", args.out)
+    except (AnalysisError, ConfigError) as e:
+        return cli.fail(e)
     opts = trust.Options(rope=args.rope, reps=args.bootstrap_reps, seed=args.bootstrap_seed,
                          over=args.bootstrap_over, hierarchical=not args.no_hierarchical,
                          cd_cliques=args.cd_cliques)

@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from raystudy import augment, paths
 
-CACHE_VERSION = 1            # bump when the decoding recipe changes: old caches are not reused
+CACHE_VERSION = 2            # bump when the decoding recipe changes: old caches are not reused
+CACHE_BUILDER = f"raystudy-tensor-cache-{CACHE_VERSION}"  # 2: caches carry a manifest
 
 
 # ---------------------------------------------------------------- the torchvision path
@@ -110,9 +111,15 @@ def tensor_cache(name: str, role: str, pool, size: int, root: str | os.PathLike,
     base = paths.tensor_cache(cache)
     base.mkdir(parents=True, exist_ok=True)
     path = base / f"{name}-{role}-{size}px-{key}"
-    if not path.exists():
+    manifest = path / "manifest.json"
+    if not path.exists() or paths.manifest_problem(manifest, CACHE_BUILDER) is not None:
         with open(base / f".{path.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            problem = paths.manifest_problem(manifest, CACHE_BUILDER) if path.exists() else None
+            if problem is not None:  # truncated, edited, half-copied: decode it again
+                if log:
+                    log(f"tensor cache {path} is corrupt ({problem}); rebuilding it")
+                shutil.rmtree(path)
             if not path.exists():
                 if log:
                     log(f"decoding {name} ({role}, {len(pool.labels)} images) once into a "
@@ -175,6 +182,8 @@ def _write_cache(tmp: Path, pool, size: int, recipe: dict) -> None:
     np.save(tmp / "sizes.npy", sizes)
     np.save(tmp / "labels.npy", np.asarray(pool.labels, dtype=np.int64))
     (tmp / "meta.json").write_text(json.dumps(recipe, indent=1))
+    paths.write_manifest(tmp / "manifest.json", [tmp / f for f in ("images.npy", "sizes.npy", "labels.npy",
+                                                                   "meta.json")], CACHE_BUILDER)
 
 
 class CachedView(Dataset):

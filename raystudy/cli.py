@@ -7,24 +7,25 @@ Ray, MLflow, weights or data are touched. argparse's own errors take the same on
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from raystudy.config import parse_value
-from raystudy.errors import ConfigError
+from raystudy.errors import ConfigError, OneLineParser
 
 
-class Parser(argparse.ArgumentParser):
+class Parser(OneLineParser):
     """argparse with one-line errors (exit 2) and the module docstring as its epilog."""
 
     def __init__(self, prog: str, doc: str | None, **kw: Any):
         doc = doc or ""
         super().__init__(prog=prog, description=doc.split("\n")[0], epilog=doc,
                          formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def fail(e: Exception) -> int:
@@ -54,6 +55,47 @@ def parse_list(flag: str, value: str | None, allowed: list[str],
     if bad or not items:
         raise ConfigError(f"{flag}: {', '.join(bad) or 'empty list'} not in this space; valid: {', '.join(allowed)}")
     return items
+
+
+def check_count(flag: str, value: int | None, low: int = 1) -> None:
+    """An integer flag that must be at least ``low`` (unset: its default)."""
+    if value is not None and value < low:
+        raise ConfigError(f"{flag} must be >= {low}, got {value}")
+
+
+def check_seconds(flag: str, value: float | None) -> None:
+    """A duration flag: a finite number > 0 (unset: its default)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
+
+
+def check_folder(flag: str, path: str | os.PathLike | None) -> None:
+    """A folder the command will write to: not a file, and writable, checked without writing
+    anything (an anonymous temporary file in the nearest existing folder)."""
+    if path is None or "://" in str(path):
+        return  # an object store: its own client says what is wrong
+    p = Path(path).expanduser().absolute()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a file, not a folder")
+    q = p
+    while not q.exists():
+        q = q.parent
+    if not q.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: {str(q)!r} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=q):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(q)!r} ({e.strerror or e})") from None
+
+
+def check_device(flag: str, name: str) -> None:
+    """A device the command itself will run on: CUDA only where CUDA is."""
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{flag} cuda: CUDA is not available on this machine; use auto or cpu")
 
 
 def add_tracking_args(ap: argparse.ArgumentParser) -> None:

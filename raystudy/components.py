@@ -11,7 +11,6 @@ fails loudly instead of silently freezing or training the wrong thing.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Iterable
@@ -205,7 +204,9 @@ def condition_counts(model: nn.Module, conditions: Iterable[str]) -> dict[str, i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m raystudy.components", description=(
+    from raystudy.errors import OneLineParser
+
+    ap = OneLineParser(prog="python -m raystudy.components", description=(
         "Print parameter counts per component and trainable counts per study condition "
         "for a model architecture (random init, no weights needed)."))
     ap.add_argument("--model", default="vit_base_patch16_224",
@@ -217,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     from raystudy.errors import ConfigError
 
     try:
-        conds = [canonical_condition(c) for c in args.conditions.split(",")]
+        items = [c.strip() for c in args.conditions.split(",")]
+        if not all(items):
+            raise ConfigError(f"--conditions {args.conditions!r}: empty item; give conditions such as MHA,FC1")
+        conds = [canonical_condition(c) for c in items]
         model = models.create_model(args.model, num_classes=100, pretrained=False)
         per_comp = component_counts(model)
     except (ConfigError, ConditionError, PartitionError) as e:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
+import math
 import os
 import types
 import typing
@@ -84,8 +86,14 @@ class FinetuneConfig:
         return from_dict({**self.to_dict(), **changes})
 
 
+@functools.cache
 def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(FinetuneConfig)
+
+
+def check_value(key: str, value: Any) -> Any:
+    """One config value, typed and checked as ``from_dict`` would (a grid axis value)."""
+    return _coerce(key, value, _field_types()[key])
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
@@ -111,14 +119,19 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return value
         raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
     if tp is float:
+        out = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            out = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
             try:
-                return float(value)
+                out = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"config key {key!r} must be a number, got {value!r}")
+        if out is None:
+            raise ConfigError(f"config key {key!r} must be a number, got {value!r}")
+        if not math.isfinite(out):  # NaN passes every range check: refuse it here
+            raise ConfigError(f"config key {key!r} must be a finite number, got {value!r}")
+        return out
     if tp is str:
         if isinstance(value, str):
             return value
@@ -180,10 +193,16 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} is not a readable text file ({type(e).__name__})") from None
+    if "\x00" in text:
+        raise ConfigError(f"config file {str(p)!r} is not a readable text file (binary)")
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # C: big grids
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
-    return data or {}
+    return {} if data is None else data
 
 
 def load_config(source: str | os.PathLike | dict | None = None, **overrides: Any) -> FinetuneConfig:
@@ -221,8 +240,8 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     datasets.resolve_data_path(cfg.data_path, cfg.dataset)
     models.check_model(cfg.model)
     models.normalization(cfg.model, cfg.normalization)
-    if cfg.weights is not None and not Path(cfg.weights).is_file():
-        raise ConfigError(f"weights file {cfg.weights!r} does not exist")
+    if cfg.weights is not None:
+        models.check_weights_file(cfg.weights)
     positive = ("lr", "steps", "batch_size", "grad_accum", "eval_every", "log_every",
                 "eval_batch_size", "lora_rank", "lora_alpha")
     for key in positive:

@@ -1,4 +1,7 @@
-"""The error every layer may raise for bad user input; a leaf module that imports nothing of raystudy."""
+"""The error every layer may raise for bad user input, and the argument parser every CLI uses to
+report its own errors the same way; a leaf module that imports nothing of raystudy."""
+
+import argparse
 
 
 class ConfigError(ValueError):
@@ -6,3 +9,10 @@ class ConfigError(ValueError):
 
     Every CLI turns it into ``error: <message>`` and exit status 2, before heavy work starts.
     """
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``error: ...``, exit 2), not a usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")

@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = make_config(args)
+        cli.check_device("--device", cfg.device)
+        cli.check_folder("--out", args.out)
         if cfg.weights is None and cfg.pretrained:
             pretrain.ensure_weights(cfg.model)
     except (ConfigError, models.WeightsUnavailable) as e:

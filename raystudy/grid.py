@@ -72,23 +72,32 @@ def main(argv: list[str] | None = None) -> int:
                                or list(components.PAPER_CONDITIONS), spaces.canonical_condition)
         datasets = cli.parse_list("--datasets", args.datasets, list(space.datasets))
         optimizers = cli.parse_list("--optimizers", args.optimizers, list(space.optimizers))
-        trials = spaces.expand(space, model, datasets, conds, optimizers, cli.parse_set(args.set or []))
+        overrides = cli.parse_set(args.set or [])
+        plan = spaces.plan(space, model, datasets, conds, optimizers, overrides)
         mopts = spaces.model_options(space.models, model)
-        hours = spaces.gpu_hours(space, model, trials)
+        hours = spaces.gpu_hours(space, model, plan["costs"])
         tuning = spaces.tune_options(space)
         max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
         if max_failures < 0:
             raise ConfigError(f"--max-failures must be >= 0, got {max_failures}")
+        cli.check_count("--max-concurrent", args.max_concurrent)
+        cli.check_count("--num-cpus", args.num_cpus)
+        cli.check_folder("--storage", args.storage or "runs/ray")
+        cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
         uri = args.tracking_uri or tracking.default_uri()
+        tracking.check_uri(uri)
+        if not args.dry_run:
+            from raystudy import runner
+
+            runner.check_address(args.address)
         experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
     except ConfigError as e:
         return cli.fail(e)
 
-    ds_seen = sorted({t.config["dataset"] for t in trials}, key=list(space.datasets).index)
+    ds_seen = plan["datasets"]
     gpus = mopts["gpu"] * mopts["workers"] if mopts["workers"] > 1 else mopts["gpu"]
-    print(f"grid {space.name} for {model}: {len(trials)} trials = {len(ds_seen)} datasets × "
-          f"{len({t.config['condition'] for t in trials})} conditions × "
-          f"{len({t.config['optimizer'] for t in trials})} optimizers × lrs × seeds")
+    print(f"grid {space.name} for {model}: {plan['trials']:,} trials = {len(ds_seen)} datasets × "
+          f"{len(plan['conditions'])} conditions × {len(plan['optimizers'])} optimizers × lrs × seeds")
     print(f"  datasets: {', '.join(ds_seen)}")
     print(f"  GPUs per trial: {gpus:g}" + (f" ({mopts['workers']} DDP workers)" if mopts["workers"] > 1 else "")
           + f"; {hours.describe()}")
@@ -101,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from raystudy import pretrain, runner
 
     try:
-        tracking.check_uri(uri)
-        runner.check_address(args.address)
+        trials = spaces.expand(space, model, datasets, conds, optimizers, overrides)
         pretrain.ensure_weights(model)  # trials load finished files, never build them
     except (ConfigError, models.WeightsUnavailable) as e:
         return cli.fail(e)

@@ -11,6 +11,7 @@ knows a model by name.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import socket
@@ -120,6 +121,11 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
                 raise WeightsUnavailable(
                     f"{full}'s pretrained weights are not built yet ({weights}); build them once "
                     f"with `python -m raystudy.prefetch --model {name}`, or pass --weights FILE")
+            problem = built_weights_problem(weights)
+            if problem is not None:  # a trial never builds: it says which file to replace
+                raise WeightsUnavailable(
+                    f"{full}'s weights file {weights} is corrupt ({problem}); delete it and rebuild "
+                    f"with `python -m raystudy.prefetch --model {name}`")
         if weights is not None:
             load_backbone(model, weights)
         return model
@@ -200,12 +206,55 @@ def load_backbone(model: nn.Module, path: str | Path) -> None:
                                  f"unexpected {unexpected[:4]}")
 
 
+def check_weights_file(path: str | Path) -> Path:
+    """A weights file that loads as tensors (torch.save'd state dict or safetensors), checked
+    without reading it whole (memory-mapped), once per file version; ConfigError naming it."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"weights file {str(path)!r} does not exist")
+    st = p.stat()
+    _check_weights(str(p.resolve()), st.st_size, st.st_mtime_ns)
+    return p
+
+
+@functools.lru_cache(maxsize=64)
+def _check_weights(path: str, size: int, mtime_ns: int) -> None:
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as f:
+                f.keys()
+        else:
+            import torch
+
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            if not isinstance(state, dict):
+                raise TypeError(f"holds a {type(state).__name__}, not a state dict")
+    except Exception as e:  # noqa: BLE001 - whatever the loader trips on, the file is the problem
+        detail = str(e).splitlines()[0][:160] if str(e) else ""
+        raise ConfigError(f"weights file {path!r} is not a model checkpoint (a torch.save'd state "
+                          f"dict or safetensors): {type(e).__name__}: {detail}") from None
+
+
+WEIGHTS_BUILDER = "raystudy-pretrain-2"   # 2: weights carry a manifest (size, SHA-256)
+
+
+def weights_manifest(path: Path) -> Path:
+    return path.with_name(path.name + ".manifest.json")
+
+
+def built_weights_problem(path: Path) -> str | None:
+    """What is wrong with a built weights file (None: it is as built)."""
+    return paths.manifest_problem(weights_manifest(path), WEIGHTS_BUILDER)
+
+
 def weights_file(name: str) -> Path:
     """Where a local model's pretrained weights live (built or not): the cache, named by a hash
-    of its recipe, so a changed recipe never loads stale weights."""
+    of its recipe and builder, so a changed recipe never loads stale weights."""
     full = resolve_name(name)
     spec = LOCAL_MODELS[full]
-    recipe = {"model": full, **spec.pretrain}
+    recipe = {"model": full, **spec.pretrain, "builder": WEIGHTS_BUILDER}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
     return paths.cache() / f"{full}_{spec.source}_{key}.pt"
 

@@ -46,6 +46,8 @@ def parse_models(value: str | None) -> list[str]:
     from raystudy import models
 
     names = [v.strip() for v in (value or "").split(",") if v.strip()]
+    if value is not None and not names:
+        raise ConfigError(f"--model: empty list {value!r}")
     for n in names:
         models.check_model(n)
     return names
@@ -63,6 +65,8 @@ def parse_datasets(value: str | None) -> list[str]:
             datasets.check_dataset(v)
             if v not in names:
                 names.append(v)
+    if value is not None and not names:
+        raise ConfigError(f"--datasets: empty list {value!r}")
     return names
 
 
@@ -156,8 +160,9 @@ def prefetch(model_names: list[str], dataset_names: list[str], root: Path, *,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m raystudy.prefetch", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    from raystudy import cli
+
+    ap = cli.Parser("python -m raystudy.prefetch", __doc__)
     ap.add_argument("--model", help="comma-separated models (aliases vit_base, vit_large, vit_huge, "
                                     "any timm ViT name, or vit_demo)")
     ap.add_argument("--datasets", help="comma-separated datasets, or 'study' for the 11 benchmarks")
@@ -168,20 +173,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.hf_cache:  # before anything reads it; huggingface_hub looks it up at each call
-        os.environ["HF_HUB_CACHE"] = str(Path(args.hf_cache).resolve())
-        import huggingface_hub.constants
+    from raystudy import cli
 
-        huggingface_hub.constants.HF_HUB_CACHE = os.environ["HF_HUB_CACHE"]
+    args = build_parser().parse_args(argv)
     try:
         model_names = parse_models(args.model)
         dataset_names = parse_datasets(args.datasets)
         if not model_names and not dataset_names:
             raise ConfigError("nothing to fetch: pass --model and/or --datasets")
+        cli.check_folder("--data-root", args.data_root)
+        cli.check_folder("--hf-cache", args.hf_cache)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli.fail(e)
+    if args.hf_cache:  # before anything reads it; huggingface_hub looks it up at each call
+        os.environ["HF_HUB_CACHE"] = str(Path(args.hf_cache).resolve())
+        import huggingface_hub.constants
+
+        huggingface_hub.constants.HF_HUB_CACHE = os.environ["HF_HUB_CACHE"]
     from raystudy import paths
 
     root = Path(args.data_root).resolve() if args.data_root else paths.data_root()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from raystudy import datasets, engine, models
+from raystudy import datasets, engine, models, paths
 from raystudy.config import from_dict
 
 
@@ -28,13 +28,17 @@ def ensure_weights(name: str, log: Callable[[str], None] | None = print) -> Path
     if recipe is None:
         return None
     path = models.weights_file(name)
-    if path.is_file():
+    if path.is_file() and models.built_weights_problem(path) is None:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(f".{path.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.is_file():
-            return path
+            problem = models.built_weights_problem(path)
+            if problem is None:
+                return path
+            if log:
+                log(f"weights file {path} is corrupt ({problem}); rebuilding it")
         cfg = from_dict(recipe)
         if log:
             log(f"first use: pretraining {cfg.model} on {cfg.dataset} once ({cfg.steps} steps on "
@@ -45,5 +49,7 @@ def ensure_weights(name: str, log: Callable[[str], None] | None = print) -> Path
             log(f"{cfg.model}: source test accuracy {res['test_acc']:.3f}")
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         torch.save(model.state_dict(), tmp)
+        models.weights_manifest(path).unlink(missing_ok=True)
         os.replace(tmp, path)  # atomic: a reader never sees half a file
+        paths.write_manifest(models.weights_manifest(path), [path], models.WEIGHTS_BUILDER)
     return path

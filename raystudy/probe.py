@@ -17,12 +17,11 @@ valid choices, before any model is built.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 
-from raystudy import plasticity
+from raystudy import cli, plasticity
 from raystudy.errors import ConfigError
 
 
@@ -90,15 +89,8 @@ def format_tables(df) -> list[str]:
     return lines
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        # One line, like every other bad input (argparse would add a usage block).
-        self.exit(2, f"error: {message} (see python -m raystudy.probe --help)\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python -m raystudy.probe", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = cli.Parser("python -m raystudy.probe", __doc__)
     ap.add_argument("--model", default="vit_demo", help="vit_demo, vit_base/large/huge or any timm ViT")
     ap.add_argument("--dataset", default="digits_c", help="downstream dataset: y from its test split")
     ap.add_argument("--source", help="pretraining-like dataset for x (default: the model's pretraining data: digits for vit_demo, "
@@ -137,12 +129,16 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
         if args.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"unknown device {args.device!r}; valid: auto, cpu, cuda")
+        cli.check_device("--device", args.device)
+        if args.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {args.seed}")
         full = models.check_model(args.model)
         source = args.source or models.source_dataset(full)
         datasets.check_dataset(args.dataset)
         datasets.check_dataset(source)
-        if args.weights is not None and not Path(args.weights).is_file():
-            raise ConfigError(f"weights file {args.weights!r} does not exist")
+        if args.weights is not None:
+            models.check_weights_file(args.weights)
+        cli.check_folder("--out", args.out)
         ic = models.input_config(args.model)
     except (ConfigError, plasticity.ProbeError) as e:
         print(f"error: {e}", file=sys.stderr)

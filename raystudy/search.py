@@ -24,6 +24,17 @@ from raystudy.config import FinetuneConfig, from_dict, trial_key, validate
 from raystudy.errors import ConfigError
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--test-seeds 100,101,102``: distinct non-negative integers."""
+    try:
+        seeds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0, such as 100,101,102")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = cli.Parser("python -m raystudy.search", __doc__)
     ap.add_argument("--space", default="optimiser", help="YAML file or name under search_spaces/optuna/")
@@ -66,11 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         if mopts["workers"] > 1:
             raise ConfigError("searches run single-worker trials; use the grid for DDP models")
         resources = {"gpu": float(mopts["gpu"]), "cpu": float(mopts["cpu"]), "workers": 1}
-        num_samples = args.num_samples or space.num_samples
-        if num_samples < 1:
-            raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
-        time_budget = args.time_budget or space.time_budget_s
-        test_seeds = [int(s) for s in args.test_seeds.split(",")] if args.test_seeds else list(space.test_seeds)
+        cli.check_count("--num-samples", args.num_samples)
+        cli.check_seconds("--time-budget", args.time_budget)
+        cli.check_count("--num-cpus", args.num_cpus)
+        cli.check_folder("--storage", args.storage or "runs/search")
+        cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
+        num_samples = args.num_samples if args.num_samples is not None else space.num_samples
+        time_budget = args.time_budget if args.time_budget is not None else space.time_budget_s
+        test_seeds = parse_seeds(args.test_seeds) if args.test_seeds is not None else list(space.test_seeds)
         tuning = {**spaces.tune_options(space), "max_failures": space.tune.get("max_failures", 1)}
         # a dry sample through the sampler catches configs the space can produce but validate refuses
         probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -82,12 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
               f"{num_samples} trials each" + (f", at most {time_budget:g} s each" if time_budget else "")
               + f"; best re-evaluated on test with seeds {test_seeds}")
+        tracking.check_uri(uri)
         if args.dry_run:
             print("dry run: nothing started")
             return 0
         from raystudy import pretrain, runner
 
-        tracking.check_uri(uri)
         runner.check_address(args.address)
         pretrain.ensure_weights(model)  # trials load finished files, never build them
     except (ConfigError, models.WeightsUnavailable) as e:

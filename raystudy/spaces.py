@@ -15,12 +15,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from raystudy import components, costs, models
-from raystudy.config import FinetuneConfig, from_dict, read_yaml, trial_key, validate
+from raystudy.config import FinetuneConfig, check_value, from_dict, read_yaml, trial_key, validate
 from raystudy.errors import ConfigError
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -69,12 +71,74 @@ def strict(where: str, d: Any, allowed: tuple[str, ...]) -> dict:
     return d
 
 
-def canonical_condition(c: str) -> str:
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def study_name(where: str, value: Any) -> str:
+    """A space's ``study``: it names folders under --storage, so one plain path component."""
+    if not isinstance(value, str) or not NAME.fullmatch(value) or ".." in value:
+        raise ConfigError(f"{where}: study {value!r} must be a plain name (letters, digits, . _ + -; "
+                          "no '/' or '..'): it names a folder under --storage")
+    return value
+
+
+def canonical_condition(c: Any) -> str:
     """A condition's canonical name, or ConfigError naming the valid ones."""
+    if not isinstance(c, str):
+        raise ConfigError(f"condition {c!r} must be a name such as MHA, MHA+FC1 or full")
     try:
         return components.canonical_condition(c)
     except components.ConditionError as e:
         raise ConfigError(str(e)) from None
+
+
+def _number(where: str, key: str, value: Any, *, integer: bool, low: float, strict_low: bool = False,
+            none_ok: bool = False) -> Any:
+    """A resource or budget value: of the right type, finite and above ``low``."""
+    if value is None and none_ok:
+        return None
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    ok = ok and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if strict_low else value >= low)
+    if not ok:
+        kind = "an integer" if integer else "a finite number" if strict_low else "a number"
+        raise ConfigError(f"{where}: {key} must be {kind} {'>' if strict_low else '>='} {low:g}, got {value!r}")
+    return value
+
+
+def check_models(where: str, section: Any, cfg_keys: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """A space's per-model resources, each checked: gpu/cpu >= 0, workers >= 1, step_seconds > 0."""
+    out = {}
+    for m, over in strict(f"{where}: models", section, tuple(section or ()) if isinstance(section, dict) else ()).items():
+        over = dict(strict(f"{where}: models.{m}", over, MODEL_KEYS))
+        w = f"{where}: models.{m}"
+        for key in ("gpu", "cpu"):
+            if key in over:
+                _number(w, key, over[key], integer=False, low=0)
+        if "workers" in over:
+            _number(w, "workers", over["workers"], integer=True, low=1)
+        if "step_seconds" in over:
+            _number(w, "step_seconds", over["step_seconds"], integer=False, low=0, strict_low=True, none_ok=True)
+        strict(f"{w}.config", over.get("config"), cfg_keys)
+        out[str(m)] = over
+    return out
+
+
+def check_tune(where: str, section: Any) -> dict[str, Any]:
+    """A space's ``tune`` options, each checked."""
+    t = strict(f"{where}: tune", section, TUNE_KEYS)
+    w = f"{where}: tune"
+    if "max_failures" in t:
+        _number(w, "max_failures", t["max_failures"], integer=True, low=0)
+    if "max_concurrent" in t:
+        _number(w, "max_concurrent", t["max_concurrent"], integer=True, low=1, none_ok=True)
+    if "threads_per_trial" in t:
+        _number(w, "threads_per_trial", t["threads_per_trial"], integer=True, low=1)
+    if "checkpoint_every_s" in t:
+        v = t["checkpoint_every_s"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"{w}: checkpoint_every_s must be a finite number >= 0, got {v!r}")
+    return t
 
 
 def model_options(section: dict[str, dict[str, Any]], model: str) -> dict[str, Any]:
@@ -128,26 +192,36 @@ def load_grid(name_or_path: str) -> Space:
     grid_raw = strict(f"{path.name}: grid", raw.get("grid"), cfg_keys)
     grid = {k: _grid_values(f"{path.name}: grid.{k}", v) for k, v in grid_raw.items()}
     datasets = {}
-    for ds, over in strict(f"{path.name}: datasets", raw.get("datasets"),
-                            tuple(raw.get("datasets") or ())).items():
+    ds_raw = raw.get("datasets")
+    for ds, over in strict(f"{path.name}: datasets", ds_raw,
+                            tuple(ds_raw) if isinstance(ds_raw, dict) else ()).items():
         over = strict(f"{path.name}: datasets.{ds}", over, cfg_keys)
         datasets[ds] = over
     if not datasets:
         raise ConfigError(f"{path.name}: 'datasets' must list at least one dataset")
     optimizers = {}
-    for opt, over in (raw.get("optimizers") or {"sgd": {}}).items():
-        over = strict(f"{path.name}: optimizers.{opt}", over, cfg_keys + ("lr_scale",))
+    opts_raw = raw.get("optimizers") or {"sgd": {}}
+    for opt, over in strict(f"{path.name}: optimizers", opts_raw,
+                            tuple(opts_raw) if isinstance(opts_raw, dict) else ()).items():
+        over = dict(strict(f"{path.name}: optimizers.{opt}", over, cfg_keys + ("lr_scale",)))
+        if "lr_scale" in over:
+            _number(f"{path.name}: optimizers.{opt}", "lr_scale", over["lr_scale"], integer=False,
+                    low=0, strict_low=True)
         optimizers[opt] = over
-    per_model = {}
-    for m, over in (raw.get("models") or {}).items():
-        over = strict(f"{path.name}: models.{m}", over, MODEL_KEYS)
-        strict(f"{path.name}: models.{m}.config", over.get("config"), cfg_keys)
-        per_model[m] = over
-    tune_opts = strict(f"{path.name}: tune", raw.get("tune"), TUNE_KEYS)
+    per_model = check_models(path.name, raw.get("models"), cfg_keys)
+    tune_opts = check_tune(path.name, raw.get("tune"))
+    # Constants are typed here even where an axis overrides them (base lr: .nan is a mistake).
+    for where, section in ([("base", base)] + [(f"optimizers.{o}", {k: v for k, v in over.items() if k != "lr_scale"})
+                                               for o, over in optimizers.items()]
+                           + [(f"models.{m}.config", o.get("config") or {}) for m, o in per_model.items()]):
+        try:
+            from_dict(section)
+        except ConfigError as e:
+            raise ConfigError(f"{path.name}: {where}: {e}") from None
     step_times = raw.get("step_times")
     if step_times is not None and not (isinstance(step_times, str) and step_times.strip()):
         raise ConfigError(f"{path.name}: step_times must be a file path, got {step_times!r}")
-    space = Space(name=path.stem, study=str(raw.get("study") or path.stem), base=base, grid=grid,
+    space = Space(name=path.stem, study=study_name(path.name, raw.get("study") or path.stem), base=base, grid=grid,
                   datasets=datasets, optimizers=optimizers, models=per_model, tune=tune_opts,
                   description=str(raw.get("description") or ""),
                   step_times=path.parent / step_times if step_times else None)
@@ -170,23 +244,24 @@ class Trial:
                 "workers": self.workers}
 
 
-def expand(space: Space, model: str | None = None, datasets: list[str] | None = None,
-           conditions: list[str] | None = None, optimizers: list[str] | None = None,
-           overrides: dict[str, Any] | None = None) -> list[Trial]:
-    """Every trial of the grid, each a validated flat config with its key and resources.
+def _cells(space: Space, model: str | None, datasets: list[str] | None, conditions: list[str] | None,
+           optimizers: list[str] | None, overrides: dict[str, Any] | None):
+    """The grid as cells: per dataset × optimizer × combination of the axes other than ``seed``,
+    the validated flat config (seed as the first of the cell's seeds) and the cell's seeds.
 
-    A condition fitted without SGD (the paper's linear probe) has no lr: it gets one trial per
-    remaining axes, at the lr axis's first value (recorded, unused), not one per lr.
+    Validation never looks at the seed (its type is checked once per value), so a grid of many
+    seeds is validated per cell, not per trial; identical cells are validated once.
     """
     model = model or space.base.get("model", FinetuneConfig.model)
     mopts = model_options(space.models, model)
     ds_list = datasets or list(space.datasets)
     opt_list = optimizers or [o for o in space.grid.get("optimizer", list(space.optimizers))]
-    trials = []
+    overrides = overrides or {}
+    checked: dict[str, dict[str, Any]] = {}
     for ds in ds_list:
         dover = space.datasets[ds]
         for opt in opt_list:
-            if opt not in space.optimizers:
+            if not isinstance(opt, str) or opt not in space.optimizers:
                 raise ConfigError(f"optimizer {opt!r} has no section in the space's 'optimizers'; "
                                   f"valid: {', '.join(space.optimizers)}")
             oover = dict(space.optimizers[opt])
@@ -195,20 +270,72 @@ def expand(space: Space, model: str | None = None, datasets: list[str] | None = 
             axes.pop("optimizer", None)
             if conditions is not None:
                 axes["condition"] = conditions
+            seeds = [None]
+            if "seed" in axes and "seed" not in overrides:
+                seeds = [check_value("seed", v) for v in axes.pop("seed")]
             names = list(axes)
             for values in itertools.product(*(axes[n] for n in names)):
                 point = dict(zip(names, values))
-                condition = canonical_condition(str(point.get("condition", space.base.get("condition", "MHA"))))
-                if not components.has_lr(condition) and "lr" in axes and point["lr"] != axes["lr"][0]:
-                    continue
                 cfg = {**space.base, **mopts["config"], "model": model, "dataset": ds, "optimizer": opt,
-                       **oover, **point, **(overrides or {})}
-                if "lr" in cfg and "lr" not in (overrides or {}):
-                    cfg["lr"] = float(cfg["lr"]) * lr_scale
-                cfg["condition"] = condition
-                full = validate(from_dict(cfg)).to_dict()
-                trials.append(Trial(trial_key(full), full, float(mopts["gpu"]),
-                                    float(mopts["cpu"]), int(mopts["workers"])))
+                       **oover, **point, **overrides}
+                cfg["condition"] = canonical_condition(cfg.get("condition", "MHA"))
+                # A condition fitted without SGD (the paper's linear probe) has no lr: one cell at
+                # the lr axis's first value (recorded, unused), not one per lr.
+                if not components.has_lr(cfg["condition"]) and "lr" in axes and point["lr"] != axes["lr"][0]:
+                    continue
+                if "lr" in cfg and "lr" not in overrides:
+                    cfg["lr"] = check_value("lr", cfg["lr"]) * lr_scale
+                if seeds[0] is not None:
+                    cfg["seed"] = seeds[0]
+                memo = json.dumps(cfg, sort_keys=True, default=repr)
+                if memo not in checked:
+                    checked[memo] = validate(from_dict(cfg)).to_dict()
+                yield checked[memo], seeds, mopts
+
+
+def plan(space: Space, model: str | None = None, datasets: list[str] | None = None,
+         conditions: list[str] | None = None, optimizers: list[str] | None = None,
+         overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``expand`` would give, counted without building a trial: ``trials``, the
+    ``datasets``, ``conditions`` and ``optimizers`` they cover, ``steps`` summed over trials,
+    ``costs`` (one item per cell, for ``gpu_hours``); every check ``expand`` makes (configs
+    validated, repeats and empty grids refused)."""
+    n, steps, seen, items = 0, 0, set(), []
+    ds, conds, opts = [], set(), set()
+    for full, seeds, mopts in _cells(space, model, datasets, conditions, optimizers, overrides):
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError("the grid repeats a trial config (two axes give the same values)")
+        key = trial_key({k: v for k, v in full.items() if k != "seed" or seeds == [None]})
+        if key in seen:
+            raise ConfigError("the grid repeats a trial config (two axes give the same values)")
+        seen.add(key)
+        n += len(seeds)
+        steps += full["steps"] * len(seeds)
+        items.append(trial_cost(full, float(mopts["gpu"]), int(mopts["workers"]), len(seeds)))
+        if full["dataset"] not in ds:
+            ds.append(full["dataset"])
+        conds.add(full["condition"])
+        opts.add(full["optimizer"])
+    if not n:
+        raise ConfigError("the grid is empty: no dataset × condition × lr × seed × optimizer left")
+    return {"trials": n, "datasets": ds, "conditions": sorted(conds), "optimizers": sorted(opts),
+            "steps": steps, "costs": items}
+
+
+def expand(space: Space, model: str | None = None, datasets: list[str] | None = None,
+           conditions: list[str] | None = None, optimizers: list[str] | None = None,
+           overrides: dict[str, Any] | None = None) -> list[Trial]:
+    """Every trial of the grid, each a validated flat config with its key and resources.
+
+    A condition fitted without SGD (the paper's linear probe) has no lr: it gets one trial per
+    remaining axes, at the lr axis's first value (recorded, unused), not one per lr.
+    """
+    trials = []
+    for full, seeds, mopts in _cells(space, model, datasets, conditions, optimizers, overrides):
+        for seed in seeds:
+            cfg = full if seed is None else {**full, "seed": seed}
+            trials.append(Trial(trial_key(cfg), cfg, float(mopts["gpu"]),
+                                float(mopts["cpu"]), int(mopts["workers"])))
     keys = [t.key for t in trials]
     if len(set(keys)) != len(keys):
         raise ConfigError("the grid repeats a trial config (two axes give the same values)")
@@ -221,16 +348,20 @@ def grid_key(trials: list[Trial]) -> str:
     return hashlib.sha256(json.dumps(sorted(t.key for t in trials)).encode()).hexdigest()[:12]
 
 
-def gpu_hours(space: Space, model: str, trials: list[Trial]) -> costs.Estimate:
-    """Estimated GPU-hours of ``trials``: from the space's measured step times (``step_times``)
-    where they cover a trial, else from its FLOP-based ``step_seconds``; see raystudy.costs."""
-    # A closed-form condition (the linear probe) takes no steps: one forward pass, priced as none.
-    return costs.estimate(model, [costs.TrialCost(t.config["condition"],
-                                                  t.config["steps"] if components.has_lr(t.config["condition"]) else 0,
-                                                  t.config["batch_size"], t.workers,
-                                                  max(t.gpu, 1) * t.workers, t.config["compile"])
-                                  for t in trials],
-                          step_times=space.step_times,
+def trial_cost(config: dict[str, Any], gpu: float, workers: int, n: int = 1) -> costs.TrialCost:
+    """What ``n`` trials of ``config`` cost; a closed-form condition (the linear probe) takes no
+    steps: one forward pass over the data, priced as none."""
+    steps = config["steps"] * n if components.has_lr(config["condition"]) else 0
+    return costs.TrialCost(config["condition"], steps, config["batch_size"], workers,
+                           max(gpu, 1) * workers, config["compile"])
+
+
+def gpu_hours(space: Space, model: str, trials: list) -> costs.Estimate:
+    """Estimated GPU-hours of ``trials`` (``Trial``s, or ``plan``'s cost items): from the
+    space's measured step times (``step_times``) where they cover a trial, else from its
+    FLOP-based ``step_seconds``; see raystudy.costs."""
+    items = [t if isinstance(t, costs.TrialCost) else trial_cost(t.config, t.gpu, t.workers) for t in trials]
+    return costs.estimate(model, items, step_times=space.step_times,
                           fallback=model_options(space.models, model)["step_seconds"])
 
 
@@ -293,8 +424,9 @@ def _param(where: str, name: str, spec: Any, cfg_keys: tuple[str, ...]) -> Param
                 raise ConfigError(f"{where}.{name}: subset_of is for 'components' over "
                                   f"{', '.join(components.STUDY_COMPONENTS)}; got {args!r}")
     else:
-        if not (isinstance(args, list) and len(args) == 2 and all(isinstance(a, (int, float)) for a in args)):
-            raise ConfigError(f"{where}.{name}: {kind} takes [low, high], got {args!r}")
+        if not (isinstance(args, list) and len(args) == 2
+                and all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in args)):
+            raise ConfigError(f"{where}.{name}: {kind} takes [low, high], two finite numbers, got {args!r}")
         lo, hi = args
         if lo >= hi:
             raise ConfigError(f"{where}.{name}: lower bound {lo} is not below upper bound {hi}")
@@ -336,27 +468,36 @@ def load_search(name_or_path: str) -> SearchSpace:
     # Suggest a parameter only after those its `when` depends on (YAML order is not a promise).
     params = tuple(sorted(params, key=lambda p: bool(p.when)))
     conds = raw.get("conditions") or ["MHA"]
+    if not isinstance(conds, list):
+        raise ConfigError(f"{where}: conditions must be a list of conditions, got {conds!r}")
     if "components" in names:
         conds = []  # the condition itself is searched: no fixed condition
     else:
         try:
-            conds = [canonical_condition(str(c)) for c in conds]
+            conds = [canonical_condition(c) for c in conds]
         except ConfigError as e:
             raise ConfigError(f"{where}: conditions: {e}") from None
     budget = strict(f"{where}: budget", raw.get("budget"), BUDGET_KEYS)
     sched = strict(f"{where}: scheduler", raw.get("scheduler"), SCHEDULER_KEYS)
-    per_model = {m: strict(f"{where}: models.{m}", o, MODEL_KEYS) for m, o in (raw.get("models") or {}).items()}
-    tune_opts = strict(f"{where}: tune", raw.get("tune"), TUNE_KEYS)
-    space = SearchSpace(
-        name=path.stem, study=str(raw.get("study") or f"search-{path.stem}"), base=base,
-        conditions=tuple(conds), params=params, num_samples=int(budget.get("num_samples", 16)),
-        time_budget_s=budget.get("time_budget_s"), grace_period=int(sched.get("grace_period", 1)),
-        reduction_factor=int(sched.get("reduction_factor", 3)), seed=int(raw.get("seed", 0)),
-        test_seeds=tuple(int(s) for s in raw.get("test_seeds", [100, 101, 102])), models=per_model,
-        tune=tune_opts)
-    if space.num_samples < 1:
-        raise ConfigError(f"{where}: budget.num_samples must be >= 1, got {space.num_samples}")
-    return space
+    per_model = check_models(where, raw.get("models"), cfg_keys)
+    tune_opts = check_tune(where, raw.get("tune"))
+    num_samples = _number(f"{where}: budget", "num_samples", budget.get("num_samples", 16), integer=True, low=1)
+    time_budget = _number(f"{where}: budget", "time_budget_s", budget.get("time_budget_s"), integer=False,
+                          low=0, strict_low=True, none_ok=True)
+    grace = _number(f"{where}: scheduler", "grace_period", sched.get("grace_period", 1), integer=True, low=1)
+    factor = _number(f"{where}: scheduler", "reduction_factor", sched.get("reduction_factor", 3), integer=True, low=2)
+    seed = raw.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"{where}: seed must be an integer >= 0, got {seed!r}")
+    test_seeds = raw.get("test_seeds", [100, 101, 102])
+    if (not isinstance(test_seeds, list) or not test_seeds
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in test_seeds)):
+        raise ConfigError(f"{where}: test_seeds must be a list of integers >= 0, got {test_seeds!r}")
+    return SearchSpace(
+        name=path.stem, study=study_name(where, raw.get("study") or f"search-{path.stem}"), base=base,
+        conditions=tuple(conds), params=params, num_samples=num_samples, time_budget_s=time_budget,
+        grace_period=grace, reduction_factor=factor, seed=seed, test_seeds=tuple(test_seeds),
+        models=per_model, tune=tune_opts)
 
 
 class Sampler:

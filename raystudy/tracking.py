@@ -75,11 +75,33 @@ def check_uri(uri: str, timeout: float = 5.0) -> None:
         path = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
         if path is None or not path.parent.is_dir():
             raise TrackingUnavailable(f"tracking URI {uri!r}: folder {path.parent if path else '?'} does not exist")
+        _check_sqlite(uri, path)
     elif p.scheme in ("postgresql", "mysql", "mssql") or p.scheme.startswith(("postgresql+", "mysql+")):
         pass  # checked by the first query
     else:
         raise TrackingUnavailable(f"unsupported tracking URI {uri!r}; use sqlite:///PATH, "
                                   "http(s)://HOST:PORT or a database URI (the file store is disabled in MLflow 3)")
+
+
+def _check_sqlite(uri: str, path: Path) -> None:
+    """An SQLite store MLflow can open and write, checked without writing to it."""
+    import tempfile
+
+    try:
+        if path.exists():
+            if not path.is_file():
+                raise TrackingUnavailable(f"tracking URI {uri!r}: {path} is not a file")
+            with open(path, "rb") as f:
+                head = f.read(16)
+            if head and head != b"SQLite format 3\x00":
+                raise TrackingUnavailable(f"tracking URI {uri!r}: {path} is not an SQLite database")
+            with open(path, "ab"):  # opened for writing, nothing written
+                pass
+        else:
+            with tempfile.TemporaryFile(dir=path.parent):  # anonymous: never seen in the folder
+                pass
+    except OSError as e:
+        raise TrackingUnavailable(f"tracking URI {uri!r}: cannot write {path} ({e.strerror or e})") from None
 
 
 def client(uri: str):

@@ -30,10 +30,19 @@ def _save_state(state: dict, folder: str) -> None:
 
 
 def _load_state(checkpoint) -> dict | None:
+    """A checkpoint's state: tensors and plain types only (``weights_only``), so a file planted
+    in shared storage cannot run code when a trial resumes from it."""
+    import pickle
+
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as d:
-        return torch.load(Path(d) / STATE_FILE, map_location="cpu", weights_only=False)
+        path = Path(d) / STATE_FILE
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise RuntimeError(f"checkpoint {checkpoint.path}/{STATE_FILE} holds more than tensors and "
+                               f"plain types; refusing to load it ({str(e).splitlines()[0]})") from None
 
 
 class Reporter:

@@ -49,3 +49,24 @@ def test_header_names_the_rerun_command_and_why():
     assert text.startswith("# python -m raystudy.finetune --config out/MHA.yaml\n")
     assert "lr 0.1 chosen on validation accuracy (seed-mean test acc 61.00% over 2 seeds)" in text
     assert all(line.startswith("#") for line in text.splitlines())
+
+
+def test_names_from_tags_never_leave_out(tmp_path, mlflow_uri):
+    """A run whose dataset tag is '..' (MLflow tags are anyone's to set) writes inside --out."""
+    import mlflow
+
+    from raystudy import tracking
+    from raystudy.config import FinetuneConfig, trial_key
+
+    c = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    exp = tracking.experiment_id(c, "planted", (tmp_path / "artifacts").as_uri())
+    for ds, cond in ((("..", "MHA")), (".", "../../evil"), ("digits", "..")):
+        cfg = FinetuneConfig(pretrained=False, dataset=ds, condition=cond).to_dict()
+        rid = tracking.open_trial(c, exp, None, trial_key(cfg), cfg)
+        tracking.finish_trial(c, rid, {"status": "finished", "best_val_acc": 0.5, "test_acc": 0.5})
+    out = tmp_path / "a" / "best"
+    assert export_best.main(["--experiment", "planted", "--tracking-uri", mlflow_uri,
+                             "--per-dataset", "--out", str(out)]) == 0
+    written = sorted((tmp_path / "a").rglob("*.yaml"))
+    assert len(written) == 3
+    assert all(out.resolve() in p.resolve().parents for p in written), written

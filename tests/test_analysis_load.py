@@ -64,7 +64,7 @@ def test_summary_csv(tmp_path):
 @pytest.mark.parametrize("text,needle", [
     ("dataset,condition,seed,test_acc\nA,X,0,0.7\n", "missing column(s) lr for per-run results"),
     ("dataset,mean\nA,0.7\n", "missing column(s) condition for a per-dataset summary"),
-    ("", "cannot be read"),
+    ("", "is empty"),
     ("dataset,condition,lr,seed,test_acc\nA,X,fast,0,0.7\n", "1 finished row(s) have no numeric lr"),
 ])
 def test_bad_csv(tmp_path, text, needle):

@@ -366,7 +366,7 @@ def test_report_flags(study_csv, tmp_path, capsys):
     assert "200 bootstrap replicates (seed 3) resampling seeds within each dataset" in text
     assert "hierarchical_p_rope" not in pd.read_csv(out / "rope.csv").columns
     assert report.main(["--csv", str(study_csv), "--out", str(out), "--rope", "-1"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --rope must be >= 0 and --bootstrap-reps >= 1"
+    assert capsys.readouterr().err.strip() == "error: --rope must be a finite number >= 0, got -1.0"
 
 
 def test_report_degrades_on_one_dataset_and_one_seed(study_csv, tmp_path, capsys):

@@ -219,3 +219,27 @@ def test_the_normalisation_a_config_names_is_what_reaches_the_model(tmp_path, mo
     assert not torch.allclose(seen["imagenet"], seen["checkpoint"], atol=1e-2)
     with pytest.raises(ConfigError, match="normalization 'imagenet' is for RGB models; vit_demo takes 1"):
         validate(FinetuneConfig(normalization="imagenet"))
+
+
+def test_a_corrupt_tensor_cache_is_found_and_rebuilt(tmp_path):
+    imgs, pool = array_pool(n=40)
+    logs = []
+    p = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
+    want_images, want_labels = p.images.clone(), p.labels.clone()
+    folder = p.path
+    del p
+    # labels shifted by one: the same size, silently wrong
+    labels = np.load(folder / "labels.npy")
+    np.save(folder / "labels.npy", np.roll(labels, 1))
+    logs.clear()
+    q = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
+    assert torch.equal(q.labels, want_labels)
+    assert any("labels.npy" in line and "rebuilding" in line for line in logs), logs
+    del q
+    # images truncated
+    with open(folder / "images.npy", "r+b") as f:
+        f.truncate(1000)
+    logs.clear()
+    r = batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append)
+    assert torch.equal(r.images, want_images) and torch.equal(r.labels, want_labels)
+    assert any("images.npy" in line and "rebuilding" in line for line in logs), logs

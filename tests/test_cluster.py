@@ -125,6 +125,39 @@ def test_aws_worker_types_fit_every_model_of_the_papers_grid():
         assert any(all(t["resources"].get(k, 0) >= v for k, v in need.items()) for t in workers), (model, need)
 
 
+def test_aws_workers_get_a_profile_limited_to_the_bucket_prefix_and_only_the_head_launches():
+    import json
+
+    cfg = load("cluster.yaml")
+    types = cfg["available_node_types"]
+    iam = REPO / "cluster" / "iam"
+    head = types[cfg["head_node_type"]]["node_config"]["IamInstanceProfile"]["Name"]
+    assert head == "raystudy-head"
+    for name, t in types.items():
+        if name != cfg["head_node_type"]:
+            assert t["node_config"]["IamInstanceProfile"] == {"Name": "raystudy-worker"}, name
+
+    def actions(policy):
+        return {a for st in policy["Statement"] if st["Effect"] == "Allow"
+                for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+
+    worker = json.loads((iam / "worker-policy.json").read_text())
+    assert all(a.startswith("s3:") for a in actions(worker)), actions(worker)
+    for st in worker["Statement"]:  # objects under the prefix; listing only of the prefix
+        res = [st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"]
+        assert all(r in ("arn:aws:s3:::YOUR-BUCKET/raystudy/*", "arn:aws:s3:::YOUR-BUCKET") for r in res), st
+        if "arn:aws:s3:::YOUR-BUCKET" in res and actions({"Statement": [st]}) != {"s3:GetBucketLocation"}:
+            assert actions({"Statement": [st]}) == {"s3:ListBucket"}
+            assert st["Condition"]["StringLike"]["s3:prefix"] == ["raystudy/*"]
+    launcher = json.loads((iam / "head-policy.json").read_text())
+    assert {"ec2:RunInstances", "ec2:TerminateInstances", "iam:PassRole"} <= actions(launcher)
+    passrole = [st for st in launcher["Statement"] if "iam:PassRole" in st["Action"]]
+    assert [st["Resource"] for st in passrole] == ["arn:aws:iam::*:role/raystudy-worker"]
+    assert not any("*" == a or a.endswith(":*") for a in actions(launcher) | actions(worker))
+    readme = (REPO / "README.md").read_text()
+    assert "cluster/iam/worker-policy.json" in readme and "raystudy-worker" in readme
+
+
 def test_local_cluster_installs_the_tree_and_tells_every_node_the_head():
     cfg = load("cluster.local.yaml")
     assert cfg["provider"]["type"] == "local" and {"head_ip", "worker_ips"} <= set(cfg["provider"])

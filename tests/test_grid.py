@@ -65,6 +65,8 @@ def _space(tmp_path, **changes):
     (dict(datasets={}), "at least one dataset"),
     (dict(datasets={"mnist": {}}), "unknown dataset 'mnist'"),
     (dict(tune={"retries": 3}), "unknown key 'retries'"),
+    (dict(study="../../x"), "study '../../x'"),  # it names the folder under --storage
+    (dict(study="a/b"), "study 'a/b'"),
 ])
 def test_bad_spaces_are_refused_before_any_trial(tmp_path, changes, needle, capsys):
     assert grid.main(["--space", _space(tmp_path, **changes), "--dry-run"]) == 2

@@ -1,5 +1,6 @@
 """The worker's Reporter: step measurements ride with the next evaluation; checkpoints by time."""
 
+import pytest
 import torch
 from ray import tune
 
@@ -54,3 +55,39 @@ def test_checkpoints_go_with_evaluations_at_most_every_every_s(monkeypatch):
         r({"step": step, "val_acc": 0.1 * step}, {"step": step})
     # 30 s after the start: none; 61 s: one; 39 s after that: none; 61 s after it: one
     assert [s["step"] if s else None for _, s in rec.calls] == [None, 20, None, 40]
+
+
+class _Planted:
+    """A pickle that runs code when loaded: what a planted checkpoint would carry."""
+
+    def __reduce__(self):
+        import os
+
+        return os.system, ("touch PLANTED",)
+
+
+def test_checkpoint_state_loads_with_weights_only_and_a_planted_file_runs_nothing(tmp_path, monkeypatch):
+    from raystudy import engine
+    from raystudy.config import FinetuneConfig
+
+    cfg = FinetuneConfig(pretrained=False, steps=4, warmup_steps=1, eval_every=2, log_every=2,
+                         batch_size=16, optimizer="adamw", probe_pairs=8, device="cpu")
+    states = []
+    engine.train(cfg, report=lambda m, s: s is not None and states.append(s))
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    trial._save_state(states[0], str(folder))
+    # what a resumed trial reads: tensors and plain types only, optimizer state included
+    loaded = torch.load(folder / trial.STATE_FILE, weights_only=True)
+    assert loaded["step"] == 2 and loaded["optimizer"]["state"]
+    resumed = trial._load_state(tune.Checkpoint.from_directory(str(folder)))
+    res = engine.train(cfg, resume=resumed)
+    assert res["status"] == "finished"
+
+    monkeypatch.chdir(tmp_path)
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    torch.save({"step": 1, "x": _Planted()}, planted / trial.STATE_FILE)
+    with pytest.raises(RuntimeError, match="refusing to load it"):
+        trial._load_state(tune.Checkpoint.from_directory(str(planted)))
+    assert not (tmp_path / "PLANTED").exists()

@@ -1,0 +1,368 @@
+"""Bad input to every CLI: exit status 2, one line on stderr starting ``error:``, no traceback,
+nothing written and no Ray started -- all before any work.
+
+One table, (CLI, argv, input files, fragment of the expected message). Each case runs the CLI's
+``main(argv)`` in an empty working directory, with its input files in a folder beside it
+(``{in}`` in argv); the working directory must stay empty and Ray uninitialised. A few cases run
+as subprocesses: ``python -m raystudy.datasets`` as a user types it, and a dry run whose answer
+must come in seconds. The pass count per CLI is its clear/total.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = yaml.safe_load((REPO / "search_spaces" / "demo.yaml").read_text())
+OPTIMISER = yaml.safe_load((REPO / "search_spaces" / "optuna" / "optimiser.yaml").read_text())
+FAST = ["--set", "steps=2", "--set", "warmup_steps=1", "--set", "eval_every=1"]  # if it trains anyway
+BINARY = b"\x00\xff\xfe\x89PNG\r\n\x1a\n\x00\x00\xc3\x28"
+
+
+def grid_space(**changes) -> str:
+    raw = {**DEMO}
+    for k, v in changes.items():
+        if isinstance(v, dict) and isinstance(raw.get(k), dict):
+            raw[k] = {**raw[k], **v}
+        else:
+            raw[k] = v
+    return yaml.safe_dump(raw)
+
+
+def search_space(**changes) -> str:
+    raw = {**OPTIMISER}
+    for k, v in changes.items():
+        if isinstance(v, dict) and isinstance(raw.get(k), dict):
+            raw[k] = {**raw[k], **v}
+        else:
+            raw[k] = v
+    return yaml.safe_dump(raw)
+
+
+def G(**changes):  # a grid space file
+    return {"s.yaml": grid_space(**changes)}
+
+
+def S(**changes):  # a search space file
+    return {"s.yaml": search_space(**changes)}
+
+
+GS = ["--space", "{in}/s.yaml", "--dry-run"]
+SS = ["--space", "{in}/s.yaml", "--dry-run"]
+AFILE = {"afile": "not a folder\n"}
+GARBAGE_PT = {"garbage.pt": b"PK\x03\x04 this is not a checkpoint" * 8}
+STORE = {"mlflow.db": "TEMPLATE"}  # an empty MLflow store (a copy of the session's template)
+
+CASES = [
+    # ------------------------------------------------------------------ grid
+    ("grid", ["--set", "lr=nan", "--dry-run"], {}, "'lr' must be a finite number"),
+    ("grid", ["--set", "lr=inf", "--dry-run"], {}, "'lr' must be a finite number"),
+    ("grid", ["--set", "lr=-1", "--dry-run"], {}, "'lr' must be > 0"),
+    ("grid", ["--set", "lr=[1,", "--dry-run"], {}, "cannot read '[1,'"),
+    ("grid", ["--set", "steps=abc", "--dry-run"], {}, "'steps' must be an integer"),
+    ("grid", ["--set", "lr", "--dry-run"], {}, "--set expects key=value"),
+    ("grid", GS, G(base={"lr": float("nan")}), "'lr' must be a finite number"),
+    ("grid", GS, G(grid={"lr": {"grid_search": [0.1, "abc"]}}), "'lr' must be a number"),
+    ("grid", GS, G(grid={"lr": {"grid_search": [[0.1, 0.2]]}}), "'lr' must be a number"),
+    ("grid", GS, G(grid={"lr": {"grid_search": [0.1, float("inf")]}}), "'lr' must be a finite number"),
+    ("grid", GS, G(grid={"condition": {"grid_search": ["MHA", "FC9"]}}), "unknown component 'FC9'"),
+    ("grid", GS, G(grid={"condition": {"grid_search": ["MHA", 5]}}), "condition"),
+    ("grid", GS, G(grid={"condition": {"grid_search": ["MHA", ["FC1"]]}}), "condition"),
+    ("grid", GS, G(grid={"seed": {"grid_search": [0, "x"]}}), "'seed' must be an integer"),
+    ("grid", GS, G(grid=["lr"]), "grid must be a mapping"),
+    ("grid", GS, G(base=[1, 2]), "base must be a mapping"),
+    ("grid", GS, G(models={"vit_demo": {"workers": 0}}), "workers must be an integer >= 1"),
+    ("grid", GS, G(models={"vit_demo": {"cpu": -1}}), "cpu must be a number >= 0"),
+    ("grid", GS, G(models={"vit_demo": {"gpu": "a"}}), "gpu must be a number >= 0"),
+    ("grid", GS, G(models={"vit_demo": {"cpu": 1, "step_seconds": -2}}), "step_seconds must be"),
+    ("grid", GS, G(models={"vit_demo": []}), "must be a mapping"),
+    ("grid", GS, G(tune={"max_failures": "two"}), "max_failures must be an integer >= 0"),
+    ("grid", GS, G(tune={"max_concurrent": 0}), "max_concurrent must be an integer >= 1"),
+    ("grid", GS, G(tune={"threads_per_trial": -1}), "threads_per_trial must be an integer >= 1"),
+    ("grid", GS, G(tune={"checkpoint_every_s": float("nan")}), "checkpoint_every_s must be a finite number"),
+    ("grid", GS, G(optimizers={"sgd": {"lr_scale": "x"}}), "lr_scale must be a finite number > 0"),
+    ("grid", GS, G(optimizers=["sgd"]), "optimizers must be a mapping"),
+    ("grid", GS, G(datasets=["digits_c"]), "datasets must be a mapping"),
+    ("grid", GS, G(study="../../x"), "study '../../x' must be a plain name"),
+    ("grid", GS, {"s.yaml": BINARY}, "is not a readable text file"),
+    ("grid", GS, {"s.yaml": "- a\n- b\n"}, "must be a mapping"),
+    ("grid", GS, {"s.yaml": "base: {lr: [\n"}, "is not valid YAML"),
+    ("grid", ["--space", "{in}/d.yaml", "--dry-run"], {"d.yaml/": None}, "does not exist"),
+    ("grid", ["--max-concurrent", "-1", "--dry-run"], {}, "--max-concurrent must be >= 1"),
+    ("grid", ["--max-concurrent", "0", "--dry-run"], {}, "--max-concurrent must be >= 1"),
+    ("grid", ["--max-failures", "-1", "--dry-run"], {}, "--max-failures must be >= 0"),
+    ("grid", ["--num-cpus", "0", "--dry-run"], {}, "--num-cpus must be >= 1"),
+    ("grid", ["--num-cpus", "-2", "--dry-run"], {}, "--num-cpus must be >= 1"),
+    ("grid", ["--num-cpus", "x", "--dry-run"], {}, "invalid int value"),
+    ("grid", ["--storage", "{in}/afile", "--dry-run"], AFILE, "is a file, not a folder"),
+    ("grid", ["--storage", "/proc/raystudy-ro/ray", "--dry-run"], {}, "cannot write"),
+    ("grid", ["--tracking-uri", "sqlite:////proc/mlflow.db", "--dry-run"], {}, "cannot write"),
+    ("grid", ["--tracking-uri", "sqlite:///{in}/garbage.db", "--dry-run"], {"garbage.db": BINARY * 10},
+     "is not an SQLite database"),
+    ("grid", ["--tracking-uri", "ftp://x", "--dry-run"], {}, "unsupported tracking URI"),
+    ("grid", ["--set", "weights={in}/garbage.pt", "--dry-run"], GARBAGE_PT, "is not a model checkpoint"),
+    ("grid", ["--set", "device=tpu", "--dry-run"], {}, "unknown device 'tpu'"),
+    ("grid", ["--set", "betas=[0.9]", "--dry-run"], {}, "'betas' must be a list of 2 numbers"),
+    ("grid", ["--set", "momentum=nan", "--dry-run"], {}, "'momentum' must be a finite number"),
+    ("grid", ["--datasets", "", "--dry-run"], {}, "--datasets: empty list"),
+    ("grid", ["--conditions", "MHA,FC9", "--dry-run"], {}, "unknown component 'FC9'"),
+    ("grid", ["--model", "nope", "--dry-run"], {}, "unknown model 'nope'"),
+    ("grid", ["--space", "nope", "--dry-run"], {}, "unknown search space 'nope'"),
+    ("grid", ["--bogus"], {}, "unrecognized arguments: --bogus"),
+    ("grid", ["--address", "no-port", "--tracking-uri", "sqlite:///{in}/mlflow.db"], STORE, "--address"),
+    # ------------------------------------------------------------------ search
+    ("search", ["--num-samples", "0", "--dry-run"], {}, "--num-samples must be >= 1"),
+    ("search", ["--num-samples", "-3", "--dry-run"], {}, "--num-samples must be >= 1"),
+    ("search", ["--num-samples", "x", "--dry-run"], {}, "invalid int value"),
+    ("search", ["--time-budget", "nan", "--dry-run"], {}, "--time-budget must be a finite number > 0"),
+    ("search", ["--time-budget", "-5", "--dry-run"], {}, "--time-budget must be a finite number > 0"),
+    ("search", ["--time-budget", "0", "--dry-run"], {}, "--time-budget must be a finite number > 0"),
+    ("search", ["--test-seeds", "1,x", "--dry-run"], {}, "--test-seeds"),
+    ("search", ["--test-seeds", ",", "--dry-run"], {}, "--test-seeds"),
+    ("search", ["--set", "lr=nan", "--dry-run"], {}, "'lr' must be a finite number"),
+    ("search", ["--set", "lr=[1,", "--dry-run"], {}, "cannot read '[1,'"),
+    ("search", ["--num-cpus", "0", "--dry-run"], {}, "--num-cpus must be >= 1"),
+    ("search", ["--storage", "{in}/afile", "--dry-run"], AFILE, "is a file, not a folder"),
+    ("search", ["--conditions", "FC9", "--dry-run"], {}, "unknown component 'FC9'"),
+    ("search", ["--dataset", "nope", "--dry-run"], {}, "unknown dataset 'nope'"),
+    ("search", ["--model", "nope", "--dry-run"], {}, "unknown model 'nope'"),
+    ("search", ["--bogus"], {}, "unrecognized arguments: --bogus"),
+    ("search", SS, S(budget={"num_samples": "abc"}), "num_samples must be an integer >= 1"),
+    ("search", SS, S(budget={"num_samples": 0}), "num_samples must be an integer >= 1"),
+    ("search", SS, S(budget={"time_budget_s": -5}), "time_budget_s must be a finite number > 0"),
+    ("search", SS, S(budget={"time_budget_s": float("nan")}), "time_budget_s must be a finite number > 0"),
+    ("search", SS, S(seed="abc"), "seed must be an integer"),
+    ("search", SS, S(test_seeds=["a"]), "test_seeds must be a list of integers"),
+    ("search", SS, S(test_seeds=5), "test_seeds must be a list of integers"),
+    ("search", SS, S(scheduler={"grace_period": "x"}), "grace_period must be an integer >= 1"),
+    ("search", SS, S(scheduler={"reduction_factor": 1}), "reduction_factor must be an integer >= 2"),
+    ("search", SS, S(conditions=["MHA", "FC9"]), "unknown component 'FC9'"),
+    ("search", SS, S(conditions="MHA"), "conditions must be a list"),
+    ("search", SS, S(conditions=[["MHA"]]), "condition"),
+    ("search", SS, S(base={"lr": float("nan")}), "'lr' must be a finite number"),
+    ("search", SS, S(params={"lr": {"loguniform": [float("nan"), 1.0]}}), "finite"),
+    ("search", SS, S(params={"lr": {"uniform": [0.1, float("inf")]}}), "finite"),
+    ("search", SS, S(models={"vit_demo": {"cpu": -1}}), "cpu must be a number >= 0"),
+    ("search", SS, S(tune={"max_concurrent": -1}), "max_concurrent must be an integer >= 1"),
+    ("search", SS, S(study="../../x"), "study '../../x' must be a plain name"),
+    ("search", SS, {"s.yaml": BINARY}, "is not a readable text file"),
+    ("search", SS, {"s.yaml": "[1, 2]\n"}, "must be a mapping"),
+    # ------------------------------------------------------------------ finetune
+    ("finetune", ["--lr", "nan"] + FAST, {}, "'lr' must be a finite number"),
+    ("finetune", ["--lr", "inf"] + FAST, {}, "'lr' must be a finite number"),
+    ("finetune", ["--lr", "-0.1"] + FAST, {}, "'lr' must be > 0"),
+    ("finetune", ["--lr", "abc"] + FAST, {}, "'lr' must be a number"),
+    ("finetune", ["--steps", "1.5"] + FAST[2:], {}, "'steps' must be an integer"),
+    ("finetune", ["--set", "lr=[1,"] + FAST, {}, "cannot read '[1,'"),
+    ("finetune", ["--set", "momentum=nan"] + FAST, {}, "'momentum' must be a finite number"),
+    ("finetune", ["--set", "weight_decay=inf"] + FAST, {}, "'weight_decay' must be a finite number"),
+    ("finetune", ["--set", "clip_grad=nan"] + FAST, {}, "'clip_grad' must be a finite number"),
+    ("finetune", ["--set", "betas=[nan, 0.9]"] + FAST, {}, "'betas' must be a finite number"),
+    ("finetune", ["--set", "num_workers=-1"] + FAST, {}, "'num_workers' must be >= 0"),
+    ("finetune", ["--set", "colour=red"] + FAST, {}, "unknown config key 'colour'"),
+    ("finetune", ["--condition", "FC9"] + FAST, {}, "unknown component 'FC9'"),
+    ("finetune", ["--dataset", "nope"] + FAST, {}, "unknown dataset 'nope'"),
+    ("finetune", ["--model", "resnet50"] + FAST, {}, "not a timm VisionTransformer"),
+    ("finetune", ["--device", "cuda"] + FAST, {}, "CUDA is not available"),
+    ("finetune", ["--device", "gpu"] + FAST, {}, "unknown device 'gpu'"),
+    ("finetune", ["--weights", "{in}/garbage.pt"] + FAST, GARBAGE_PT, "is not a model checkpoint"),
+    ("finetune", ["--weights", "{in}/nope.pt"] + FAST, {}, "does not exist"),
+    ("finetune", ["--out", "{in}/afile"] + FAST, AFILE, "is a file, not a folder"),
+    ("finetune", ["--out", "/proc/raystudy-ro/out"] + FAST, {}, "cannot write"),
+    ("finetune", ["--config", "{in}/bin.yaml"] + FAST, {"bin.yaml": BINARY}, "is not a readable text file"),
+    ("finetune", ["--config", "{in}/list.yaml"] + FAST, {"list.yaml": "- 1\n- 2\n"}, "must be a mapping"),
+    ("finetune", ["--config", "{in}/d.yaml"] + FAST, {"d.yaml/": None}, "does not exist"),
+    ("finetune", ["--config", "{in}/c.yaml"] + FAST, {"c.yaml": "lr: .nan\n"}, "'lr' must be a finite number"),
+    ("finetune", ["--config", "{in}/c.yaml"] + FAST, {"c.yaml": "lr: [0.1, 0.2]\n"}, "'lr' must be a number"),
+    ("finetune", ["--bogus"], {}, "unrecognized arguments: --bogus"),
+    # ------------------------------------------------------------------ probe
+    ("probe", ["--pairs", "0"], {}, "--pairs must be >= 1"),
+    ("probe", ["--pairs", "x"], {}, "invalid int value"),
+    ("probe", ["--batch-size", "0"], {}, "--batch-size must be >= 1"),
+    ("probe", ["--num-workers", "-1"], {}, "--num-workers must be >= 0"),
+    ("probe", ["--mode", "sideways"], {}, "sideways"),
+    ("probe", ["--components", "FC9"], {}, "FC9"),
+    ("probe", ["--device", "tpu"], {}, "unknown device 'tpu'"),
+    ("probe", ["--device", "cuda", "--pairs", "8"], {}, "CUDA is not available"),
+    ("probe", ["--model", "resnet50"], {}, "not a timm VisionTransformer"),
+    ("probe", ["--dataset", "nope"], {}, "unknown dataset 'nope'"),
+    ("probe", ["--source", "nope"], {}, "unknown dataset 'nope'"),
+    ("probe", ["--weights", "{in}/garbage.pt", "--pairs", "8"], GARBAGE_PT, "is not a model checkpoint"),
+    ("probe", ["--weights", "{in}/nope.pt"], {}, "does not exist"),
+    ("probe", ["--out", "{in}/afile", "--pairs", "8"], AFILE, "is a file, not a folder"),
+    ("probe", ["--seed", "-1", "--pairs", "8"], {}, "--seed must be >= 0"),
+    ("probe", ["--bogus"], {}, "unrecognized arguments: --bogus"),
+    # ------------------------------------------------------------------ prefetch
+    ("prefetch", [], {}, "nothing to fetch"),
+    ("prefetch", ["--model", "nope"], {}, "nope"),
+    ("prefetch", ["--datasets", "nope"], {}, "nope"),
+    ("prefetch", ["--datasets", ","], {}, "--datasets"),
+    ("prefetch", ["--datasets", "digits", "--data-root", "{in}/afile"], AFILE, "is a file, not a folder"),
+    ("prefetch", ["--model", "vit_demo", "--hf-cache", "{in}/afile"], AFILE, "is a file, not a folder"),
+    ("prefetch", ["--bogus"], {}, "unrecognized arguments: --bogus"),
+    # ------------------------------------------------------------------ components
+    ("components", ["--model", "nope"], {}, "unknown model 'nope'"),
+    ("components", ["--model", "resnet50"], {}, "not a timm VisionTransformer"),
+    ("components", ["--conditions", "FC9"], {}, "unknown component 'FC9'"),
+    ("components", ["--conditions", ""], {}, "empty"),
+    ("components", ["--conditions", "MHA,,FC1"], {}, "empty"),
+    ("components", ["--bogus"], {}, "unrecognized arguments: --bogus"),
+    ("components", ["extra"], {}, "unrecognized arguments: extra"),
+    # ------------------------------------------------------------------ datasets
+    ("datasets", ["--bogus"], {}, "unrecognized arguments: --bogus"),
+    ("datasets", ["extra"], {}, "unrecognized arguments: extra"),
+    # ------------------------------------------------------------------ analysis.report
+    ("report", [], {}, "one of the arguments --experiment --csv is required"),
+    ("report", ["--csv", "{in}/r.csv", "--bogus"], {"r.csv": "RUNS"}, "unrecognized arguments: --bogus"),
+    ("report", ["--csv", "{in}/nope.csv"], {}, "does not exist"),
+    ("report", ["--csv", "{in}/bin.csv"], {"bin.csv": BINARY * 4}, "is not a readable CSV"),
+    ("report", ["--csv", "{in}/d.csv"], {"d.csv/": None}, "does not exist"),
+    ("report", ["--csv", "{in}/bad.csv"], {"bad.csv": "a,b\n1,2\n"}, "column"),
+    ("report", ["--csv", "{in}/empty.csv"], {"empty.csv": ""}, "empty"),
+    ("report", ["--csv", "{in}/r.csv", "--rope", "nan"], {"r.csv": "RUNS"}, "--rope must be a finite number >= 0"),
+    ("report", ["--csv", "{in}/r.csv", "--rope", "-1"], {"r.csv": "RUNS"}, "--rope must be a finite number >= 0"),
+    ("report", ["--csv", "{in}/r.csv", "--bootstrap-reps", "0"], {"r.csv": "RUNS"}, "--bootstrap-reps must be >= 1"),
+    ("report", ["--csv", "{in}/r.csv", "--bootstrap-reps", "x"], {"r.csv": "RUNS"}, "invalid int value"),
+    ("report", ["--csv", "{in}/r.csv", "--select-on", "train"], {"r.csv": "RUNS"}, "invalid choice"),
+    ("report", ["--csv", "{in}/r.csv", "--out", "{in}/afile"], {"r.csv": "RUNS", **AFILE}, "is a file, not a folder"),
+    ("report", ["--csv", "{in}/r.csv", "--plasticity", "{in}/bin.csv"], {"r.csv": "RUNS", "bin.csv": BINARY * 4},
+     "is not a readable CSV"),
+    ("report", ["--experiment", "nope", "--tracking-uri", "sqlite:///{in}/mlflow.db"], STORE, "nope"),
+    ("report", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/garbage.db"], {"garbage.db": BINARY * 10},
+     "is not an SQLite database"),
+    ("report", ["--experiment", "x", "--tracking-uri", "ftp://x"], {}, "unsupported tracking URI"),
+    # ------------------------------------------------------------------ analysis.export_best
+    ("export_best", [], {}, "the following arguments are required"),
+    ("export_best", ["--experiment", "x", "--out", "{in}/o", "--bogus"], {}, "unrecognized arguments: --bogus"),
+    ("export_best", ["--experiment", "nope", "--tracking-uri", "sqlite:///{in}/mlflow.db", "--out", "{in}/o"],
+     STORE, "nope"),
+    ("export_best", ["--experiment", "x", "--tracking-uri", "ftp://x", "--out", "{in}/o"], {},
+     "unsupported tracking URI"),
+    ("export_best", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/garbage.db", "--out", "{in}/o"],
+     {"garbage.db": BINARY * 10}, "is not an SQLite database"),
+    ("export_best", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/mlflow.db", "--out", "{in}/afile"],
+     {**STORE, **AFILE}, "is a file, not a folder"),
+    ("export_best", ["--experiment", "x", "--select-on", "train", "--out", "{in}/o"], {}, "invalid choice"),
+]
+
+MAINS = {
+    "grid": "raystudy.grid", "search": "raystudy.search", "finetune": "raystudy.finetune",
+    "probe": "raystudy.probe", "prefetch": "raystudy.prefetch", "components": "raystudy.components",
+    "datasets": "raystudy.datasets", "report": "analysis.report", "export_best": "analysis.export_best",
+}
+
+
+def runs_csv() -> str:
+    from analysis.synthetic import fake_runs
+
+    return fake_runs(n_datasets=2, conditions=("MHA", "FC1"), lrs=(0.1, 0.3), seeds=(0, 1)).to_csv(index=False)
+
+
+def make_inputs(folder: Path, files: dict, template_db: Path) -> None:
+    folder.mkdir()
+    for name, content in files.items():
+        if name.endswith("/"):
+            (folder / name.rstrip("/")).mkdir()
+        elif content == "TEMPLATE":
+            shutil.copy(template_db, folder / name)
+        elif content == "RUNS":
+            (folder / name).write_text(runs_csv())
+        elif isinstance(content, bytes):
+            (folder / name).write_bytes(content)
+        else:
+            (folder / name).write_text(content)
+
+
+def run_case(cli: str, argv: list[str], files: dict, tmp_path: Path, template_db: Path, capsys):
+    """Run one case in-process; (status, stderr lines, what the working directory holds)."""
+    import importlib
+
+    inputs, work = tmp_path / "in", tmp_path / "work"
+    make_inputs(inputs, files, template_db)
+    work.mkdir()
+    argv = [a.replace("{in}", str(inputs)) for a in argv]
+    main = importlib.import_module(MAINS[cli]).main
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        capsys.readouterr()
+        try:
+            status = main(argv)
+        except SystemExit as e:
+            status = e.code
+        except Exception as e:  # noqa: BLE001 - a traceback is what the table catches
+            import traceback
+
+            status = f"uncaught {type(e).__name__}: {e}"
+            traceback.print_exc()
+    finally:
+        os.chdir(old)
+    err = capsys.readouterr().err
+    left = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
+    ray_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    return status, err, left, ray_up
+
+
+def case_id(case) -> str:
+    cli, argv, files, _ = case
+    return f"{cli}:{' '.join(argv)[:60]}:{'+'.join(files)[:30]}"
+
+
+@pytest.mark.parametrize("cli,argv,files,needle", CASES, ids=[case_id(c) for c in CASES])
+def test_bad_input_is_one_line_exit_2_before_any_work(cli, argv, files, needle, tmp_path, capsys,
+                                                      _empty_mlflow_db, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    status, err, left, ray_up = run_case(cli, argv, files, tmp_path, _empty_mlflow_db, capsys)
+    lines = err.strip().splitlines()
+    assert status == 2, (status, err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines[-20:]
+    assert "Traceback" not in err
+    assert needle in lines[0], lines[0]
+    assert left == [], left
+    assert not ray_up
+
+
+SUBPROCESS_CASES = [
+    # as typed: the module a user runs (no argparse used to mean any flag was ignored, exit 0)
+    ("datasets", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("grid", ["--num-cpus", "0", "--ray-temp-dir", "/tmp/rbad17"], "--num-cpus must be >= 1"),
+    ("grid", ["--max-concurrent", "-1", "--ray-temp-dir", "/tmp/rbad17"], "--max-concurrent must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("cli,argv,needle", SUBPROCESS_CASES, ids=[f"{c}:{' '.join(a)}" for c, a, _ in SUBPROCESS_CASES])
+def test_bad_input_as_a_user_types_it(cli, argv, needle, tmp_path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    p = subprocess.run([sys.executable, "-m", MAINS[cli], *argv], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines[-10:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_700000_trial_dry_run_answers_in_seconds(tmp_path):
+    space = grid_space(grid={"seed": {"grid_search": list(range(50_000))},
+                             "lr": {"grid_search": [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]},
+                             "condition": {"grid_search": ["MHA", "FC1"]}})
+    (tmp_path / "big.yaml").write_text(space)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "raystudy.grid", "--space", str(tmp_path / "big.yaml"), "--dry-run"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "700000 trials" in p.stdout.replace(",", "")
+    assert took < 30, f"{took:.0f} s"  # includes interpreter and torch start-up on a loaded 2-core box
+
