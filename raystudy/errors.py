@@ -6,3 +6,7 @@ class ConfigError(ValueError):
 
     Every CLI turns it into ``error: <message>`` and exit status 2, before heavy work starts.
     """
+
+
+class Preempted(RuntimeError):
+    """The node got notice (SIGTERM): the trial checkpointed its last step and stops, to be retried."""

@@ -236,6 +236,26 @@ def completed_trials(storage, study_name: str) -> int:
     return done
 
 
+def make_searcher(space: SearchSpace, condition: str | None, base: dict[str, Any], resources: dict[str, Any],
+                  storage, study_name: str):
+    """Ray's OptunaSearch over the persisted study ``study_name``, resumed with its history.
+
+    The sampler's seed is the space's plus the number of trials the study already holds: a
+    resumed search draws on from there instead of replaying the first session's draws
+    (TPE's random start-up trials), and the same history still gives the same suggestions.
+    """
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    try:
+        held = len(optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False))
+    except KeyError:
+        held = 0
+    seed = None if space.seed is None else space.seed + held
+    return OptunaSearch(space=Sampler(space, condition, base, resources), metric="score", mode="max",
+                        sampler=optuna.samplers.TPESampler(seed=seed), storage=storage, study_name=study_name)
+
+
 def search_condition(space: SearchSpace, label: str, condition: str | None, *, model: str, dataset: str, base: dict[str, Any],
                      tracking_uri: str, exp_id: str, parent: str, storage: Path, num_samples: int,
                      time_budget_s: float | None, resources: dict[str, Any], tuning: dict[str, Any],
@@ -243,7 +263,6 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
     """One Optuna study (``label``: a condition, or ``components`` when the condition itself is
     searched); returns the best finished trial's config and score."""
     from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.optuna import OptunaSearch
 
     study_name = f"{space.study}-{model}-{dataset}-{label}"
     cl = tracking.client(tracking_uri)
@@ -255,8 +274,7 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
     print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {max(remaining, 0)} to run", flush=True)
     if remaining > 0:
         steps = int(base.get("steps", FinetuneConfig.steps))
-        searcher = OptunaSearch(space=Sampler(space, condition, base, resources), metric="score", mode="max",
-                                seed=space.seed, storage=ostore, study_name=study_name)
+        searcher = make_searcher(space, condition, base, resources, ostore, study_name)
         # max_t past the last step: a trial that reaches the end finishes itself (and is tested)
         scheduler = ASHAScheduler(time_attr="step", metric="score", mode="max", max_t=steps + 1,
                                   grace_period=min(space.grace_period, steps),

@@ -1,0 +1,34 @@
+"""The runner's pieces that need no Ray cluster: the resumable searcher, the grid lock, the store's creation."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from raystudy import runner, spaces
+from raystudy.errors import ConfigError
+
+
+def test_a_resumed_search_suggests_no_config_twice(tmp_path):
+    # Issue #17 item 4: rebuilt with the same seed, the searcher replayed its first suggestions.
+    space = spaces.load_search("optimiser")
+    base = {**space.base, "model": "vit_demo", "dataset": "digits_c"}
+    res = {"gpu": 0.0, "cpu": 1.0, "workers": 1}
+    store = runner.optuna_storage(tmp_path)
+
+    def session(n, first):
+        s = runner.make_searcher(space, "MHA", base, res, store, "s")
+        keys = []
+        for i in range(n):
+            cfg = s.suggest(f"{first + i}")
+            keys.append(cfg["trial"]["key"])
+            s.on_trial_complete(f"{first + i}", {"score": 0.1 * i, "step": 1})
+        return keys
+
+    first = session(3, 0)
+    runner.completed_trials(store, "s")
+    second = session(3, 3)  # the search killed and run again: same space, same seed
+    assert len(set(first + second)) == 6, (first, second)
