@@ -225,3 +225,20 @@ def test_a_trial_leaves_the_callers_global_rng_alone():
     torch.manual_seed(5)
     engine.train(cfg)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_stop_request_checkpoints_the_current_step_and_the_retry_continues_from_it():
+    # Issue #17 item 5, in the loop: notice after step 5 (no evaluation there) -> state at 5.
+    from raystudy.errors import Preempted
+
+    cfg = FinetuneConfig(**{**FAST, "steps": 8, "eval_every": 4, "log_every": 1}, condition="MHA")
+    full = []
+    engine.train(cfg, report=_record(full))
+    first, states = [], []
+    with pytest.raises(Preempted):
+        engine.train(cfg, report=_record(first, states), stop=lambda: len([m for m in first if "loss" in m]) >= 5)
+    assert states[-1]["step"] == 5 and first[-1].get("preempted") == 1.0
+    rest = []
+    engine.train(cfg, report=_record(rest), resume=states[-1])
+    loss = {m["step"]: m["loss"] for m in full if "loss" in m}
+    assert [(m["step"], m["loss"]) for m in rest if "loss" in m] == [(s, loss[s]) for s in (6, 7, 8)]

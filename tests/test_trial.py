@@ -54,3 +54,15 @@ def test_checkpoints_go_with_evaluations_at_most_every_every_s(monkeypatch):
         r({"step": step, "val_acc": 0.1 * step}, {"step": step})
     # 30 s after the start: none; 61 s: one; 39 s after that: none; 61 s after it: one
     assert [s["step"] if s else None for _, s in rec.calls] == [None, 20, None, 40]
+
+
+def test_a_preempted_step_checkpoints_whatever_the_interval(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(trial.time, "monotonic", lambda: now[0])
+    rec = Recorder()
+    r = trial.Reporter(rec, tune.Checkpoint, every_s=600)
+    r({"step": 10, "loss": 1.0}, None)
+    now[0] = 1001.0
+    r({"step": 13, "preempted": 1.0}, {"step": 13})
+    (metrics, saved), = rec.calls
+    assert saved == {"step": 13} and [h["step"] for h in metrics["history"]] == [10]
