@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pickle
 import socket
 import time
 from pathlib import Path
@@ -182,7 +183,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
         trainable = tune.with_resources(run_trial, resources)
         tuner = None
         if tune.Tuner.can_restore(str(path)):
-            tuner, why = _restore(path, trainable, {t.key for t in trials})
+            tuner, why = _restore(path, trainable)
             if tuner is None:
                 print(f"could not restore the interrupted run's Tune state at {path} ({why}); "
                       f"starting afresh over the {len(pending)} unfinished trials (MLflow knows which are done)",
@@ -225,21 +226,20 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
     return counts
 
 
-def _restore(path, trainable, keys: set[str]):
+def _restore(path, trainable):
     """(the Tuner of an interrupted run of this grid, "") or (None, why not): its state cannot
-    be read (half written: a full disk) or is not this grid's (no ``trial`` grid over these
-    keys: Tune would start trials without their config)."""
+    be read (half written: a full disk) or is not a grid's (no ``trial`` grid in its param
+    space: Tune would start trials without their config)."""
     try:
-        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+        if isinstance(path, Path):  # Tune keeps the param space's shape in tuner.pkl; it does not check it
+            with open(path / "tuner.pkl", "rb") as f:
+                shape = pickle.load(f).get("__flattened_param_space_keys")
+            if shape is not None and "trial/grid_search" not in shape:
+                return None, f"its param space ({', '.join(shape)}) has no trial grid"
+        return tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True), ""
     except Exception as e:  # noqa: BLE001 - any unreadable state is handled the same way
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         return None, f"{type(e).__name__}: {first}"
-    space = getattr(getattr(tuner, "_local_tuner", None), "param_space", None) or {}
-    trial = space.get("trial") if isinstance(space, dict) else None
-    grid = trial.get("grid_search") if isinstance(trial, dict) else None
-    if not grid or not all(isinstance(t, dict) and t.get("key") in keys for t in grid):
-        return None, "its trials are not this grid's"
-    return tuner, ""
 
 
 def _set_aside(path, storage, name: str):

@@ -281,8 +281,10 @@ def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):
     tmp, ray_tmp = work
     storage = tmp / "runs" / "ray"
     foreign = write_space(tmp, {**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}})
+    # same trainable name, no trial config in its param space
     code = ("import ray; from ray import tune; ray.init(num_cpus=1, _temp_dir=%r, include_dashboard=False)\n"
-            "tune.Tuner(lambda c: None, param_space={'x': 1}, run_config=tune.RunConfig(name=%r, "
+            "def run_trial(config):\n    return None\n"
+            "tune.Tuner(run_trial, param_space={'x': tune.grid_search([1])}, run_config=tune.RunConfig(name=%r, "
             "storage_path=%r, verbose=0)).fit()" % (ray_tmp, _grid_name(foreign), str(storage)))
     p = run([sys.executable, "-c", code], tmp)
     assert p.returncode == 0, p.stderr[-2000:]
