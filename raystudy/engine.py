@@ -303,9 +303,12 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
     if cfg.probe_pairs:
         probe_before = resume.get("probe_before") if resume else probe_plasticity(cfg, model, splits)
     # A resumed run continues the batch stream and the RNG (dropout) where its checkpoint was.
-    stream = batches.train_stream(placed.train, micro, seed=cfg.seed * 1_000_003 + rank, device=device,
-                                  num_workers=cfg.num_workers, state=resume.get("stream") if resume else None)
-    if resume is not None and "rng" in resume:
+    # Under DDP the checkpoint is rank 0's alone: each rank then draws a fresh stream from the step.
+    exact = resume is not None and size == 1 and "stream" in resume
+    seed = cfg.seed * 1_000_003 + rank + (start * 7919 if resume is not None and not exact else 0)
+    stream = batches.train_stream(placed.train, micro, seed=seed, device=device, num_workers=cfg.num_workers,
+                                  state=resume["stream"] if exact else None)
+    if exact:
         set_rng_state(resume["rng"], device)
     else:
         torch.default_generator.manual_seed(cfg.seed * 1_000_003 + 7919 + rank)
