@@ -36,14 +36,83 @@ CACHE_BUILDER = f"raystudy-tensor-cache-{CACHE_VERSION}"  # 2: caches carry a ma
 # ---------------------------------------------------------------- the torchvision path
 
 def train_batches(ds: Dataset, batch_size: int, seed: int, num_workers: int = 0,
-                  pin_memory: bool = False):
-    """An endless stream of shuffled training batches, reproducible from ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=len(ds) >= batch_size,
-                        generator=gen, num_workers=num_workers, pin_memory=pin_memory,
-                        persistent_workers=num_workers > 0)
-    while True:
-        yield from loader
+                  pin_memory: bool = False, state: dict | None = None) -> "LoaderBatches":
+    """An endless stream of shuffled training batches, reproducible from ``seed``; resumable."""
+    return LoaderBatches(ds, batch_size, seed, num_workers, pin_memory, state)
+
+
+class _EpochOrder(torch.utils.data.Sampler):
+    """The batches of the current epoch's permutation from batch ``k`` on (read at each ``iter``)."""
+
+    def __init__(self, owner: "LoaderBatches"):
+        self.owner = owner
+
+    def __iter__(self):
+        o = self.owner
+        for k in range(o.k, o.per_epoch):
+            yield o.perm[k * o.batch_size:(k + 1) * o.batch_size].tolist()
+
+    def __len__(self) -> int:
+        return self.owner.per_epoch
+
+
+class _Resumable:
+    """An endless batch stream that can say where it is (``state_dict``) and start again there.
+
+    The order comes from ``g_idx``: each epoch's permutation is drawn from its state at the
+    epoch's start, which the state keeps with the number of batches already taken.
+    """
+
+    def _setup(self, n: int, batch_size: int, g_idx: torch.Generator, state: dict | None):
+        if n == 0:
+            raise ValueError("no training images")
+        self.n, self.batch_size, self.g_idx = n, batch_size, g_idx
+        self.per_epoch = max(1, n // batch_size)  # drop the last partial batch
+        self.perm, self.k, self.epoch_state = None, 0, None
+        if state is not None:
+            g_idx.set_state(state["order"])
+            self._new_epoch()
+            self.k = state["k"]
+
+    def _new_epoch(self) -> None:
+        self.epoch_state = self.g_idx.get_state()
+        self.perm = torch.randperm(self.n, generator=self.g_idx, device=self.g_idx.device)
+        self.k = 0
+
+    def __iter__(self):
+        return self
+
+    def state_dict(self) -> dict:
+        if self.perm is None:
+            return {"order": self.g_idx.get_state(), "k": 0}
+        return {"order": self.epoch_state, "k": self.k}
+
+
+class LoaderBatches(_Resumable):
+    """The torchvision path's stream: a DataLoader over a resumable order.
+
+    Resuming continues the order exactly. Per-image augmentation draws from the global RNG
+    (no workers: the loop's, which the checkpoint keeps) or from the workers' own seeds (then
+    a resumed run's augmentation differs from an uninterrupted run's).
+    """
+
+    def __init__(self, ds: Dataset, batch_size: int, seed: int, num_workers: int = 0,
+                 pin_memory: bool = False, state: dict | None = None):
+        self._setup(len(ds), batch_size, torch.Generator().manual_seed(seed), state)
+        self.loader = DataLoader(ds, batch_sampler=_EpochOrder(self), num_workers=num_workers,
+                                 pin_memory=pin_memory, persistent_workers=num_workers > 0,
+                                 generator=torch.Generator().manual_seed(seed + 2))
+        self._it = None
+
+    def __next__(self):
+        if self.perm is None or self.k >= self.per_epoch:
+            self._new_epoch()
+            self._it = None
+        if self._it is None:
+            self._it = iter(self.loader)
+        batch = next(self._it)
+        self.k += 1
+        return batch
 
 
 def eval_loader(ds: Dataset, batch_size: int, num_workers: int = 0,
@@ -269,24 +338,33 @@ def shard(ds: Dataset, rank: int, size: int) -> Dataset:
     return torch.utils.data.Subset(ds, range(rank, len(ds), size))
 
 
-def device_batches(view: CachedView, batch_size: int, seed: int,
-                   device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """An endless stream of shuffled, augmented training batches on ``device``, from ``seed``.
+def device_batches(view: CachedView, batch_size: int, seed: int, device: torch.device,
+                   state: dict | None = None) -> "DeviceBatches":
+    """An endless stream of shuffled, augmented training batches on ``device``, from ``seed``."""
+    return DeviceBatches(view, batch_size, seed, device, state)
 
-    Shuffling and augmentation draw from generators on the devices that hold the pool and
-    run the model: nothing here waits for the device.
-    """
-    n = len(view)
-    if n == 0:
-        raise ValueError("no training images")
-    where = view.indices.device
-    g_idx = torch.Generator(device=where).manual_seed(seed)
-    g_aug = g_idx if where.type == device.type else torch.Generator(device=device).manual_seed(seed + 1)
-    per_epoch = max(1, n // batch_size)  # drop the last partial batch, as train_batches does
-    while True:
-        perm = view.indices[torch.randperm(n, generator=g_idx, device=where)]
-        for k in range(per_epoch):
-            yield view.batch(perm[k * batch_size:(k + 1) * batch_size], g_aug, device)
+
+class DeviceBatches(_Resumable):
+    """The cache path's stream. Shuffling and augmentation draw from their own generators on
+    the devices that hold the pool and run the model: nothing here waits for the device."""
+
+    def __init__(self, view: CachedView, batch_size: int, seed: int, device: torch.device,
+                 state: dict | None = None):
+        self.view, self.device = view, device
+        self.g_aug = torch.Generator(device=device).manual_seed(seed + 1)
+        self._setup(len(view), batch_size, torch.Generator(device=view.indices.device).manual_seed(seed), state)
+        if state is not None:
+            self.g_aug.set_state(state["aug"])
+
+    def __next__(self):
+        if self.perm is None or self.k >= self.per_epoch:
+            self._new_epoch()
+        idx = self.view.indices[self.perm[self.k * self.batch_size:(self.k + 1) * self.batch_size]]
+        self.k += 1
+        return self.view.batch(idx, self.g_aug, self.device)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "aug": self.g_aug.get_state()}
 
 
 class DeviceEval:
@@ -305,13 +383,30 @@ class DeviceEval:
 
 
 def train_stream(ds: Dataset, batch_size: int, seed: int, device: torch.device,
-                 num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless training batches on ``device``, by whichever path built ``ds``."""
+                 num_workers: int = 0, state: dict | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless training batches on ``device``, by whichever path built ``ds``.
+
+    ``stream.state_dict()`` says where it is; ``state=`` that continues from there.
+    """
     if isinstance(ds, CachedView):
-        return device_batches(ds, batch_size, seed, device)
-    pin = device.type == "cuda"
-    return ((x.to(device, non_blocking=pin), y.to(device, non_blocking=pin))
-            for x, y in train_batches(ds, batch_size, seed, num_workers, pin_memory=pin))
+        return device_batches(ds, batch_size, seed, device, state)
+    return _OnDevice(train_batches(ds, batch_size, seed, num_workers, device.type == "cuda", state), device)
+
+
+class _OnDevice:
+    def __init__(self, stream: LoaderBatches, device: torch.device):
+        self.stream, self.device = stream, device
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        pin = self.device.type == "cuda"
+        x, y = next(self.stream)
+        return x.to(self.device, non_blocking=pin), y.to(self.device, non_blocking=pin)
+
+    def state_dict(self) -> dict:
+        return self.stream.state_dict()
 
 
 def eval_batches(ds: Dataset, batch_size: int, device: torch.device,

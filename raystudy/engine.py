@@ -18,7 +18,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from raystudy import batches, components, datasets, models, plasticity
 from raystudy.config import FinetuneConfig, validate
+from raystudy.errors import Preempted
 
 Report = Callable[[dict[str, Any], "dict[str, Any] | None"], None]
 
@@ -183,7 +184,8 @@ def build_model(cfg: FinetuneConfig, num_classes: int) -> nn.Module:
 def build(cfg: FinetuneConfig, model: nn.Module | None = None, augment_train: bool = True):
     """(model with the condition applied, splits, trainable counts per component).
 
-    Data comes first: a missing dataset fails before any weights are loaded.
+    Data comes first: a missing dataset fails before any weights are loaded. The head's init
+    (and LoRA's) draws from the run's seed alone, whatever building the data drew before.
     """
     ic = models.input_config(cfg.model)
     mean, std = models.normalization(cfg.model, cfg.normalization)
@@ -191,11 +193,37 @@ def build(cfg: FinetuneConfig, model: nn.Module | None = None, augment_train: bo
                                    std=std, root=cfg.data_root, download=cfg.download,
                                    low_data=cfg.low_data, low_data_split=cfg.low_data_split,
                                    data_path=cfg.data_path, augment_train=augment_train)
-    if model is None:
-        model = build_model(cfg, splits.num_classes)
-    counts = components.apply_condition(model, cfg.condition, lora_rank=cfg.lora_rank,
-                                        lora_alpha=cfg.lora_alpha)
+    with seeded(cfg.seed):
+        if model is None:
+            model = build_model(cfg, splits.num_classes)
+        counts = components.apply_condition(model, cfg.condition, lora_rank=cfg.lora_rank,
+                                            lora_alpha=cfg.lora_alpha)
     return model, splits, counts
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device | None = None):
+    """The global RNG (CPU, and ``device``'s if a GPU) seeded for a block, then put back as it was."""
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device is not None and device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.default_generator.manual_seed(seed)
+        if cuda:
+            torch.cuda.manual_seed(seed)
+        yield
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    out = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict]:
@@ -219,23 +247,37 @@ def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict
 # ---------------------------------------------------------------- the loop
 
 def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | None = None,
-          model: nn.Module | None = None) -> dict[str, Any]:
+          model: nn.Module | None = None, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Finetune ``cfg.condition`` of ``cfg.model`` on ``cfg.dataset``; returns the results.
 
     ``report(metrics, state)`` is called every ``log_every`` steps with step measurements (loss,
     ``scheduled_lr``: the lr of that step, ``grad_norm/<component>``) and
     after each evaluation with validation metrics and ``state``, a checkpoint that ``resume``
     takes back to continue from that step. ``model`` overrides the built one (pretraining).
+    ``stop()`` true after a step (a preemption notice): the step is checkpointed at once
+    (``report`` gets ``preempted``) and ``Preempted`` is raised, for a retry to resume from it.
+
+    Every random draw of the run comes from its seed: the head's init, the batch order and
+    augmentation (their own generators) and dropout (the global RNG, seeded here and put back
+    afterwards, so the caller's draws and the run's do not touch). Results then depend on the
+    seed, not on what ran before in the process; bit-exactness also needs the same device and,
+    on CPU, the same thread count (torch's reductions split work by thread).
     """
     validate(cfg)
     if cfg.condition in components.CLOSED_FORM:
         return linear_probe(cfg)
+    device = resolve_device(cfg.device)
+    with seeded(cfg.seed, device):
+        return _train(cfg, report, resume, model, stop)
+
+
+def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, model: nn.Module | None,
+           stop: Callable[[], bool] | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     rank, size = world()
     device = resolve_device(cfg.device)
     if device.type == "cuda" and size > 1:
         device = torch.device("cuda", torch.cuda.current_device())
-    torch.manual_seed(cfg.seed)  # the head's init is part of the run's seed
 
     # -- model, data, condition
     model, splits, counts = build(cfg, model)
@@ -267,9 +309,23 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
     probe_before = None
     if cfg.probe_pairs:
         probe_before = resume.get("probe_before") if resume else probe_plasticity(cfg, model, splits)
-    # A resumed run draws a fresh, still reproducible, stream of batches, already on the device.
-    stream: Iterator = batches.train_stream(placed.train, micro, seed=cfg.seed * 1_000_003 + start * 7919 + rank,
-                                          device=device, num_workers=cfg.num_workers)
+    # A resumed run continues the batch stream and the RNG (dropout) where its checkpoint was.
+    # Under DDP the checkpoint is rank 0's alone: each rank then draws a fresh stream from the step.
+    exact = resume is not None and size == 1 and "stream" in resume
+    seed = cfg.seed * 1_000_003 + rank + (start * 7919 if resume is not None and not exact else 0)
+    stream = batches.train_stream(placed.train, micro, seed=seed, device=device, num_workers=cfg.num_workers,
+                                  state=resume["stream"] if exact else None)
+    if exact:
+        set_rng_state(resume["rng"], device)
+    else:
+        torch.default_generator.manual_seed(cfg.seed * 1_000_003 + 7919 + rank)
+        if device.type == "cuda":
+            torch.cuda.manual_seed(cfg.seed * 1_000_003 + 7919 + rank)
+
+    def checkpoint(done: int) -> dict[str, Any]:
+        return {"step": done, "model": trainable_state(model), "optimizer": optimizer.state_dict(),
+                "best": best, "probe_before": probe_before, "stream": stream.state_dict(),
+                "rng": rng_state(device)}
 
     status, last = "finished", {}
     for step in range(start, cfg.steps):
@@ -293,10 +349,11 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
             val = evaluate(net, val_loader, device)
             if val["acc"] > best["val_acc"]:
                 best = {"val_acc": val["acc"], "step": done, "weights": trainable_state(model)}
-            state = {"step": done, "model": trainable_state(model),
-                     "optimizer": optimizer.state_dict(), "best": best, "probe_before": probe_before}
             report({"step": done, "val_acc": val["acc"], "val_loss": val["loss"],
-                    "best_val_acc": best["val_acc"]}, state)
+                    "best_val_acc": best["val_acc"]}, checkpoint(done))
+        if stop is not None and done < cfg.steps and stop():
+            report({"step": done, "preempted": 1.0}, checkpoint(done))
+            raise Preempted(f"preempted after step {done}, checkpointed there")
 
     # -- test the best-validation weights
     results: dict[str, Any] = {"status": status, "steps_done": last.get("step", start),
@@ -345,8 +402,7 @@ def linear_probe(cfg: FinetuneConfig) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     device = resolve_device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    model, splits, _ = build(cfg, augment_train=False)
+    model, splits, _ = build(cfg, augment_train=False)  # the head's init: seeded inside
     model.to(device)
     placed = batches.place(splits, device)
     feats = {name: pooled_features(model, batches.eval_batches(getattr(placed, name), cfg.eval_batch_size,

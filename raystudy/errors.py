@@ -16,3 +16,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+class Preempted(RuntimeError):
+    """The node got notice (SIGTERM): the trial checkpointed its last step and stops, to be retried."""

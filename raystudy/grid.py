@@ -12,6 +12,7 @@ checkpoint) and skips the finished ones; MLflow keeps exactly one run per trial 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -116,28 +117,35 @@ def main(argv: list[str] | None = None) -> int:
         return cli.fail(e)
 
     storage = Path(args.storage or "runs/ray").resolve() if not (args.storage or "").startswith(("s3://", "gs://")) else args.storage
-    print(f"MLflow: {uri} (experiment {experiment!r}); checkpoints: {storage}", flush=True)
-    t0 = time.time()
-    try:
-        runner.start_ray(args.address, args.num_cpus, args.ray_temp_dir,
-                         dashboard=any(t.workers > 1 for t in trials))
-    except ConfigError as e:
-        return cli.fail(e)
-    import ray
+    label = f"{space.study}-{model}"
+    with contextlib.ExitStack() as held:
+        try:  # one driver per grid: a second one refuses before starting anything
+            held.enter_context(runner.grid_lock(storage, runner.grid_name(trials, label)))
+        except ConfigError as e:
+            return cli.fail(e)
+        print(f"MLflow: {uri} (experiment {experiment!r}); checkpoints: {storage}", flush=True)
+        t0 = time.time()
+        try:
+            runner.start_ray(args.address, args.num_cpus, args.ray_temp_dir,
+                             dashboard=any(t.workers > 1 for t in trials))
+        except ConfigError as e:
+            return cli.fail(e)
+        import ray
 
-    try:
-        max_conc = args.max_concurrent or tuning["max_concurrent"]
-        if max_conc is None and mopts["workers"] > 1:  # nested TorchTrainers: one per free set of devices
-            total = ray.cluster_resources().get("GPU" if mopts["gpu"] else "CPU", 0)
-            # An autoscaling cluster may have no GPU node yet: then its max_workers is the cap.
-            max_conc = max(1, int(total // max(1, mopts["workers"]))) if total else None
-        counts = runner.run_grid(trials, label=f"{space.study}-{model}", model=model, tracking_uri=uri, experiment=experiment,
-                          storage=Path(storage) if isinstance(storage, Path) else storage,
-                          max_failures=max_failures, max_concurrent=max_conc,
-                          threads=int(tuning["threads_per_trial"]),
-                          checkpoint_every_s=float(tuning["checkpoint_every_s"]), verbose=0 if args.quiet else 1)
-    finally:
-        ray.shutdown()
+        try:
+            max_conc = args.max_concurrent or tuning["max_concurrent"]
+            if max_conc is None and mopts["workers"] > 1:  # nested TorchTrainers: one per free set of devices
+                total = ray.cluster_resources().get("GPU" if mopts["gpu"] else "CPU", 0)
+                # An autoscaling cluster may have no GPU node yet: then its max_workers is the cap.
+                max_conc = max(1, int(total // max(1, mopts["workers"]))) if total else None
+            counts = runner.run_grid(trials, label=label, model=model, tracking_uri=uri, experiment=experiment,
+                                     storage=Path(storage) if isinstance(storage, Path) else storage,
+                                     max_failures=max_failures, max_concurrent=max_conc,
+                                     threads=int(tuning["threads_per_trial"]),
+                                     checkpoint_every_s=float(tuning["checkpoint_every_s"]),
+                                     verbose=0 if args.quiet else 1)
+        finally:
+            ray.shutdown()
     print(f"\ndone in {time.time() - t0:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
           f"{counts['failed']} failed, {counts['unfinished']} unfinished "
           f"({counts['already_done']} were already done)")

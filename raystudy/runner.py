@@ -9,7 +9,12 @@ are found by trial key, so a rerun never duplicates one. Workers run ``raystudy.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import json
 import os
+import pickle
 import socket
 import time
 from pathlib import Path
@@ -17,7 +22,7 @@ from typing import Any
 
 from ray import tune
 
-from raystudy import tracking
+from raystudy import paths, tracking
 from raystudy.errors import ConfigError
 from raystudy.spaces import Sampler, SearchSpace, Trial, grid_key
 from raystudy.trial import run_trial
@@ -78,16 +83,106 @@ def _loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+# ---------------------------------------------------------------- one driver per grid
+
+class GridBusy(ConfigError):
+    """Another driver runs this grid (same storage and key)."""
+
+
+_HELD: dict[str, int] = {}
+
+
+def grid_name(trials: list[Trial], label: str) -> str:
+    """The grid's folder under the storage path (and its lock's name)."""
+    return f"{label}-{grid_key(trials)}"
+
+
+def lock_path(storage: Path | str, name: str) -> Path:
+    """Next to the grid's Tune folder; for object storage (s3://), in the local cache, keyed by it."""
+    if "://" in str(storage):
+        digest = hashlib.sha256(f"{storage}/{name}".encode()).hexdigest()[:16]
+        return paths.cache() / "locks" / f"{name}-{digest}.lock"
+    return Path(storage) / f".{name}.lock"
+
+
+@contextlib.contextmanager
+def grid_lock(storage: Path | str, name: str, log=print):
+    """Hold the grid's lock while driving it, or raise ``GridBusy`` naming the driver that does.
+
+    An advisory ``flock`` on a file that names its holder (host, pid, start): the kernel drops it
+    when the holder dies, however it dies, so a stale file is simply taken over. On a shared
+    folder across hosts this needs a file system with working locks (NFSv4 does). Reentrant in
+    one process (the grid holds it before starting Ray; ``run_grid`` takes it again).
+    """
+    path = lock_path(storage, name)
+    key = str(path)
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            h = _holder(f.read())
+            raise GridBusy(f"grid {name} is already being run by pid {h.get('pid', '?')} on host "
+                           f"{h.get('host', '?')} (since {h.get('started', '?')}; lock {path}); "
+                           "wait for it to end or stop it first") from None
+        f.seek(0)
+        old = _holder(f.read())
+        if old and log:
+            log(f"the grid's last driver (pid {old.get('pid')} on {old.get('host')}) is gone; taking over its lock")
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                            "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        f.flush()
+        _HELD[key] = 1
+        try:
+            yield
+        finally:
+            del _HELD[key]
+            f.seek(0)
+            f.truncate()  # an empty file: released cleanly
+            f.flush()
+    finally:
+        f.close()  # drops the flock
+
+
+def _holder(text: str) -> dict:
+    try:
+        return json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}
+
+
 def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
              storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
              checkpoint_every_s: float = 0.0, verbose: int = 1, role: str = "grid") -> dict[str, Any]:
     """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
 
-    ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder.
+    ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder. Raises
+    ``GridBusy`` if another driver runs the same grid.
     """
+    with grid_lock(storage, grid_name(trials, label)):
+        return _run_grid(trials, label=label, model=model, tracking_uri=tracking_uri, experiment=experiment,
+                         storage=storage, max_failures=max_failures, max_concurrent=max_concurrent,
+                         threads=threads, checkpoint_every_s=checkpoint_every_s, verbose=verbose, role=role)
+
+
+def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
+              storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
+              checkpoint_every_s: float, verbose: int, role: str) -> dict[str, Any]:
     cl = tracking.client(tracking_uri)
     exp_id = tracking.experiment_id(cl, experiment, tracking.default_artifact_location(tracking_uri))
     gkey = grid_key(trials)
+    name = grid_name(trials, label)
     parent = tracking.parent_run(cl, exp_id, gkey, f"{role}-{label}",
                                  {"label": label, "model": model, "trials": len(trials)}, role=role)
     cl.set_tag(parent, "raystudy.status", "running")
@@ -95,7 +190,6 @@ def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, 
     known = tracking.statuses(cl, exp_id)
     done = {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
     pending = [t for t in trials if t.key not in done]
-    name = f"{label}-{gkey}"
     path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
     counts = {"trials": len(trials), "already_done": len(done)}
     if pending:
@@ -108,23 +202,34 @@ def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, 
             return tune.PlacementGroupFactory([{"CPU": t["cpu"], "GPU": t["gpu"]}])
 
         trainable = tune.with_resources(run_trial, resources)
+        tuner = None
         if tune.Tuner.can_restore(str(path)):
-            print(f"resuming {path}: {len(pending)} of {len(trials)} trials unfinished", flush=True)
-            tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-        else:
+            tuner, why = _restore(path, trainable)
+            if tuner is None:
+                print(f"could not restore the interrupted run's Tune state at {path} ({why}); "
+                      f"starting afresh over the {len(pending)} unfinished trials (MLflow knows which are done)",
+                      flush=True)
+                path = _set_aside(path, storage, name)
+            else:
+                print(f"resuming {path}: {len(pending)} of {len(trials)} trials unfinished", flush=True)
+        if tuner is None:
             tuner = tune.Tuner(
                 trainable,
                 param_space={**base, "trial": tune.grid_search([t.as_dict() for t in pending])},
                 tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=max_concurrent,
                                             trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
                 run_config=tune.RunConfig(
-                    name=name, storage_path=str(storage), verbose=verbose,
+                    name=Path(str(path)).name, storage_path=str(storage), verbose=verbose,
                     callbacks=[MlflowTrials(tracking_uri, exp_id, parent)],
                     failure_config=tune.FailureConfig(max_failures=max_failures),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
             )
         try:
             tuner.fit()
+        except BaseException:
+            # A crash or an interrupt of the driver: the parent says so (the finally closes it).
+            cl.set_tag(parent, "raystudy.status", "interrupted")
+            raise
         finally:
             # Tune has ended every trial (or the driver is going down): no run stays RUNNING.
             stale = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
@@ -140,6 +245,32 @@ def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, 
     cl.set_terminated(parent, status="FINISHED")
     counts.update(experiment_id=exp_id, parent_run_id=parent)
     return counts
+
+
+def _restore(path, trainable):
+    """(the Tuner of an interrupted run of this grid, "") or (None, why not): its state cannot
+    be read (half written: a full disk) or is not a grid's (no ``trial`` grid in its param
+    space: Tune would start trials without their config)."""
+    try:
+        if isinstance(path, Path):  # Tune keeps the param space's shape in tuner.pkl; it does not check it
+            with open(path / "tuner.pkl", "rb") as f:
+                shape = pickle.load(f).get("__flattened_param_space_keys")
+            if shape is not None and "trial/grid_search" not in shape:
+                return None, f"its param space ({', '.join(shape)}) has no trial grid"
+        return tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True), ""
+    except Exception as e:  # noqa: BLE001 - any unreadable state is handled the same way
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        return None, f"{type(e).__name__}: {first}"
+
+
+def _set_aside(path, storage, name: str):
+    """A folder for a fresh run: the unusable one is renamed (kept for a post-mortem), or on
+    object storage a new name is used."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if isinstance(path, Path):
+        os.replace(path, path.with_name(f"{name}.unrestorable-{stamp}"))
+        return path
+    return f"{str(storage).rstrip('/')}/{name}-{stamp}"
 
 
 def _trial_name(trial) -> str:
@@ -159,11 +290,13 @@ class MlflowTrials(tune.Callback):
         self.tags = dict(tags or {})
         self._runs: dict[str, str | None] = {}
         self._where: dict[str, str] = {}
+        self._upto: dict[str, dict[str, int]] = {}  # run -> last step logged, by kind
         self._cl = None
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state
         return {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id,
-                "parent_id": self.parent_id, "tags": self.tags, "_runs": {}, "_where": {}, "_cl": None}
+                "parent_id": self.parent_id, "tags": self.tags, "_runs": {}, "_where": {}, "_upto": {},
+                "_cl": None}
 
     @property
     def cl(self):
@@ -196,7 +329,9 @@ class MlflowTrials(tune.Callback):
         steps = list(result.get("history") or [])
         if not result.get("final"):
             steps.append(result)
-        tracking.log_steps(self.cl, run_id, steps)
+        if run_id not in self._upto:  # a run reopened by a retry or a rerun: what it already has
+            self._upto[run_id] = tracking.logged_upto(self.cl, run_id)
+        tracking.log_steps(self.cl, run_id, steps, self._upto[run_id])
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._run(trial)
@@ -206,7 +341,10 @@ class MlflowTrials(tune.Callback):
         if not last.get("final"):  # a scheduler (ASHA) stopped it early: no test accuracy
             last = {**last, "status": "stopped"}
         tracking.finish_trial(self.cl, run_id, last)
+        if last.get("resumed_from"):
+            self.cl.set_tag(run_id, "raystudy.resumed_from", str(int(last["resumed_from"])))
         self._runs.pop(trial.trial_id, None)
+        self._upto.pop(run_id, None)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         """A failed attempt that Tune retries: count it and keep its error."""
@@ -257,6 +395,26 @@ def completed_trials(storage, study_name: str) -> int:
     return done
 
 
+def make_searcher(space: SearchSpace, condition: str | None, base: dict[str, Any], resources: dict[str, Any],
+                  storage, study_name: str):
+    """Ray's OptunaSearch over the persisted study ``study_name``, resumed with its history.
+
+    The sampler's seed is the space's plus the number of trials the study already holds: a
+    resumed search draws on from there instead of replaying the first session's draws
+    (TPE's random start-up trials), and the same history still gives the same suggestions.
+    """
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    try:
+        held = len(optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False))
+    except KeyError:
+        held = 0
+    seed = None if space.seed is None else space.seed + held
+    return OptunaSearch(space=Sampler(space, condition, base, resources), metric="score", mode="max",
+                        sampler=optuna.samplers.TPESampler(seed=seed), storage=storage, study_name=study_name)
+
+
 def search_condition(space: SearchSpace, label: str, condition: str | None, *, model: str, dataset: str, base: dict[str, Any],
                      tracking_uri: str, exp_id: str, parent: str, storage: Path, num_samples: int,
                      time_budget_s: float | None, resources: dict[str, Any], tuning: dict[str, Any],
@@ -264,7 +422,6 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
     """One Optuna study (``label``: a condition, or ``components`` when the condition itself is
     searched); returns the best finished trial's config and score."""
     from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.optuna import OptunaSearch
 
     study_name = f"{space.study}-{model}-{dataset}-{label}"
     cl = tracking.client(tracking_uri)
@@ -276,8 +433,7 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
     print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {max(remaining, 0)} to run", flush=True)
     if remaining > 0:
         steps = int(base.get("steps", FinetuneConfig.steps))
-        searcher = OptunaSearch(space=Sampler(space, condition, base, resources), metric="score", mode="max",
-                                seed=space.seed, storage=ostore, study_name=study_name)
+        searcher = make_searcher(space, condition, base, resources, ostore, study_name)
         # max_t past the last step: a trial that reaches the end finishes itself (and is tested)
         scheduler = ASHAScheduler(time_attr="step", metric="score", mode="max", max_t=steps + 1,
                                   grace_period=min(space.grace_period, steps),
@@ -296,10 +452,12 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
                 failure_config=tune.FailureConfig(max_failures=int(tuning["max_failures"])),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
         )
-        tuner.fit()
-        stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
-        if stale:  # every trial of this session has ended: none may stay RUNNING
-            print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+        try:
+            tuner.fit()
+        finally:  # every trial of this session has ended, or the driver is going down: none stays RUNNING
+            stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
+            if stale:
+                print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
     return best_of(cl, exp_id, study_name)
 
 

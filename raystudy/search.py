@@ -14,6 +14,7 @@ chosen on validation accuracy and re-evaluated on test with fresh seeds.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import sys
@@ -108,13 +109,18 @@ def main(argv: list[str] | None = None) -> int:
         return cli.fail(e)
 
     storage = Path(args.storage or "runs/search").resolve()
+    skey = trial_key({"space": space.name, "model": model, "dataset": dataset, "base": base,
+                      "conditions": conditions})
+    held = contextlib.ExitStack()
+    try:  # one driver per search: a second one refuses before starting anything
+        held.enter_context(runner.grid_lock(storage, f"search-{space.study}-{skey}"))
+    except ConfigError as e:
+        return cli.fail(e)
     runner.start_ray(args.address, args.num_cpus, args.ray_temp_dir, dashboard=False)
     import ray
 
     cl = tracking.client(uri)
     exp_id = tracking.experiment_id(cl, experiment, tracking.default_artifact_location(uri))
-    skey = trial_key({"space": space.name, "model": model, "dataset": dataset, "base": base,
-                               "conditions": conditions})
     parent = tracking.parent_run(cl, exp_id, skey, f"search-{space.name}-{model}-{dataset}",
                                  {"space": space.name, "model": model, "dataset": dataset,
                                   "num_samples": num_samples}, role="search")
@@ -144,9 +150,15 @@ def main(argv: list[str] | None = None) -> int:
                             "test_acc": sum(acc) / len(acc) if acc else math.nan,
                             "test_std": statistics.stdev(acc) if len(acc) > 1 else math.nan,
                             "test_runs": counts["finished"]})
+    except BaseException:
+        cl.set_tag(parent, "raystudy.status", "interrupted")
+        raise
+    else:
+        cl.set_tag(parent, "raystudy.status", "finished")
     finally:
         cl.set_terminated(parent, status="FINISHED")
         ray.shutdown()
+        held.close()
     print("\nbest configuration per condition (chosen on validation, tested with fresh seeds):")
     for s in summary:
         if "config" not in s:

@@ -104,10 +104,25 @@ def _check_sqlite(uri: str, path: Path) -> None:
         raise TrackingUnavailable(f"tracking URI {uri!r}: cannot write {path} ({e.strerror or e})") from None
 
 
+_READY: set[str] = set()
+
+
 def client(uri: str):
+    """An MlflowClient for ``uri``. A SQLite store is created or migrated under a file lock:
+    drivers creating the schema at once otherwise leave a half-made store no one can open."""
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    if not uri.startswith("sqlite:///") or uri in _READY:
+        return MlflowClient(tracking_uri=uri)
+    import fcntl
+
+    db = Path(uri[len("sqlite:///"):])
+    with open(db.with_name(f".{db.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cl = MlflowClient(tracking_uri=uri)
+        cl.search_experiments(max_results=1)  # opening the store makes or upgrades its schema
+    _READY.add(uri)
+    return cl
 
 
 def experiment_id(cl, name: str, artifact_location: str | None = None) -> str:
@@ -229,15 +244,42 @@ def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[st
     return run.info.run_id
 
 
-def log_steps(cl, run_id: str, reports: list[dict[str, Any]]) -> None:
-    """Log the numeric step metrics of several reports (each with its ``step``) in few batches."""
+def log_steps(cl, run_id: str, reports: list[dict[str, Any]], upto: dict[str, int] | None = None) -> None:
+    """Log the numeric step metrics of several reports (each with its ``step``) in few batches.
+
+    ``upto`` (kind -> last step logged, updated here) drops points already logged: a trial
+    resumed from a checkpoint reports again the steps its earlier attempt had run past it.
+    """
     from mlflow.entities import Metric
 
     ts = int(time.time() * 1000)
-    batch = [Metric(k, float(v), ts, int(m.get("step", 0))) for m in reports for k, v in m.items()
-             if _is_step_metric(k) and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    upto = {} if upto is None else upto
+    batch = []
+    for m in reports:
+        step = int(m.get("step", 0))
+        kinds = set()
+        for k, v in m.items():
+            if _is_step_metric(k) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                kind = _kind(k)
+                if step > upto.get(kind, -1):
+                    batch.append(Metric(k, float(v), ts, step))
+                    kinds.add(kind)
+        for kind in kinds:
+            upto[kind] = step
     for i in range(0, len(batch), 1000):  # MLflow takes at most 1,000 metrics a batch
         cl.log_batch(run_id, metrics=batch[i:i + 1000])
+
+
+def _kind(metric: str) -> str:
+    """Step measurements and evaluations are reported apart, each in step order."""
+    return "eval" if metric.startswith("val_") or metric == "best_val_acc" else "train"
+
+
+def logged_upto(cl, run_id: str) -> dict[str, int]:
+    """The last step of each kind (``_kind``) a run already has: where a resumed attempt's
+    points become new."""
+    return {kind: max((m.step for m in cl.get_metric_history(run_id, key)), default=-1)
+            for kind, key in (("train", "loss"), ("eval", "val_acc"))}
 
 
 def _is_step_metric(k: str) -> bool:

@@ -11,7 +11,9 @@ Workers never touch MLflow: the driver records what they report (``raystudy.runn
 
 from __future__ import annotations
 
+import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -67,7 +69,7 @@ class Reporter:
         # "score" (best validation accuracy so far) is what schedulers such as ASHA compare.
         out = {**metrics, "score": self.best, "history": self.pending}
         self.pending = []
-        if state is None or time.monotonic() - self.last < self.every_s:
+        if state is None or (time.monotonic() - self.last < self.every_s and not metrics.get("preempted")):
             self.report_fn(out)
             return
         with tempfile.TemporaryDirectory() as d:
@@ -79,6 +81,30 @@ class Reporter:
         self.report_fn({**results, "final": 1, "step": results["steps_done"],
                         "score": results.get("best_val_acc", self.best), "history": self.pending})
         self.pending = []
+
+
+# A preemption notice: SIGTERM to the worker (a spot node's shutdown reaches every process).
+NOTICE = threading.Event()
+_TRAINING = threading.Event()
+_ray_handler = None
+
+
+def _on_sigterm(signum, frame):
+    NOTICE.set()
+    if not _TRAINING.is_set() and callable(_ray_handler):  # no trial to save: exit as Ray would
+        _ray_handler(signum, frame)
+
+
+class _Notice:
+    """Mixed into the trainable: in the worker's main thread (the only one that may set a signal
+    handler; the trial itself runs in another), SIGTERM asks the running trial to checkpoint its
+    current step and stop (``engine.train``'s ``stop``), instead of Ray's immediate exit."""
+
+    def setup(self, config):
+        global _ray_handler
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+            _ray_handler = signal.signal(signal.SIGTERM, _on_sigterm)
+        super().setup(config)
 
 
 def run_trial(tune_config: dict[str, Any]) -> None:
@@ -98,7 +124,15 @@ def run_trial(tune_config: dict[str, Any]) -> None:
         return
     resume = _load_state(tune.get_checkpoint())
     reporter = Reporter(tune.report, tune.Checkpoint, float(tune_config.get("checkpoint_every_s", 0)))
-    reporter.final(engine.train(cfg, report=reporter, resume=resume))
+    _TRAINING.set()
+    try:
+        results = engine.train(cfg, report=reporter, resume=resume, stop=NOTICE.is_set)
+    finally:
+        _TRAINING.clear()
+    reporter.final({**results, "resumed_from": resume["step"] if resume else 0})
+
+
+run_trial.__mixins__ = (_Notice,)
 
 
 def _ddp_loop(loop_config: dict[str, Any]) -> None:

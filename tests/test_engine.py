@@ -219,3 +219,80 @@ def test_a_layer_scale_and_register_vit_finetunes_and_probes(tmp_path, monkeypat
     df = plasticity.probe_model(model.eval(), splits.train, splits.test, n_pairs=2, batch_size=2,
                                 components=("MHA", "FC2"))
     assert len(df) == 2 * 12 * 2 and (df["mean"] <= df["bound"]).all() and (df["mean"] > 0).all()
+
+
+def _record(into, states=None):
+    import copy
+
+    def report(m, s):
+        into.append(m)
+        if s is not None and states is not None:
+            states.append(copy.deepcopy(s))  # as saved to disk: later steps must not change it
+    return report
+
+
+def test_resume_continues_the_batch_stream_and_each_step_runs_once():
+    # Issue #17 item 3: the retry's first step is the checkpoint's step + 1 and sees the batches
+    # the uninterrupted run saw, so its measurements are the uninterrupted run's.
+    cfg = FinetuneConfig(**{**FAST, "steps": 10, "eval_every": 4, "log_every": 1}, condition="MHA")
+    full, states = [], []
+    engine.train(cfg, report=_record(full, states))
+    resumed = []
+    engine.train(cfg, report=_record(resumed), resume=states[0])
+    assert states[0]["step"] == 4
+    steps = [m["step"] for m in resumed if "loss" in m]
+    assert steps == list(range(5, 11))
+    loss = {m["step"]: m["loss"] for m in full if "loss" in m}
+    assert [m["loss"] for m in resumed if "loss" in m] == [loss[s] for s in steps]
+
+
+def _images(root, n=6):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in ("apple", "bus"):
+        d = root / "domainnet" / "sketch" / c
+        d.mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(d / f"{i}.png")
+
+
+def test_same_seed_same_result_after_a_cache_build_and_a_disturbed_rng(tmp_path, monkeypatch):
+    # Issue #17 item 9: building the tensor cache (a DataLoader draws from the global RNG) and
+    # whatever the process drew before must not change a trial's head init, dropout or data.
+    monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
+    _images(tmp_path)
+    cfg = FinetuneConfig(model="vit_tiny_patch16_224", pretrained=False, dataset="domainnet_sketch",
+                         data_root=str(tmp_path), data_path="cache", condition="FC2", steps=2,
+                         warmup_steps=1, batch_size=4, eval_every=2, log_every=1, eval_batch_size=8)
+    first = engine.train(cfg)  # decodes the cache
+    torch.rand(17)
+    second = engine.train(cfg)  # reads it
+    assert first["final_loss"] == second["final_loss"] and first["test_loss"] == second["test_loss"]
+
+
+def test_a_trial_leaves_the_callers_global_rng_alone():
+    cfg = FinetuneConfig(**{**FAST, "steps": 2, "warmup_steps": 1, "eval_every": 2}, condition="FC2")
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    engine.train(cfg)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_stop_request_checkpoints_the_current_step_and_the_retry_continues_from_it():
+    # Issue #17 item 5, in the loop: notice after step 5 (no evaluation there) -> state at 5.
+    from raystudy.errors import Preempted
+
+    cfg = FinetuneConfig(**{**FAST, "steps": 8, "eval_every": 4, "log_every": 1}, condition="MHA")
+    full = []
+    engine.train(cfg, report=_record(full))
+    first, states = [], []
+    with pytest.raises(Preempted):
+        engine.train(cfg, report=_record(first, states), stop=lambda: len([m for m in first if "loss" in m]) >= 5)
+    assert states[-1]["step"] == 5 and first[-1].get("preempted") == 1.0
+    rest = []
+    engine.train(cfg, report=_record(rest), resume=states[-1])
+    loss = {m["step"]: m["loss"] for m in full if "loss" in m}
+    assert [(m["step"], m["loss"]) for m in rest if "loss" in m] == [(s, loss[s]) for s in (6, 7, 8)]

@@ -206,14 +206,27 @@ def test_multi_worker_trial_runs_a_nested_torchtrainer(work):
     assert list((tmp / "runs" / "ray").glob(f"ddp-{df.iloc[0]['tags.raystudy.key']}/checkpoint_*"))
 
 
-def test_retried_trial_resumes_from_its_checkpoint_not_step_0(work):
-    # Kill the worker process running a trial after its checkpoint at step 40: Tune retries it,
-    # and the retry continues from the checkpoint (step-20 validation is not measured twice).
+def _newest_checkpoint_step(storage):
+    import torch
+
+    found = sorted(Path(storage).glob("*/*/checkpoint_*/state.pt"), key=lambda p: p.stat().st_mtime)
+    for p in reversed(found):
+        try:
+            return torch.load(p, map_location="cpu", weights_only=False)["step"]
+        except Exception:  # noqa: BLE001 - being written
+            continue
+    return None
+
+
+def test_retried_trial_resumes_from_its_checkpoint_and_logs_each_step_once(work):
+    # Kill the worker process running a trial well past its last checkpoint (one a second):
+    # Tune retries it from that checkpoint, and the steps the first attempt had already logged
+    # past it are not logged again (issue #17 item 3).
     import mlflow
 
     tmp, ray_tmp = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 400, "eval_every": 20},
-             "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}}
+             "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}, "tune": {"max_failures": 1, "checkpoint_every_s": 1}}
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RAY_ADDRESS", None)
@@ -223,16 +236,17 @@ def test_retried_trial_resumes_from_its_checkpoint_not_step_0(work):
     try:
         deadline, killed = time.time() + 300, None
         while time.time() < deadline and proc.poll() is None and killed is None:
-            time.sleep(0.5)
+            time.sleep(0.3)
             try:
                 df = trial_runs(uri)
             except Exception:  # noqa: BLE001 - store not created yet
                 continue
             if df.empty or "tags.raystudy.worker" not in df or df["tags.raystudy.worker"].isna().all():
                 continue
+            ck = _newest_checkpoint_step(tmp / "runs" / "ray")
             run_id = df.iloc[0]["run_id"]
             steps = [m.step for m in mlflow.MlflowClient(uri).get_metric_history(run_id, "val_acc")]
-            if max(steps, default=0) >= 60:  # the step-40 checkpoint is persisted by now
+            if ck and max(steps, default=0) >= ck + 40:  # logged past the checkpoint
                 killed = int(df.iloc[0]["tags.raystudy.worker"].rsplit(":", 1)[1])
                 os.kill(killed, signal.SIGKILL)
         assert killed, "the trial ended before it could be killed"
@@ -247,5 +261,126 @@ def test_retried_trial_resumes_from_its_checkpoint_not_step_0(work):
     assert len(df) == 1 and df.iloc[0]["tags.raystudy.status"] == "finished"
     assert df.iloc[0]["tags.raystudy.attempts"] == "2"
     assert int(df.iloc[0]["tags.raystudy.worker"].rsplit(":", 1)[1]) != killed
-    steps = [m.step for m in mlflow.MlflowClient(uri).get_metric_history(df.iloc[0]["run_id"], "val_acc")]
-    assert steps.count(20) == 1 and steps.count(400) == 1, steps
+    cl = mlflow.MlflowClient(uri)
+    for key, every in (("val_acc", 20), ("loss", 10), ("grad_norm/MHA", 10)):
+        steps = sorted(m.step for m in cl.get_metric_history(df.iloc[0]["run_id"], key))
+        assert steps == list(range(every, 401, every)), (key, steps)
+    assert int(df.iloc[0]["tags.raystudy.resumed_from"]) >= 20  # from its checkpoint, not step 0
+
+
+def _grid_name(space_file, model="vit_demo"):
+    from raystudy import runner, spaces
+
+    space = spaces.load_grid(str(space_file))
+    return runner.grid_name(spaces.expand(space, model, None, None, None, {}), f"{space.study}-{model}")
+
+
+def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):
+    # Issue #17 item 1: a Tune state at the grid's path that is not this grid's, or is half
+    # written (a full disk), made every rerun restore it and start nothing, or die.
+    tmp, ray_tmp = work
+    storage = tmp / "runs" / "ray"
+    foreign = write_space(tmp, {**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}})
+    # same trainable name, no trial config in its param space
+    code = ("import ray; from ray import tune; ray.init(num_cpus=1, _temp_dir=%r, include_dashboard=False)\n"
+            "def run_trial(config):\n    return None\n"
+            "tune.Tuner(run_trial, param_space={'x': tune.grid_search([1])}, run_config=tune.RunConfig(name=%r, "
+            "storage_path=%r, verbose=0)).fit()" % (ray_tmp, _grid_name(foreign), str(storage)))
+    p = run([sys.executable, "-c", code], tmp)
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = run(grid_cmd(foreign, ray_tmp), tmp)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    said = [line for line in p.stdout.splitlines() if "could not restore" in line]
+    assert len(said) == 1 and "starting afresh over the 1 unfinished trials" in said[0], p.stdout[-2000:]
+    assert "1 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout
+
+    half = tmp / "half.yaml"
+    half.write_text(yaml.safe_dump({**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 1}}))
+    (storage / _grid_name(half)).mkdir()
+    (storage / _grid_name(half) / "tuner.pkl").write_bytes(b"\x80\x04\x95")  # cut short
+    p = run(grid_cmd(half, ray_tmp), tmp)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "could not restore" in p.stdout and "1 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout
+
+
+def test_an_interrupted_driver_leaves_no_run_running(work):
+    # Issue #17 item 2: Ctrl+C twice (the second skips Tune's graceful stop) raises
+    # KeyboardInterrupt out of tuner.fit(); the parent and the trial runs must still be closed.
+    tmp, ray_tmp = work
+    space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 100},
+             "grid": {"condition": "MHA", "lr": 0.1, "seed": {"grid_search": [0, 1]}}}
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(grid_cmd(write_space(tmp, space), ray_tmp), cwd=tmp, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            try:
+                df = trial_runs(uri)
+            except Exception:  # noqa: BLE001 - store not created yet
+                continue
+            if "tags.raystudy.worker" in df and df["tags.raystudy.worker"].notna().any():
+                break
+        assert proc.poll() is None, "the grid ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        time.sleep(2)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    try:
+        df = mlflow.search_runs(experiment_names=["raystudy-t-vit_demo"])
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in out, out[-3000:]
+    assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
+    parent = df[df["tags.raystudy.role"] == "grid"].iloc[0]
+    assert parent["tags.raystudy.status"] == "interrupted"
+
+
+def test_a_second_driver_of_the_same_grid_refuses_naming_the_first(work):
+    # Issue #17 item 7: a second driver for the same grid trained every trial again.
+    tmp, ray_tmp = work
+    space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 100},
+             "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}}
+    f = write_space(tmp, space)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    first = subprocess.Popen(grid_cmd(f, ray_tmp), cwd=tmp, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    other_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and first.poll() is None:
+            time.sleep(0.5)
+            try:
+                df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
+            except Exception:  # noqa: BLE001 - store not created yet
+                continue
+            if not df.empty:
+                break
+        assert first.poll() is None
+        p = run(grid_cmd(f, other_tmp), tmp, timeout=240)
+        assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"pid {first.pid} on host {socket.gethostname()}" in lines[0], p.stderr
+        assert len(trial_runs(f"sqlite:///{tmp}/mlflow.db")) == 1
+    finally:
+        try:
+            os.killpg(first.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        first.wait()
+        shutil.rmtree(other_tmp, ignore_errors=True)

@@ -91,3 +91,15 @@ def test_checkpoint_state_loads_with_weights_only_and_a_planted_file_runs_nothin
     with pytest.raises(RuntimeError, match="refusing to load it"):
         trial._load_state(tune.Checkpoint.from_directory(str(planted)))
     assert not (tmp_path / "PLANTED").exists()
+
+
+def test_a_preempted_step_checkpoints_whatever_the_interval(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(trial.time, "monotonic", lambda: now[0])
+    rec = Recorder()
+    r = trial.Reporter(rec, tune.Checkpoint, every_s=600)
+    r({"step": 10, "loss": 1.0}, None)
+    now[0] = 1001.0
+    r({"step": 13, "preempted": 1.0}, {"step": 13})
+    (metrics, saved), = rec.calls
+    assert saved == {"step": 13} and [h["step"] for h in metrics["history"]] == [10]
