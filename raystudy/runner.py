@@ -242,7 +242,6 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
         counts[s] = statuses.count(s)
     counts["unfinished"] = len(trials) - sum(counts[s] for s in ("finished", "diverged", "failed"))
     cl.set_tag(parent, "raystudy.status", "finished" if not counts["unfinished"] else "incomplete")
-    cl.set_terminated(parent, status="FINISHED")
     counts.update(experiment_id=exp_id, parent_run_id=parent)
     return counts
 
@@ -364,8 +363,7 @@ class MlflowTrials(tune.Callback):
 def _error_text(trial) -> str:
     path = getattr(trial, "error_file", None)
     if path and os.path.exists(path):
-        text = Path(path).read_text().strip()
-        return text
+        return Path(path).read_text().strip()
     return "trial failed (no error file)"
 
 

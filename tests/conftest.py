@@ -18,6 +18,8 @@ def pytest_sessionstart(session):
 
     if session.config.getoption("markexpr", "") == "gpu":  # the GPU machine's run needs no demo
         return
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller started it
+        return
     if not models.weights_file("vit_demo").is_file():
         code = "from raystudy import pretrain; pretrain.ensure_weights('vit_demo', log=None)"
         env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -23,7 +23,8 @@ COMPONENTS = ("LN1", "MHA", "LN2", "FC1", "FC2")
 EXPERIMENT = "toy-study"
 TRAINABLE = {"MHA": 2_000, "FC1": 1_500, "LN1": 40}
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs this file: its tests share one module-scoped store.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("analysis_mlflow")]
 
 
 def accuracies(dataset, condition, lr, seed):

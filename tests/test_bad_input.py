@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from drivers import driver_env
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = yaml.safe_load((REPO / "search_spaces" / "demo.yaml").read_text())
@@ -27,24 +28,20 @@ FAST = ["--set", "steps=2", "--set", "warmup_steps=1", "--set", "eval_every=1"] 
 BINARY = b"\x00\xff\xfe\x89PNG\r\n\x1a\n\x00\x00\xc3\x28"
 
 
-def grid_space(**changes) -> str:
-    raw = {**DEMO}
+def _changed(space: dict, changes: dict) -> str:
+    """``space`` with ``changes`` merged one level deep, as YAML."""
+    raw = {**space}
     for k, v in changes.items():
-        if isinstance(v, dict) and isinstance(raw.get(k), dict):
-            raw[k] = {**raw[k], **v}
-        else:
-            raw[k] = v
+        raw[k] = {**raw[k], **v} if isinstance(v, dict) and isinstance(raw.get(k), dict) else v
     return yaml.safe_dump(raw)
+
+
+def grid_space(**changes) -> str:
+    return _changed(DEMO, changes)
 
 
 def search_space(**changes) -> str:
-    raw = {**OPTIMISER}
-    for k, v in changes.items():
-        if isinstance(v, dict) and isinstance(raw.get(k), dict):
-            raw[k] = {**raw[k], **v}
-        else:
-            raw[k] = v
-    return yaml.safe_dump(raw)
+    return _changed(OPTIMISER, changes)
 
 
 def G(**changes):  # a grid space file
@@ -341,9 +338,7 @@ SUBPROCESS_CASES = [
 
 @pytest.mark.parametrize("cli,argv,needle", SUBPROCESS_CASES, ids=[f"{c}:{' '.join(a)}" for c, a, _ in SUBPROCESS_CASES])
 def test_bad_input_as_a_user_types_it(cli, argv, needle, tmp_path):
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
+    env = driver_env(PYTHONPATH=str(REPO))
     p = subprocess.run([sys.executable, "-m", MAINS[cli], *argv], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     lines = p.stderr.strip().splitlines()

@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# One xdist worker runs this file: its tests share one `ray up` cluster and sshd.
+pytestmark = pytest.mark.xdist_group("cluster")
+
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_FILES = ("cluster.yaml", "cluster.local.yaml")
 WRAPPER = REPO / "cluster" / "shared-host" / "ray"

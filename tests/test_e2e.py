@@ -1,7 +1,6 @@
 """The study end to end: demo grid (Ray + MLflow) -> analysis -> tables, figures, exported configs,
 one exported config rerun (slow, ~2 minutes)."""
 
-import os
 import shutil
 import subprocess
 import sys
@@ -9,6 +8,7 @@ import tempfile
 
 import pytest
 import yaml
+from drivers import driver_env
 
 pytestmark = pytest.mark.slow
 
@@ -23,9 +23,7 @@ SPACE = {
 
 def test_grid_analysis_export_rerun(tmp_path, demo_weights):
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
+    env = driver_env()
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     try:
         p = subprocess.run([sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", "--ray-temp-dir", ray_tmp,

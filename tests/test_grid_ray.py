@@ -7,11 +7,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from drivers import ctrl_c_twice, driver_env, free_port, kill_group, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,20 +46,11 @@ def grid_cmd(space_file, ray_tmp, *extra):
 
 
 def run(cmd, cwd, timeout=600):
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=driver_env())
 
 
 def trial_runs(uri, experiment="raystudy-t-vit_demo"):
-    import mlflow
-
-    mlflow.set_tracking_uri(uri)
-    try:
-        df = mlflow.search_runs(experiment_names=[experiment])
-    finally:
-        mlflow.set_tracking_uri(None)
+    df = search_runs(uri, experiment)
     return df[df["tags.raystudy.role"] == "trial"]
 
 
@@ -120,24 +111,14 @@ def test_killed_driver_then_rerun_completes_exactly_once(work):
              "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": {"grid_search": [0.1, 0.2]},
                       "seed": 0}}
     cmd = grid_cmd(write_space(tmp, space), ray_tmp)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 300
-        while _count_done(tmp / "mlflow.db") < 2 and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.5)
+        wait_for(lambda: _count_done(tmp / "mlflow.db") >= 2, proc)
         assert proc.poll() is None, "grid finished before it could be killed"
         proc.send_signal(signal.SIGKILL)  # the driver only; mid-grid
         proc.wait()
     finally:
-        time.sleep(3)
-        try:  # Ray processes the killed driver started: ours, in our own session
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc, grace=3)  # Ray processes the killed driver started: ours, in our own session
     before = trial_runs(f"sqlite:///{tmp}/mlflow.db")
     assert 2 <= (before["tags.raystudy.status"] == "finished").sum() < 6
     p = run(cmd, tmp)
@@ -151,15 +132,9 @@ def test_killed_driver_then_rerun_completes_exactly_once(work):
     assert set(done["run_id"]) <= set(df["run_id"])
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_grid_against_a_real_mlflow_server(work):
     tmp, ray_tmp = work
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                                "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp}/server.db",
@@ -170,13 +145,7 @@ def test_grid_against_a_real_mlflow_server(work):
     try:
         import urllib.request
 
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                urllib.request.urlopen(uri + "/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
+        wait_for(lambda: urllib.request.urlopen(uri + "/health", timeout=2), timeout=90)
         space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1}}
         p = run(grid_cmd(write_space(tmp, space), ray_tmp, "--tracking-uri", uri), tmp)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -219,43 +188,36 @@ def _newest_checkpoint_step(storage):
 
 
 def test_retried_trial_resumes_from_its_checkpoint_and_logs_each_step_once(work):
-    # Kill the worker process running a trial well past its last checkpoint (one a second):
+    # Kill the worker process running a trial past its last checkpoint:
     # Tune retries it from that checkpoint, and the steps the first attempt had already logged
     # past it are not logged again (issue #17 item 3).
     import mlflow
 
     tmp, ray_tmp = work
-    space = {**SPACE, "base": {**SPACE["base"], "steps": 400, "eval_every": 20},
-             "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}, "tune": {"max_failures": 1, "checkpoint_every_s": 1}}
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(grid_cmd(write_space(tmp, space), ray_tmp), cwd=tmp, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # Checkpoints at most every 2 s, so that on a loaded machine (evaluations seconds apart) an
+    # evaluation still gets logged past the newest checkpoint before the kill.
+    space = {**SPACE, "base": {**SPACE["base"], "steps": 600, "eval_every": 20},
+             "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}, "tune": {"max_failures": 1, "checkpoint_every_s": 2}}
+    proc = start(grid_cmd(write_space(tmp, space), ray_tmp), tmp)
     uri = f"sqlite:///{tmp}/mlflow.db"
+
+    def worker_past_its_checkpoint():
+        df = trial_runs(uri)
+        if df.empty or "tags.raystudy.worker" not in df or df["tags.raystudy.worker"].isna().all():
+            return None
+        ck = _newest_checkpoint_step(tmp / "runs" / "ray")
+        steps = [m.step for m in mlflow.MlflowClient(uri).get_metric_history(df.iloc[0]["run_id"], "val_acc")]
+        if ck and max(steps, default=0) >= ck + 20:  # logged past the checkpoint
+            return int(df.iloc[0]["tags.raystudy.worker"].rsplit(":", 1)[1])
+        return None
+
     try:
-        deadline, killed = time.time() + 300, None
-        while time.time() < deadline and proc.poll() is None and killed is None:
-            time.sleep(0.3)
-            try:
-                df = trial_runs(uri)
-            except Exception:  # noqa: BLE001 - store not created yet
-                continue
-            if df.empty or "tags.raystudy.worker" not in df or df["tags.raystudy.worker"].isna().all():
-                continue
-            ck = _newest_checkpoint_step(tmp / "runs" / "ray")
-            run_id = df.iloc[0]["run_id"]
-            steps = [m.step for m in mlflow.MlflowClient(uri).get_metric_history(run_id, "val_acc")]
-            if ck and max(steps, default=0) >= ck + 40:  # logged past the checkpoint
-                killed = int(df.iloc[0]["tags.raystudy.worker"].rsplit(":", 1)[1])
-                os.kill(killed, signal.SIGKILL)
+        killed = wait_for(worker_past_its_checkpoint, proc, every=0.3)
         assert killed, "the trial ended before it could be killed"
+        os.kill(killed, signal.SIGKILL)
         out, _ = proc.communicate(timeout=600)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc)
     assert proc.returncode == 0, out[-3000:]
     df = trial_runs(uri)
     assert len(df) == 1 and df.iloc[0]["tags.raystudy.status"] == "finished"
@@ -264,7 +226,7 @@ def test_retried_trial_resumes_from_its_checkpoint_and_logs_each_step_once(work)
     cl = mlflow.MlflowClient(uri)
     for key, every in (("val_acc", 20), ("loss", 10), ("grad_norm/MHA", 10)):
         steps = sorted(m.step for m in cl.get_metric_history(df.iloc[0]["run_id"], key))
-        assert steps == list(range(every, 401, every)), (key, steps)
+        assert steps == list(range(every, 601, every)), (key, steps)
     assert int(df.iloc[0]["tags.raystudy.resumed_from"]) >= 20  # from its checkpoint, not step 0
 
 
@@ -309,40 +271,15 @@ def test_an_interrupted_driver_leaves_no_run_running(work):
     tmp, ray_tmp = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 100},
              "grid": {"condition": "MHA", "lr": 0.1, "seed": {"grid_search": [0, 1]}}}
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(grid_cmd(write_space(tmp, space), ray_tmp), cwd=tmp, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = start(grid_cmd(write_space(tmp, space), ray_tmp), tmp)
     uri = f"sqlite:///{tmp}/mlflow.db"
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            try:
-                df = trial_runs(uri)
-            except Exception:  # noqa: BLE001 - store not created yet
-                continue
-            if "tags.raystudy.worker" in df and df["tags.raystudy.worker"].notna().any():
-                break
+        wait_for(lambda: trial_runs(uri)["tags.raystudy.worker"].notna().any(), proc)
         assert proc.poll() is None, "the grid ended before it could be interrupted"
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        out = ctrl_c_twice(proc)
     finally:
-        time.sleep(2)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    import mlflow
-
-    mlflow.set_tracking_uri(uri)
-    try:
-        df = mlflow.search_runs(experiment_names=["raystudy-t-vit_demo"])
-    finally:
-        mlflow.set_tracking_uri(None)
+        kill_group(proc, grace=2)
+    df = search_runs(uri, "raystudy-t-vit_demo")
     assert proc.returncode != 0 and "KeyboardInterrupt" in out, out[-3000:]
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
     parent = df[df["tags.raystudy.role"] == "grid"].iloc[0]
@@ -355,22 +292,10 @@ def test_a_second_driver_of_the_same_grid_refuses_naming_the_first(work):
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 100},
              "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}}
     f = write_space(tmp, space)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
-    first = subprocess.Popen(grid_cmd(f, ray_tmp), cwd=tmp, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+    first = start(grid_cmd(f, ray_tmp), tmp, stdout=subprocess.DEVNULL)
     other_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and first.poll() is None:
-            time.sleep(0.5)
-            try:
-                df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
-            except Exception:  # noqa: BLE001 - store not created yet
-                continue
-            if not df.empty:
-                break
+        wait_for(lambda: not trial_runs(f"sqlite:///{tmp}/mlflow.db").empty, first)
         assert first.poll() is None
         p = run(grid_cmd(f, other_tmp), tmp, timeout=240)
         assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
@@ -378,9 +303,6 @@ def test_a_second_driver_of_the_same_grid_refuses_naming_the_first(work):
         assert len(lines) == 1 and f"pid {first.pid} on host {socket.gethostname()}" in lines[0], p.stderr
         assert len(trial_runs(f"sqlite:///{tmp}/mlflow.db")) == 1
     finally:
-        try:
-            os.killpg(first.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(first)
         first.wait()
         shutil.rmtree(other_tmp, ignore_errors=True)

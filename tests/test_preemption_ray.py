@@ -11,14 +11,13 @@ left RUNNING, the preempted trial resumed from the step it had reached.
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 
 import pytest
 import yaml
+from drivers import free_port, kill_group, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +28,6 @@ SPACE = {
     "datasets": {"digits_c": {}},
     "tune": {"max_failures": 3, "checkpoint_every_s": 2},
 }
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _raylet_of(pid, nodes):
@@ -51,13 +44,7 @@ def _raylet_of(pid, nodes):
 
 
 def _runs(uri):
-    import mlflow
-
-    mlflow.set_tracking_uri(uri)
-    try:
-        return mlflow.search_runs(experiment_names=["raystudy-pre-vit_demo"])
-    finally:
-        mlflow.set_tracking_uri(None)
+    return search_runs(uri, "raystudy-pre-vit_demo")
 
 
 def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, monkeypatch):
@@ -69,42 +56,31 @@ def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, mon
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)  # the cluster's address file too: no other Ray finds it
     os.makedirs(os.path.join(ray_tmp, "ray"))
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    port = _free_port()
+    port = free_port()
     common = {"temp_dir": ray_tmp, "object_store_memory": 80 * 1024 * 1024}
     cluster = Cluster(initialize_head=True, head_node_args={**common, "num_cpus": 0, "gcs_server_port": port,
                                                             "include_dashboard": False,
-                                                            "dashboard_agent_listen_port": _free_port()})
+                                                            "dashboard_agent_listen_port": free_port()})
     driver = None
     try:
         workers = [cluster.add_node(**common, num_cpus=1) for _ in range(2)]
         space = tmp_path / "space.yaml"
         space.write_text(yaml.safe_dump(SPACE))
         shared = tmp_path / "shared"  # every node's checkpoint folder
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("MLFLOW_TRACKING_URI", None)
-        env.pop("RAY_ADDRESS", None)
         t0 = time.time()
-        driver = subprocess.Popen([sys.executable, "-m", "raystudy.grid", "--space", str(space), "--address",
-                                   f"127.0.0.1:{port}", "--storage", str(shared), "--quiet"],
-                                  cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, start_new_session=True)
+        driver = start([sys.executable, "-m", "raystudy.grid", "--space", str(space), "--address",
+                        f"127.0.0.1:{port}", "--storage", str(shared), "--quiet"], tmp_path)
         uri = f"sqlite:///{tmp_path}/mlflow.db"
         cl = mlflow.MlflowClient(uri)
-        victim = None
-        deadline = time.time() + 300
-        while time.time() < deadline and driver.poll() is None and victim is None:
-            time.sleep(0.5)
-            try:
-                df = _runs(uri)
-            except Exception:  # noqa: BLE001 - store not created yet
-                continue
-            if df.empty or "tags.raystudy.worker" not in df:
-                continue
+
+        def a_trial_past_step_60():
+            df = _runs(uri)
             for _, r in df[df["tags.raystudy.worker"].notna() & (df["status"] == "RUNNING")].iterrows():
-                steps = [m.step for m in cl.get_metric_history(r["run_id"], "val_acc")]
-                if max(steps, default=0) >= 60:
-                    victim = r
-                    break
+                if max((m.step for m in cl.get_metric_history(r["run_id"], "val_acc")), default=0) >= 60:
+                    return r.to_dict()
+            return None
+
+        victim = wait_for(a_trial_past_step_60, driver)
         assert victim is not None, "no trial got far enough:\n" + (driver.stdout.read() if driver.poll() is not None else "")
         pid = int(victim["tags.raystudy.worker"].rsplit(":", 1)[1])
         node = _raylet_of(pid, workers)
@@ -144,10 +120,7 @@ def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, mon
         assert driver.returncode == 0, out[-4000:]
     finally:
         if driver is not None:
-            try:
-                os.killpg(driver.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(driver)
         cluster.shutdown()
         shutil.rmtree(ray_tmp, ignore_errors=True)
 

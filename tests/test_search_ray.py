@@ -1,6 +1,5 @@
 """Optuna searches on the offline demo through real Ray Tune and MLflow (slow)."""
 
-import os
 import shutil
 import signal
 import subprocess
@@ -10,6 +9,7 @@ import time
 
 import pytest
 import yaml
+from drivers import ctrl_c_twice, driver_env, kill_group, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -41,21 +41,8 @@ def cmd(tmp, ray_tmp):
             "--num-cpus", "2", "--quiet"]
 
 
-def env():
-    e = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    e.pop("MLFLOW_TRACKING_URI", None)
-    e.pop("RAY_ADDRESS", None)
-    return e
-
-
 def runs(tmp):
-    import mlflow
-
-    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
-    try:
-        return mlflow.search_runs(experiment_names=["raystudy-ts-vit_demo"])
-    finally:
-        mlflow.set_tracking_uri(None)
+    return search_runs(f"sqlite:///{tmp}/mlflow.db", "raystudy-ts-vit_demo")
 
 
 def optuna_trials(tmp):
@@ -68,7 +55,7 @@ def optuna_trials(tmp):
 
 def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
     tmp, ray_tmp = work
-    p = subprocess.run(cmd(tmp, ray_tmp), cwd=tmp, env=env(), capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd(tmp, ray_tmp), cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "best configuration per condition" in p.stdout and "(2 seeds)" in p.stdout
     df = runs(tmp)
@@ -105,25 +92,18 @@ def _done_in_mlflow(tmp):
 def test_interrupted_search_resumes_without_repeating_trials(work):
     tmp, ray_tmp = work
     log = open(tmp / "first.log", "w")
-    proc = subprocess.Popen(cmd(tmp, ray_tmp), cwd=tmp, env=env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = start(cmd(tmp, ray_tmp), tmp, stdout=log)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None and _done_in_mlflow(tmp) < 3:
-            time.sleep(0.5)
+        wait_for(lambda: _done_in_mlflow(tmp) >= 3, proc)
         assert proc.poll() is None, "search ended before it could be interrupted:\n" + (tmp / "first.log").read_text()[-3000:]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
-        time.sleep(3)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc, grace=3)
         log.close()
     before = {t.number: t.params for t in optuna_trials(tmp) if t.state.name == "COMPLETE"}
     assert 1 <= len(before) < 8  # Optuna hears of a trial's end separately from MLflow
-    p = subprocess.run(cmd(tmp, ray_tmp), cwd=tmp, env=env(), capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd(tmp, ray_tmp), cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert f"{len(before)} trials done, {8 - len(before)} to run" in p.stdout
     after = [t for t in optuna_trials(tmp) if t.state.name == "COMPLETE"]
@@ -147,30 +127,14 @@ def test_an_interrupted_search_leaves_no_run_running(work):
     tmp, ray_tmp = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 200}}
     (tmp / "s.yaml").write_text(yaml.safe_dump(space))
-    proc = subprocess.Popen(cmd(tmp, ray_tmp), cwd=tmp, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = start(cmd(tmp, ray_tmp), tmp)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            try:
-                df = runs(tmp)
-            except Exception:  # noqa: BLE001 - store not created yet
-                continue
-            if "tags.raystudy.search" in df and df["tags.raystudy.search"].notna().any():
-                break
+        wait_for(lambda: runs(tmp)["tags.raystudy.search"].notna().any(), proc)
         assert proc.poll() is None, "the search ended before it could be interrupted"
         time.sleep(1)
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        out = ctrl_c_twice(proc)
     finally:
-        time.sleep(2)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc, grace=2)
     df = runs(tmp)
     assert proc.returncode != 0 and "KeyboardInterrupt" in out, out[-3000:]
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]

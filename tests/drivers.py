@@ -1,0 +1,80 @@
+"""Driving raystudy's command lines from tests: a clean environment, a process group of their own,
+polling a store until something has happened, and killing what the driver started."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+
+def driver_env(**extra) -> dict:
+    """The test's environment for a driver: no tracking URI or Ray address inherited from the
+    developer's shell, Ray's token auth off (tests start throwaway local clusters)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def start(cmd, cwd, stdout=subprocess.PIPE, env=None) -> subprocess.Popen:
+    """``cmd`` in a session of its own, so that ``kill_group`` also ends the Ray it started."""
+    return subprocess.Popen(cmd, cwd=cwd, env=env or driver_env(), stdout=stdout, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def wait_for(ready, proc=None, timeout=300, every=0.5):
+    """Call ``ready()`` every ``every`` s until it returns something true, ``proc`` ends or
+    ``timeout`` passes; its last value. An exception counts as not ready (the store may not
+    exist yet)."""
+    deadline, value = time.time() + timeout, None
+    while time.time() < deadline and (proc is None or proc.poll() is None):
+        time.sleep(every)
+        try:
+            value = ready()
+        except Exception:  # noqa: BLE001 - not there yet
+            value = None
+        if value:
+            return value
+    return value
+
+
+def kill_group(proc, grace=0.0, sig=signal.SIGKILL) -> None:
+    """After ``grace`` seconds (Ray's processes notice their driver's end), end ``proc``'s group."""
+    time.sleep(grace)
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def ctrl_c_twice(proc, timeout=120) -> str:
+    """What an impatient user's Ctrl+C does (the second skips Tune's graceful stop); the output.
+
+    Ctrl+C again every 0.2 s until the process ends: two signals that arrive before Python runs
+    its handler count as one, which on a loaded machine left the graceful stop to finish."""
+    deadline = time.time() + timeout
+    while True:
+        proc.send_signal(signal.SIGINT)
+        try:
+            return proc.communicate(timeout=0.2)[0]
+        except subprocess.TimeoutExpired:  # no output is lost by asking again
+            if time.time() > deadline:
+                raise
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def search_runs(uri: str, experiment: str):
+    """Every run of ``experiment`` in the store at ``uri`` (MLflow's global URI left as it was)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    try:
+        return mlflow.search_runs(experiment_names=[experiment])
+    finally:
+        mlflow.set_tracking_uri(None)
