@@ -1,4 +1,5 @@
-"""Models: a registry of timm ViTs (the paper's checkpoints) and raystudy's own small ViTs.
+"""Models: a registry of timm ViTs (the paper's checkpoints), raystudy's own small ViTs, and
+Hugging Face GPT-2 (``raystudy.gpt2``: ``gpt2`` and the random-init ``gpt2_tiny``).
 
 ``create_model`` takes a short name (``vit_base``), any timm ViT name, or a name in
 ``LOCAL_MODELS``. Weights come from timm's hub cache, a local file, or, for a local model, the
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raystudy import paths
+from raystudy import gpt2, paths
 from raystudy.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported when a model is built, not with the registry
@@ -37,6 +38,15 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 # What plasticity probes draw x from for a hub checkpoint: its pretraining distribution.
 HUB_SOURCE = "imagenet_val"
+# GPT-2's stand-in for it: uniform random tokens (the probe CLI's --tokens FILE gives real text).
+TOKEN_SOURCE = "tokens_random"
+GPT2_PLASTICITY_NOTE = (
+    "x are uniform random tokens unless a token file of pretraining-like text is given "
+    "(--tokens); GPT-2's attention is causal, which the MHA bound does not cover (none is given).")
+GPT2_NOTES = {
+    "gpt2_tiny": "gpt2_tiny is a random-init GPT-2 (no pretrained weights exist for it); it shows "
+                 "the machinery, not the study's claims.",
+}
 
 
 @dataclass(frozen=True)
@@ -87,14 +97,15 @@ def resolve_name(name: str) -> str:
 def check_model(name: str) -> str:
     """Raise ConfigError unless ``name`` is an alias, a local model or a timm ViT."""
     full = resolve_name(name)
-    if full in LOCAL_MODELS:
+    if full in LOCAL_MODELS or full in gpt2.SIZES:
         return full
     import timm
 
     arch = full.split(".")[0]
     if not timm.is_model(arch):
         raise ConfigError(f"unknown model {name!r}; valid: {', '.join(ALIASES)}, "
-                          f"{', '.join(LOCAL_MODELS)} or any timm ViT name (timm.list_models('vit_*'))")
+                          f"{', '.join(LOCAL_MODELS)}, {', '.join(gpt2.SIZES)} or any timm ViT name "
+                          "(timm.list_models('vit_*'))")
     if not timm.models.is_model_in_modules(arch, ["vision_transformer", "deit"]):
         raise ConfigError(f"model {name!r} is not a timm VisionTransformer; the study's components "
                           "(norm1, attn, norm2, mlp) are defined on timm's vision_transformer models")
@@ -108,6 +119,8 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
     ``weights`` is a local checkpoint file (timm or raystudy state dict); else timm's hub cache.
     """
     full = check_model(name)
+    if full in gpt2.SIZES:
+        return _create_gpt2(name, full, num_classes, pretrained, weights)
     if full in LOCAL_MODELS:
         from timm.models.vision_transformer import VisionTransformer
 
@@ -153,6 +166,39 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
         raise WeightsUnavailable(f"could not download weights for {full}: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}; prefetch with "
                                  f"`python -m raystudy.prefetch --model {name}` or pass --weights FILE") from None
+
+
+def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool,
+                 weights: str | Path | None) -> nn.Module:
+    """A GPT-2 classifier: a weights file, the hub's weights (cache first, then a download), or
+    random init (``pretrained=False``, or a size with no weights anywhere such as gpt2_tiny)."""
+    repo = gpt2.HUB_IDS.get(full)
+    if weights is not None or not pretrained or repo is None:
+        try:
+            return gpt2.create(full, num_classes, weights=weights)
+        except ConfigError as e:
+            raise WeightsUnavailable(str(e)) from None
+    from transformers import GPT2Model
+
+    try:  # the cache alone: no network touched
+        body = GPT2Model.from_pretrained(repo, local_files_only=True, attn_implementation="sdpa")
+    except OSError:
+        if not hub_reachable():
+            raise WeightsUnavailable(
+                f"no cached weights for {full} ({repo}) and the Hugging Face hub is unreachable; "
+                f"prefetch them on a machine with network: `python -m raystudy.prefetch --model {name}` "
+                f"(fills {hub_cache_dir()}), or pass --weights FILE") from None
+        try:
+            body = GPT2Model.from_pretrained(repo, attn_implementation="sdpa")
+        except Exception as e:  # noqa: BLE001 - any download failure gets the same advice
+            raise WeightsUnavailable(f"could not download weights for {full} ({repo}): "
+                                     f"{type(e).__name__}; pass --weights FILE") from None
+    return gpt2.create(full, num_classes, body=body)
+
+
+def takes_tokens(name: str) -> bool:
+    """Whether ``name`` reads token ids (GPT-2) rather than images."""
+    return resolve_name(name) in gpt2.SIZES
 
 
 def hf_hub_id(full: str) -> str | None:
@@ -267,6 +313,8 @@ def pretrain_recipe(name: str) -> dict | None:
 
 def source_dataset(name: str) -> str:
     """The dataset ``name`` was pretrained on, where plasticity probes draw x from."""
+    if takes_tokens(name):
+        return TOKEN_SOURCE
     spec = LOCAL_MODELS.get(resolve_name(name))
     return spec.source if spec else HUB_SOURCE
 
@@ -274,7 +322,7 @@ def source_dataset(name: str) -> str:
 def note(name: str) -> str:
     """What a reader of ``name``'s results should know (empty for the paper's checkpoints)."""
     spec = LOCAL_MODELS.get(resolve_name(name))
-    return spec.note if spec else ""
+    return spec.note if spec else GPT2_NOTES.get(resolve_name(name), "")
 
 
 def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -282,6 +330,9 @@ def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...
     ic = input_config(name)
     if kind == "checkpoint":
         return tuple(ic["mean"]), tuple(ic["std"])
+    if ic.get("tokens"):
+        raise ConfigError(f"normalization {kind!r} is for image models; {name} reads token ids: "
+                          "use normalization: checkpoint")
     if ic["in_chans"] != 3:
         raise ConfigError(f"normalization {kind!r} is for RGB models; {name} takes {ic['in_chans']} "
                           "channel(s): use normalization: checkpoint")
@@ -290,6 +341,8 @@ def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...
 
 def plasticity_note(name: str) -> str:
     """What a reader of ``name``'s plasticity measurements should know (empty for hub models)."""
+    if takes_tokens(name):
+        return GPT2_PLASTICITY_NOTE
     spec = LOCAL_MODELS.get(resolve_name(name))
     return spec.plasticity_note if spec else ""
 
@@ -297,6 +350,10 @@ def plasticity_note(name: str) -> str:
 def input_config(name: str) -> dict:
     """Input size, channels and normalisation ``name`` was pretrained with, without building it."""
     full = check_model(name)
+    if full in gpt2.SIZES:  # token ids: no image size, no normalisation
+        size = gpt2.SIZES[full]
+        return dict(img_size=None, in_chans=None, mean=(), std=(), tokens=True,
+                    vocab_size=size["vocab_size"], max_len=size["n_positions"])
     if full in LOCAL_MODELS:
         spec = LOCAL_MODELS[full]
         return dict(img_size=spec.arch["img_size"], in_chans=spec.arch["in_chans"],
