@@ -97,7 +97,13 @@ def resolve_name(name: str) -> str:
 def check_model(name: str) -> str:
     """Raise ConfigError unless ``name`` is an alias, a local model or a timm ViT."""
     full = resolve_name(name)
-    if full in LOCAL_MODELS or full in gpt2.SIZES:
+    if full in gpt2.SIZES:
+        import importlib.util
+
+        if importlib.util.find_spec("transformers") is None:
+            raise ConfigError(f"model {name!r} needs Hugging Face transformers: pip install 'raystudy[gpt2]'")
+        return full
+    if full in LOCAL_MODELS:
         return full
     import timm
 
