@@ -8,6 +8,7 @@ LN2, FC1, FC2, EMBED and HEAD as it does timm's. The last hidden state (after ``
 mean-pooled over tokens into a fresh linear ``head``. Like timm's ViTs it exposes ``blocks`` and
 ``forward_features``, which the probes and the linear probe use.
 
+The registry of sizes lives in ``raystudy.models`` (``GPT2_SIZES``), which loads without torch;
 ``transformers`` is imported when a model is built, not with this module.
 """
 
@@ -21,22 +22,11 @@ import torch.nn as nn
 
 from raystudy.errors import ConfigError
 
-# GPT2Config arguments per registered name. ``gpt2`` is the hub's 124M model (its weights load
-# with ``from_pretrained`` when cached or downloadable); ``gpt2_tiny`` has no weights anywhere:
-# random init, for tests and a laptop.
-SIZES: dict[str, dict] = {
-    "gpt2": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257),
-    "gpt2_tiny": dict(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=256,
-                      bos_token_id=255, eos_token_id=255),
-}
-HUB_IDS = {"gpt2": "gpt2"}   # the hub id most caches already hold it under
-
-
-def gpt2_config(name: str):
-    """The ``GPT2Config`` of a registered name, on PyTorch's fused attention (sdpa)."""
+def gpt2_config(arch: dict):
+    """A ``GPT2Config`` from its arguments (``models.GPT2_SIZES``), on PyTorch's fused attention."""
     from transformers import GPT2Config
 
-    return GPT2Config(**SIZES[name], attn_implementation="sdpa")
+    return GPT2Config(**arch, attn_implementation="sdpa")
 
 
 class GPT2Classifier(nn.Module):
@@ -66,10 +56,11 @@ def is_gpt2(module: nn.Module) -> bool:
     return isinstance(module, GPT2Classifier)
 
 
-def create(name: str, num_classes: int, *, body: nn.Module | None = None,
+def create(arch: dict, num_classes: int, *, body: nn.Module | None = None,
            weights: str | Path | None = None) -> GPT2Classifier:
-    """``name``'s classifier: random init, ``body`` (a loaded GPT2Model), or a ``weights`` file."""
-    model = GPT2Classifier(gpt2_config(name), num_classes, body=body)
+    """A classifier of GPT2Config arguments ``arch``: random init, ``body`` (a loaded
+    GPT2Model), or a ``weights`` file."""
+    model = GPT2Classifier(gpt2_config(arch), num_classes, body=body)
     if weights is not None:
         load_state(model, weights)
     return model

@@ -1,5 +1,6 @@
 """Models: a registry of timm ViTs (the paper's checkpoints), raystudy's own small ViTs, and
-Hugging Face GPT-2 (``raystudy.gpt2``: ``gpt2`` and the random-init ``gpt2_tiny``).
+Hugging Face GPT-2 (``GPT2_SIZES``: ``gpt2`` and the random-init ``gpt2_tiny``; the model code
+is ``raystudy.gpt2``).
 
 ``create_model`` takes a short name (``vit_base``), any timm ViT name, or a name in
 ``LOCAL_MODELS``. Weights come from timm's hub cache, a local file, or, for a local model, the
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raystudy import gpt2, paths
+from raystudy import paths
 from raystudy.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported when a model is built, not with the registry
@@ -38,6 +39,15 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 # What plasticity probes draw x from for a hub checkpoint: its pretraining distribution.
 HUB_SOURCE = "imagenet_val"
+# Hugging Face GPT-2 (raystudy.gpt2), GPT2Config arguments per name. ``gpt2`` is the hub's 124M
+# model (weights from ``from_pretrained`` when cached or downloadable); ``gpt2_tiny`` has no
+# weights anywhere: random init, for tests and a laptop.
+GPT2_SIZES: dict[str, dict] = {
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257),
+    "gpt2_tiny": dict(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=256,
+                      bos_token_id=255, eos_token_id=255),
+}
+GPT2_HUB_IDS = {"gpt2": "gpt2"}   # the hub id most caches already hold it under
 # GPT-2's stand-in for it: uniform random tokens (the probe CLI's --tokens FILE gives real text).
 TOKEN_SOURCE = "tokens_random"
 GPT2_PLASTICITY_NOTE = (
@@ -97,7 +107,7 @@ def resolve_name(name: str) -> str:
 def check_model(name: str) -> str:
     """Raise ConfigError unless ``name`` is an alias, a local model or a timm ViT."""
     full = resolve_name(name)
-    if full in gpt2.SIZES:
+    if full in GPT2_SIZES:
         import importlib.util
 
         if importlib.util.find_spec("transformers") is None:
@@ -110,7 +120,7 @@ def check_model(name: str) -> str:
     arch = full.split(".")[0]
     if not timm.is_model(arch):
         raise ConfigError(f"unknown model {name!r}; valid: {', '.join(ALIASES)}, "
-                          f"{', '.join(LOCAL_MODELS)}, {', '.join(gpt2.SIZES)} or any timm ViT name "
+                          f"{', '.join(LOCAL_MODELS)}, {', '.join(GPT2_SIZES)} or any timm ViT name "
                           "(timm.list_models('vit_*'))")
     if not timm.models.is_model_in_modules(arch, ["vision_transformer", "deit"]):
         raise ConfigError(f"model {name!r} is not a timm VisionTransformer; the study's components "
@@ -125,7 +135,7 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
     ``weights`` is a local checkpoint file (timm or raystudy state dict); else timm's hub cache.
     """
     full = check_model(name)
-    if full in gpt2.SIZES:
+    if full in GPT2_SIZES:
         return _create_gpt2(name, full, num_classes, pretrained, weights)
     if full in LOCAL_MODELS:
         from timm.models.vision_transformer import VisionTransformer
@@ -178,10 +188,12 @@ def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool,
                  weights: str | Path | None) -> nn.Module:
     """A GPT-2 classifier: a weights file, the hub's weights (cache first, then a download), or
     random init (``pretrained=False``, or a size with no weights anywhere such as gpt2_tiny)."""
-    repo = gpt2.HUB_IDS.get(full)
+    from raystudy import gpt2
+
+    arch, repo = GPT2_SIZES[full], GPT2_HUB_IDS.get(full)
     if weights is not None or not pretrained or repo is None:
         try:
-            return gpt2.create(full, num_classes, weights=weights)
+            return gpt2.create(arch, num_classes, weights=weights)
         except ConfigError as e:
             raise WeightsUnavailable(str(e)) from None
     from transformers import GPT2Model
@@ -199,12 +211,12 @@ def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool,
         except Exception as e:  # noqa: BLE001 - any download failure gets the same advice
             raise WeightsUnavailable(f"could not download weights for {full} ({repo}): "
                                      f"{type(e).__name__}; pass --weights FILE") from None
-    return gpt2.create(full, num_classes, body=body)
+    return gpt2.create(arch, num_classes, body=body)
 
 
 def takes_tokens(name: str) -> bool:
     """Whether ``name`` reads token ids (GPT-2) rather than images."""
-    return resolve_name(name) in gpt2.SIZES
+    return resolve_name(name) in GPT2_SIZES
 
 
 def hf_hub_id(full: str) -> str | None:
@@ -356,8 +368,8 @@ def plasticity_note(name: str) -> str:
 def input_config(name: str) -> dict:
     """Input size, channels and normalisation ``name`` was pretrained with, without building it."""
     full = check_model(name)
-    if full in gpt2.SIZES:  # token ids: no image size, no normalisation
-        size = gpt2.SIZES[full]
+    if full in GPT2_SIZES:  # token ids: no image size, no normalisation
+        size = GPT2_SIZES[full]
         return dict(img_size=None, in_chans=None, mean=(), std=(), tokens=True,
                     vocab_size=size["vocab_size"], max_len=size["n_positions"])
     if full in LOCAL_MODELS:

@@ -181,7 +181,7 @@ def test_probe_model_streams_token_datasets():
 def test_tokens_rule_is_a_learnable_rule_and_fits_every_gpt2():
     ids, labels = datasets.rule_tokens()
     assert ids.dtype == torch.int64 and ids.shape == (2000, datasets.TOKEN_LEN)
-    assert 0 <= int(ids.min()) and int(ids.max()) < min(s["vocab_size"] for s in gpt2.SIZES.values())
+    assert 0 <= int(ids.min()) and int(ids.max()) < min(s["vocab_size"] for s in models.GPT2_SIZES.values())
     counts = torch.stack([(ids % 4 == c).sum(1) for c in range(4)], 1)
     assert (counts.argmax(1).numpy() == labels).mean() > 0.95  # the planted class is the majority
     assert np.bincount(labels).min() > 400
