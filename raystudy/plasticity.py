@@ -98,9 +98,10 @@ def unwrap_vit(model: nn.Module) -> nn.Module:
             break
         inner = wrapped[0]
     if not isinstance(inner, VisionTransformer) and not gpt2.is_gpt2(inner):
-        raise ProbeError(f"the plasticity probe needs a timm VisionTransformer or raystudy's GPT-2 "
-                         f"classifier, got {type(inner).__name__}; its components are blocks.*.norm1, "
-                         "attn, norm2, mlp.fc1, mlp.fc2 (GPT-2: h.*.ln_1, attn, ln_2, mlp.c_fc, mlp.c_proj)")
+        raise ProbeError(f"the plasticity probe needs a timm VisionTransformer, got "
+                         f"{type(inner).__name__} (or raystudy's GPT-2 classifier); its components are "
+                         "blocks.*.norm1, attn, norm2, mlp.fc1, mlp.fc2 (GPT-2: transformer.h.*.ln_1, "
+                         "attn, ln_2, mlp.c_fc, mlp.c_proj)")
     return inner
 
 
