@@ -220,7 +220,9 @@ def takes_tokens(name: str) -> bool:
 
 
 def hf_hub_id(full: str) -> str | None:
-    """The Hugging Face repo timm downloads ``full`` from, if any."""
+    """The Hugging Face repo timm (or, for GPT-2, transformers) downloads ``full`` from, if any."""
+    if full in GPT2_SIZES:
+        return GPT2_HUB_IDS.get(full)
     import timm
 
     cfg = timm.models.get_pretrained_cfg(full, allow_unregistered=False)
@@ -234,6 +236,8 @@ def cached_weights(full: str) -> str | None:
     repo = hf_hub_id(full)
     if not repo:
         return None
+    if full in GPT2_SIZES and not isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        return None  # from_pretrained needs the config beside the weights
     for fname in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
         hit = try_to_load_from_cache(repo, fname)
         if isinstance(hit, str):

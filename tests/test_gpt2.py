@@ -284,3 +284,35 @@ def test_finetune_cli_runs_a_gpt2_condition(tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "condition FC1" in out and "FC1 8,448" in out and "test acc" in out
+
+
+# ---------------------------------------------------------------- weights
+
+def test_prefetch_knows_gpt2s_hub_repo_and_that_gpt2_tiny_has_no_weights(tmp_path, monkeypatch, capsys):
+    from raystudy import prefetch
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache; main() sets both
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: pytest.fail("--check touched the network"))
+    rc = prefetch.main(["--model", "gpt2_tiny,gpt2", "--check", "--hf-cache", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "local   gpt2_tiny: random init" in out
+    assert "missing gpt2 (gpt2): not in the Hugging Face cache" in out
+
+
+def test_gpt2_without_cache_or_network_names_the_command_that_gets_it(monkeypatch):
+    if models.cached_weights("gpt2") is not None:
+        pytest.skip("gpt2's weights are cached on this machine")
+    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: False)
+    with pytest.raises(models.WeightsUnavailable, match="prefetch --model gpt2"):
+        models.create_model("gpt2", 2)
+
+
+def test_a_weights_file_loads_into_the_body_and_the_head_stays_fresh(tmp_path):
+    src = tiny(seed=1).float()
+    torch.save(src.transformer.state_dict(), tmp_path / "body.pt")  # a bare GPT2Model's names
+    model = models.create_model("gpt2_tiny", 7, weights=tmp_path / "body.pt")
+    for n, p in src.transformer.state_dict().items():
+        assert torch.equal(model.transformer.state_dict()[n], p), n
+    assert model.head.out_features == 7
