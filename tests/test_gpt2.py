@@ -316,3 +316,10 @@ def test_a_weights_file_loads_into_the_body_and_the_head_stays_fresh(tmp_path):
     for n, p in src.transformer.state_dict().items():
         assert torch.equal(model.transformer.state_dict()[n], p), n
     assert model.head.out_features == 7
+
+
+def test_the_papers_linear_probe_runs_on_gpt2_features():
+    res = engine.train(FinetuneConfig(**FAST, condition="linear_probe"))
+    assert res["status"] == "finished" and res["steps_done"] == 0
+    assert res["trainable_params/HEAD"] == 4 * 32 + 4  # 4 classes over width-32 pooled features
+    assert 0.0 <= res["test_acc"] <= 1.0
