@@ -96,7 +96,8 @@ def format_tables(df) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = cli.Parser("python -m raystudy.probe", __doc__)
     ap.add_argument("--model", default="vit_demo", help="vit_demo, vit_base/large/huge or any timm ViT")
-    ap.add_argument("--dataset", default="digits_c", help="downstream dataset: y from its test split")
+    ap.add_argument("--dataset", help="downstream dataset: y from its test split (default: digits_c; "
+                                      "tokens_rule for GPT-2)")
     ap.add_argument("--source", help="pretraining-like dataset for x (default: the model's pretraining data: digits for vit_demo, "
                                      "imagenet_val otherwise)")
     ap.add_argument("--pairs", type=int, default=1024, help="number of (x, y) pairs (paper: 12800)")
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         full = models.check_model(args.model)
         source = args.source or models.source_dataset(full)
         tokens = models.takes_tokens(full)
+        args.dataset = args.dataset or ("tokens_rule" if tokens else "digits_c")
         for name in (args.dataset, source):
             if datasets.check_dataset(name).tokens != tokens:
                 fits = [n for n, i in datasets.DATASETS.items() if i.tokens == tokens]

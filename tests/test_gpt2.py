@@ -214,12 +214,12 @@ def test_probe_cli_on_a_supplied_token_file(tmp_path, capsys):
     from raystudy import probe
 
     np.save(tmp_path / "x.npy", tokens(20, datasets.TOKEN_LEN, 5).numpy())
-    rc = probe.main(["--model", "gpt2_tiny", "--dataset", "tokens_rule", "--tokens", str(tmp_path / "x.npy"),
+    rc = probe.main(["--model", "gpt2_tiny", "--tokens", str(tmp_path / "x.npy"),  # y: tokens_rule
                      "--pairs", "8", "--batch-size", "4", "--mode", "shared", "--device", "cpu",
                      "--out", str(tmp_path / "out")])
     assert rc == 0
     out = capsys.readouterr().out
-    assert f"x: {tmp_path / 'x.npy'}" in out and "ranking (shared)" in out
+    assert f"x: {tmp_path / 'x.npy'}, y: tokens_rule test" in out and "ranking (shared)" in out
     import pandas as pd
 
     df = pd.read_csv(tmp_path / "out" / "plasticity.csv")
