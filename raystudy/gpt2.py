@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from raystudy.errors import ConfigError
 
+
 def gpt2_config(arch: dict):
     """A ``GPT2Config`` from its arguments (``models.GPT2_SIZES``), on PyTorch's fused attention."""
     from transformers import GPT2Config

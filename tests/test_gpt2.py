@@ -156,16 +156,22 @@ def test_in_situ_mode_measures_what_enters_each_component_in_the_forward():
     pos = torch.arange(9)
     hx, hy = t.wte.weight[x] + t.wpe.weight[pos], t.wte.weight[y] + t.wpe.weight[pos]
     for i, block in enumerate(t.h):
-        ax, ay = ref_layer_norm(block.ln_1, hx), ref_layer_norm(block.ln_1, hy)
-        assert rows[(i, "LN1")]["mean"] == pytest.approx(ref_ratio(lambda h: ref_layer_norm(block.ln_1, h), hx, hy).mean().item(), rel=1e-9)
-        assert rows[(i, "MHA")]["mean"] == pytest.approx(ref_ratio(lambda a: ref_attention(block.attn, a), ax, ay).mean().item(), rel=1e-9)
-        hx, hy = hx + ref_attention(block.attn, ax), hy + ref_attention(block.attn, ay)
-        bx, by = ref_layer_norm(block.ln_2, hx), ref_layer_norm(block.ln_2, hy)
-        fx = ref_conv1d(block.mlp.c_fc, bx)
-        assert rows[(i, "FC1")]["mean"] == pytest.approx(ref_ratio(lambda a: ref_conv1d(block.mlp.c_fc, a), bx, by).mean().item(), rel=1e-9)
-        gx, gy = F.gelu(fx, approximate="tanh"), F.gelu(ref_conv1d(block.mlp.c_fc, by), approximate="tanh")
-        assert rows[(i, "FC2")]["mean"] == pytest.approx(ref_ratio(lambda a: ref_conv1d(block.mlp.c_proj, a), gx, gy).mean().item(), rel=1e-9)
-        hx, hy = hx + ref_conv1d(block.mlp.c_proj, gx), hy + ref_conv1d(block.mlp.c_proj, gy)
+        def measured(comp, f, a, b):
+            return rows[(i, comp)]["mean"] == pytest.approx(ref_ratio(f, a, b).mean().item(), rel=1e-9)
+
+        ln1, ln2 = (lambda h: ref_layer_norm(block.ln_1, h)), (lambda h: ref_layer_norm(block.ln_2, h))
+        attn = lambda a: ref_attention(block.attn, a)  # noqa: E731
+        fc1, fc2 = (lambda a: ref_conv1d(block.mlp.c_fc, a)), (lambda a: ref_conv1d(block.mlp.c_proj, a))
+        assert measured("LN1", ln1, hx, hy)
+        ax, ay = ln1(hx), ln1(hy)
+        assert measured("MHA", attn, ax, ay)
+        hx, hy = hx + attn(ax), hy + attn(ay)
+        assert measured("LN2", ln2, hx, hy)
+        bx, by = ln2(hx), ln2(hy)
+        assert measured("FC1", fc1, bx, by)
+        gx, gy = F.gelu(fc1(bx), approximate="tanh"), F.gelu(fc1(by), approximate="tanh")  # gelu_new
+        assert measured("FC2", fc2, gx, gy)
+        hx, hy = hx + fc2(gx), hy + fc2(gy)
 
 
 def test_probe_model_streams_token_datasets():
