@@ -1,4 +1,4 @@
-"""Study components as data over timm's ViT parameter names.
+"""Study components as data over timm's ViT parameter names and Hugging Face GPT-2's.
 
 A *component* is a named set of parameters (``MHA`` = every block's ``attn.qkv`` and
 ``attn.proj``, weights and biases). A *condition* is the set of components that train; the new
@@ -22,22 +22,30 @@ if TYPE_CHECKING:  # torch is imported where a model is, not here: cheap names f
 
 # peft wraps an adapted Linear and moves its weight to ``<name>.base_layer.weight``.
 _BASE = r"(\.base_layer)?"
+# Hugging Face GPT-2 (raystudy.gpt2): its own names, under ``transformer.`` in the classifier.
+# Its Conv1D layers (c_attn, c_proj, c_fc) hold their weights as (in, out), nn.Linear's transpose.
+_H = r"(transformer\.)?h\.\d+"
 
 # Ordered: the order tables and condition names are printed in.
 COMPONENTS: dict[str, tuple[str, ...]] = {
-    "LN1": (r"blocks\.\d+\.norm1\.(weight|bias)",),
+    "LN1": (r"blocks\.\d+\.norm1\.(weight|bias)", rf"{_H}\.ln_1\.(weight|bias)"),
     # LayerScale's ls1 scales the attention branch's output, ls2 the MLP's: each trains with the
     # component whose output it scales (MHA, FC2). EVA's separate q/v biases belong to MHA.
     "MHA": (rf"blocks\.\d+\.attn\.(qkv|proj){_BASE}\.(weight|bias)", r"blocks\.\d+\.attn\.(q_bias|v_bias)",
-            r"blocks\.\d+\.ls1\.gamma"),
-    "LN2": (r"blocks\.\d+\.norm2\.(weight|bias)",),
-    "FC1": (r"blocks\.\d+\.mlp\.fc1\.(weight|bias)",),
-    "FC2": (r"blocks\.\d+\.mlp\.fc2\.(weight|bias)", r"blocks\.\d+\.ls2\.gamma"),
-    # Register tokens (DINOv2, DeiT-III style) and CLIP's pre-norm are part of the embedding stage.
+            r"blocks\.\d+\.ls1\.gamma", rf"{_H}\.attn\.(c_attn|c_proj){_BASE}\.(weight|bias)"),
+    "LN2": (r"blocks\.\d+\.norm2\.(weight|bias)", rf"{_H}\.ln_2\.(weight|bias)"),
+    "FC1": (r"blocks\.\d+\.mlp\.fc1\.(weight|bias)", rf"{_H}\.mlp\.c_fc\.(weight|bias)"),
+    "FC2": (r"blocks\.\d+\.mlp\.fc2\.(weight|bias)", r"blocks\.\d+\.ls2\.gamma",
+            rf"{_H}\.mlp\.c_proj\.(weight|bias)"),
+    # Register tokens (DINOv2, DeiT-III style) and CLIP's pre-norm are part of the embedding stage;
+    # GPT-2's token and position embeddings too.
     "EMBED": (r"cls_token", r"reg_token", r"pos_embed", r"patch_embed\.proj\.(weight|bias)",
-              r"norm_pre\.(weight|bias)"),
-    "HEAD": (r"head\.(weight|bias)", r"norm\.(weight|bias)", r"fc_norm\.(weight|bias)"),
-    "LORA": (r"blocks\.\d+\.attn\.(qkv|proj)\.lora_[AB]\.[\w]+\.weight",),
+              r"norm_pre\.(weight|bias)", r"(transformer\.)?(wte|wpe)\.weight"),
+    # GPT-2's final norm ln_f sits before the pooled head, as timm's norm does.
+    "HEAD": (r"head\.(weight|bias)", r"norm\.(weight|bias)", r"fc_norm\.(weight|bias)",
+             r"(transformer\.)?ln_f\.(weight|bias)"),
+    "LORA": (r"blocks\.\d+\.attn\.(qkv|proj)\.lora_[AB]\.[\w]+\.weight",
+             rf"{_H}\.attn\.(c_attn|c_proj)\.lora_[AB]\.[\w]+\.weight"),
 }
 
 # The components a study condition may name (HEAD always trains; LORA comes with ``lora``).
@@ -53,8 +61,9 @@ CLOSED_FORM = frozenset({"linear_probe"})
 # The paper's seven conditions, in the order its tables use.
 PAPER_CONDITIONS = ("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe")
 
-# LoRA as in the study: rank 8, alpha 16 on the attention linears.
+# LoRA as in the study: rank 8, alpha 16 on the attention linears (GPT-2's are Conv1D).
 LORA_TARGETS = ("attn.qkv", "attn.proj")
+LORA_TARGETS_GPT2 = ("attn.c_attn", "attn.c_proj")
 
 _COMPILED = {name: [re.compile(p) for p in pats] for name, pats in COMPONENTS.items()}
 
@@ -154,9 +163,14 @@ def add_lora(model: nn.Module, rank: int = 8, alpha: int = 16) -> nn.Module:
 
     targets = [n for n, m in model.named_modules()
                if isinstance(m, nn.Linear) and n.endswith(LORA_TARGETS)]
-    if not targets:
-        raise PartitionError("model has no attention linears (attn.qkv / attn.proj) for LoRA")
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets)
+    conv1d = [n for n, m in model.named_modules()
+              if type(m).__name__ == "Conv1D" and n.endswith(LORA_TARGETS_GPT2)]
+    if not targets and not conv1d:
+        raise PartitionError("model has no attention linears (attn.qkv / attn.proj, or GPT-2's "
+                             "attn.c_attn / attn.c_proj) for LoRA")
+    # Conv1D stores (in, out): peft needs fan_in_fan_out to read it so.
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets or conv1d,
+                        fan_in_fan_out=bool(conv1d) and not targets)
     return inject_adapter_in_model(config, model)
 
 
@@ -210,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "Print parameter counts per component and trainable counts per study condition "
         "for a model architecture (random init, no weights needed)."))
     ap.add_argument("--model", default="vit_base_patch16_224",
-                    help="timm ViT name, alias (vit_base, vit_large, vit_huge) or vit_demo")
+                    help="timm ViT name, alias (vit_base, vit_large, vit_huge), vit_demo, gpt2 or gpt2_tiny")
     ap.add_argument("--conditions", default=",".join(PAPER_CONDITIONS + ("EMBED", "lora")),
                     help="comma-separated conditions (default: the paper's, EMBED and lora)")
     args = ap.parse_args(argv)
@@ -228,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     total = sum(per_comp.values())
-    print(f"{args.model}: {total:,} parameters (head for 100 classes)")
+    print(f"{args.model}: {total:,} parameters (head for 100 classes"
+          + (", mean-pooled last hidden state)" if models.takes_tokens(args.model) else ")"))
     print(f"{'component':<14}{'parameters':>14}")
     for c, n in per_comp.items():
         print(f"{c:<14}{n:>14,}")

@@ -239,6 +239,11 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     datasets.check_dataset(cfg.dataset)
     datasets.resolve_data_path(cfg.data_path, cfg.dataset)
     models.check_model(cfg.model)
+    if models.takes_tokens(cfg.model) != datasets.check_dataset(cfg.dataset).tokens:
+        kind = "token ids" if models.takes_tokens(cfg.model) else "images"
+        fits = [n for n, i in datasets.DATASETS.items() if i.tokens == models.takes_tokens(cfg.model)]
+        raise ConfigError(f"model {cfg.model!r} reads {kind}, dataset {cfg.dataset!r} does not; "
+                          f"datasets for it: {', '.join(fits)}")
     models.normalization(cfg.model, cfg.normalization)
     if cfg.weights is not None:
         models.check_weights_file(cfg.weights)

@@ -60,6 +60,7 @@ class DatasetInfo:
     load: Callable[[Path, bool], Source]
     where: str                   # where to get the files
     image: bool = True           # PIL images (False: the demo's ready tensors)
+    tokens: bool = False         # token-id sequences, for GPT-2 (no transform, no tensor cache)
     val_fraction: float = VAL_FRACTION
     cache_size: int = 256        # side of the tensor cache's squares (data_path: cache)
 
@@ -248,6 +249,40 @@ def _demo(corrupted: bool):
     return load
 
 
+# Token data for GPT-2, generated offline from a fixed seed: sequences of TOKEN_LEN ids below
+# TOKEN_VOCAB (so they fit every GPT-2 size). tokens_rule: 4 classes; class c has TOKEN_PLANTED
+# of its positions replaced by ids = c (mod 4), so its residue class is the most frequent one,
+# a rule a mean-pooled model can learn. tokens_random: uniform ids, the probes' stand-in for
+# pretraining text (test split only).
+TOKEN_VOCAB, TOKEN_LEN, TOKEN_PLANTED, TOKEN_CLASSES = 256, 32, 12, 4
+
+
+def rule_tokens(n: int = 2000, seed: int = 4321) -> tuple[torch.Tensor, np.ndarray]:
+    """(ids (n, TOKEN_LEN) int64, labels (n,)) of tokens_rule."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, TOKEN_CLASSES, n)
+    ids = rng.integers(0, TOKEN_VOCAB, (n, TOKEN_LEN))
+    for i, c in enumerate(labels):
+        pos = rng.choice(TOKEN_LEN, TOKEN_PLANTED, replace=False)
+        ids[i, pos] = TOKEN_CLASSES * rng.integers(0, TOKEN_VOCAB // TOKEN_CLASSES, TOKEN_PLANTED) + c
+    return torch.from_numpy(ids), labels.astype(np.int64)
+
+
+def _tokens_rule(root: Path, download: bool) -> Source:
+    from raystudy.gpt2 import TokenRows
+
+    ids, labels = rule_tokens()
+    return _pool_test(TokenRows(ids, labels), labels)
+
+
+def _tokens_random(root: Path, download: bool) -> Source:
+    from raystudy.gpt2 import TokenRows
+
+    ids = torch.from_numpy(np.random.default_rng(8765).integers(0, TOKEN_VOCAB, (1024, TOKEN_LEN)))
+    labels = np.zeros(len(ids), dtype=np.int64)
+    return Source(Pool([], np.zeros(0, dtype=np.int64)), Pool(TokenRows(ids, labels), labels))
+
+
 _TV = ("prefetch it (python -m raystudy.prefetch --datasets NAME), pass download=true (--download) "
        "to fetch it with torchvision, or place the files there")
 _C10C = ("download CIFAR-10-C from https://zenodo.org/records/2535967 and unpack it so that "
@@ -281,6 +316,9 @@ _register(DatasetInfo("imagenet_val", 1000, _imagenet_val("imagenet_val", _IN), 
 # The demo splits 60/20/20: val is a quarter of the 80% pool.
 _register(DatasetInfo("digits", 10, _demo(False), "ships with scikit-learn", image=False, val_fraction=0.25))
 _register(DatasetInfo("digits_c", 10, _demo(True), "ships with scikit-learn", image=False, val_fraction=0.25))
+_register(DatasetInfo("tokens_rule", TOKEN_CLASSES, _tokens_rule, "generated (seeded)", image=False,
+                      tokens=True, val_fraction=0.25))
+_register(DatasetInfo("tokens_random", 1, _tokens_random, "generated (seeded)", image=False, tokens=True))
 
 # The study's 11 benchmarks, in its order.
 STUDY_DATASETS = ("cifar10", "cifar100", *(f"cifar10c_{c}" for c in CIFAR10C_CORRUPTIONS),
@@ -343,7 +381,8 @@ def resolve_data_path(data_path: str, name: str) -> str:
     if data_path not in DATA_PATHS:
         raise ConfigError(f"unknown data_path {data_path!r}; valid: {', '.join(DATA_PATHS)}")
     if data_path == "auto":
-        return "torchvision" if check_dataset(name).image else "cache"
+        info = check_dataset(name)
+        return "torchvision" if info.image or info.tokens else "cache"
     return data_path
 
 
@@ -362,7 +401,10 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
     info = check_dataset(name)
     root = Path(root) if root else paths.data_root()
     src = info.load(root, download)
-    if resolve_data_path(data_path, name) == "cache":
+    if info.tokens:  # ready ids: plain views on either data path, nothing to decode or normalise
+        def view(role: str, pool: Pool, idx: np.ndarray, train: bool) -> Dataset:
+            return View(pool.items, idx, None)
+    elif resolve_data_path(data_path, name) == "cache":
         pools: dict[str, TensorPool] = {}
 
         def view(role: str, pool: Pool, idx: np.ndarray, train: bool) -> Dataset:
@@ -406,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tensor cache (data_path: cache): {paths.tensor_cache()}  (set RAYSTUDY_CACHE to change)")
     print(f"{'dataset':<26}{'classes':>8}{'cache':>9}  source")
     for info in DATASETS.values():
-        size = f"{info.cache_size}px" if info.image else "memory"
+        size = f"{info.cache_size}px" if info.image else "tokens" if info.tokens else "memory"
         print(f"{info.name:<26}{info.num_classes:>8}{size:>9}  {info.where}")
     return 0
 

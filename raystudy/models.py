@@ -1,4 +1,6 @@
-"""Models: a registry of timm ViTs (the paper's checkpoints) and raystudy's own small ViTs.
+"""Models: a registry of timm ViTs (the paper's checkpoints), raystudy's own small ViTs, and
+Hugging Face GPT-2 (``GPT2_SIZES``: ``gpt2`` and the random-init ``gpt2_tiny``; the model code
+is ``raystudy.gpt2``).
 
 ``create_model`` takes a short name (``vit_base``), any timm ViT name, or a name in
 ``LOCAL_MODELS``. Weights come from timm's hub cache, a local file, or, for a local model, the
@@ -37,6 +39,24 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 # What plasticity probes draw x from for a hub checkpoint: its pretraining distribution.
 HUB_SOURCE = "imagenet_val"
+# Hugging Face GPT-2 (raystudy.gpt2), GPT2Config arguments per name. ``gpt2`` is the hub's 124M
+# model (weights from ``from_pretrained`` when cached or downloadable); ``gpt2_tiny`` has no
+# weights anywhere: random init, for tests and a laptop.
+GPT2_SIZES: dict[str, dict] = {
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257),
+    "gpt2_tiny": dict(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=256,
+                      bos_token_id=255, eos_token_id=255),
+}
+GPT2_HUB_IDS = {"gpt2": "gpt2"}   # the hub id most caches already hold it under
+# GPT-2's stand-in for it: uniform random tokens (the probe CLI's --tokens FILE gives real text).
+TOKEN_SOURCE = "tokens_random"
+GPT2_PLASTICITY_NOTE = (
+    "x are uniform random tokens unless a token file of pretraining-like text is given "
+    "(--tokens); GPT-2's attention is causal, which the MHA bound does not cover (none is given).")
+GPT2_NOTES = {
+    "gpt2_tiny": "gpt2_tiny is a random-init GPT-2 (no pretrained weights exist for it); it shows "
+                 "the machinery, not the study's claims.",
+}
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,12 @@ def resolve_name(name: str) -> str:
 def check_model(name: str) -> str:
     """Raise ConfigError unless ``name`` is an alias, a local model or a timm ViT."""
     full = resolve_name(name)
+    if full in GPT2_SIZES:
+        import importlib.util
+
+        if importlib.util.find_spec("transformers") is None:
+            raise ConfigError(f"model {name!r} needs Hugging Face transformers: pip install 'raystudy[gpt2]'")
+        return full
     if full in LOCAL_MODELS:
         return full
     import timm
@@ -94,7 +120,8 @@ def check_model(name: str) -> str:
     arch = full.split(".")[0]
     if not timm.is_model(arch):
         raise ConfigError(f"unknown model {name!r}; valid: {', '.join(ALIASES)}, "
-                          f"{', '.join(LOCAL_MODELS)} or any timm ViT name (timm.list_models('vit_*'))")
+                          f"{', '.join(LOCAL_MODELS)}, {', '.join(GPT2_SIZES)} or any timm ViT name "
+                          "(timm.list_models('vit_*'))")
     if not timm.models.is_model_in_modules(arch, ["vision_transformer", "deit"]):
         raise ConfigError(f"model {name!r} is not a timm VisionTransformer; the study's components "
                           "(norm1, attn, norm2, mlp) are defined on timm's vision_transformer models")
@@ -108,6 +135,8 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
     ``weights`` is a local checkpoint file (timm or raystudy state dict); else timm's hub cache.
     """
     full = check_model(name)
+    if full in GPT2_SIZES:
+        return _create_gpt2(name, full, num_classes, pretrained, weights)
     if full in LOCAL_MODELS:
         from timm.models.vision_transformer import VisionTransformer
 
@@ -155,8 +184,45 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
                                  f"`python -m raystudy.prefetch --model {name}` or pass --weights FILE") from None
 
 
+def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool,
+                 weights: str | Path | None) -> nn.Module:
+    """A GPT-2 classifier: a weights file, the hub's weights (cache first, then a download), or
+    random init (``pretrained=False``, or a size with no weights anywhere such as gpt2_tiny)."""
+    from raystudy import gpt2
+
+    arch, repo = GPT2_SIZES[full], GPT2_HUB_IDS.get(full)
+    if weights is not None or not pretrained or repo is None:
+        try:
+            return gpt2.create(arch, num_classes, weights=weights)
+        except ConfigError as e:
+            raise WeightsUnavailable(str(e)) from None
+    from transformers import GPT2Model
+
+    try:  # the cache alone: no network touched
+        body = GPT2Model.from_pretrained(repo, local_files_only=True, attn_implementation="sdpa")
+    except OSError:
+        if not hub_reachable():
+            raise WeightsUnavailable(
+                f"no cached weights for {full} ({repo}) and the Hugging Face hub is unreachable; "
+                f"prefetch them on a machine with network: `python -m raystudy.prefetch --model {name}` "
+                f"(fills {hub_cache_dir()}), or pass --weights FILE") from None
+        try:
+            body = GPT2Model.from_pretrained(repo, attn_implementation="sdpa")
+        except Exception as e:  # noqa: BLE001 - any download failure gets the same advice
+            raise WeightsUnavailable(f"could not download weights for {full} ({repo}): "
+                                     f"{type(e).__name__}; pass --weights FILE") from None
+    return gpt2.create(arch, num_classes, body=body)
+
+
+def takes_tokens(name: str) -> bool:
+    """Whether ``name`` reads token ids (GPT-2) rather than images."""
+    return resolve_name(name) in GPT2_SIZES
+
+
 def hf_hub_id(full: str) -> str | None:
-    """The Hugging Face repo timm downloads ``full`` from, if any."""
+    """The Hugging Face repo timm (or, for GPT-2, transformers) downloads ``full`` from, if any."""
+    if full in GPT2_SIZES:
+        return GPT2_HUB_IDS.get(full)
     import timm
 
     cfg = timm.models.get_pretrained_cfg(full, allow_unregistered=False)
@@ -170,6 +236,8 @@ def cached_weights(full: str) -> str | None:
     repo = hf_hub_id(full)
     if not repo:
         return None
+    if full in GPT2_SIZES and not isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        return None  # from_pretrained needs the config beside the weights
     for fname in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
         hit = try_to_load_from_cache(repo, fname)
         if isinstance(hit, str):
@@ -267,6 +335,8 @@ def pretrain_recipe(name: str) -> dict | None:
 
 def source_dataset(name: str) -> str:
     """The dataset ``name`` was pretrained on, where plasticity probes draw x from."""
+    if takes_tokens(name):
+        return TOKEN_SOURCE
     spec = LOCAL_MODELS.get(resolve_name(name))
     return spec.source if spec else HUB_SOURCE
 
@@ -274,7 +344,7 @@ def source_dataset(name: str) -> str:
 def note(name: str) -> str:
     """What a reader of ``name``'s results should know (empty for the paper's checkpoints)."""
     spec = LOCAL_MODELS.get(resolve_name(name))
-    return spec.note if spec else ""
+    return spec.note if spec else GPT2_NOTES.get(resolve_name(name), "")
 
 
 def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -282,6 +352,9 @@ def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...
     ic = input_config(name)
     if kind == "checkpoint":
         return tuple(ic["mean"]), tuple(ic["std"])
+    if ic.get("tokens"):
+        raise ConfigError(f"normalization {kind!r} is for image models; {name} reads token ids: "
+                          "use normalization: checkpoint")
     if ic["in_chans"] != 3:
         raise ConfigError(f"normalization {kind!r} is for RGB models; {name} takes {ic['in_chans']} "
                           "channel(s): use normalization: checkpoint")
@@ -290,6 +363,8 @@ def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...
 
 def plasticity_note(name: str) -> str:
     """What a reader of ``name``'s plasticity measurements should know (empty for hub models)."""
+    if takes_tokens(name):
+        return GPT2_PLASTICITY_NOTE
     spec = LOCAL_MODELS.get(resolve_name(name))
     return spec.plasticity_note if spec else ""
 
@@ -297,6 +372,10 @@ def plasticity_note(name: str) -> str:
 def input_config(name: str) -> dict:
     """Input size, channels and normalisation ``name`` was pretrained with, without building it."""
     full = check_model(name)
+    if full in GPT2_SIZES:  # token ids: no image size, no normalisation
+        size = GPT2_SIZES[full]
+        return dict(img_size=None, in_chans=None, mean=(), std=(), tokens=True,
+                    vocab_size=size["vocab_size"], max_len=size["n_positions"])
     if full in LOCAL_MODELS:
         spec = LOCAL_MODELS[full]
         return dict(img_size=spec.arch["img_size"], in_chans=spec.arch["in_chans"],

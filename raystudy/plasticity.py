@@ -5,10 +5,12 @@ downstream test split:
 
     P(f) = E ||f(x) - f(y)||_F / ||x - y||_F        (Frobenius over tokens x features)
 
-measured for LN1, MHA, LN2, FC1 and FC2 of every block of a timm VisionTransformer, in two modes:
+measured for LN1, MHA, LN2, FC1 and FC2 of every block of a timm VisionTransformer or of a
+Hugging Face GPT-2 (``raystudy.gpt2``; x and y are then token-id sequences), in two modes:
 
 - ``shared`` (the paper's): every component gets the embedding output E(x) (FC2 gets it
-  zero-padded to its input width); the denominator is ||E(x) - E(y)||_F.
+  zero-padded to its input width); the denominator is ||E(x) - E(y)||_F. GPT-2's E(x) is
+  wte(x) + wpe(positions), and its attention runs causally, as in the model.
 - ``in_situ``: each component gets the tensor that really enters it in the forward pass
   (forward hooks on one pass over ``cat([x, y])``); the denominator is the distance between
   those inputs.
@@ -30,11 +32,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from raystudy import components as _components
+from raystudy import gpt2
 
 MODES = ("shared", "in_situ")
 PAIRINGS = ("random", "sequential")
 # Component name -> module path inside every timm block; names are raystudy.components'.
 MODULE_PATHS = {"LN1": "norm1", "MHA": "attn", "LN2": "norm2", "FC1": "mlp.fc1", "FC2": "mlp.fc2"}
+# The same inside every GPT-2 block (transformer.h.{i}); its linears are Conv1D.
+MODULE_PATHS_GPT2 = {"LN1": "ln_1", "MHA": "attn", "LN2": "ln_2", "FC1": "mlp.c_fc", "FC2": "mlp.c_proj"}
 PROBE_COMPONENTS = tuple(c for c in _components.COMPONENTS if c in MODULE_PATHS)
 COLUMNS = ("model", "dataset", "mode", "layer", "component", "mean", "std", "n",
            "ci_low", "ci_high", "bound", "pairing")
@@ -81,7 +86,8 @@ def check_components(names: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def unwrap_vit(model: nn.Module) -> nn.Module:
-    """The timm VisionTransformer inside ``model`` (DDP and torch.compile wrappers removed)."""
+    """The timm VisionTransformer or GPT-2 classifier inside ``model`` (DDP and torch.compile
+    wrappers removed)."""
     from timm.models.vision_transformer import VisionTransformer
 
     inner = model
@@ -91,21 +97,28 @@ def unwrap_vit(model: nn.Module) -> nn.Module:
         if not wrapped:
             break
         inner = wrapped[0]
-    if not isinstance(inner, VisionTransformer):
+    if not isinstance(inner, VisionTransformer) and not gpt2.is_gpt2(inner):
         raise ProbeError(f"the plasticity probe needs a timm VisionTransformer, got "
-                         f"{type(inner).__name__}; its components are blocks.*.norm1, attn, norm2, "
-                         "mlp.fc1, mlp.fc2")
+                         f"{type(inner).__name__} (or raystudy's GPT-2 classifier); its components are "
+                         "blocks.*.norm1, attn, norm2, mlp.fc1, mlp.fc2 (GPT-2: transformer.h.*.ln_1, "
+                         "attn, ln_2, mlp.c_fc, mlp.c_proj)")
     return inner
 
 
-def block_module(block: nn.Module, component: str) -> nn.Module:
-    """The module of ``component`` in a timm block (``MHA`` -> ``block.attn``)."""
+def module_paths(model: nn.Module) -> dict[str, str]:
+    """Component -> module path inside a block of ``model`` (an unwrapped ViT or GPT-2)."""
+    return MODULE_PATHS_GPT2 if gpt2.is_gpt2(model) else MODULE_PATHS
+
+
+def block_module(block: nn.Module, component: str, paths: dict[str, str] = MODULE_PATHS) -> nn.Module:
+    """The module of ``component`` in a block (``MHA`` -> ``block.attn``)."""
     mod = block
-    for part in MODULE_PATHS[component].split("."):
+    for part in paths[component].split("."):
         mod = getattr(mod, part, None)
         if mod is None:
-            raise ProbeError(f"block {type(block).__name__} has no {MODULE_PATHS[component]} "
-                             f"(component {component}); the probe needs timm's standard ViT blocks")
+            raise ProbeError(f"block {type(block).__name__} has no {paths[component]} "
+                             f"(component {component}); the probe needs timm's standard ViT blocks "
+                             "or GPT-2's")
     return mod
 
 
@@ -328,7 +341,8 @@ def mha_bound(attn: nn.Module, n: int, r: float) -> float:
     n: sequence length; r: RMS token norm of the data entering the attention. In the maths
     convention (tokens as rows, x W) the logits are x W_Q W_Kᵀ xᵀ; with nn.Linear's (out, in)
     weights that matrix is W_Qᵀ W_K (dim x dim). Biases are left out, as in the proposition.
-    NaN for attentions the proposition does not cover (qk-norm, gating, fused variants).
+    NaN for attentions the proposition does not cover (qk-norm, gating, fused variants, and
+    GPT-2's causal attention).
     """
     plain = (hasattr(attn, "qkv") and hasattr(attn, "proj") and hasattr(attn, "num_heads")
              and isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity)
@@ -351,11 +365,35 @@ def mha_bound(attn: nn.Module, n: int, r: float) -> float:
 # ---------------------------------------------------------------- the probe
 
 def embed(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """E(x): the tokens that enter the first block (patches, prefix tokens, positions), by timm's own steps."""
+    """E(x): the tokens that enter the first block (patches, prefix tokens, positions), by timm's
+    own steps; for GPT-2, token plus position embeddings (its dropout is off in eval mode)."""
+    if gpt2.is_gpt2(vit):
+        t = vit.transformer
+        return t.drop(t.wte(x) + t.wpe(torch.arange(x.shape[1], device=x.device)))
     x = vit.patch_embed(x)
     x = vit._pos_embed(x)
     x = vit.patch_drop(x)
     return vit.norm_pre(x)
+
+
+def causal_mask(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive (1, 1, n, n) mask: token i attends to tokens j <= i, as GPT-2 does in its forward.
+
+    Given explicitly because a GPT-2 attention called alone is causal only under some attention
+    implementations (sdpa infers it from a missing mask, eager does not).
+    """
+    m = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
+    return m[None, None]
+
+
+def _width(mod: nn.Module) -> int | None:
+    """Input width of a linear layer: nn.Linear's in_features, or Conv1D's nx."""
+    return getattr(mod, "in_features", None) or getattr(mod, "nx", None)
+
+
+def _tensor(out):
+    """A component's output tensor: GPT-2's attention returns (output, weights)."""
+    return out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
 
 
 class _Site:
@@ -371,7 +409,9 @@ class _Probe:
 
     def __init__(self, vit: nn.Module, modes: tuple[str, ...], comps: tuple[str, ...], device):
         self.vit, self.modes, self.comps, self.device = vit, modes, comps, device
-        self.mods = [{c: block_module(b, c) for c in comps} for b in vit.blocks]
+        self.paths = module_paths(vit)
+        self.causal = gpt2.is_gpt2(vit)
+        self.mods = [{c: block_module(b, c, self.paths) for c in comps} for b in vit.blocks]
         self.sites = {(m, i, c): _Site(device, getattr(mods[c], "eps", 0.0))
                       for m in modes for i, mods in enumerate(self.mods) for c in comps}
         self.shared_inputs = InputStats(device)  # E(x), E(y): the data entering every component
@@ -385,17 +425,20 @@ class _Probe:
         self.shared_inputs.update_radius(e)
         padded: dict[int, torch.Tensor] = {}   # E zero-padded to FC2's width, once per batch
         sigma: dict[float, torch.Tensor] = {}  # σ_min of E depends only on the LayerNorm's eps
+        mask = causal_mask(e.shape[1], e.dtype, e.device) if self.causal else None
         for i, mods in enumerate(self.mods):
             for c, mod in mods.items():
                 site = self.sites[("shared", i, c)]
                 if c == "FC2":
-                    width = getattr(mod, "in_features", None)
+                    width = _width(mod)
                     if width is None:
-                        raise ProbeError(f"blocks.{i}.mlp.fc2 is a {type(mod).__name__}, not a linear "
-                                         "layer; shared mode pads E(x) to its in_features")
+                        raise ProbeError(f"block {i}'s {self.paths[c]} is a {type(mod).__name__}, not a "
+                                         "linear layer; shared mode pads E(x) to its input width")
                     if width not in padded:
                         padded[width] = F.pad(e, (0, width - e.shape[-1]))
                     out = mod(padded[width])
+                elif c == "MHA" and mask is not None:
+                    out = _tensor(mod(e, attention_mask=mask))
                 else:
                     out = mod(e)
                 site.stats.update(ratios(self.scratch.diff_norms(out, b), den))
@@ -430,9 +473,10 @@ class _Probe:
         site = self.sites[("in_situ", i, c)]
 
         def hook(module, args, out):
+            out = _tensor(out)
             if not args or not isinstance(args[0], torch.Tensor) or not isinstance(out, torch.Tensor):
-                raise ProbeError(f"blocks.{i}.{MODULE_PATHS[c]} does not map a tensor to a tensor; "
-                                 "in_situ mode needs timm's standard ViT blocks")
+                raise ProbeError(f"block {i}'s {self.paths[c]} does not map a tensor to a tensor; "
+                                 "in_situ mode needs timm's standard ViT blocks or GPT-2's")
             inp = args[0]
             den = self._norms(inp, b)
             site.stats.update(ratios(self._norms(out, b), den))
@@ -463,7 +507,8 @@ class _Probe:
 def probe(model: nn.Module, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
           mode: str | Sequence[str] = "shared",
           components: str | Sequence[str] = PROBE_COMPONENTS) -> list[dict]:
-    """Plasticity of each (layer, component) of a timm ViT over a stream of (x, y) image batches.
+    """Plasticity of each (layer, component) of a timm ViT or GPT-2 over a stream of (x, y) batches
+    (images, or token ids of equal length for GPT-2).
 
     ``mode`` is ``"shared"``, ``"in_situ"``, ``"both"`` or a sequence of modes; several modes
     share one pass over ``pairs`` (each batch is loaded once). Each mode costs about one forward
@@ -488,7 +533,9 @@ def probe(model: nn.Module, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
                 if x.shape != y.shape:
                     raise ProbeError(f"x and y batches differ in shape: {tuple(x.shape)} vs {tuple(y.shape)}")
                 b = x.shape[0]
-                xy = torch.cat([x, y]).to(device, dtype, non_blocking=True)
+                # images in the model's dtype; token ids stay integers
+                xy = torch.cat([x, y]).to(device, dtype if x.is_floating_point() else torch.long,
+                                          non_blocking=True)
                 for m in modes:
                     getattr(state, m)(xy, b)
                 seen += b

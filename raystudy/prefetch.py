@@ -83,6 +83,8 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
             return (f"local   {name}: {state} from data that ships offline "
                     f"({models.weights_file(full)}); nothing to download")
         return f"ready   {name}: {pretrain.ensure_weights(full, log=None)}"
+    if models.takes_tokens(full) and models.hf_hub_id(full) is None:
+        return f"local   {name}: random init (no pretrained weights exist for it); nothing to download"
     cached = models.cached_weights(full)
     if cached is not None:
         return f"cached  {name} ({full}): {cached}"
@@ -100,6 +102,8 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
     t0 = time.time()
     for fname in WEIGHT_FILES:
         try:
+            if models.takes_tokens(full):  # transformers' from_pretrained reads the config too
+                hf_hub_download(repo, "config.json")
             path = hf_hub_download(repo, fname)
             break
         except EntryNotFoundError:
@@ -164,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ap = cli.Parser("python -m raystudy.prefetch", __doc__)
     ap.add_argument("--model", help="comma-separated models (aliases vit_base, vit_large, vit_huge, "
-                                    "any timm ViT name, or vit_demo)")
+                                    "any timm ViT name, vit_demo, gpt2 or gpt2_tiny)")
     ap.add_argument("--datasets", help="comma-separated datasets, or 'study' for the 11 benchmarks")
     ap.add_argument("--data-root", help="dataset folder (default: $RAYSTUDY_DATA or ~/.cache/raystudy/data)")
     ap.add_argument("--hf-cache", help="Hugging Face hub cache (default: $HF_HUB_CACHE, from $HF_HOME)")

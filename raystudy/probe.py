@@ -4,10 +4,14 @@
     python -m raystudy.probe --mode in_situ --pairs 2048 --components MHA,FC1
     python -m raystudy.probe --model vit_base --dataset cifar100 --pairs 12800 --batch-size 128 \\
         --device cuda --num-workers 8                         # the paper's measurement
+    python -m raystudy.probe --model gpt2 --dataset tokens_rule --tokens x.npy --target-tokens y.npy \\
+        --mode shared                                         # GPT-2 on token ids you supply
 
 x comes from the source (pretraining-like) dataset's test split (default: ``digits`` for the
 demo, ``imagenet_val`` otherwise), y from the downstream dataset's test split; both go through
-the model's eval transform. Prints a table per mode and the model-level ranking, and writes the
+the model's eval transform. For GPT-2 x and y are token-id sequences: x from ``--tokens FILE``
+(.npy or .pt, sequences x tokens; default: uniform random tokens, ``tokens_random``), y from
+``--target-tokens FILE`` or the dataset's test split. Prints a table per mode and the model-level ranking, and writes the
 tidy table (CSV and Parquet) and a figure (PNG and PDF) to --out.
 
 Bad input (unknown mode, component, model or dataset, pairs < 1, image sizes that differ,
@@ -92,7 +96,8 @@ def format_tables(df) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = cli.Parser("python -m raystudy.probe", __doc__)
     ap.add_argument("--model", default="vit_demo", help="vit_demo, vit_base/large/huge or any timm ViT")
-    ap.add_argument("--dataset", default="digits_c", help="downstream dataset: y from its test split")
+    ap.add_argument("--dataset", help="downstream dataset: y from its test split (default: digits_c; "
+                                      "tokens_rule for GPT-2)")
     ap.add_argument("--source", help="pretraining-like dataset for x (default: the model's pretraining data: digits for vit_demo, "
                                      "imagenet_val otherwise)")
     ap.add_argument("--pairs", type=int, default=1024, help="number of (x, y) pairs (paper: 12800)")
@@ -105,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairing", default="random", choices=plasticity.PAIRINGS,
                     help="random (seeded draws, default) or sequential (the first N images of each "
                          "split in loader order: the paper's measurement)")
+    ap.add_argument("--tokens", help="GPT-2: token ids for x, a .npy or .pt file (sequences, tokens) "
+                                     "of pretraining-like text (default: random tokens)")
+    ap.add_argument("--target-tokens", help="GPT-2: token ids for y (default: the dataset's test split)")
     ap.add_argument("--out", help="output folder (default runs/probe/<model>_<dataset>)")
     ap.add_argument("--data-root", help="dataset root (default $RAYSTUDY_DATA)")
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
@@ -115,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed its message; same status, no traceback
         return int(e.code or 0)
 
-    from raystudy import datasets, engine, models, pretrain
+    from raystudy import datasets, engine, gpt2, models, pretrain
 
     # -- validate everything cheap before any data or weights are touched
     try:
@@ -134,12 +142,23 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--seed must be >= 0, got {args.seed}")
         full = models.check_model(args.model)
         source = args.source or models.source_dataset(full)
-        datasets.check_dataset(args.dataset)
-        datasets.check_dataset(source)
+        tokens = models.takes_tokens(full)
+        args.dataset = args.dataset or ("tokens_rule" if tokens else "digits_c")
+        for name in (args.dataset, source):
+            if datasets.check_dataset(name).tokens != tokens:
+                fits = [n for n, i in datasets.DATASETS.items() if i.tokens == tokens]
+                raise ConfigError(f"dataset {name!r} does not fit model {args.model!r}, which reads "
+                                  f"{'token ids' if tokens else 'images'}; valid: {', '.join(fits)}")
         if args.weights is not None:
             models.check_weights_file(args.weights)
         cli.check_folder("--out", args.out)
         ic = models.input_config(args.model)
+        supplied = {}  # flag -> token ids of a file the user gave
+        for flag, path in (("--tokens", args.tokens), ("--target-tokens", args.target_tokens)):
+            if path is not None and not tokens:
+                raise ConfigError(f"{flag} is for GPT-2 models; {args.model!r} reads images")
+            if path is not None:
+                supplied[flag] = gpt2.load_tokens(path, ic["vocab_size"], ic["max_len"])
     except (ConfigError, plasticity.ProbeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -149,8 +168,17 @@ def main(argv: list[str] | None = None) -> int:
         split = dict(seed=args.seed, img_size=ic["img_size"], mean=ic["mean"], std=ic["std"],
                      root=args.data_root, download=args.download)
         src, tgt = datasets.build_splits(source, **split), datasets.build_splits(args.dataset, **split)
+        x_ds = gpt2.TokenRows(supplied["--tokens"]) if "--tokens" in supplied else src.test
+        y_ds = gpt2.TokenRows(supplied["--target-tokens"]) if "--target-tokens" in supplied else tgt.test
+        x_name = args.tokens or f"{source} test"
+        y_name = args.target_tokens or f"{args.dataset} test"
+        if tokens:  # x and y pair position by position: equal lengths
+            lx, ly = len(x_ds[0][0]), len(y_ds[0][0])
+            if lx != ly:
+                raise ConfigError(f"x ({x_name}) has sequences of {lx} tokens, y ({y_name}) of {ly}; "
+                                  "give token files of equal sequence length")
         want = (ic["in_chans"], ic["img_size"], ic["img_size"])
-        for name, ds in ((source, src.test), (args.dataset, tgt.test)):
+        for name, ds in (() if tokens else ((source, src.test), (args.dataset, tgt.test))):
             try:
                 shape = tuple(plasticity.image_of(ds, 0).shape) if len(ds) else None
             except RuntimeError as e:  # e.g. grey images normalised with an RGB model's mean
@@ -177,11 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    print(f"raystudy probe: {args.model} on {args.dataset} (x: {source} test, y: {args.dataset} "
-          f"test), {args.pairs} pairs in batches of {args.batch_size}, modes {', '.join(modes)}, "
+    print(f"raystudy probe: {args.model} on {args.dataset} (x: {x_name}, y: {y_name}), {args.pairs} pairs in batches of {args.batch_size}, modes {', '.join(modes)}, "
           f"{args.pairing} pairs" + (f" (seed {args.seed})" if args.pairing == "random" else "")
           + f", {device}", flush=True)
-    df = plasticity.probe_model(model, src.test, tgt.test, n_pairs=args.pairs, batch_size=args.batch_size,
+    df = plasticity.probe_model(model, x_ds, y_ds, n_pairs=args.pairs, batch_size=args.batch_size,
                      modes=modes, seed=args.seed, model_name=args.model, dataset_name=args.dataset,
                      components=comps, num_workers=args.num_workers, pairing=args.pairing)
     for line in format_tables(df):
