@@ -409,11 +409,15 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
 
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser():
     from raystudy.errors import OneLineParser
 
-    OneLineParser(prog="python -m raystudy.datasets",
-                  description="List the dataset registry, where its files live and their caches.").parse_args(argv)
+    return OneLineParser(prog="python -m raystudy.datasets",
+                         description="List the dataset registry, where its files live and their caches.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    build_parser().parse_args(argv)
     root = paths.data_root()
     print(f"data root: {root}  (set RAYSTUDY_DATA or data_root to change)")
     print(f"tensor cache (data_path: cache): {paths.tensor_cache()}  (set RAYSTUDY_CACHE to change)")

@@ -89,7 +89,7 @@ def format_tables(df) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> cli.Parser:
     ap = cli.Parser("python -m raystudy.probe", __doc__)
     ap.add_argument("--model", default="vit_demo", help="vit_demo, vit_base/large/huge or any timm ViT")
     ap.add_argument("--dataset", default="digits_c", help="downstream dataset: y from its test split")
@@ -110,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
     ap.add_argument("--num-workers", type=int, default=0, help="data loading processes")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:  # argparse has printed its message; same status, no traceback

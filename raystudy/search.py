@@ -36,7 +36,7 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> cli.Parser:
     ap = cli.Parser("python -m raystudy.search", __doc__)
     ap.add_argument("--space", default="optimiser", help="YAML file or name under search_spaces/optuna/")
     ap.add_argument("--model", help="model (default: the space's base model)")
@@ -49,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/search, with the Optuna study")
     ap.add_argument("--dry-run", action="store_true", help="validate the space and stop")
-    ap.add_argument("--quiet", action="store_true")
-    args = ap.parse_args(argv)
+    ap.add_argument("--quiet", action="store_true", help="less Ray progress output")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     import optuna
 
     from raystudy import datasets
