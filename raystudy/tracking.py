@@ -225,8 +225,9 @@ def trial_status(cl, exp_id: str, key: str) -> tuple[str | None, Any]:
 
 
 def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[str, Any],
-               extra_tags: dict[str, str] | None = None) -> str:
-    """Find the run of ``key`` and mark it running, or create it: never two runs for one key."""
+               extra_tags: dict[str, str] | None = None, name: str | None = None) -> str:
+    """Find the run of ``key`` and mark it running, or create it (named ``name``, else after its
+    condition, dataset, optimizer, lr and seed): never two runs for one key."""
     from mlflow.entities import Param, RunTag
 
     status, run = trial_status(cl, exp_id, key)
@@ -237,8 +238,8 @@ def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[st
         cl.log_batch(run_id, tags=[RunTag("raystudy.status", "running"),
                                    RunTag("raystudy.attempts", str(attempts))])
         return run_id
-    name = (f"{config.get('condition')}-{config.get('dataset')}-{config.get('optimizer')}-"
-            f"lr{config.get('lr')}-s{config.get('seed')}")
+    name = name or (f"{config.get('condition')}-{config.get('dataset')}-{config.get('optimizer')}-"
+                    f"lr{config.get('lr')}-s{config.get('seed')}")
     tags = {"raystudy.role": "trial", "raystudy.key": key, "raystudy.status": "running",
             "raystudy.attempts": "1", "mlflow.runName": name,
             **{k: str(config.get(k)) for k in ("condition", "dataset", "model", "optimizer")},
