@@ -100,20 +100,30 @@ def plasticity_summary(results: dict[str, Any]) -> str | None:
 
 class Recorder:
     """The run in MLflow, recorded as the grid records a trial (``tracking``'s run record):
-    config as params and ``config.yaml``, step metrics, final results, status tags."""
+    config as params and ``config.yaml``, step metrics, final results, status tags.
+
+    The run opens at the first measurement: a run whose data or weights are missing leaves no
+    run (and no store) behind, as bad input writes nothing.
+    """
 
     def __init__(self, uri: str, experiment: str, cfg: FinetuneConfig):
-        from raystudy.config import trial_key
-
-        self.cl = tracking.client(uri)
-        self.exp_id = tracking.experiment_id(self.cl, experiment, tracking.default_artifact_location(uri))
-        config = cfg.to_dict()
-        self.run_id = tracking.open_trial(self.cl, self.exp_id, None, trial_key(config), config,
-                                          extra_tags={"raystudy.source": "finetune"})
-        self.upto = tracking.logged_upto(self.cl, self.run_id)  # a rerun of the same config logs no point twice
+        self.uri, self.experiment, self.config = uri, experiment, cfg.to_dict()
+        self.run_id: str | None = None
         self.pending: list[dict[str, Any]] = []
 
+    def open(self) -> None:
+        from raystudy.config import trial_key
+
+        if self.run_id is not None:
+            return
+        self.cl = tracking.client(self.uri)
+        exp_id = tracking.experiment_id(self.cl, self.experiment, tracking.default_artifact_location(self.uri))
+        self.run_id = tracking.open_trial(self.cl, exp_id, None, trial_key(self.config), self.config,
+                                          extra_tags={"raystudy.source": "finetune"})
+        self.upto = tracking.logged_upto(self.cl, self.run_id)  # a rerun of the same config logs no point twice
+
     def report(self, m: dict[str, Any]) -> None:
+        self.open()
         self.pending.append(dict(m))
         if "val_acc" in m:  # flush at evaluations: few writes, curves visible while it runs
             self.flush()
@@ -123,10 +133,13 @@ class Recorder:
         self.pending = []
 
     def finish(self, results: dict[str, Any]) -> None:
+        self.open()
         self.flush()
         tracking.finish_trial(self.cl, self.run_id, results)
 
     def fail(self, error: str, status: str = "failed") -> None:
+        if self.run_id is None:
+            return  # it failed before measuring anything: nothing was recorded
         self.flush()
         if status == "failed":
             tracking.fail_trial(self.cl, self.run_id, error)
