@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from raystudy import __version__
+import raystudy
 
 # name -> (module whose main() runs it, one line for the overview)
 COMMANDS = {
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), end="")
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
-        print(f"raystudy {__version__}")
+        print(f"raystudy {raystudy.__version__}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
