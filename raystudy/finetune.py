@@ -2,9 +2,13 @@
 
     python -m raystudy.finetune                                  # the offline demo (MHA)
     python -m raystudy.finetune --condition FC1 --lr 0.3 --seed 42
-    python -m raystudy.finetune --config run.yaml --set steps=500 --out runs/one
+    python -m raystudy.finetune --config examples/run.yaml --set steps=500 --out runs/one
     python -m raystudy.finetune --model vit_base --dataset cifar100 --download --steps 10000 \\
         --batch-size 512 --grad-accum 8 --lr 0.01 --warmup-steps 2000 --eval-every 500
+
+The run is recorded in MLflow as a grid trial is (``--no-mlflow``: not at all), its results are
+saved under runs/finetune/<condition>-<dataset>-<optimizer>-lr<lr>-s<seed> (``--out``,
+``--no-save``), and torch uses one thread (``--threads``), as grid trials do.
 
 Bad input (unknown model, dataset, condition, optimizer or config key) exits with status 2 and
 one line naming the bad value and the valid choices, before any weights or data are loaded.
