@@ -182,3 +182,11 @@ def test_download_without_network_is_one_line_exit_2(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: dataset 'cifar10': download failed ("), lines[-5:]
     assert "prefetch --datasets cifar10" in lines[0] and "Traceback" not in p.stderr
+
+
+def test_probe_help_names_the_components_plasticity_probes():
+    """probe spells its choices out so that --help needs no torch: they must stay plasticity's."""
+    from raystudy import plasticity, probe
+
+    assert probe.COMPONENTS.split(",") == list(plasticity.PROBE_COMPONENTS)
+    assert probe.PAIRINGS == plasticity.PAIRINGS
