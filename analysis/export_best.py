@@ -178,7 +178,7 @@ def check(paths: list[Path]) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser():
     from raystudy import cli
 
     ap = cli.Parser("python -m analysis.export_best", __doc__)
@@ -191,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conditions", help="comma-separated conditions (default: all)")
     ap.add_argument("--datasets", help="comma-separated datasets (default: all)")
     ap.add_argument("--out", required=True, help="folder for the YAML files")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from raystudy import cli
+
+    args = build_parser().parse_args(argv)
     from mlflow.exceptions import MlflowException
 
     from raystudy import tracking
@@ -199,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.check_folder("--out", args.out)
         uri = args.tracking_uri or tracking.default_uri()
-        tracking.check_uri(uri)
+        tracking.check_uri(uri, must_exist=True)
         runs = load.from_mlflow(args.experiment, uri)
         for col, wanted in (("condition", args.conditions), ("dataset", args.datasets)):
             if wanted:

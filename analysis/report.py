@@ -660,9 +660,8 @@ def _names(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser():
     from raystudy import cli
-    from raystudy.errors import ConfigError
 
     ap = cli.Parser("python -m analysis.report", __doc__)
     src = ap.add_mutually_exclusive_group(required=True)
@@ -699,7 +698,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the hierarchical Bayesian test over datasets and seeds")
     ap.add_argument("--no-log", action="store_true", help="do not log the outputs to MLflow")
     ap.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from raystudy import cli
+    from raystudy.errors import ConfigError
+
+    args = build_parser().parse_args(argv)
     try:
         if not (math.isfinite(args.rope) and args.rope >= 0):
             raise AnalysisError(f"--rope must be a finite number >= 0, got {args.rope}")
@@ -722,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.experiment:
             uri = args.tracking_uri or tracking.default_uri()
-            tracking.check_uri(uri)
+            tracking.check_uri(uri, must_exist=True)
             report = report_from_mlflow(args.experiment, args.out, uri,
                                         curves=not args.no_curves, log=not args.no_log, **kw)
         else:

@@ -217,7 +217,7 @@ def condition_counts(model: nn.Module, conditions: Iterable[str]) -> dict[str, i
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser():
     from raystudy.errors import OneLineParser
 
     ap = OneLineParser(prog="python -m raystudy.components", description=(
@@ -227,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="timm ViT name, alias (vit_base, vit_large, vit_huge), vit_demo, gpt2 or gpt2_tiny")
     ap.add_argument("--conditions", default=",".join(PAPER_CONDITIONS + ("EMBED", "lora")),
                     help="comma-separated conditions (default: the paper's, EMBED and lora)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from raystudy import models
     from raystudy.errors import ConfigError
 

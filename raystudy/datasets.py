@@ -125,6 +125,15 @@ def _require(path: Path, name: str, where: str) -> Path:
     return path
 
 
+def _download_failed(name: str, root: Path, e: OSError) -> DatasetUnavailable:
+    """A download that could not reach its server, in one line (urllib's URLError wraps the
+    socket error that says why, e.g. ``Connection refused``)."""
+    inner = getattr(e, "reason", None)
+    why = getattr(inner, "strerror", None) or inner or e.strerror or e
+    return DatasetUnavailable(f"dataset {name!r}: download failed ({why}); on a machine with network run "
+                              f"python -m raystudy.prefetch --datasets {name} and copy the files under {root}")
+
+
 def _cifar(cls_name: str, name: str, where: str):
     def load(root: Path, download: bool) -> Source:
         import torchvision.datasets as tvd
@@ -134,6 +143,8 @@ def _cifar(cls_name: str, name: str, where: str):
             tr, te = (cls(str(root), train=t, download=download) for t in (True, False))
         except RuntimeError as e:  # torchvision: "Dataset not found or corrupted."
             raise DatasetUnavailable(f"dataset {name!r}: not found under {root} ({e}); {where}") from None
+        except OSError as e:  # a download that cannot reach its server (urllib's URLError)
+            raise _download_failed(name, root, e) from None
         return Source(Pool(ArrayImages(tr.data, tr.targets), np.asarray(tr.targets)),
                       Pool(ArrayImages(te.data, te.targets), np.asarray(te.targets)))
     return load
@@ -151,6 +162,8 @@ def _split_dataset(cls_name: str, name: str, where: str, splits: dict[str, str],
                 ds = cls(str(root), split=split, download=download, **kw)
             except RuntimeError as e:
                 raise DatasetUnavailable(f"dataset {name!r}: not found under {root} ({e}); {where}") from None
+            except OSError as e:
+                raise _download_failed(name, root, e) from None
             pools[role] = Pool(_RGB(ds), np.asarray(ds._labels))
         return Source(pools["train"], pools["test"], pools.get("val"))
     return load
@@ -438,11 +451,15 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
 
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser():
     from raystudy.errors import OneLineParser
 
-    OneLineParser(prog="python -m raystudy.datasets",
-                  description="List the dataset registry, where its files live and their caches.").parse_args(argv)
+    return OneLineParser(prog="python -m raystudy.datasets",
+                         description="List the dataset registry, where its files live and their caches.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    build_parser().parse_args(argv)
     root = paths.data_root()
     print(f"data root: {root}  (set RAYSTUDY_DATA or data_root to change)")
     print(f"tensor cache (data_path: cache): {paths.tensor_cache()}  (set RAYSTUDY_CACHE to change)")

@@ -2,9 +2,13 @@
 
     python -m raystudy.finetune                                  # the offline demo (MHA)
     python -m raystudy.finetune --condition FC1 --lr 0.3 --seed 42
-    python -m raystudy.finetune --config run.yaml --set steps=500 --out runs/one
+    python -m raystudy.finetune --config examples/run.yaml --set steps=500 --out runs/one
     python -m raystudy.finetune --model vit_base --dataset cifar100 --download --steps 10000 \\
         --batch-size 512 --grad-accum 8 --lr 0.01 --warmup-steps 2000 --eval-every 500
+
+The run is recorded in MLflow as a grid trial is (``--no-mlflow``: not at all), its results are
+saved under runs/finetune/<condition>-<dataset>-<optimizer>-lr<lr>-s<seed> (``--out``,
+``--no-save``), and torch uses one thread (``--threads``), as grid trials do.
 
 Bad input (unknown model, dataset, condition, optimizer or config key) exits with status 2 and
 one line naming the bad value and the valid choices, before any weights or data are loaded.
@@ -20,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from raystudy import cli, components
+from raystudy import cli, components, tracking
 from raystudy.config import FinetuneConfig, load_config, parse_value, validate
 from raystudy.errors import ConfigError
 
@@ -51,7 +55,7 @@ def printer(cfg: FinetuneConfig):
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> cli.Parser:
     ap = cli.Parser("python -m raystudy.finetune", __doc__)
     ap.add_argument("--config", help="YAML config file or bundled name (default: demo)")
     types_ = FinetuneConfig.__annotations__
@@ -60,29 +64,163 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"config key {key} ({types_[key]}; default: the config's)")
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config key (repeatable)")
-    ap.add_argument("--out", help="folder for config.yaml and results.json")
+    ap.add_argument("--out", help="folder for config.yaml, results.json and the plasticity tables "
+                                  "(default: runs/finetune/<condition>-<dataset>-<optimizer>-lr<lr>-s<seed>)")
+    ap.add_argument("--no-save", action="store_true", help="write no files (MLflow still records the run)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads for torch (default 1, as the grid's threads_per_trial: on a "
+                         "shared machine more threads are often slower)")
+    cli.add_tracking_args(ap)
+    ap.add_argument("--no-mlflow", action="store_true", help="do not record the run in MLflow")
     ap.add_argument("--quiet", action="store_true", help="print only the results")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def run_name(cfg: FinetuneConfig) -> str:
+    return (f"{components.canonical_condition(cfg.condition)}-{cfg.dataset}-{cfg.optimizer}-"
+            f"lr{cfg.lr:g}-s{cfg.seed}")
+
+
+def plasticity_summary(results: dict[str, Any]) -> str | None:
+    """Per probe mode, each component's plasticity (mean over layers) before and after
+    finetuning, most plastic first; None when the run did not probe."""
+    import pandas as pd
+
+    tables = {when: pd.DataFrame(results[f"plasticity_{when}"]) for when in ("before", "after")
+              if results.get(f"plasticity_{when}")}
+    if not tables:
+        return None
+    means = pd.concat({w: t.groupby(["mode", "component"], sort=False)["mean"].mean() for w, t in tables.items()},
+                      axis=1)
+    whens = list(tables)
+    lines = ["plasticity, mean over layers (most plastic first):",
+             f"  {'mode':<8} {'component':<10}" + "".join(f"{w:>9}" for w in whens)]
+    for mode, df in means.groupby(level="mode", sort=False):
+        df = df.droplevel("mode").sort_values(whens[0], ascending=False)
+        lines += [f"  {mode:<8} {c:<10}" + "".join(f"{v:>9.3g}" for v in row)
+                  for c, row in zip(df.index, df.to_numpy())]
+    return "\n".join(lines)
+
+
+class Recorder:
+    """The run in MLflow, recorded as the grid records a trial (``tracking``'s run record):
+    config as params and ``config.yaml``, step metrics, final results, status tags.
+
+    The run opens at the first measurement: a run whose data or weights are missing leaves no
+    run (and no store) behind, as bad input writes nothing.
+    """
+
+    def __init__(self, uri: str, experiment: str, cfg: FinetuneConfig):
+        self.uri, self.experiment, self.config = uri, experiment, cfg.to_dict()
+        self.run_id: str | None = None
+        self.pending: list[dict[str, Any]] = []
+
+    def open(self) -> None:
+        from raystudy.config import trial_key
+
+        if self.run_id is not None:
+            return
+        self.cl = tracking.client(self.uri)
+        exp_id = tracking.experiment_id(self.cl, self.experiment, tracking.default_artifact_location(self.uri))
+        self.run_id = tracking.open_trial(self.cl, exp_id, None, trial_key(self.config), self.config,
+                                          extra_tags={"raystudy.source": "finetune"})
+        self.upto = tracking.logged_upto(self.cl, self.run_id)  # a rerun of the same config logs no point twice
+
+    def report(self, m: dict[str, Any]) -> None:
+        self.open()
+        self.pending.append(dict(m))
+        if "val_acc" in m:  # flush at evaluations: few writes, curves visible while it runs
+            self.flush()
+
+    def flush(self) -> None:
+        tracking.log_steps(self.cl, self.run_id, self.pending, self.upto)
+        self.pending = []
+
+    def finish(self, results: dict[str, Any]) -> None:
+        self.open()
+        self.flush()
+        tracking.finish_trial(self.cl, self.run_id, results)
+
+    def fail(self, error: str, status: str = "failed") -> None:
+        if self.run_id is None:
+            return  # it failed before measuring anything: nothing was recorded
+        self.flush()
+        if status == "failed":
+            tracking.fail_trial(self.cl, self.run_id, error)
+        else:
+            self.cl.set_tag(self.run_id, tracking.STATUS, status)
+            self.cl.set_terminated(self.run_id, status="KILLED")
+
+
+def save(out: Path, cfg: FinetuneConfig, results: dict[str, Any]) -> list[Path]:
+    """config.yaml, results.json (without the plasticity rows) and plasticity_*.csv under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "config.yaml", out / "results.json"]
+    written[0].write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    written[1].write_text(json.dumps({k: v for k, v in results.items() if not k.startswith("plasticity_")},
+                                     indent=2))
+    for name in ("plasticity_before", "plasticity_after"):
+        if results.get(name):
+            import pandas as pd
+
+            written.append(out / f"{name}.csv")
+            pd.DataFrame(results[name]).to_csv(written[-1], index=False)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     from raystudy import datasets, engine, models, pretrain
 
     try:
         cfg = make_config(args)
         cli.check_device("--device", cfg.device)
-        cli.check_folder("--out", args.out)
+        cli.check_count("--threads", args.threads)
+        out = None if args.no_save else Path(args.out or Path("runs/finetune") / run_name(cfg))
+        cli.check_folder("--out", out)
+        uri = None if args.no_mlflow else (args.tracking_uri or tracking.default_uri())
+        if uri:
+            tracking.check_uri(uri)
+        experiment = args.experiment or f"raystudy-finetune-{models.resolve_name(cfg.model).split('.')[0]}"
         if cfg.weights is None and cfg.pretrained:
             pretrain.ensure_weights(cfg.model)
     except (ConfigError, models.WeightsUnavailable) as e:
         return cli.fail(e)
 
+    import torch
+
+    torch.set_num_threads(args.threads)  # as a grid trial: the same thread count gives the same numbers
     print(f"raystudy finetune: {cfg.model} on {cfg.dataset}, condition "
           f"{components.canonical_condition(cfg.condition)}, {cfg.optimizer} lr {cfg.lr:g}, "
-          f"{cfg.steps} steps, seed {cfg.seed}", flush=True)
+          f"{cfg.steps} steps, seed {cfg.seed}, {args.threads} thread(s)", flush=True)
+    recorder = Recorder(uri, experiment, cfg) if uri else None
+    show = None if args.quiet else printer(cfg)
+
+    def report(m: dict[str, Any], state) -> None:
+        if recorder:
+            recorder.report(m)
+        if show:
+            show(m, state)
+
     try:
-        results = engine.train(cfg, report=None if args.quiet else printer(cfg))
+        results = engine.train(cfg, report=report)
     except (models.WeightsUnavailable, datasets.DatasetUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        if recorder:
+            recorder.fail(str(e))
+        return cli.fail(e)
+    except KeyboardInterrupt:
+        if recorder:
+            recorder.fail("", status="interrupted")
+        raise
+    except Exception:
+        if recorder:
+            import traceback
+
+            recorder.fail(traceback.format_exc())
+        raise
+    if recorder:
+        recorder.finish(results)
 
     counts = {k.split("/")[1]: v for k, v in results.items() if k.startswith("trainable_params/")}
     print(f"trainable parameters: {results['trainable_params']:,} "
@@ -92,12 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"best val acc {results['best_val_acc']:.4f} at step {results['best_step']}; "
               f"test acc {results['test_acc']:.4f}; {results['wall_s']:.1f} s")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        (out / "results.json").write_text(json.dumps(results, indent=2))
-        print(f"wrote {out / 'config.yaml'} and {out / 'results.json'}")
+    summary = plasticity_summary(results)
+    if summary:
+        print(summary)
+    if out is not None:
+        print("wrote " + ", ".join(str(p) for p in save(out, cfg, results)))
+    if recorder:
+        print(f"MLflow: run {recorder.run_id} in experiment {experiment!r} at {uri}")
     return 0 if results["status"] == "finished" else 1
 
 

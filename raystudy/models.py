@@ -4,7 +4,7 @@ is ``raystudy.gpt2``).
 
 ``create_model`` takes a short name (``vit_base``), any timm ViT name, or a name in
 ``LOCAL_MODELS``. Weights come from timm's hub cache, a local file, or, for a local model, the
-file its pretraining recipe builds once (``python -m raystudy.prefetch --model NAME``). With no
+file its pretraining recipe builds once (``python -m raystudy.prefetch --models NAME``). With no
 network and no weights it raises ``WeightsUnavailable`` naming the command that gets them,
 instead of a stack trace from deep inside a download. Everything downstream asks this module
 about a model (input size, normalisation, the dataset its probes draw x from); none of it
@@ -149,12 +149,12 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
             if not weights.is_file():
                 raise WeightsUnavailable(
                     f"{full}'s pretrained weights are not built yet ({weights}); build them once "
-                    f"with `python -m raystudy.prefetch --model {name}`, or pass --weights FILE")
+                    f"with `python -m raystudy.prefetch --models {name}`, or pass --weights FILE")
             problem = built_weights_problem(weights)
             if problem is not None:  # a trial never builds: it says which file to replace
                 raise WeightsUnavailable(
                     f"{full}'s weights file {weights} is corrupt ({problem}); delete it and rebuild "
-                    f"with `python -m raystudy.prefetch --model {name}`")
+                    f"with `python -m raystudy.prefetch --models {name}`")
         if weights is not None:
             load_backbone(model, weights)
         return model
@@ -174,14 +174,14 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
     if not hub_reachable():
         raise WeightsUnavailable(
             f"no cached weights for {full} and the Hugging Face hub is unreachable; prefetch them "
-            f"on a machine with network: `python -m raystudy.prefetch --model {name}` (fills "
+            f"on a machine with network: `python -m raystudy.prefetch --models {name}` (fills "
             f"{hub_cache_dir()}), or pass --weights FILE")
     try:
         return timm.create_model(full, pretrained=True, num_classes=num_classes, **extra)
     except Exception as e:  # noqa: BLE001 - any download failure gets the same advice
         raise WeightsUnavailable(f"could not download weights for {full}: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}; prefetch with "
-                                 f"`python -m raystudy.prefetch --model {name}` or pass --weights FILE") from None
+                                 f"`python -m raystudy.prefetch --models {name}` or pass --weights FILE") from None
 
 
 def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool,

@@ -1,8 +1,8 @@
 """Fetch pretrained weights and datasets once, into the caches every trial reads, before any trial starts.
 
-    python -m raystudy.prefetch --model vit_base,vit_huge --datasets study    # weights + the 11 benchmarks
-    python -m raystudy.prefetch --model vit_huge --datasets cifar10,pets --data-root /shared/data
-    python -m raystudy.prefetch --model vit_huge --datasets study --check    # report only, never download
+    python -m raystudy.prefetch --models vit_base,vit_huge --datasets study    # weights + the 11 benchmarks
+    python -m raystudy.prefetch --models vit_huge --datasets cifar10,pets --data-root /shared/data
+    python -m raystudy.prefetch --models vit_huge --datasets study --check    # report only, never download
 
 Weights go to the Hugging Face cache timm reads ($HF_HUB_CACHE, or --hf-cache), datasets under
 the data root ($RAYSTUDY_DATA, or --data-root): on a cluster, a folder the nodes share, or one
@@ -47,7 +47,7 @@ def parse_models(value: str | None) -> list[str]:
 
     names = [v.strip() for v in (value or "").split(",") if v.strip()]
     if value is not None and not names:
-        raise ConfigError(f"--model: empty list {value!r}")
+        raise ConfigError(f"--models: empty list {value!r}")
     for n in names:
         models.check_model(n)
     return names
@@ -167,8 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     from raystudy import cli
 
     ap = cli.Parser("python -m raystudy.prefetch", __doc__)
-    ap.add_argument("--model", help="comma-separated models (aliases vit_base, vit_large, vit_huge, "
-                                    "any timm ViT name, vit_demo, gpt2 or gpt2_tiny)")
+    ap.add_argument("--models", "--model", dest="models", help="comma-separated models (aliases vit_base, vit_large, "
+                    "vit_huge, any timm ViT name, vit_demo, gpt2 or gpt2_tiny)")
     ap.add_argument("--datasets", help="comma-separated datasets, or 'study' for the 11 benchmarks")
     ap.add_argument("--data-root", help="dataset folder (default: $RAYSTUDY_DATA or ~/.cache/raystudy/data)")
     ap.add_argument("--hf-cache", help="Hugging Face hub cache (default: $HF_HUB_CACHE, from $HF_HOME)")
@@ -181,10 +181,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        model_names = parse_models(args.model)
+        model_names = parse_models(args.models)
         dataset_names = parse_datasets(args.datasets)
         if not model_names and not dataset_names:
-            raise ConfigError("nothing to fetch: pass --model and/or --datasets")
+            raise ConfigError("nothing to fetch: pass --models and/or --datasets")
         cli.check_folder("--data-root", args.data_root)
         cli.check_folder("--hf-cache", args.hf_cache)
     except ConfigError as e:

@@ -24,9 +24,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-
-from raystudy import cli, plasticity
+from raystudy import cli
 from raystudy.errors import ConfigError
+
+# Spelled out so that `--help` needs no torch; plasticity.check_components and probe_model check them.
+COMPONENTS, PAIRINGS = "LN1,MHA,LN2,FC1,FC2", ("random", "sequential")
 
 
 
@@ -36,6 +38,8 @@ def aggregate(df):
     The aggregate is the mean over layers of the per-layer means (every layer weighs the same,
     whatever its n); rank 1 is the most plastic component.
     """
+    from raystudy import plasticity
+
     keys = [k for k in ("model", "dataset", "mode") if k in df]
     extra = [c for c in df.columns if c not in plasticity.COLUMNS and df[c].nunique(dropna=False) > 1]
     keys += extra
@@ -61,6 +65,8 @@ def save_table(df, path_stem: str | Path) -> list[Path]:
 
 def save_figure(df, path_stem: str | Path) -> list[Path]:
     """The report's plasticity figure (per-layer curves with 95% bands) as PNG and PDF."""
+    from raystudy import plasticity
+
     from analysis import figures
 
     comps = [c for c in plasticity.PROBE_COMPONENTS if c in set(df["component"])]
@@ -69,6 +75,8 @@ def save_figure(df, path_stem: str | Path) -> list[Path]:
 
 def format_tables(df) -> list[str]:
     """Lines of the per-layer tables (mean P, bound) and the ranking of each mode."""
+    from raystudy import plasticity
+
     lines = []
     agg = aggregate(df)
     comps = [c for c in plasticity.PROBE_COMPONENTS if c in set(df["component"])]
@@ -93,7 +101,7 @@ def format_tables(df) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> cli.Parser:
     ap = cli.Parser("python -m raystudy.probe", __doc__)
     ap.add_argument("--model", default="vit_demo", help="vit_demo, vit_base/large/huge or any timm ViT")
     ap.add_argument("--dataset", help="downstream dataset: y from its test split (default: digits_c; "
@@ -103,11 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=1024, help="number of (x, y) pairs (paper: 12800)")
     ap.add_argument("--batch-size", type=int, default=128, help="pairs per batch")
     ap.add_argument("--mode", default="both", help="shared, in_situ or both (default)")
-    ap.add_argument("--components", default=",".join(plasticity.PROBE_COMPONENTS),
-                    help="comma-separated subset of " + ",".join(plasticity.PROBE_COMPONENTS))
+    ap.add_argument("--components", default=COMPONENTS, help="comma-separated subset of " + COMPONENTS)
     ap.add_argument("--weights", help="local checkpoint file (default: hub cache; the demo's own)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the pair sampling")
-    ap.add_argument("--pairing", default="random", choices=plasticity.PAIRINGS,
+    ap.add_argument("--pairing", default="random", choices=PAIRINGS,
                     help="random (seeded draws, default) or sequential (the first N images of each "
                          "split in loader order: the paper's measurement)")
     ap.add_argument("--tokens", help="GPT-2: token ids for x, a .npy or .pt file (sequences, tokens) "
@@ -118,12 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
     ap.add_argument("--num-workers", type=int, default=0, help="data loading processes")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:  # argparse has printed its message; same status, no traceback
         return int(e.code or 0)
 
-    from raystudy import datasets, engine, gpt2, models, pretrain
+    from raystudy import datasets, engine, gpt2, models, plasticity, pretrain
 
     # -- validate everything cheap before any data or weights are touched
     try:

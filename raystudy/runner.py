@@ -311,7 +311,8 @@ class MlflowTrials(tune.Callback):
             self._runs[trial.trial_id] = (None if status in tracking.TERMINAL else
                                           tracking.open_trial(self.cl, self.experiment_id, self.parent_id,
                                                               t["key"], t["finetune"],
-                                                              {"raystudy.tune_trial": trial.trial_id, **self.tags}))
+                                                              {"raystudy.tune_trial": trial.trial_id, **self.tags},
+                                                              name=t.get("name")))
         return self._runs[trial.trial_id]
 
     def on_trial_start(self, iteration, trials, trial, **info):

@@ -36,7 +36,7 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> cli.Parser:
     ap = cli.Parser("python -m raystudy.search", __doc__)
     ap.add_argument("--space", default="optimiser", help="YAML file or name under search_spaces/optuna/")
     ap.add_argument("--model", help="model (default: the space's base model)")
@@ -49,8 +49,28 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/search, with the Optuna study")
     ap.add_argument("--dry-run", action="store_true", help="validate the space and stop")
-    ap.add_argument("--quiet", action="store_true")
-    args = ap.parse_args(argv)
+    ap.add_argument("--quiet", action="store_true", help="less Ray progress output")
+    return ap
+
+
+def budget_line(time_budget: float | None, studies: int, num_samples: int) -> str:
+    """What the search may spend: the time budget per study and over all of them."""
+    if not time_budget:
+        return f"time budget: none; each of the {studies} studies runs its {num_samples} trials to the end"
+    total = time_budget * studies
+    return (f"time budget: {time_budget:g} s per study, at most {total:g} s ({total / 3600:.2g} h) for the "
+            f"{studies} studies, then the test re-runs of each best config")
+
+
+def browse_lines(uri: str, experiment: str, optuna_db: Path) -> str:
+    """Where to look at a search: its MLflow runs and its Optuna studies."""
+    mlflow = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else uri
+    return (f"browse: {mlflow}  (experiment {experiment!r})\n"
+            f"Optuna studies: optuna-dashboard sqlite:///{optuna_db}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     import optuna
 
     from raystudy import datasets
@@ -95,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         uri = args.tracking_uri or tracking.default_uri()
         experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
         print(f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
-              f"{num_samples} trials each" + (f", at most {time_budget:g} s each" if time_budget else "")
-              + f"; best re-evaluated on test with seeds {test_seeds}")
+              f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}")
+        print(budget_line(time_budget, len(studies), num_samples))
         tracking.check_uri(uri)
         if args.dry_run:
             print("dry run: nothing started")
@@ -170,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {s['condition']:<16} val {s['val_acc']:.4f}  test {s['test_acc']:.4f} ± {s['test_std']:.4f} "
               f"({s['test_runs']} seeds)  [{knobs}]  trials: {s['finished']} finished, "
               f"{s['stopped']} stopped early by ASHA")
+    print("\n" + browse_lines(uri, experiment, storage / "optuna" / "optuna.db"))
     return 0
 
 

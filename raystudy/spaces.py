@@ -515,7 +515,25 @@ class Sampler:
             if any(values.get(dep) not in allowed for dep, allowed in p.when.items()):
                 continue  # inactive: its condition does not hold
             values[p.name] = suggest(ot_trial, p)
-        return {"trial": make_trial(self.base, self.condition, values, self.resources).as_dict()}
+        trial = make_trial(self.base, self.condition, values, self.resources).as_dict()
+        return {"trial": {**trial, "name": search_trial_name(trial["finetune"]["condition"], values)}}
+
+
+# Short names of sampled keys in a search trial's name; the rest keep their own.
+NAME_ABBREV = {"weight_decay": "wd", "warmup_steps": "warmup", "batch_size": "bs", "momentum": "mom"}
+
+
+def search_trial_name(condition: str, values: dict[str, Any]) -> str:
+    """A search trial's readable name: the condition and each sampled value, floats to two
+    significant digits (``MHA·adamw·lr0.0031·wd1e-05·bs64``); the key, not the name, is unique."""
+    parts = [condition]
+    for k, v in values.items():
+        if k == "components":
+            continue  # already the condition
+        if isinstance(v, float):
+            v = f"{v:.2g}"
+        parts.append(str(v) if k == "optimizer" else f"{NAME_ABBREV.get(k, k)}{v}")
+    return "·".join(parts)
 
 
 def suggest(ot_trial, p: Param) -> Any:

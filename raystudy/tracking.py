@@ -52,8 +52,12 @@ def default_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
-def check_uri(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast, with one line, if ``uri`` cannot be used as a tracking store."""
+def check_uri(uri: str, timeout: float = 5.0, must_exist: bool = False) -> None:
+    """Fail fast, with one line, if ``uri`` cannot be used as a tracking store.
+
+    ``must_exist``: a command that only reads (the analysis) refuses a SQLite store that is not
+    there, where MLflow would create an empty one and report no experiment.
+    """
     p = urlparse(uri)
     if p.scheme in ("http", "https"):
         host, port = p.hostname, p.port or (443 if p.scheme == "https" else 80)
@@ -75,6 +79,9 @@ def check_uri(uri: str, timeout: float = 5.0) -> None:
         path = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
         if path is None or not path.parent.is_dir():
             raise TrackingUnavailable(f"tracking URI {uri!r}: folder {path.parent if path else '?'} does not exist")
+        if must_exist and not path.is_file():
+            raise TrackingUnavailable(f"no MLflow store at {path}: run the grid there first, or pass "
+                                      "--tracking-uri (sqlite:///PATH or http://HOST:PORT)")
         _check_sqlite(uri, path)
     elif p.scheme in ("postgresql", "mysql", "mssql") or p.scheme.startswith(("postgresql+", "mysql+")):
         pass  # checked by the first query
@@ -218,8 +225,9 @@ def trial_status(cl, exp_id: str, key: str) -> tuple[str | None, Any]:
 
 
 def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[str, Any],
-               extra_tags: dict[str, str] | None = None) -> str:
-    """Find the run of ``key`` and mark it running, or create it: never two runs for one key."""
+               extra_tags: dict[str, str] | None = None, name: str | None = None) -> str:
+    """Find the run of ``key`` and mark it running, or create it (named ``name``, else after its
+    condition, dataset, optimizer, lr and seed): never two runs for one key."""
     from mlflow.entities import Param, RunTag
 
     status, run = trial_status(cl, exp_id, key)
@@ -230,8 +238,8 @@ def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[st
         cl.log_batch(run_id, tags=[RunTag("raystudy.status", "running"),
                                    RunTag("raystudy.attempts", str(attempts))])
         return run_id
-    name = (f"{config.get('condition')}-{config.get('dataset')}-{config.get('optimizer')}-"
-            f"lr{config.get('lr')}-s{config.get('seed')}")
+    name = name or (f"{config.get('condition')}-{config.get('dataset')}-{config.get('optimizer')}-"
+                    f"lr{config.get('lr')}-s{config.get('seed')}")
     tags = {"raystudy.role": "trial", "raystudy.key": key, "raystudy.status": "running",
             "raystudy.attempts": "1", "mlflow.runName": name,
             **{k: str(config.get(k)) for k in ("condition", "dataset", "model", "optimizer")},

@@ -260,7 +260,7 @@ def test_export_over_all_datasets_and_rerun(store, tmp_path, capsys):
     assert (cfg.dataset, cfg.lr, cfg.seed, cfg.pretrained) == ("digits", 0.1, 1, False)
     capsys.readouterr()
     assert finetune.main(["--config", str(files["MHA"]), "--quiet", "--set", "steps=6", "--set",
-                          "warmup_steps=1", "--set", "eval_every=3"]) == 0
+                          "warmup_steps=1", "--set", "eval_every=3", "--no-mlflow", "--no-save"]) == 0
     assert "test acc" in capsys.readouterr().out
 
 

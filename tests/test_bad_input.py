@@ -180,6 +180,13 @@ CASES = [
     ("finetune", ["--config", "{in}/c.yaml"] + FAST, {"c.yaml": "lr: .nan\n"}, "'lr' must be a finite number"),
     ("finetune", ["--config", "{in}/c.yaml"] + FAST, {"c.yaml": "lr: [0.1, 0.2]\n"}, "'lr' must be a number"),
     ("finetune", ["--bogus"], {}, "unrecognized arguments: --bogus"),
+    ("finetune", ["--threads", "0"] + FAST, {}, "--threads must be >= 1"),
+    ("finetune", ["--threads", "x"] + FAST, {}, "invalid int value"),
+    ("finetune", ["--tracking-uri", "ftp://x"] + FAST, {}, "unsupported tracking URI"),
+    ("finetune", ["--tracking-uri", "sqlite:///{in}/garbage.db"] + FAST, {"garbage.db": BINARY * 10},
+     "is not an SQLite database"),
+    ("finetune", ["--dataset", "cifar10c_snow", "--set", "data_root={in}/none", "--set", "pretrained=false"] + FAST,
+     {}, "CIFAR-10-C"),  # found missing at load time: no MLflow run, no files
     # ------------------------------------------------------------------ probe
     ("probe", ["--pairs", "0"], {}, "--pairs must be >= 1"),
     ("probe", ["--pairs", "x"], {}, "invalid int value"),
@@ -205,6 +212,7 @@ CASES = [
     ("prefetch", ["--datasets", "digits", "--data-root", "{in}/afile"], AFILE, "is a file, not a folder"),
     ("prefetch", ["--model", "vit_demo", "--hf-cache", "{in}/afile"], AFILE, "is a file, not a folder"),
     ("prefetch", ["--bogus"], {}, "unrecognized arguments: --bogus"),
+    ("prefetch", ["--models", "nope"], {}, "unknown model 'nope'"),
     # ------------------------------------------------------------------ components
     ("components", ["--model", "nope"], {}, "unknown model 'nope'"),
     ("components", ["--model", "resnet50"], {}, "not a timm VisionTransformer"),
@@ -236,6 +244,8 @@ CASES = [
     ("report", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/garbage.db"], {"garbage.db": BINARY * 10},
      "is not an SQLite database"),
     ("report", ["--experiment", "x", "--tracking-uri", "ftp://x"], {}, "unsupported tracking URI"),
+    ("report", ["--experiment", "x"], {}, "no MLflow store at"),  # and no empty mlflow.db made
+    ("report", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/none.db"], {}, "no MLflow store at"),
     # ------------------------------------------------------------------ analysis.export_best
     ("export_best", [], {}, "the following arguments are required"),
     ("export_best", ["--experiment", "x", "--out", "{in}/o", "--bogus"], {}, "unrecognized arguments: --bogus"),
@@ -248,6 +258,7 @@ CASES = [
     ("export_best", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/mlflow.db", "--out", "{in}/afile"],
      {**STORE, **AFILE}, "is a file, not a folder"),
     ("export_best", ["--experiment", "x", "--select-on", "train", "--out", "{in}/o"], {}, "invalid choice"),
+    ("export_best", ["--experiment", "x", "--out", "{in}/o"], {}, "no MLflow store at"),
 ]
 
 MAINS = {

@@ -1,6 +1,8 @@
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -9,6 +11,13 @@ from raystudy import finetune
 
 QUICK = ["--set", "pretrained=false", "--steps", "6", "--warmup-steps", "1", "--eval-every", "3",
          "--set", "log_every=3"]
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    """finetune saves its results and its MLflow store in the working directory by default."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -50,6 +59,7 @@ def test_run_writes_config_and_results_that_rerun(tmp_path, capsys):
 
 def test_cli_subprocess_exit_status():
     p = subprocess.run([sys.executable, "-m", "raystudy.finetune", "--optimizer", "adam"],
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert p.stderr.strip() == "error: unknown optimizer 'adam'; valid: sgd, adamw"

@@ -31,9 +31,11 @@ LAYERS = [
     # command lines
     {"raystudy.grid", "raystudy.search", "raystudy.finetune", "raystudy.probe", "raystudy.prefetch",
      "analysis.report", "analysis.export_best"},
+    # the `raystudy` command: dispatches to the command lines by name, importing one when named
+    {"raystudy.__main__"},
 ]
 LAYER = {m: i for i, layer in enumerate(LAYERS) for m in layer}
-CLIS = LAYERS[-1]
+CLIS = LAYERS[-2]
 
 
 def modules() -> dict[str, Path]:

@@ -43,6 +43,23 @@ def sample(space, cond="MHA", n=60):
     return res
 
 
+def test_trial_names_carry_condition_and_rounded_values(tmp_path):
+    space = spaces.load_search(write(tmp_path, GOOD))
+    for t, trial in sample(space, n=10):
+        cfg, parts = trial["finetune"], trial["name"].split("·")
+        assert parts[0] == "MHA" and cfg["optimizer"] in parts
+        assert f"lr{t.params['lr']:.2g}" in parts and f"warmup{cfg['warmup_steps']}" in parts
+        assert len(trial["name"]) < 60
+
+
+def test_dry_run_states_the_time_budget(capsys):
+    from raystudy import search
+
+    assert search.main(["--dry-run", "--time-budget", "600", "--conditions", "MHA,FC1"]) == 0
+    assert "time budget: 600 s per study, at most 1200 s" in capsys.readouterr().out
+    assert search.budget_line(None, 2, 16).startswith("time budget: none")
+
+
 def test_conditionals_momentum_only_for_sgd_beta2_only_for_adamw(tmp_path):
     space = spaces.load_search(write(tmp_path, GOOD))
     seen = set()

@@ -72,6 +72,12 @@ def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
     best = trials[status == "finished"].sort_values("metrics.best_val_acc").iloc[-1]
     assert set(tested["params.lr"]) == {best["params.lr"]}
     assert len([t for t in optuna_trials(tmp) if t.state.name == "COMPLETE"]) == 8
+    # trial runs are named by condition and rounded sampled values; the end says where to browse
+    for _, t in trials.iterrows():
+        name = t["tags.mlflow.runName"]
+        assert name.startswith("MHA·") and f"lr{float(t['params.lr']):.2g}" in name, name
+    assert f"Optuna studies: optuna-dashboard sqlite:///{tmp}/runs/search/optuna/optuna.db" in p.stdout
+    assert "browse: mlflow ui --backend-store-uri sqlite:///" in p.stdout
 
 
 def _done_in_mlflow(tmp):
