@@ -132,16 +132,17 @@ def client(uri: str):
 
 
 def experiment_id(cl, name: str, artifact_location: str | None = None) -> str:
-    """The id of experiment ``name``, created if missing (race-safe), tagged as classic ML runs."""
+    """The id of experiment ``name``, created if missing (race-safe), with ``experiment_tags``."""
     exp = cl.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             cl.restore_experiment(exp.experiment_id)
-        if exp.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:  # made by an older raystudy
-            cl.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+        for k, v in experiment_tags().items():  # an experiment an older raystudy made
+            if exp.tags.get(k) != v:
+                cl.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
     try:
-        return cl.create_experiment(name, artifact_location=artifact_location, tags=dict([EXPERIMENT_KIND]))
+        return cl.create_experiment(name, artifact_location=artifact_location, tags=experiment_tags())
     except Exception:  # noqa: BLE001 - created concurrently by someone else
         exp = cl.get_experiment_by_name(name)
         if exp is None:
@@ -149,11 +150,27 @@ def experiment_id(cl, name: str, artifact_location: str | None = None) -> str:
         return exp.experiment_id
 
 
+# The runs table as raystudy wants it seen: the key metrics and the status as columns (MLflow's
+# defaults, Source, Models and Dataset, are empty here), best test accuracy first. Stored as a
+# view the UI shares by URL (an experiment tag ``mlflow.sharedViewState.<key>``, JSON).
+VIEW_KEY = "raystudy"
+RUNS_VIEW = {"orderByKey": "metrics.`test_acc`", "orderByAsc": False,
+             "selectedColumns": ["metrics.`test_acc`", "metrics.`best_val_acc`", "tags.`raystudy.status`"]}
+
+
+def experiment_tags() -> dict[str, str]:
+    """Every raystudy experiment's tags: classic ML runs, and ``RUNS_VIEW`` where ``runs_url``
+    points the UI."""
+    import json
+
+    return {EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(RUNS_VIEW)}
+
+
 def runs_url(uri: str, exp_id: str, server: str = "http://127.0.0.1:5000") -> str:
-    """The UI page of experiment ``exp_id``'s runs, best test accuracy first. A tracking server
-    serves its own UI; a database store is served by ``mlflow ui`` at ``server``."""
+    """The UI page of experiment ``exp_id``'s runs in raystudy's view (``share_runs_view``). A
+    tracking server serves its own UI; a database store is served by ``mlflow ui`` at ``server``."""
     base = uri.rstrip("/") if urlparse(uri).scheme in ("http", "https") else server
-    return f"{base}/#/experiments/{exp_id}/runs?orderByKey=metrics.%60test_acc%60&orderByAsc=false"
+    return f"{base}/#/experiments/{exp_id}/runs?viewStateShareKey={VIEW_KEY}"
 
 
 def browse_lines(uri: str, exp_id: str) -> list[str]:
@@ -496,7 +513,7 @@ def rows(runs) -> list[dict[str, Any]]:
              "start_time": r.info.start_time or 0} for r in runs]
 
 
-__all__ = ["default_uri", "runs_url", "browse_lines", "trial_name", "plasticity_metrics",
+__all__ = ["default_uri", "runs_url", "browse_lines", "trial_name", "plasticity_metrics", "experiment_tags",
            "ranking_note", "log_ranking", "attach_report", "check_uri", "client", "experiment_id", "parent_run", "open_trial",
            "log_steps", "finish_trial", "fail_trial", "trial_status", "find_runs", "statuses",
            "close_stale", "run_row", "rows", "run_config", "TrackingUnavailable"]

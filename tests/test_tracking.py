@@ -134,12 +134,19 @@ def test_finished_trial_has_its_name_description_and_plasticity_metrics(store):
                                                        "plasticity_after.csv"}
 
 
-def test_experiments_open_as_classic_ml_runs(store):
+def test_experiments_open_as_classic_ml_runs_in_raystudys_view(store):
+    import json
+
     uri, cl, exp = store
-    assert cl.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
-    cl.delete_experiment_tag(exp, "mlflow.experimentKind")  # an experiment an older raystudy made
+    tags = cl.get_experiment(exp).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags["mlflow.sharedViewState.raystudy"])
+    assert view["orderByKey"] == "metrics.`test_acc`" and "metrics.`best_val_acc`" in view["selectedColumns"]
+    for k in tags:
+        if k.startswith("mlflow."):
+            cl.delete_experiment_tag(exp, k)  # an experiment an older raystudy made
     assert tracking.experiment_id(cl, "t") == exp
-    assert cl.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tracking.experiment_tags().items() <= cl.get_experiment(exp).tags.items()
 
 
 def test_parent_run_carries_the_ranking_and_then_the_report(store):
@@ -164,4 +171,4 @@ def test_runs_url_for_a_server_and_for_a_database_store():
     assert tracking.runs_url("http://head:5000/", "7").startswith("http://head:5000/#/experiments/7/runs?")
     lines = tracking.browse_lines("sqlite:////x/mlflow.db", "3")
     assert lines[0] == "browse: mlflow ui --backend-store-uri sqlite:////x/mlflow.db"
-    assert "http://127.0.0.1:5000/#/experiments/3/runs?orderByKey=metrics.%60test_acc%60" in lines[1]
+    assert lines[1] == "  then open http://127.0.0.1:5000/#/experiments/3/runs?viewStateShareKey=raystudy"
