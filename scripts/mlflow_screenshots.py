@@ -5,8 +5,9 @@
     python scripts/mlflow_screenshots.py --tracking-uri sqlite:///mlflow.db --out docs/img
 
 Starts a real ``mlflow server`` over the store (its own port) and drives headless Chromium
-(``chromium`` on PATH, or ``--chromium``) against it: the runs table, the runs' charts, a trial's
-page and the grid's parent run (its description: the ranking and the report). Writes PNGs to
+(``chromium`` on PATH, or ``--chromium``; through playwright, ``pip install playwright``) against
+it: the runs table as the grid's printed URL opens it, the best trial's page (its plasticity
+metrics) and the grid's parent run (its description: the ranking and the report). Writes PNGs to
 ``--out``. Bad input exits with status 2 and one line on stderr.
 """
 
@@ -80,18 +81,55 @@ def stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def shoot(chromium: str, url: str, png: Path, size: str, wait_ms: int) -> None:
-    """One page, rendered by headless Chromium after ``wait_ms`` of virtual time (the UI loads
-    its data after the page), into ``png``; a fresh profile each time (no remembered columns)."""
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        subprocess.run([chromium, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size}",
-                        f"--virtual-time-budget={wait_ms}", f"--screenshot={png}", url],
-                       check=True, capture_output=True, timeout=180)
+def shoot(chromium: str, base: str, shots: list[tuple], out: Path) -> None:
+    """Each (file, URL, window size, action) rendered by headless Chromium into ``out/file``,
+    after ``action(page)`` (waits, clicks) has run; the assistant panel is closed first."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+        ctx = p.chromium.launch_persistent_context(profile, executable_path=chromium, headless=True,
+                                                   args=[f for f in FLAGS if f != "--headless"])
+        ctx.add_init_script("localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
+                            "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');")
+        page = ctx.new_page()
+        for name, url, (width, height), action in shots:
+            page.set_viewport_size({"width": width, "height": height})
+            page.goto(url)
+            action(page)
+            page.wait_for_timeout(1500)  # the last data and layout settle
+            page.screenshot(path=str(out / name))
+            small(out / name)
+            print(f"{out / name}  <- {url.replace(base, '')}")
+        ctx.close()
 
 
-def pages(base: str, experiment: str) -> list[tuple[str, str, str]]:
-    """(file name, URL, window size) of each screenshot: the runs table sorted by test accuracy,
-    the charts, the best trial, the parent run."""
+def small(png: Path, colors: int = 64) -> None:
+    """A palette PNG: UI screenshots have few colours, and the repository keeps them."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        im.convert("RGB").quantize(colors).save(png, optimize=True)
+
+
+def wait_text(text: str):
+    return lambda page: page.get_by_text(text, exact=True).first.wait_for(timeout=60_000)
+
+
+def trial_action(page) -> None:
+    """The trial's page, its metrics searched down to the plasticity summaries."""
+    wait_text("Description")(page)
+    page.get_by_placeholder("Search metrics").fill("plasticity/")
+    page.get_by_text("plasticity/shared/MHA", exact=True).first.wait_for(timeout=60_000)
+
+
+def parent_action(page) -> None:
+    """The parent run's page with its whole description (ranking and report) shown."""
+    page.get_by_text("Show more").first.click(timeout=60_000)
+
+
+def pages(base: str, experiment: str) -> list[tuple]:
+    """(file name, URL, window size, action) of each screenshot: the runs table as the grid's
+    printed URL opens it, the best trial, the parent run."""
     exp = rest(base, f"experiments/get-by-name?experiment_name={experiment}")["experiment"]["experiment_id"]
     runs = rest(base, "runs/search", {"experiment_ids": [exp], "max_results": 1000})["runs"]
 
@@ -106,12 +144,10 @@ def pages(base: str, experiment: str) -> list[tuple[str, str, str]]:
     if not parents or not trials:
         raise LookupError(f"experiment {experiment!r} has no grid parent run or no trial runs; run a grid first")
     best = max(trials, key=lambda r: metric(r, "test_acc"))
-    runs_page = tracking.runs_url(base, exp)  # the URL the grid prints
-    return [("runs.png", runs_page, "1800,800"),
-            ("charts.png", runs_page + "&compareRunsMode=CHART&searchFilter=" + urllib.parse.quote(
-                "metrics.`plasticity/shared/MHA` > 0"), "1800,1000"),
-            ("trial.png", f"{base}/#/experiments/{exp}/runs/{best['info']['run_id']}", "1400,1100"),
-            ("parent.png", f"{base}/#/experiments/{exp}/runs/{parents[-1]['info']['run_id']}", "1400,1400")]
+    return [("runs.png", tracking.runs_url(base, exp), (1400, 760), wait_text("test_acc")),
+            ("trial.png", f"{base}/#/experiments/{exp}/runs/{best['info']['run_id']}", (1100, 1300), trial_action),
+            ("parent.png", f"{base}/#/experiments/{exp}/runs/{parents[-1]['info']['run_id']}", (1100, 2400),
+             parent_action)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experiment", default="raystudy-demo-vit_demo", help="experiment name (raystudy-demo-vit_demo)")
     ap.add_argument("--out", default="docs/img", help="folder for the PNGs (docs/img)")
     ap.add_argument("--chromium", default=shutil.which("chromium") or "chromium", help="Chromium binary")
-    ap.add_argument("--wait-ms", type=int, default=20000, help="virtual time each page gets to load (20000)")
     args = ap.parse_args(argv)
     if not args.tracking_uri.startswith("sqlite:///"):
         return fail(f"--tracking-uri {args.tracking_uri!r}: expected sqlite:///PATH (a grid's local store)")
@@ -130,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"--tracking-uri {args.tracking_uri}: {db} does not exist; run a grid first")
     if not shutil.which(args.chromium):
         return fail(f"--chromium {args.chromium!r} is not an executable; install Chromium (apt-get install chromium)")
-    if args.wait_ms <= 0:
-        return fail(f"--wait-ms must be > 0, got {args.wait_ms}")
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return fail("needs playwright (pip install playwright; it drives the Chromium given by --chromium)")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         return fail(f"--out {out} is a file, expected a folder")
@@ -147,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             return fail(str(e))
         except urllib.error.HTTPError as e:
             return fail(f"--experiment {args.experiment!r}: not in {args.tracking_uri} ({e.code})")
-        for name, url, size in shots:
-            shoot(args.chromium, url, out / name, size, args.wait_ms)
-            print(f"{out / name}  <- {url.replace(base, '')}")
+        shoot(args.chromium, base, shots, out)
     finally:
         stop(server)
     return 0
