@@ -44,6 +44,7 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 # The run description the UI shows (Markdown) on a run's page and in the runs table.
 NOTE = "mlflow.note.content"
 MAX_NOTE = 8000  # MLflow's limit on a tag's value, the description's too
+REPORT_HEAD = "\n## Analysis report"  # where the report starts in the parent run's description
 
 # Statuses of a trial that is done: never run again. "stopped": ended early by a scheduler.
 TERMINAL = ("finished", "diverged", "stopped")
@@ -268,15 +269,18 @@ def log_ranking(cl, run_id: str, rows: list[dict[str, Any]], partial: bool = Fal
     metrics = [Metric(f"{name}/{r['condition']}", _num(r[col]), ts, 0)
                for r in rows for name, col in (("test_acc", "test_acc"), ("rank", "avg_rank"))
                if math.isfinite(_num(r[col]))]
-    cl.log_batch(run_id, metrics=metrics, tags=[RunTag(NOTE, ranking_note(rows, partial)[:MAX_NOTE])])
+    # A report attached earlier stays (a rerun of a finished grid logs the ranking again).
+    report = cl.get_run(run_id).data.tags.get(NOTE, "").partition(REPORT_HEAD)[1:]
+    note = ranking_note(rows, partial) + ("".join(report) if report[0] else "")
+    cl.log_batch(run_id, metrics=metrics, tags=[RunTag(NOTE, note[:MAX_NOTE])])
 
 
 def attach_report(cl, run_id: str, report_md: str, artifact: str = "analysis/report.md") -> None:
     """Add the analysis report to the parent run's description, below its ranking (cut to
     MLflow's tag limit, the whole report being the artifact ``artifact``)."""
     note = cl.get_run(run_id).data.tags.get(NOTE, "")
-    note = note.split("\n## Analysis report", 1)[0].rstrip("\n")  # a rerun replaces its section
-    section = f"\n\n## Analysis report\n\nThe full report and its figures: artifacts `{artifact}`.\n\n"
+    note = note.split(REPORT_HEAD, 1)[0].rstrip("\n")  # a rerun replaces its section
+    section = f"\n{REPORT_HEAD}\n\nThe full report and its figures: artifacts `{artifact}`.\n\n"
     room = MAX_NOTE - len(note) - len(section)
     body = report_md if len(report_md) <= room else report_md[:max(room - 40, 0)].rsplit("\n", 1)[0] + "\n\n… (cut; see the artifact)"
     cl.set_tag(run_id, NOTE, note + section + body)

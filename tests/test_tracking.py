@@ -165,6 +165,10 @@ def test_parent_run_carries_the_ranking_and_then_the_report(store):
     note = cl.get_run(parent).data.tags[tracking.NOTE]
     assert note.count("## Analysis report") == 1 and "MHA wins" not in note
     assert "| 1 | MHA" in note and note.endswith("see the artifact)") and len(note) <= tracking.MAX_NOTE
+    tracking.log_ranking(cl, parent, rows[::-1])  # the grid rerun: a new ranking, the report kept
+    again = cl.get_run(parent).data.tags[tracking.NOTE]
+    assert "| 1 | LN1" in again and "partial" not in again
+    assert again.split("## Analysis report")[1] == note.split("## Analysis report")[1]
 
 
 def test_runs_url_for_a_server_and_for_a_database_store():
