@@ -252,8 +252,8 @@ def ranking_note(rows: list[dict[str, Any]], partial: bool = False) -> str:
     row: condition, test_acc, avg_rank, best_lr, runs (``grid.ranking``'s columns)."""
     head = "## Ranking" + (" (partial: the grid has unfinished trials)" if partial else "")
     lines = [head, "",
-             "lr chosen on validation accuracy per dataset; test accuracy at that lr, mean over seeds "
-             "then datasets; average rank over datasets (1 = best).", "",
+             ("lr chosen on validation accuracy per dataset; test accuracy at that lr, mean over seeds "
+              "then datasets; average rank over datasets (1 = best)."), "",
              "| # | condition | test acc (%) | avg rank | lr | runs |", "|---:|---|---:|---:|---|---:|"]
     lines += [f"| {i} | {r['condition']} | {100 * _num(r['test_acc']):.2f} | {_num(r['avg_rank']):.2f} | "
               f"{r['best_lr']} | {r['runs']} |" for i, r in enumerate(rows, 1)]
@@ -282,7 +282,10 @@ def attach_report(cl, run_id: str, report_md: str, artifact: str = "analysis/rep
     note = note.split(REPORT_HEAD, 1)[0].rstrip("\n")  # a rerun replaces its section
     section = f"\n{REPORT_HEAD}\n\nThe full report and its figures: artifacts `{artifact}`.\n\n"
     room = MAX_NOTE - len(note) - len(section)
-    body = report_md if len(report_md) <= room else report_md[:max(room - 40, 0)].rsplit("\n", 1)[0] + "\n\n… (cut; see the artifact)"
+    if len(report_md) <= room:
+        body = report_md
+    else:  # whole lines, then a mark where it was cut
+        body = report_md[:max(room - 40, 0)].rsplit("\n", 1)[0] + "\n\n… (cut; see the artifact)"
     cl.set_tag(run_id, NOTE, note + section + body)
 
 

@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-from raystudy import tracking  # noqa: E402
+from raystudy import tracking
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -153,7 +153,8 @@ def pages(base: str, experiment: str) -> list[tuple]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python scripts/mlflow_screenshots.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db", help="store of a finished grid (sqlite:///mlflow.db)")
+    ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db",
+                    help="store of a finished grid (sqlite:///mlflow.db)")
     ap.add_argument("--experiment", default="raystudy-demo-vit_demo", help="experiment name (raystudy-demo-vit_demo)")
     ap.add_argument("--out", default="docs/img", help="folder for the PNGs (docs/img)")
     ap.add_argument("--chromium", default=shutil.which("chromium") or "chromium", help="Chromium binary")

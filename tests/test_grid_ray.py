@@ -219,7 +219,8 @@ def test_grid_against_a_real_mlflow_server(work):
         (parent,) = [r["info"]["run_id"] for r in runs if tags[r["info"]["run_id"]]["raystudy.role"] == "grid"]
         by_name = {r["info"]["run_name"]: metrics[r["info"]["run_id"]] for r in trials}
         for cond in ("MHA", "LN2"):  # one seed, one lr, one dataset: the condition's mean is its run
-            assert metrics[parent][f"test_acc/{cond}"] == pytest.approx(by_name[f"{cond}·digits_c·lr0.1·s0"]["test_acc"])
+            trial = by_name[f"{cond}·digits_c·lr0.1·s0"]
+            assert metrics[parent][f"test_acc/{cond}"] == pytest.approx(trial["test_acc"])
         assert sorted(metrics[parent][f"rank/{c}"] for c in ("MHA", "LN2")) in ([1, 2], [1.5, 1.5])
         note = tags[parent]["mlflow.note.content"]
         assert note.startswith("## Ranking") and "| 1 |" in note and "| 2 |" in note
