@@ -630,12 +630,18 @@ def report_from_mlflow(experiment: str, out_dir: str | Path, tracking_uri: str |
 
 def log_outputs(out_dir: str | Path, runs: pd.DataFrame, experiment: str,
                 tracking_uri: str | None = None) -> list[str]:
-    """Log ``out_dir`` as ``analysis/`` artifacts of the grid parent run(s) of ``runs``."""
+    """Log ``out_dir`` as ``analysis/`` artifacts of the grid parent run(s) of ``runs``, and its
+    ``report.md`` into their description (what the UI shows on the run's page)."""
+    from raystudy import tracking
+
     grids = load.grid_runs(experiment, tracking_uri)
     parents = [p for p in dict.fromkeys(runs["parent_run_id"]) if p in grids] or grids
     c = load.client(tracking_uri)
+    md = Path(out_dir) / "report.md"
     for pid in parents:
         c.log_artifacts(pid, str(out_dir), artifact_path="analysis")
+        if md.is_file():
+            tracking.attach_report(c, pid, md.read_text())
     return parents
 
 

@@ -155,12 +155,14 @@ def main(argv: list[str] | None = None) -> int:
 
     table = ranking(pd.DataFrame([r for r in tracking.rows(found) if r["key"] in keys]))
     if not table.empty:
+        tracking.log_ranking(tracking.client(uri), counts["parent_run_id"], table.to_dict("records"),
+                             partial=counts["unfinished"] > 0)
         print("\nranking (lr chosen on validation; test accuracy, mean over seeds then datasets; "
               "average rank over datasets), as analysis.report computes it:")
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if models.note(model):
         print(f"\nnote: {models.note(model)}")
-    print(f"\nbrowse: mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else f"\nbrowse: {uri}")
+    print("\n" + "\n".join(tracking.browse_lines(uri, counts["experiment_id"])))
     return 0 if counts["unfinished"] == 0 and counts["failed"] == 0 else 1
 
 

@@ -39,6 +39,13 @@ FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_do
 # Step metrics reported by the loop.
 STEP_METRICS = ("loss", "scheduled_lr", "val_acc", "val_loss", "best_val_acc")
 
+# The experiment tag MLflow's UI reads to open an experiment as classic ML runs, not GenAI traces.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# The run description the UI shows (Markdown) on a run's page and in the runs table.
+NOTE = "mlflow.note.content"
+MAX_NOTE = 8000  # MLflow's limit on a tag's value, the description's too
+REPORT_HEAD = "\n## Analysis report"  # where the report starts in the parent run's description
+
 # Statuses of a trial that is done: never run again. "stopped": ended early by a scheduler.
 TERMINAL = ("finished", "diverged", "stopped")
 
@@ -133,19 +140,52 @@ def client(uri: str):
 
 
 def experiment_id(cl, name: str, artifact_location: str | None = None) -> str:
-    """The id of experiment ``name``, created if missing (race-safe)."""
+    """The id of experiment ``name``, created if missing (race-safe), with ``experiment_tags``."""
     exp = cl.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             cl.restore_experiment(exp.experiment_id)
+        for k, v in experiment_tags().items():  # an experiment an older raystudy made
+            if exp.tags.get(k) != v:
+                cl.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
     try:
-        return cl.create_experiment(name, artifact_location=artifact_location)
+        return cl.create_experiment(name, artifact_location=artifact_location, tags=experiment_tags())
     except Exception:  # noqa: BLE001 - created concurrently by someone else
         exp = cl.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
+
+
+# The runs table as raystudy wants it seen: the key metrics and the status as columns (MLflow's
+# defaults, Source, Models and Dataset, are empty here), best test accuracy first. Stored as a
+# view the UI shares by URL (an experiment tag ``mlflow.sharedViewState.<key>``, JSON).
+VIEW_KEY = "raystudy"
+RUNS_VIEW = {"orderByKey": "metrics.`test_acc`", "orderByAsc": False,
+             "selectedColumns": ["metrics.`test_acc`", "metrics.`best_val_acc`", "tags.`raystudy.status`"]}
+
+
+def experiment_tags() -> dict[str, str]:
+    """Every raystudy experiment's tags: classic ML runs, and ``RUNS_VIEW`` where ``runs_url``
+    points the UI."""
+    import json
+
+    return {EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(RUNS_VIEW)}
+
+
+def runs_url(uri: str, exp_id: str, server: str = "http://127.0.0.1:5000") -> str:
+    """The UI page of experiment ``exp_id``'s runs in raystudy's view (``share_runs_view``). A
+    tracking server serves its own UI; a database store is served by ``mlflow ui`` at ``server``."""
+    base = uri.rstrip("/") if urlparse(uri).scheme in ("http", "https") else server
+    return f"{base}/#/experiments/{exp_id}/runs?viewStateShareKey={VIEW_KEY}"
+
+
+def browse_lines(uri: str, exp_id: str) -> list[str]:
+    """Where to look at the runs: the command serving a database store, and the runs page."""
+    if urlparse(uri).scheme in ("http", "https"):
+        return [f"browse: {runs_url(uri, exp_id)}"]
+    return [f"browse: mlflow ui --backend-store-uri {uri}", f"  then open {runs_url(uri, exp_id)}"]
 
 
 def default_artifact_location(uri: str) -> str | None:
@@ -214,6 +254,48 @@ def parent_run(cl, exp_id: str, grid_key: str, name: str, params: dict[str, Any]
     return run.info.run_id
 
 
+def ranking_note(rows: list[dict[str, Any]], partial: bool = False) -> str:
+    """The parent run's description (Markdown): the ranking of the conditions, best first. Each
+    row: condition, test_acc, avg_rank, best_lr, runs (``grid.ranking``'s columns)."""
+    head = "## Ranking" + (" (partial: the grid has unfinished trials)" if partial else "")
+    lines = [head, "",
+             ("lr chosen on validation accuracy per dataset; test accuracy at that lr, mean over seeds "
+              "then datasets; average rank over datasets (1 = best)."), "",
+             "| # | condition | test acc (%) | avg rank | lr | runs |", "|---:|---|---:|---:|---|---:|"]
+    lines += [f"| {i} | {r['condition']} | {100 * _num(r['test_acc']):.2f} | {_num(r['avg_rank']):.2f} | "
+              f"{r['best_lr']} | {r['runs']} |" for i, r in enumerate(rows, 1)]
+    return "\n".join(lines) + "\n"
+
+
+def log_ranking(cl, run_id: str, rows: list[dict[str, Any]], partial: bool = False) -> None:
+    """The study's answer on the parent run: ``test_acc/<condition>`` and ``rank/<condition>``
+    (metrics the UI charts and compares) and the ranking as its description."""
+    from mlflow.entities import Metric, RunTag
+
+    ts = int(time.time() * 1000)
+    metrics = [Metric(f"{name}/{r['condition']}", _num(r[col]), ts, 0)
+               for r in rows for name, col in (("test_acc", "test_acc"), ("rank", "avg_rank"))
+               if math.isfinite(_num(r[col]))]
+    # A report attached earlier stays (a rerun of a finished grid logs the ranking again).
+    report = cl.get_run(run_id).data.tags.get(NOTE, "").partition(REPORT_HEAD)[1:]
+    note = ranking_note(rows, partial) + ("".join(report) if report[0] else "")
+    cl.log_batch(run_id, metrics=metrics, tags=[RunTag(NOTE, note[:MAX_NOTE])])
+
+
+def attach_report(cl, run_id: str, report_md: str, artifact: str = "analysis/report.md") -> None:
+    """Add the analysis report to the parent run's description, below its ranking (cut to
+    MLflow's tag limit, the whole report being the artifact ``artifact``)."""
+    note = cl.get_run(run_id).data.tags.get(NOTE, "")
+    note = note.split(REPORT_HEAD, 1)[0].rstrip("\n")  # a rerun replaces its section
+    section = f"\n{REPORT_HEAD}\n\nThe full report and its figures: artifacts `{artifact}`.\n\n"
+    room = MAX_NOTE - len(note) - len(section)
+    if len(report_md) <= room:
+        body = report_md
+    else:  # whole lines, then a mark where it was cut
+        body = report_md[:max(room - 40, 0)].rsplit("\n", 1)[0] + "\n\n… (cut; see the artifact)"
+    cl.set_tag(run_id, NOTE, note + section + body)
+
+
 def trial_status(cl, exp_id: str, key: str) -> tuple[str | None, Any]:
     """(raystudy status, run) of the run with ``key``, or (None, None)."""
     found = find_runs(cl, exp_id, raystudy__role="trial", raystudy__key=key)
@@ -238,8 +320,7 @@ def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[st
         cl.log_batch(run_id, tags=[RunTag("raystudy.status", "running"),
                                    RunTag("raystudy.attempts", str(attempts))])
         return run_id
-    name = name or (f"{config.get('condition')}-{config.get('dataset')}-{config.get('optimizer')}-"
-                    f"lr{config.get('lr')}-s{config.get('seed')}")
+    name = name or trial_name(config)
     tags = {"raystudy.role": "trial", "raystudy.key": key, "raystudy.status": "running",
             "raystudy.attempts": "1", "mlflow.runName": name,
             **{k: str(config.get(k)) for k in ("condition", "dataset", "model", "optimizer")},
@@ -250,6 +331,31 @@ def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[st
     cl.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in config.items()])
     cl.log_text(run.info.run_id, _yaml(config), "config.yaml")
     return run.info.run_id
+
+
+def trial_name(config: dict[str, Any]) -> str:
+    """A run name short enough for the runs table: ``MHA·digits_c·lr0.3·s1`` (lr to 3 significant
+    digits; the optimizer only when it is not SGD, the paper's; the linear probe has no lr)."""
+    parts = [str(config.get("condition")), str(config.get("dataset"))]
+    if config.get("optimizer", "sgd") != "sgd":
+        parts.append(str(config.get("optimizer")))
+    if config.get("condition") != "linear_probe":
+        lr = _num(config.get("lr"))
+        parts.append(f"lr{lr:.3g}" if not math.isnan(lr) else f"lr{config.get('lr')}")
+    parts.append(f"s{config.get('seed')}")
+    return "·".join(parts)
+
+
+def plasticity_metrics(table: list[dict[str, Any]], prefix: str = "plasticity") -> dict[str, float]:
+    """Per-component summaries of a plasticity table (rows of mode, layer, component, mean):
+    ``<prefix>/<mode>/<component>`` = the mean over layers, as the report's component table
+    averages them; finite values only."""
+    sums: dict[str, list[float]] = {}
+    for row in table:
+        v = _num(row.get("mean"))
+        if math.isfinite(v):
+            sums.setdefault(f"{prefix}/{row['mode']}/{row['component']}", []).append(v)
+    return {k: sum(v) / len(v) for k, v in sums.items()}
 
 
 def log_steps(cl, run_id: str, reports: list[dict[str, Any]], upto: dict[str, int] | None = None) -> None:
@@ -305,7 +411,17 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
     status = results.get("status", "finished")
     if status == "stopped":  # stopped early: its partial numbers are not final results
         metrics = [m for m in metrics if m.key in ("steps_done", "wall_s")]
-    cl.log_batch(run_id, metrics=metrics, tags=[RunTag("raystudy.status", status)])
+    # Beside the CSVs, per-component summaries as metrics, which the UI charts across runs:
+    # plasticity/ of the pretrained model (what the report ranks), plasticity_after/ finetuned.
+    for name, prefix in (("plasticity_before", "plasticity"), ("plasticity_after", "plasticity_after")):
+        metrics += [Metric(k, v, ts, 0) for k, v in plasticity_metrics(results.get(name) or [], prefix).items()]
+    tags = [RunTag("raystudy.status", status)]
+    if status == "finished" and "test_acc" in results:  # the runs table shows descriptions by default
+        tags.append(RunTag(NOTE, _result_note(results)))
+    for i in range(0, len(metrics), 1000):  # MLflow takes at most 1,000 metrics a batch
+        cl.log_batch(run_id, metrics=metrics[i:i + 1000], tags=tags if i == 0 else [])
+    if not metrics:
+        cl.log_batch(run_id, tags=tags)
     for name in ("plasticity_before", "plasticity_after"):
         table = results.get(name)
         if table:
@@ -313,6 +429,10 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
 
             cl.log_text(run_id, pd.DataFrame(table).to_csv(index=False), f"{name}.csv")
     cl.set_terminated(run_id, status="FINISHED")
+
+
+def _result_note(results: dict[str, Any]) -> str:
+    return f"test {100 * _num(results.get('test_acc')):.1f} · val {100 * _num(results.get('best_val_acc')):.1f}"
 
 
 def close_stale(cl, exp_id: str, **tags: str) -> int:
@@ -408,6 +528,7 @@ def rows(runs) -> list[dict[str, Any]]:
              "start_time": r.info.start_time or 0} for r in runs]
 
 
-__all__ = ["default_uri", "check_uri", "client", "experiment_id", "parent_run", "open_trial",
+__all__ = ["default_uri", "runs_url", "browse_lines", "trial_name", "plasticity_metrics", "experiment_tags",
+           "ranking_note", "log_ranking", "attach_report", "check_uri", "client", "experiment_id", "parent_run", "open_trial",
            "log_steps", "finish_trial", "fail_trial", "trial_status", "find_runs", "statuses",
            "close_stale", "run_row", "rows", "run_config", "TrackingUnavailable"]

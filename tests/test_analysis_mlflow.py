@@ -161,6 +161,8 @@ def test_report_from_mlflow_logs_to_the_grid_run(store, tmp_path, capsys):
     logged = {f.path for f in c.list_artifacts(store["parent"], "analysis")}
     assert {"analysis/report.md", "analysis/accuracy_val_selected.md", "analysis/figures"} <= logged
     assert f"logged them to run(s) {store['parent']}" in printed
+    note = c.get_run(store["parent"]).data.tags["mlflow.note.content"]  # the run page's description
+    assert "## Analysis report" in note and "analysis/report.md" in note and "# " in note.split("## Analysis report")[1]
     # trainable parameter counts read back from the runs: the parameter-efficiency table
     eff = pd.read_csv(out / "parameter_efficiency.csv", index_col=0)
     assert eff["params"].to_dict() == {"LN1": 690, "FC1": 2_150, "MHA": 2_650}

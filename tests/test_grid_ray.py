@@ -132,6 +132,18 @@ def test_killed_driver_then_rerun_completes_exactly_once(work):
     assert set(done["run_id"]) <= set(df["run_id"])
 
 
+def _rest(uri, path, body=None):
+    """An MLflow REST call (GET, or POST with a JSON body), as the UI makes it."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(f"{uri}/api/2.0/mlflow/{path}", method="POST" if body is not None else "GET",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+
+
 def test_grid_against_a_real_mlflow_server(work):
     tmp, ray_tmp = work
     port = free_port()
@@ -146,7 +158,7 @@ def test_grid_against_a_real_mlflow_server(work):
         import urllib.request
 
         wait_for(lambda: urllib.request.urlopen(uri + "/health", timeout=2), timeout=90)
-        space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1}}
+        space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1}, "base": {**SPACE["base"], "probe_pairs": 16}}
         p = run(grid_cmd(write_space(tmp, space), ray_tmp, "--tracking-uri", uri), tmp)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         df = trial_runs(uri)
@@ -154,7 +166,42 @@ def test_grid_against_a_real_mlflow_server(work):
         assert not (tmp / "mlflow.db").exists()  # everything went to the server
         from mlflow import MlflowClient
 
-        assert [a.path for a in MlflowClient(uri).list_artifacts(df.iloc[0]["run_id"])] == ["config.yaml"]
+        assert {a.path for a in MlflowClient(uri).list_artifacts(df.iloc[0]["run_id"])} == {
+            "config.yaml", "plasticity_before.csv", "plasticity_after.csv"}
+
+        # What the UI's pages show, read through the server's REST API as the UI reads it.
+        exp = _rest(uri, "experiments/get-by-name?experiment_name=raystudy-t-vit_demo")["experiment"]
+        assert {t["key"]: t["value"] for t in exp["tags"]}["mlflow.experimentKind"] == "custom_model_development"
+        assert f"browse: {uri}/#/experiments/{exp['experiment_id']}/runs?" in p.stdout
+        runs = _rest(uri, "runs/search", {"experiment_ids": [exp["experiment_id"]]})["runs"]
+        tags = {r["info"]["run_id"]: {t["key"]: t["value"] for t in r["data"]["tags"]} for r in runs}
+        metrics = {r["info"]["run_id"]: {m["key"]: m["value"] for m in r["data"].get("metrics", [])} for r in runs}
+        trials = [r for r in runs if tags[r["info"]["run_id"]]["raystudy.role"] == "trial"]
+        assert {r["info"]["run_name"] for r in trials} == {"MHA·digits_c·lr0.1·s0", "LN2·digits_c·lr0.1·s0"}
+        for r in trials:
+            m = metrics[r["info"]["run_id"]]
+            assert 0 <= m["test_acc"] <= 1 and 0 <= m["best_val_acc"] <= 1
+            for mode in ("shared", "in_situ"):  # per component, before and after finetuning
+                for c in ("LN1", "MHA", "LN2", "FC1", "FC2"):
+                    assert m[f"plasticity/{mode}/{c}"] > 0 and m[f"plasticity_after/{mode}/{c}"] > 0
+            assert tags[r["info"]["run_id"]]["mlflow.note.content"].startswith("test ")
+        (parent,) = [r["info"]["run_id"] for r in runs if tags[r["info"]["run_id"]]["raystudy.role"] == "grid"]
+        by_name = {r["info"]["run_name"]: metrics[r["info"]["run_id"]] for r in trials}
+        for cond in ("MHA", "LN2"):  # one seed, one lr, one dataset: the condition's mean is its run
+            trial = by_name[f"{cond}·digits_c·lr0.1·s0"]
+            assert metrics[parent][f"test_acc/{cond}"] == pytest.approx(trial["test_acc"])
+        assert sorted(metrics[parent][f"rank/{c}"] for c in ("MHA", "LN2")) in ([1, 2], [1.5, 1.5])
+        note = tags[parent]["mlflow.note.content"]
+        assert note.startswith("## Ranking") and "| 1 |" in note and "| 2 |" in note
+
+        # The report, once run, is in the parent's description and artifacts.
+        p = run([sys.executable, "-m", "analysis.report", "--experiment", "raystudy-t-vit_demo", "--tracking-uri",
+                 uri, "--out", str(tmp / "report"), "--no-curves", "--bootstrap-reps", "200", "--no-hierarchical"], tmp)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        note = _rest(uri, f"runs/get?run_id={parent}")["run"]["data"]["tags"]
+        note = {t["key"]: t["value"] for t in note}["mlflow.note.content"]
+        assert note.startswith("## Ranking") and "## Analysis report" in note
+        assert "analysis/report.md" in {a.path for a in MlflowClient(uri).list_artifacts(parent, "analysis")}
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

@@ -97,3 +97,82 @@ def test_statuses_in_one_query_prefer_terminal(store):
     tracking.finish_trial(cl, runs[0], {"status": "finished"})
     tracking.fail_trial(cl, runs[1], "boom")
     assert tracking.statuses(cl, exp) == {keys[0]: "finished", keys[1]: "failed", keys[2]: "running"}
+
+
+# ---------------------------------------------------------------- what the MLflow UI shows
+
+def test_trial_names_are_short_with_lr_rounded():
+    assert tracking.trial_name({**CFG, "lr": 0.30000000000000004, "seed": 1}) == "MHA·digits_c·lr0.3·s1"
+    assert tracking.trial_name({**CFG, "lr": 3.1623e-05}) == "MHA·digits_c·lr3.16e-05·s0"
+    assert tracking.trial_name({**CFG, "optimizer": "adamw", "lr": 0.001}) == "MHA·digits_c·adamw·lr0.001·s0"
+    assert tracking.trial_name({**CFG, "condition": "linear_probe"}) == "linear_probe·digits_c·s0"
+
+
+def test_plasticity_metrics_average_layers_per_mode_and_component():
+    table = [{"mode": "shared", "layer": 0, "component": "MHA", "mean": 2.0},
+             {"mode": "shared", "layer": 1, "component": "MHA", "mean": 4.0},
+             {"mode": "in_situ", "layer": 0, "component": "MHA", "mean": 5.0},
+             {"mode": "shared", "layer": 0, "component": "LN1", "mean": float("nan")},
+             {"mode": "shared", "layer": 1, "component": "LN1", "mean": 1.5}]
+    assert tracking.plasticity_metrics(table) == {"plasticity/shared/MHA": 3.0, "plasticity/in_situ/MHA": 5.0,
+                                                  "plasticity/shared/LN1": 1.5}
+    assert tracking.plasticity_metrics([], "plasticity_after") == {}
+
+
+def test_finished_trial_has_its_name_description_and_plasticity_metrics(store):
+    uri, cl, exp = store
+    run = tracking.open_trial(cl, exp, None, trial_key(CFG), CFG)
+    before = [{"mode": "shared", "layer": i, "component": "FC1", "mean": 1.0 + i} for i in range(3)]
+    tracking.finish_trial(cl, run, {"status": "finished", "test_acc": 0.727, "best_val_acc": 0.748,
+                                    "plasticity_before": before, "plasticity_after": before[:1]})
+    r = cl.get_run(run)
+    assert r.info.run_name == "MHA·digits_c·lr0.1·s0"
+    assert r.data.metrics["plasticity/shared/FC1"] == 2.0
+    assert r.data.metrics["plasticity_after/shared/FC1"] == 1.0
+    assert r.data.tags[tracking.NOTE] == "test 72.7 · val 74.8"
+    assert {a.path for a in cl.list_artifacts(run)} == {"config.yaml", "plasticity_before.csv",
+                                                       "plasticity_after.csv"}
+
+
+def test_experiments_open_as_classic_ml_runs_in_raystudys_view(store):
+    import json
+
+    uri, cl, exp = store
+    tags = cl.get_experiment(exp).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags["mlflow.sharedViewState.raystudy"])
+    assert view["orderByKey"] == "metrics.`test_acc`" and "metrics.`best_val_acc`" in view["selectedColumns"]
+    for k in tags:
+        if k.startswith("mlflow."):
+            cl.delete_experiment_tag(exp, k)  # an experiment an older raystudy made
+    assert tracking.experiment_id(cl, "t") == exp
+    assert tracking.experiment_tags().items() <= cl.get_experiment(exp).tags.items()
+
+
+def test_parent_run_carries_the_ranking_and_then_the_report(store):
+    uri, cl, exp = store
+    parent = tracking.parent_run(cl, exp, "g1", "grid", {"space": "demo"})
+    rows = [{"condition": "MHA", "test_acc": 0.75, "avg_rank": 1.0, "best_lr": "0.3", "runs": 2},
+            {"condition": "LN1", "test_acc": 0.5, "avg_rank": 2.0, "best_lr": "1", "runs": 2}]
+    tracking.log_ranking(cl, parent, rows, partial=True)
+    r = cl.get_run(parent)
+    assert r.data.metrics == {"test_acc/MHA": 0.75, "rank/MHA": 1.0, "test_acc/LN1": 0.5, "rank/LN1": 2.0}
+    note = r.data.tags[tracking.NOTE]
+    assert "partial" in note and "| 1 | MHA | 75.00 | 1.00 | 0.3 | 2 |" in note
+    assert note.index("| 1 | MHA") < note.index("| 2 | LN1")
+    tracking.attach_report(cl, parent, "# Report\n\nMHA wins.\n")
+    tracking.attach_report(cl, parent, "# Report\n\n" + "x\n" * 5000)  # a rerun replaces it, cut to fit
+    note = cl.get_run(parent).data.tags[tracking.NOTE]
+    assert note.count("## Analysis report") == 1 and "MHA wins" not in note
+    assert "| 1 | MHA" in note and note.endswith("see the artifact)") and len(note) <= tracking.MAX_NOTE
+    tracking.log_ranking(cl, parent, rows[::-1])  # the grid rerun: a new ranking, the report kept
+    again = cl.get_run(parent).data.tags[tracking.NOTE]
+    assert "| 1 | LN1" in again and "partial" not in again
+    assert again.split("## Analysis report")[1] == note.split("## Analysis report")[1]
+
+
+def test_runs_url_for_a_server_and_for_a_database_store():
+    assert tracking.runs_url("http://head:5000/", "7").startswith("http://head:5000/#/experiments/7/runs?")
+    lines = tracking.browse_lines("sqlite:////x/mlflow.db", "3")
+    assert lines[0] == "browse: mlflow ui --backend-store-uri sqlite:////x/mlflow.db"
+    assert lines[1] == "  then open http://127.0.0.1:5000/#/experiments/3/runs?viewStateShareKey=raystudy"
