@@ -343,15 +343,29 @@ def _ci_rows(ax, labels, est, low, high, color, ref=None, xlabel=""):
     ax.set_axisbelow(True)
 
 
+def _best_first(values: pd.Series, names: list[str]) -> list[str]:
+    """``names`` by ``values`` highest first; names without a value last, in the order given."""
+    return sorted(names, key=lambda c: -values[c] if c in values and pd.notna(values[c]) else np.inf)
+
+
 def intervals(agg: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
               scale: float = 1.0, title: str = "") -> list[Path]:
-    """Interval plot (rliable style): per condition the mean and the IQM with 95% intervals.
+    """``intervals_figure`` as PNG and PDF."""
+    return save(intervals_figure(agg, conditions, scale, title), base)
+
+
+def intervals_figure(agg: pd.DataFrame, conditions: list[str], scale: float = 1.0, title: str = ""):
+    """Interval plot (rliable style): per condition the mean and the IQM with 95% intervals,
+    the best mean on top.
 
     ``agg`` is ``analysis.intervals.aggregate_intervals``: condition, statistic, estimate, low,
     high.
     """
     col = palette(conditions)
     stats_ = [s for s in ("mean", "iqm") if s in set(agg["statistic"])]
+    if stats_:
+        conditions = _best_first(agg[agg["statistic"] == stats_[0]].set_index("condition")["estimate"],
+                                 conditions)
     fig = _figure(3.2 * len(stats_) + 0.8, 0.32 * len(conditions) + 1.2)
     axes = fig.subplots(1, len(stats_), squeeze=False)[0]
     names = {"mean": "mean over datasets", "iqm": "interquartile mean of runs"}
@@ -369,7 +383,7 @@ def intervals(agg: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
         ax.grid(axis="x", color="0.9", lw=0.6)
         ax.set_axisbelow(True)
     fig.suptitle(title or "Test accuracy, 95% stratified-bootstrap intervals", fontsize=9)
-    return save(fig, base)
+    return fig
 
 
 def improvement(pairs: pd.DataFrame, base: str | os.PathLike, title: str = "") -> list[Path]:
@@ -479,7 +493,7 @@ def parameter_efficiency(eff: pd.DataFrame, base: str | os.PathLike, scale: floa
 
 def gains(avg_gain: pd.Series, base: str | os.PathLike, reference: str, title: str = "") -> list[Path]:
     """Horizontal bars of each condition's mean relative gain (%) over ``reference``."""
-    names = [c for c in avg_gain.index if c != reference]
+    names = _best_first(avg_gain, [c for c in avg_gain.index if c != reference])
     col = palette(list(avg_gain.index))
     fig = _figure(5.0, 0.3 * len(names) + 1.2)
     ax = fig.add_subplot()

@@ -143,3 +143,14 @@ def test_a_multi_dataset_report_computes_friedman_and_draws_the_cd_diagram(tmp_p
     assert omnibus.loc["nemenyi_cd", "statistic"] == pytest.approx(stats.nemenyi_cd(k, n))
     assert "Friedman test over 7 conditions and 4 datasets: chi2 =" in report.text
     assert (tmp_path / "figures" / "cd_diagram.png").stat().st_size > 1000
+
+
+def test_intervals_figure_puts_the_best_mean_on_top_in_palette_colours():
+    agg = pd.DataFrame([dict(condition=c, statistic=s, estimate=m, low=m - 0.02, high=m + 0.02)
+                        for c, m in (("LN1", 0.6), ("MHA", 0.8), ("FC1", 0.7)) for s in ("mean", "iqm")])
+    fig = figures.intervals_figure(agg, ["LN1", "MHA", "FC1"])
+    first = fig.axes[0]
+    top_down = sorted(first.get_yticklabels(), key=lambda t: -t.get_position()[1])
+    assert [t.get_text() for t in top_down] == ["MHA", "FC1", "LN1"]
+    col = figures.palette(["LN1", "MHA", "FC1"])
+    assert [tuple(c.get_colors()[0][:3]) for c in first.collections] == [col[c][:3] for c in ("MHA", "FC1", "LN1")]
