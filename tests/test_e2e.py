@@ -1,5 +1,5 @@
 """The study end to end: demo grid (Ray + MLflow) -> analysis -> tables, figures, exported configs,
-one exported config rerun (slow, ~2 minutes)."""
+one exported config rerun (slow, ~2-3 minutes on a quiet machine)."""
 
 import os
 import shutil
