@@ -33,12 +33,22 @@ def save(fig, base: str | os.PathLike) -> list[Path]:
     return paths
 
 
-def colors(names: list[str]) -> dict[str, tuple]:
-    """One stable colour per name, in the given order (tab10, then tab20)."""
+def palette(names) -> dict[str, tuple]:
+    """One colour per name, the same in every figure: each condition of the study keeps its own
+    tab10 colour (in the tables' order: the paper's conditions, the other components, LoRA),
+    whichever others a figure shows; other names (settings, new conditions) take the colours
+    left, in the order given."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
-    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+    from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS  # no torch at import
+
+    known = list(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
+    extra = [n for n in dict.fromkeys(names) if n not in known]
+    tab10, tab20 = colormaps["tab10"], colormaps["tab20"]
+    # past tab10, tab20's light shades: they never repeat a condition's colour
+    slots = [tab10(i) for i in range(10)] + [tab20(2 * i + 1) for i in range(10)]
+    slot = {n: i for i, n in enumerate(known + extra)}
+    return {n: slots[slot[n] % len(slots)] for n in names}
 
 
 def _grid(n: int, width: float = 3.4, height: float = 2.6):
@@ -51,42 +61,109 @@ def _grid(n: int, width: float = 3.4, height: float = 2.6):
     return fig, axes[:n]
 
 
-def _log_y(ax) -> None:
-    """Log y axis labelled with plain numbers (0.5, 2, 10) rather than 5×10⁻¹."""
-    from matplotlib.ticker import LogFormatter
+class _LogLabels:
+    """Labels of a log axis, all in one style: plain numbers (0.5, 2, 10) while the axis stays
+    within 0.001..10,000, else powers of ten; between decades, 2 and 5 (and 3 under one decade)
+    are labelled only while the axis spans less than two decades."""
 
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(LogFormatter())
-    ax.yaxis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
+    def __init__(self, minor: bool):
+        self.minor = minor
+
+    def formatter(self, axis):
+        from matplotlib.ticker import FuncFormatter
+
+        return FuncFormatter(lambda x, pos: self.label(x, axis.get_view_interval()))
+
+    def label(self, x: float, view) -> str:
+        if not (x > 0 and math.isfinite(x)):
+            return ""
+        lo, hi = sorted(float(v) for v in view)
+        if lo <= 0:
+            return ""
+        exp = math.floor(math.log10(x) + 1e-9)
+        lead = round(x / 10 ** exp, 6)
+        decades = math.log10(hi / lo)
+        if self.minor and not (decades < 2 and lead in (2, 5) or decades < 1 and lead == 3):
+            return ""
+        if lo >= 1e-3 and hi <= 1e4:
+            return f"{x:g}"
+        return rf"${lead:g}\times10^{{{exp}}}$" if self.minor else rf"$10^{{{exp}}}$"
+
+
+def _log_axis(ax, which: str = "y") -> None:
+    """A log axis with ``_LogLabels``: every tick label on it in the same style."""
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    (ax.set_yscale if which == "y" else ax.set_xscale)("log")
+    axis.set_major_formatter(_LogLabels(minor=False).formatter(axis))
+    axis.set_minor_formatter(_LogLabels(minor=True).formatter(axis))
+
+
+def _log_y(ax) -> None:
+    _log_axis(ax, "y")
+
+
+def rank_order(best: pd.DataFrame, conditions: list[str], value: str = "test_mean") -> list[str]:
+    """``conditions`` best first: by average rank over datasets (highest ``value`` = 1), ties by
+    the mean over datasets, then by the order given."""
+    table = best.pivot_table(index="dataset", columns="condition", values=value).reindex(columns=conditions)
+    rank = table.rank(axis=1, ascending=False).mean().fillna(np.inf)
+    mean = table.mean().fillna(-np.inf)
+    return sorted(conditions, key=lambda c: (rank[c], -mean[c], conditions.index(c)))
+
+
+def average_spread(best: pd.DataFrame, conditions: list[str]) -> pd.DataFrame:
+    """Per condition, the mean over datasets of the seed means and its seed spread: the std over
+    seeds of the average over datasets, sqrt(sum of the datasets' seed variances) / datasets
+    (seeds independent across datasets). NaN where a dataset has no std (one seed)."""
+    g = best[best["condition"].isin(conditions)].groupby("condition")
+    out = pd.DataFrame({"mean": g["test_mean"].mean(),
+                        "std": g["test_std"].apply(lambda v: math.sqrt((v ** 2).sum(skipna=False)) / len(v))})
+    return out.reindex(conditions)
+
+
+def accuracy_figure(best: pd.DataFrame, conditions: list[str], scale: float = 1.0, title: str = ""):
+    """Test accuracy at the best lr per condition, best rank first: a panel of every dataset
+    (mean ± std over seeds) and a panel of the average over datasets (± its seed spread)."""
+    order = rank_order(best, conditions)
+    datasets = sorted(best["dataset"].unique())
+    col = palette(order)
+    fig = _figure(max(6.5, 0.75 * len(datasets) + 0.35 * len(order) + 3.0), 3.8)
+    ax, avg_ax = fig.subplots(1, 2, sharey=True, width_ratios=[max(1.5, 0.75 * len(datasets)),
+                                                                 max(1.2, 0.35 * len(order))])
+    width = 0.8 / max(1, len(order))
+    for j, c in enumerate(order):
+        sub = best[best["condition"] == c].set_index("dataset")
+        y = [sub["test_mean"].get(d, np.nan) * scale for d in datasets]
+        e = [sub["test_std"].get(d, np.nan) * scale for d in datasets]
+        x = np.arange(len(datasets)) - 0.4 + width * (j + 0.5)
+        ax.errorbar(x, y, yerr=np.nan_to_num(e), fmt="o", ms=4, capsize=2, color=col[c], label=c)
+    for g in range(1, len(datasets)):
+        ax.axvline(g - 0.5, color="0.85", lw=0.6, zorder=0)
+    ax.set_xticks(range(len(datasets)), datasets, rotation=30, ha="right")
+    ax.set_ylabel("test accuracy" + (" (%)" if scale == 100 else ""))
+    ax.set_title("per dataset (mean ± std over seeds)", fontsize=9)
+    avg = average_spread(best, order)
+    for i, c in enumerate(order):
+        avg_ax.errorbar(i, avg.loc[c, "mean"] * scale, yerr=np.nan_to_num(avg.loc[c, "std"] * scale),
+                        fmt="o", ms=6, capsize=3, color=col[c], label=c)
+    avg_ax.set_xticks(range(len(order)), order, rotation=45, ha="right", fontsize=8)
+    avg_ax.set_xlim(-0.6, len(order) - 0.4)
+    avg_ax.set_title(f"average over {len(datasets)} dataset{'s' * (len(datasets) != 1)}\n"
+                     "(± std over seeds), best rank left", fontsize=9)
+    for a in (ax, avg_ax):
+        a.grid(axis="y", color="0.92", lw=0.6)
+        a.set_axisbelow(True)
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, ncols=min(len(order), 7),
+               loc="outside upper center", frameon=False,
+               title=title or "Test accuracy at the best lr, conditions by average rank",
+               title_fontsize=10)
+    return fig
 
 
 def accuracy(best: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
              scale: float = 1.0, title: str = "") -> list[Path]:
-    """Test accuracy at the best lr, mean ± std over seeds, per condition for each dataset.
-
-    One group of markers per dataset and one for the average over datasets.
-    """
-    datasets = sorted(best["dataset"].unique())
-    groups = datasets + ["average"]
-    avg = best.groupby("condition")["test_mean"].mean()
-    col = colors(conditions)
-    fig = _figure(max(6.0, 0.75 * len(groups) + 2.5), 3.8)
-    ax = fig.add_subplot()
-    width = 0.8 / max(1, len(conditions))
-    for j, c in enumerate(conditions):
-        sub = best[best["condition"] == c].set_index("dataset")
-        y = [sub["test_mean"].get(d, np.nan) * scale for d in datasets] + [avg.get(c, np.nan) * scale]
-        e = [sub["test_std"].get(d, np.nan) * scale for d in datasets] + [np.nan]
-        x = np.arange(len(groups)) - 0.4 + width * (j + 0.5)
-        ax.errorbar(x, y, yerr=np.nan_to_num(e), fmt="o", ms=4, capsize=2, color=col[c], label=c)
-    for g in range(1, len(groups)):
-        ax.axvline(g - 0.5, color="0.85", lw=0.6, zorder=0)
-    ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
-    ax.set_ylabel("test accuracy" + (" (%)" if scale == 100 else ""))
-    ax.set_title(title or "Test accuracy at the best lr (mean ± std over seeds)", fontsize=10)
-    ax.legend(fontsize=8, ncols=min(len(conditions), 7), loc="lower center",
-              bbox_to_anchor=(0.5, 1.08), frameon=False)
-    return save(fig, base)
+    """``accuracy_figure`` as PNG and PDF."""
+    return save(accuracy_figure(best, conditions, scale, title), base)
 
 
 def curves(bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.PathLike,
@@ -96,7 +173,7 @@ def curves(bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.
     datasets = sorted(sub["dataset"].unique())
     if not datasets:
         return []
-    col = colors(conditions)
+    col = palette(conditions)
     fig, axes = _grid(len(datasets))
     for ax, d in zip(axes, datasets):
         for c in conditions:
@@ -118,54 +195,96 @@ def curves(bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.
     return save(fig, base)
 
 
-def plasticity_layers(pooled: pd.DataFrame, components: list[str], base: str | os.PathLike,
-                      modes: list[str] | None = None, title: str = "") -> list[Path]:
-    """Plasticity per layer, one line per component with its 95% band: a row of panels per probe
-    mode (shared, in situ), a column per dataset. The one plasticity figure of raystudy: the
-    report and the probe CLI both draw it.
+def component_summary(pooled: pd.DataFrame, mode: str, components: list[str]) -> pd.DataFrame:
+    """Per component, plasticity averaged over layers and datasets with a 95% interval, and each
+    dataset's layer average. The interval averages the per-layer bounds: exact when the layers'
+    errors move together (the same pairs probe every layer), wider than needed otherwise."""
+    sub = pooled[(pooled["mode"] == mode) & pooled["component"].isin(components)]
+    per_dataset = sub.groupby(["component", "dataset"])["mean"].mean()
+    g = sub.groupby("component")
+    out = pd.DataFrame({"mean": g["mean"].mean(), "ci_low": g["ci_low"].mean(),
+                        "ci_high": g["ci_high"].mean(),
+                        "datasets": per_dataset.groupby(level="component").agg(list)})
+    return out.reindex([c for c in components if c in out.index])
 
-    The dotted line is P = 1, where a component neither amplifies nor contracts differences.
-    """
+
+def plasticity_figure(pooled: pd.DataFrame, components: list[str], modes: list[str] | None = None,
+                      title: str = ""):
+    """Plasticity as the paper shows it, a row per probe mode (shared, in situ): per-component
+    bars on a log scale with 95% intervals (dots: each dataset's average over layers), and
+    beside them, a panel per dataset of the per-layer curves with their 95% bands. None when
+    there is nothing to draw. The dotted line is P = 1, where a component neither amplifies nor
+    contracts differences."""
     modes = [m for m in (modes or ("shared", "in_situ")) if m in set(pooled["mode"])]
     datasets = sorted(pooled["dataset"].unique())
     if not datasets or not modes:
-        return []
-    col = colors(components)
-    ncols = len(datasets)
-    fig = _figure(3.4 * ncols, 2.6 * len(modes) + 0.5)
-    axes = fig.subplots(len(modes), ncols, squeeze=False)
+        return None
+    col = palette(components)
+    fig = _figure(3.0 + 3.2 * len(datasets), 2.7 * len(modes) + 0.6)
+    axes = fig.subplots(len(modes), 1 + len(datasets), squeeze=False,
+                        width_ratios=[max(1.0, 0.3 * len(components))] + [1.0] * len(datasets))
     for row, mode in zip(axes, modes):
-        sub = pooled[pooled["mode"] == mode]
-        for ax, d in zip(row, datasets):
+        what = mode.replace("_", " ")
+        bars, summary = row[0], component_summary(pooled, mode, components)
+        x = np.arange(len(summary))
+        m = summary["mean"].to_numpy(float)
+        err = np.vstack([m - summary["ci_low"].to_numpy(float), summary["ci_high"].to_numpy(float) - m])
+        bars.bar(x, m, color=[col[c] for c in summary.index], width=0.7, alpha=0.85)
+        bars.errorbar(x, m, yerr=np.clip(err, 0, None), fmt="none", ecolor="k", capsize=3, lw=1)
+        for xi, values in zip(x, summary["datasets"]):
+            bars.plot(np.full(len(values), xi), values, ".", color="k", ms=3)
+        bars.set_xticks(x, list(summary.index), fontsize=8)
+        bars.set_title(f"per component ({what} input)", fontsize=9)
+        bars.set_ylabel("plasticity P(f), mean over layers", fontsize=8)
+        for ax, d in zip(row[1:], datasets):
+            sub = pooled[(pooled["mode"] == mode) & (pooled["dataset"] == d)]
             for c in components:
-                s = sub[(sub["dataset"] == d) & (sub["component"] == c)].sort_values("layer")
+                s = sub[sub["component"] == c].sort_values("layer")
                 if s.empty:
                     continue
                 ax.plot(s["layer"], s["mean"], "o-", ms=3, color=col[c], lw=1.2, label=c)
                 ax.fill_between(s["layer"], s["ci_low"], s["ci_high"], color=col[c], alpha=0.25, lw=0)
-            ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
-            _log_y(ax)
             ax.xaxis.get_major_locator().set_params(integer=True)
-            ax.set_title(f"{d} ({mode.replace('_', ' ')} input)", fontsize=9)
+            ax.set_title(f"{d} ({what} input)", fontsize=9)
             ax.set_xlabel("layer", fontsize=8)
             ax.set_ylabel("plasticity P(f)", fontsize=8)
+        for ax in row:
+            ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
+            _log_y(ax)
             ax.tick_params(which="both", labelsize=7)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles, labels = axes[0][1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 5), fontsize=8,
-               frameon=False, title=title or "plasticity per layer (95% interval)", title_fontsize=9)
-    return save(fig, base)
+               frameon=False, title=title or "Plasticity per component and per layer (95% intervals)",
+               title_fontsize=9)
+    return fig
 
 
-def cd_diagram(avg_ranks: pd.Series, cd: float, cliques: list[list[str]],
-               base: str | os.PathLike, title: str = "") -> list[Path]:
+def plasticity_layers(pooled: pd.DataFrame, components: list[str], base: str | os.PathLike,
+                      modes: list[str] | None = None, title: str = "") -> list[Path]:
+    """``plasticity_figure`` as PNG and PDF: the one plasticity figure of raystudy, which the
+    report and the probe CLI both draw. Nothing to draw: no files."""
+    fig = plasticity_figure(pooled, components, modes, title)
+    return [] if fig is None else save(fig, base)
+
+
+def cd_figure(avg_ranks: pd.Series, cd: float, cliques: list[list[str]], n_datasets: int,
+              title: str = ""):
     """Critical-difference diagram (Demšar 2006): average ranks on an axis, rank 1 on the left.
 
     Conditions joined by a thick bar are not significantly different (Nemenyi, their average
-    ranks differ by less than CD).
+    ranks differ by less than CD). Ranks over one dataset are that dataset's own: there is no
+    test to draw, so fewer than 2 datasets raise AnalysisError. The axis runs far enough to hold
+    the CD bar, which starts at rank 1.
     """
+    from analysis import AnalysisError
+
+    if n_datasets < 2:
+        raise AnalysisError(f"a critical-difference diagram needs average ranks over 2 or more "
+                            f"datasets; got {n_datasets}")
     r = avg_ranks.sort_values()
     k = len(r)
-    lo, hi = 1, max(k, math.ceil(r.max()))
+    lo = 1
+    hi = max(k, math.ceil(r.max()), math.ceil(lo + cd - 1e-9))
     span = hi - lo or 1
     half = math.ceil(k / 2)
     step, bar = 0.28, 0.14
@@ -177,11 +296,11 @@ def cd_diagram(avg_ranks: pd.Series, cd: float, cliques: list[list[str]],
     ax.set_axis_off()
     ax.set_xlim(lo - 0.45 * span, hi + 0.45 * span)
     ax.set_ylim(bottom, top)
-    ax.plot([lo, hi], [0, 0], color="k", lw=1)
+    ax.plot([lo, hi], [0, 0], color="k", lw=1, gid="rank_axis")
     for t in range(lo, hi + 1):
         ax.plot([t, t], [0, 0.07], color="k", lw=1)
         ax.text(t, 0.12, str(t), ha="center", va="bottom", fontsize=8)
-    ax.plot([lo, lo + cd], [0.55, 0.55], color="k", lw=1.5)
+    ax.plot([lo, lo + cd], [0.55, 0.55], color="k", lw=1.5, gid="cd_bar")
     for x in (lo, lo + cd):
         ax.plot([x, x], [0.5, 0.6], color="k", lw=1)
     ax.text(lo + cd / 2, 0.63, f"CD = {cd:.2f}", ha="center", va="bottom", fontsize=8)
@@ -199,7 +318,13 @@ def cd_diagram(avg_ranks: pd.Series, cd: float, cliques: list[list[str]],
                 solid_capstyle="butt")
     if title:
         ax.set_title(title, fontsize=9)
-    return save(fig, base)
+    return fig
+
+
+def cd_diagram(avg_ranks: pd.Series, cd: float, cliques: list[list[str]],
+               base: str | os.PathLike, title: str = "", *, n_datasets: int) -> list[Path]:
+    """``cd_figure`` as PNG and PDF."""
+    return save(cd_figure(avg_ranks, cd, cliques, n_datasets, title), base)
 
 
 def _ci_rows(ax, labels, est, low, high, color, ref=None, xlabel=""):
@@ -218,15 +343,29 @@ def _ci_rows(ax, labels, est, low, high, color, ref=None, xlabel=""):
     ax.set_axisbelow(True)
 
 
+def _best_first(values: pd.Series, names: list[str]) -> list[str]:
+    """``names`` by ``values`` highest first; names without a value last, in the order given."""
+    return sorted(names, key=lambda c: -values[c] if c in values and pd.notna(values[c]) else np.inf)
+
+
 def intervals(agg: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
               scale: float = 1.0, title: str = "") -> list[Path]:
-    """Interval plot (rliable style): per condition the mean and the IQM with 95% intervals.
+    """``intervals_figure`` as PNG and PDF."""
+    return save(intervals_figure(agg, conditions, scale, title), base)
+
+
+def intervals_figure(agg: pd.DataFrame, conditions: list[str], scale: float = 1.0, title: str = ""):
+    """Interval plot (rliable style): per condition the mean and the IQM with 95% intervals,
+    the best mean on top.
 
     ``agg`` is ``analysis.intervals.aggregate_intervals``: condition, statistic, estimate, low,
     high.
     """
-    col = colors(conditions)
+    col = palette(conditions)
     stats_ = [s for s in ("mean", "iqm") if s in set(agg["statistic"])]
+    if stats_:
+        conditions = _best_first(agg[agg["statistic"] == stats_[0]].set_index("condition")["estimate"],
+                                 conditions)
     fig = _figure(3.2 * len(stats_) + 0.8, 0.32 * len(conditions) + 1.2)
     axes = fig.subplots(1, len(stats_), squeeze=False)[0]
     names = {"mean": "mean over datasets", "iqm": "interquartile mean of runs"}
@@ -244,7 +383,7 @@ def intervals(agg: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
         ax.grid(axis="x", color="0.9", lw=0.6)
         ax.set_axisbelow(True)
     fig.suptitle(title or "Test accuracy, 95% stratified-bootstrap intervals", fontsize=9)
-    return save(fig, base)
+    return fig
 
 
 def improvement(pairs: pd.DataFrame, base: str | os.PathLike, title: str = "") -> list[Path]:
@@ -303,7 +442,7 @@ def tuning_budget(budget: pd.DataFrame, conditions: list[str], base: str | os.Pa
                   scale: float = 1.0) -> list[Path]:
     """Expected best validation accuracy and the test accuracy there against lrs tried
     (Dodge et al., 2019), one line per condition, averaged over datasets."""
-    col = colors(conditions)
+    col = palette(conditions)
     fig = _figure(7.5, 3.0)
     axes = fig.subplots(1, 2)
     for ax, key, lab in ((axes[0], "expected_val", "expected best validation accuracy"),
@@ -325,7 +464,7 @@ def tuning_budget(budget: pd.DataFrame, conditions: list[str], base: str | os.Pa
 
 
 __all__ = ["accuracy", "curves", "plasticity_layers", "cd_diagram", "intervals", "improvement",
-           "rope_bars", "tuning_budget", "save", "colors"]
+           "rope_bars", "tuning_budget", "save", "palette", "rank_order"]
 
 
 def parameter_efficiency(eff: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0,
@@ -335,14 +474,14 @@ def parameter_efficiency(eff: pd.DataFrame, base: str | os.PathLike, scale: floa
     ``eff`` is ``analysis.stats.parameter_efficiency`` (index: condition; params, accuracy).
     """
     names = list(eff.index)
-    col = colors(names)
+    col = palette(names)
     fig = _figure(5.5, 3.6)
     ax = fig.add_subplot()
     for c in names:
         x, y = eff.loc[c, "params"], eff.loc[c, "accuracy"] * scale
         ax.plot(x, y, "o", ms=6, color=col[c])
         ax.annotate(c, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=8)
-    ax.set_xscale("log")
+    _log_axis(ax, "x")
     ax.set_xlabel("trainable parameters (log scale)", fontsize=8)
     ax.set_ylabel("mean test accuracy" + (" (%)" if scale == 100 else ""), fontsize=8)
     ax.tick_params(which="both", labelsize=7)
@@ -354,8 +493,8 @@ def parameter_efficiency(eff: pd.DataFrame, base: str | os.PathLike, scale: floa
 
 def gains(avg_gain: pd.Series, base: str | os.PathLike, reference: str, title: str = "") -> list[Path]:
     """Horizontal bars of each condition's mean relative gain (%) over ``reference``."""
-    names = [c for c in avg_gain.index if c != reference]
-    col = colors(list(avg_gain.index))
+    names = _best_first(avg_gain, [c for c in avg_gain.index if c != reference])
+    col = palette(list(avg_gain.index))
     fig = _figure(5.0, 0.3 * len(names) + 1.2)
     ax = fig.add_subplot()
     y = np.arange(len(names))[::-1]
@@ -375,7 +514,7 @@ def setting_means(ab: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0,
     ``ab`` is ``analysis.stats.setting_means`` (index: condition; a ``datasets`` column).
     """
     names = [c for c in ab.columns if c != "datasets"]
-    col = colors(names)
+    col = palette(names)
     conds = list(ab.index)
     fig = _figure(5.0, 0.32 * len(conds) + 1.3)
     ax = fig.add_subplot()

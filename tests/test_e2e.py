@@ -1,5 +1,5 @@
 """The study end to end: demo grid (Ray + MLflow) -> analysis -> tables, figures, exported configs,
-one exported config rerun (slow, ~2 minutes)."""
+one exported config rerun (slow, ~2-3 minutes on a quiet machine)."""
 
 import shutil
 import subprocess
@@ -17,7 +17,7 @@ SPACE = {
                              "log_every": 10, "batch_size": 32, "probe_pairs": 32},
     "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": {"grid_search": [0.1, 0.3]},
              "seed": {"grid_search": [0, 1]}},
-    "datasets": {"digits_c": {}},
+    "datasets": {"digits_c": {}, "digits_rotate": {}},   # two: Friedman and a CD diagram to compute
 }
 
 
@@ -32,7 +32,7 @@ def test_grid_analysis_export_rerun(tmp_path, demo_weights):
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "12 finished" in p.stdout
+    assert "24 finished" in p.stdout
 
     # the plasticity tables before and after finetuning are artifacts of every trial run
     import mlflow
@@ -51,7 +51,13 @@ def test_grid_analysis_export_rerun(tmp_path, demo_weights):
     assert "MHA" in p.stdout and "Significance" in p.stdout
     files = {f.name for f in out.rglob("*")}
     assert {"report.md", "accuracy_val_selected.md", "accuracy_val_selected.tex", "accuracy_val_selected.csv"} <= files
-    assert "cd_diagram.png" not in files  # one dataset: no across-dataset ranks to draw
+    # two datasets: the across-dataset tests are computed, not skipped
+    assert "cd_diagram.png" in files and "posthoc.csv" in files
+    import pandas as pd
+
+    omnibus = pd.read_csv(out / "omnibus.csv").set_index("test")
+    assert 0 <= omnibus.loc["friedman", "p"] <= 1 and omnibus.loc["nemenyi_cd", "n"] == 2
+    assert "Friedman test over 3 conditions and 2 datasets: chi2 =" in (out / "report.md").read_text()
     assert any(f.startswith("plasticity") and f.endswith(".png") for f in files), sorted(files)
     grid_run = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'grid'")[0]
     logged = [a.path for a in cl.list_artifacts(grid_run.info.run_id, "analysis")]
@@ -63,7 +69,7 @@ def test_grid_analysis_export_rerun(tmp_path, demo_weights):
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     exported = sorted(best.rglob("*.yaml"))
-    assert len(exported) == 3, exported
+    assert len(exported) == 6, exported   # 3 conditions x 2 datasets
     mha = next(f for f in exported if f.stem == "MHA")
     assert mha.read_text().startswith("#") and "python -m raystudy.finetune --config" in mha.read_text()
     cfg = yaml.safe_load(mha.read_text())
