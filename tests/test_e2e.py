@@ -1,5 +1,5 @@
 """The study end to end: demo grid (Ray + MLflow) -> analysis -> tables, figures, exported configs,
-one exported config rerun (slow, ~2-3 minutes on a quiet machine)."""
+one exported config rerun (slow, about a minute on a quiet machine)."""
 
 import shutil
 import subprocess
@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 SPACE = {
     "study": "e2e", "base": {"model": "vit_demo", "steps": 40, "warmup_steps": 4, "eval_every": 20,
                              "log_every": 10, "batch_size": 32, "probe_pairs": 32},
-    "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": {"grid_search": [0.1, 0.3]},
-             "seed": {"grid_search": [0, 1]}},
+    # one lr keeps it to 12 trials: choosing the lr is the analysis tests' and the demo grid's job
+    "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": 0.3, "seed": {"grid_search": [0, 1]}},
     "datasets": {"digits_c": {}, "digits_rotate": {}},   # two: Friedman and a CD diagram to compute
 }
 
@@ -32,7 +32,7 @@ def test_grid_analysis_export_rerun(tmp_path, demo_weights):
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "24 finished" in p.stdout
+    assert "12 finished" in p.stdout
 
     # the plasticity tables before and after finetuning are artifacts of every trial run
     import mlflow
