@@ -38,7 +38,7 @@ def test_restrictions_and_overrides():
     trials = spaces.expand(space, None, conditions=["MHA+FC1"], overrides={"steps": 40, "warmup_steps": 4})
     assert {t.config["condition"] for t in trials} == {"MHA+FC1"}
     assert {t.config["steps"] for t in trials} == {40}
-    assert len(trials) == 4  # 2 lrs x 2 seeds
+    assert len(trials) == 16  # 4 datasets x 2 lrs x 2 seeds
 
 
 def test_trial_key_ignores_how_a_trial_runs_but_not_what_it_is():
