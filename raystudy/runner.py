@@ -195,7 +195,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
     done = {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
     pending = [t for t in trials if t.key not in done]
     path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
-    counts = {"trials": len(trials), "already_done": len(done)}
+    counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
     if pending:
         base = {"storage_path": str(storage), "threads": threads, "checkpoint_every_s": checkpoint_every_s}
 
@@ -209,7 +209,8 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
         lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=quiet)
         tuner = None
         if tune.Tuner.can_restore(str(path)):
-            tuner, why = _restore(path, trainable)
+            with _tune_output(verbose):  # restoring reads the trials' results back, and warns too
+                tuner, why = _restore(path, trainable)
             if tuner is None:
                 print(f"could not restore the interrupted run's Tune state at {path} ({why}); "
                       f"starting afresh over the {len(pending)} unfinished trials (MLflow knows which are done)",
@@ -239,15 +240,15 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
             raise
         finally:
             # Tune has ended every trial (or the driver is going down): no run stays RUNNING.
-            stale = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
-            if stale:
-                print(f"{stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+            counts["interrupted"] = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
             cl.set_terminated(parent, status="FINISHED")
     known = tracking.statuses(cl, exp_id)
     statuses = [known.get(t.key) for t in trials]
     for s in ("finished", "diverged", "failed"):
         counts[s] = statuses.count(s)
     counts["unfinished"] = len(trials) - sum(counts[s] for s in ("finished", "diverged", "failed"))
+    if counts["interrupted"] and not counts["unfinished"]:  # Tune ended them, yet MLflow had no end
+        print(f"{counts['interrupted']} trial run(s) had no end from Tune; marked interrupted", flush=True)
     cl.set_tag(parent, "raystudy.status", "finished" if not counts["unfinished"] else "incomplete")
     cl.set_terminated(parent, status="FINISHED")
     counts.update(experiment_id=exp_id, parent_run_id=parent)
@@ -290,12 +291,22 @@ def _result_files(verbose: int) -> list:
 def _tune_output(verbose: int):
     """Tune silent but for errors when ``verbose`` is 0: its new output engine prints an
     experiment header even then, the classic one does not, and no default result loggers."""
+    import logging
+
     quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"} if not verbose else {}
     saved = {k: os.environ.get(k) for k in quiet}
     os.environ.update(quiet)
+    # On Ctrl-C, Tune's warnings tell the user to call Tuner.restore and list the trials that
+    # never started as missing metrics; the grid says instead that its command resumes it.
+    muted = [logging.getLogger(n) for n in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis")] if quiet else []
+    levels = [lg.level for lg in muted]
+    for lg in muted:
+        lg.setLevel(logging.ERROR)
     try:
         yield
     finally:
+        for lg, level in zip(muted, levels):
+            lg.setLevel(level)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
