@@ -91,11 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
         uri = args.tracking_uri or tracking.default_uri()
         tracking.check_uri(uri)
-        if not args.dry_run:
+        experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
+        known = tracking.known_statuses(uri, experiment)
+        # Only a store that knows some of the study's trials is matched against the grid's keys:
+        # a dry run of a huge new grid stays a count.
+        trials = spaces.expand(space, model, datasets, conds, optimizers, overrides) if known or not args.dry_run else []
+        done = [t for t in trials if known.get(t.key) in tracking.TERMINAL]
+        if not args.dry_run and len(done) < len(trials):  # Ray only when there is something to run
             from raystudy import runner
 
             runner.check_address(args.address)
-        experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
     except ConfigError as e:
         return cli.fail(e)
 
@@ -108,14 +113,6 @@ def main(argv: list[str] | None = None) -> int:
           + f"; {hours.describe()}")
     if hours.measured:  # per condition: frozen components cost less
         print("  GPU-hours per condition: " + ", ".join(f"{c} {h:,.0f}" for c, h in hours.by_condition.items()))
-    try:
-        known = tracking.known_statuses(uri, experiment)
-        # Only a store that knows some of the study's trials is matched against the grid's keys:
-        # a dry run of a huge new grid stays a count.
-        trials = spaces.expand(space, model, datasets, conds, optimizers, overrides) if known or not args.dry_run else []
-    except ConfigError as e:
-        return cli.fail(e)
-    done = [t for t in trials if known.get(t.key) in tracking.TERMINAL]
     if args.dry_run:
         if done:
             left = spaces.gpu_hours(space, model, [t for t in trials if known.get(t.key) not in tracking.TERMINAL])
