@@ -9,6 +9,7 @@ formatting and the ETA are pure functions of what the driver measured.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -90,9 +91,10 @@ def trial_line(index: int, total: int, what: str, how: str, took_s: float,
 
 
 def error_line(text: str, limit: int = 160) -> str:
-    """The last line of a trial's error (a traceback's exception line), shortened."""
+    """The last line of a trial's error (a traceback's exception line, its class without its
+    module), shortened."""
     lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
-    last = lines[-1] if lines else "unknown error"
+    last = re.sub(r"^[\w.]+\.(\w+): ", r"\1: ", lines[-1]) if lines else "unknown error"
     return last if len(last) <= limit else last[:limit - 3] + "..."
 
 

@@ -113,7 +113,7 @@ def test_failing_trial_is_retried_then_failed_and_the_rest_completes(work):
     # --quiet: a line for each retry and each failed trial, none for the finished ones
     out = p.stdout.splitlines()
     failed = [ln for ln in out if ln.startswith("[") and "cifar10c_snow" in ln]
-    assert len(failed) == 2 and all("FAILED: raystudy.datasets.DatasetUnavailable: dataset 'cifar10c_snow'" in ln
+    assert len(failed) == 2 and all("FAILED: DatasetUnavailable: dataset 'cifar10c_snow'" in ln
                                 for ln in failed), out
     assert len([ln for ln in out if ln.startswith("retrying LN2 cifar10c_snow") or
                 ln.startswith("retrying MHA cifar10c_snow")]) == 2, out
