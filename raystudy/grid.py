@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         pretrain.ensure_weights(model, log=lambda line: print(line, flush=True))
     except (ConfigError, models.WeightsUnavailable) as e:
         return cli.fail(e)
+    except KeyboardInterrupt:  # the file appears atomically: a half-built one is never left
+        return stopped(uri, experiment, trials, model)
 
     storage = Path(args.storage or "runs/ray").resolve() if not (args.storage or "").startswith(("s3://", "gs://")) else args.storage
     label = f"{space.study}-{model}"
