@@ -6,8 +6,9 @@
     python -m raystudy.grid --space paper --datasets cifar10,pets --conditions MHA,LN1 --optimizers sgd,adamw
     python -m raystudy.grid --address auto                   # on the cluster started by `ray up cluster.yaml`
 
-Rerunning the same command after a crash or a kill resumes the unfinished trials (from their last
-checkpoint) and skips the finished ones; MLflow keeps exactly one run per trial config.
+Rerunning the same command after a crash, a kill or Ctrl-C resumes the unfinished trials (from
+their last checkpoint) and skips the finished ones; MLflow keeps exactly one run per trial config.
+A grid MLflow already holds in full answers with its ranking, without starting Ray.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def build_parser() -> cli.Parser:
     cli.add_ray_args(ap, "./runs/ray")
     ap.add_argument("--max-failures", type=int, help="retries of a failing trial (default: the space's, or 2)")
     ap.add_argument("--max-concurrent", type=int, help="cap on concurrent trials (default: by resources)")
-    ap.add_argument("--quiet", action="store_true", help="less Ray progress output")
+    ap.add_argument("--quiet", action="store_true", help="print only the trials that did not finish "
+                                                         "(failed, diverged, retried), not one line per trial")
+    ap.add_argument("--tune-output", action="store_true", help="Ray Tune's own progress tables and result "
+                                                               "files (JSON, CSV, TensorBoard) as well")
     return ap
 
 
@@ -87,11 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
         uri = args.tracking_uri or tracking.default_uri()
         tracking.check_uri(uri)
-        if not args.dry_run:
+        experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
+        known = tracking.known_statuses(uri, experiment)
+        # Only a store that knows some of the study's trials is matched against the grid's keys:
+        # a dry run of a huge new grid stays a count.
+        trials = spaces.expand(space, model, datasets, conds, optimizers, overrides) if known or not args.dry_run else []
+        done = [t for t in trials if known.get(t.key) in tracking.TERMINAL]
+        if not args.dry_run and len(done) < len(trials):  # Ray only when there is something to run
             from raystudy import runner
 
             runner.check_address(args.address)
-        experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
     except ConfigError as e:
         return cli.fail(e)
 
@@ -105,16 +114,30 @@ def main(argv: list[str] | None = None) -> int:
     if hours.measured:  # per condition: frozen components cost less
         print("  GPU-hours per condition: " + ", ".join(f"{c} {h:,.0f}" for c, h in hours.by_condition.items()))
     if args.dry_run:
+        if done:
+            left = spaces.gpu_hours(space, model, [t for t in trials if known.get(t.key) not in tracking.TERMINAL])
+            print(f"  already done (in MLflow): {len(done):,} of {plan['trials']:,} trials; "
+                  f"{plan['trials'] - len(done):,} to run"
+                  + (f", {left.hours:,.0f} GPU-hours" if left.hours is not None and hours.hours is not None else ""))
+        else:
+            print(f"  already done (in MLflow): none of {plan['trials']:,} trials")
         print("dry run: nothing started")
+        return 0
+    if len(done) == len(trials):  # nothing to run: the answer is in MLflow
+        print(f"all {len(trials)} trials are already done (MLflow: {uri}); nothing to run")
+        cl = tracking.client(uri)
+        show_results(cl, cl.get_experiment_by_name(experiment).experiment_id, trials, model, uri)
         return 0
 
     from raystudy import pretrain, runner
 
     try:
-        trials = spaces.expand(space, model, datasets, conds, optimizers, overrides)
-        pretrain.ensure_weights(model)  # trials load finished files, never build them
+        # trials load finished files, never build them; flushed: a minute's work says so as it starts
+        pretrain.ensure_weights(model, log=lambda line: print(line, flush=True))
     except (ConfigError, models.WeightsUnavailable) as e:
         return cli.fail(e)
+    except KeyboardInterrupt:  # the file appears atomically: a half-built one is never left
+        return stopped(uri, experiment, trials, model)
 
     storage = Path(args.storage or "runs/ray").resolve() if not (args.storage or "").startswith(("s3://", "gs://")) else args.storage
     label = f"{space.study}-{model}"
@@ -130,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
                              dashboard=any(t.workers > 1 for t in trials))
         except ConfigError as e:
             return cli.fail(e)
+        except KeyboardInterrupt:
+            return stopped(uri, experiment, trials, model)
         import ray
 
+        print(f"running {len(trials) - len(done)} of {len(trials)} trials"
+              + (f" ({len(done)} already done)" if done else "") + "; one line as each ends", flush=True)
         try:
             max_conc = args.max_concurrent or tuning["max_concurrent"]
             if max_conc is None and mopts["workers"] > 1:  # nested TorchTrainers: one per free set of devices
@@ -143,27 +170,55 @@ def main(argv: list[str] | None = None) -> int:
                                      max_failures=max_failures, max_concurrent=max_conc,
                                      threads=int(tuning["threads_per_trial"]),
                                      checkpoint_every_s=float(tuning["checkpoint_every_s"]),
-                                     verbose=0 if args.quiet else 1)
+                                     verbose=1 if args.tune_output else 0, quiet=args.quiet)
+        except KeyboardInterrupt:  # a second Ctrl-C, or one outside Tune's loop
+            return stopped(uri, experiment, trials, model)
         finally:
             ray.shutdown()
+    if counts["unfinished"]:  # Tune ends a grid early only when stopped (its Ctrl-C handler)
+        return stopped(uri, experiment, trials, model)
     print(f"\ndone in {time.time() - t0:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
           f"{counts['failed']} failed, {counts['unfinished']} unfinished "
           f"({counts['already_done']} were already done)")
-    keys = {t.key for t in trials}
-    found = tracking.find_runs(tracking.client(uri), counts["experiment_id"], raystudy__role="trial")
+    show_results(tracking.client(uri), counts["experiment_id"], trials, model, uri)
+    return 0 if counts["unfinished"] == 0 and counts["failed"] == 0 else 1
+
+
+def stopped(uri: str, experiment: str, trials, model: str) -> int:
+    """Ctrl-C: one line on where the grid stands and how to go on, and the ranking so far."""
+    known = tracking.known_statuses(uri, experiment)
+    done = sum(known.get(t.key) in tracking.TERMINAL for t in trials)
+    print(f"\ngrid stopped: {done} of {len(trials)} trials done; run the same command to resume it", flush=True)
+    if done:
+        cl = tracking.client(uri)
+        show_results(cl, cl.get_experiment_by_name(experiment).experiment_id, trials, model, uri,
+                     partial=done if done < len(trials) else None)
+    return 130
+
+
+def show_results(cl, exp_id: str, trials, model: str, uri: str, partial: int | None = None) -> None:
+    """The ranking of the grid's conditions from MLflow; ``partial``: only that many trials are
+    done, and the ranking says so."""
     import pandas as pd
 
-    table = ranking(pd.DataFrame([r for r in tracking.rows(found) if r["key"] in keys]))
+    keys = {t.key for t in trials}
+    found = tracking.find_runs(cl, exp_id, raystudy__role="trial")
+    runs = pd.DataFrame([r for r in tracking.rows(found) if r["key"] in keys])
+    table = ranking(runs)
     if not table.empty:
-        tracking.log_ranking(tracking.client(uri), counts["parent_run_id"], table.to_dict("records"),
-                             partial=counts["unfinished"] > 0)
-        print("\nranking (lr chosen on validation; test accuracy, mean over seeds then datasets; "
+        parents = [r.data.tags.get("mlflow.parentRunId") for r in found
+                   if r.data.tags.get("raystudy.key") in keys and r.data.tags.get("mlflow.parentRunId")]
+        if parents:  # the grid's parent run carries the ranking too (MLflow UI)
+            tracking.log_ranking(cl, max(set(parents), key=parents.count), table.to_dict("records"),
+                                 partial=partial is not None)
+        head = (f"PARTIAL ranking, over the {partial} of {len(keys)} trials done so far "
+                if partial is not None else "ranking ")
+        print(f"\n{head}(lr chosen on validation; test accuracy, mean over seeds then datasets; "
               "average rank over datasets), as analysis.report computes it:")
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if models.note(model):
         print(f"\nnote: {models.note(model)}")
-    print("\n" + "\n".join(tracking.browse_lines(uri, counts["experiment_id"])))
-    return 0 if counts["unfinished"] == 0 and counts["failed"] == 0 else 1
+    print("\n" + "\n".join(tracking.browse_lines(uri, exp_id)))
 
 
 if __name__ == "__main__":

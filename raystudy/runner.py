@@ -22,7 +22,7 @@ from typing import Any
 
 from ray import tune
 
-from raystudy import paths, tracking
+from raystudy import console, paths, tracking
 from raystudy.errors import ConfigError
 from raystudy.spaces import Sampler, SearchSpace, Trial, grid_key
 from raystudy.trial import run_trial
@@ -164,21 +164,25 @@ def _holder(text: str) -> dict:
 
 def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
              storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
-             checkpoint_every_s: float = 0.0, verbose: int = 1, role: str = "grid") -> dict[str, Any]:
+             checkpoint_every_s: float = 0.0, verbose: int = 0, quiet: bool = False,
+             role: str = "grid") -> dict[str, Any]:
     """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
 
     ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder. Raises
-    ``GridBusy`` if another driver runs the same grid.
+    ``GridBusy`` if another driver runs the same grid. One line per trial that ends
+    (``console.ConsoleTrials``; ``quiet``: only those that did not finish); ``verbose`` > 0
+    brings back Tune's own tables and its result files (JSON, CSV, TensorBoard).
     """
     with grid_lock(storage, grid_name(trials, label)):
         return _run_grid(trials, label=label, model=model, tracking_uri=tracking_uri, experiment=experiment,
                          storage=storage, max_failures=max_failures, max_concurrent=max_concurrent,
-                         threads=threads, checkpoint_every_s=checkpoint_every_s, verbose=verbose, role=role)
+                         threads=threads, checkpoint_every_s=checkpoint_every_s, verbose=verbose, quiet=quiet,
+                         role=role)
 
 
 def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
               storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
-              checkpoint_every_s: float, verbose: int, role: str) -> dict[str, Any]:
+              checkpoint_every_s: float, verbose: int, quiet: bool, role: str) -> dict[str, Any]:
     cl = tracking.client(tracking_uri)
     exp_id = tracking.experiment_id(cl, experiment, tracking.default_artifact_location(tracking_uri))
     gkey = grid_key(trials)
@@ -191,7 +195,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
     done = {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
     pending = [t for t in trials if t.key not in done]
     path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
-    counts = {"trials": len(trials), "already_done": len(done)}
+    counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
     if pending:
         base = {"storage_path": str(storage), "threads": threads, "checkpoint_every_s": checkpoint_every_s}
 
@@ -202,9 +206,11 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
             return tune.PlacementGroupFactory([{"CPU": t["cpu"], "GPU": t["gpu"]}])
 
         trainable = tune.with_resources(run_trial, resources)
+        lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=quiet)
         tuner = None
         if tune.Tuner.can_restore(str(path)):
-            tuner, why = _restore(path, trainable)
+            with _tune_output(verbose):  # restoring reads the trials' results back, and warns too
+                tuner, why = _restore(path, trainable)
             if tuner is None:
                 print(f"could not restore the interrupted run's Tune state at {path} ({why}); "
                       f"starting afresh over the {len(pending)} unfinished trials (MLflow knows which are done)",
@@ -212,6 +218,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
                 path = _set_aside(path, storage, name)
             else:
                 print(f"resuming {path}: {len(pending)} of {len(trials)} trials unfinished", flush=True)
+                _set_console(tuner, lines, verbose)
         if tuner is None:
             tuner = tune.Tuner(
                 trainable,
@@ -220,27 +227,28 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
                                             trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
                 run_config=tune.RunConfig(
                     name=Path(str(path)).name, storage_path=str(storage), verbose=verbose,
-                    callbacks=[MlflowTrials(tracking_uri, exp_id, parent)],
+                    callbacks=[MlflowTrials(tracking_uri, exp_id, parent), lines, *_result_files(verbose)],
                     failure_config=tune.FailureConfig(max_failures=max_failures),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
             )
         try:
-            tuner.fit()
+            with _tune_output(verbose):
+                tuner.fit()
         except BaseException:
             # A crash or an interrupt of the driver: the parent says so (the finally closes it).
             cl.set_tag(parent, "raystudy.status", "interrupted")
             raise
         finally:
             # Tune has ended every trial (or the driver is going down): no run stays RUNNING.
-            stale = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
-            if stale:
-                print(f"{stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+            counts["interrupted"] = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
             cl.set_terminated(parent, status="FINISHED")
     known = tracking.statuses(cl, exp_id)
     statuses = [known.get(t.key) for t in trials]
     for s in ("finished", "diverged", "failed"):
         counts[s] = statuses.count(s)
     counts["unfinished"] = len(trials) - sum(counts[s] for s in ("finished", "diverged", "failed"))
+    if counts["interrupted"] and not counts["unfinished"]:  # Tune ended them, yet MLflow had no end
+        print(f"{counts['interrupted']} trial run(s) had no end from Tune; marked interrupted", flush=True)
     cl.set_tag(parent, "raystudy.status", "finished" if not counts["unfinished"] else "incomplete")
     counts.update(experiment_id=exp_id, parent_run_id=parent)
     return counts
@@ -260,6 +268,49 @@ def _restore(path, trainable):
     except Exception as e:  # noqa: BLE001 - any unreadable state is handled the same way
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         return None, f"{type(e).__name__}: {first}"
+
+
+def _set_console(tuner, lines: console.ConsoleTrials, verbose: int) -> None:
+    """A restored Tuner keeps the first session's run config (Tune has no option to change it):
+    give it this session's verbosity and console, numbered from what MLflow holds now."""
+    rc = tuner._local_tuner.get_run_config()
+    rc.verbose = verbose
+    rc.callbacks = [c for c in rc.callbacks or [] if not isinstance(c, console.ConsoleTrials)] + [lines]
+
+
+def _result_files(verbose: int) -> list:
+    """Tune's result files: only the JSON one, which Tune reads back at the end, unless Tune's
+    own output is asked for (MLflow holds every result; its TensorBoard writer only warns)."""
+    from ray.tune.logger import JsonLoggerCallback
+
+    return [] if verbose else [JsonLoggerCallback()]
+
+
+@contextlib.contextmanager
+def _tune_output(verbose: int):
+    """Tune silent but for errors when ``verbose`` is 0: its new output engine prints an
+    experiment header even then, the classic one does not, and no default result loggers."""
+    import logging
+
+    quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"} if not verbose else {}
+    saved = {k: os.environ.get(k) for k in quiet}
+    os.environ.update(quiet)
+    # On Ctrl-C, Tune's warnings tell the user to call Tuner.restore and list the trials that
+    # never started as missing metrics; the grid says instead that its command resumes it.
+    muted = [logging.getLogger(n) for n in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis")] if quiet else []
+    levels = [lg.level for lg in muted]
+    for lg in muted:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(muted, levels):
+            lg.setLevel(level)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _set_aside(path, storage, name: str):

@@ -218,6 +218,18 @@ def statuses(cl, exp_id: str) -> dict[str, str]:
     return out
 
 
+def known_statuses(uri: str, experiment: str) -> dict[str, str]:
+    """``statuses`` of experiment ``experiment`` in the store at ``uri``, read only: empty when
+    the store (a SQLite file) or the experiment does not exist yet, and neither is created."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return {}
+    cl = client(uri)
+    exp = cl.get_experiment_by_name(experiment)
+    if exp is None or exp.lifecycle_stage == "deleted":
+        return {}
+    return statuses(cl, exp.experiment_id)
+
+
 def versions() -> dict[str, str]:
     """Code and package versions, for tags."""
     import importlib.metadata as md

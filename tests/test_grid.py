@@ -142,3 +142,58 @@ def test_ranking_is_the_reports_average_and_average_rank():
     # seed means: MHA a 0.7, b 0.4 -> 0.55; LN1 a 0.5, b 0.6 -> 0.55; ranks: a MHA 1, b LN1 1
     assert r.loc["MHA", "test_acc"] == pytest.approx(0.55) and r.loc["LN1", "test_acc"] == pytest.approx(0.55)
     assert r.loc["MHA", "avg_rank"] == r.loc["LN1", "avg_rank"] == 1.5 and r.loc["MHA", "runs"] == 4
+
+
+SMALL = {"study": "t", "base": {"model": "vit_demo", "steps": 40},
+         "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": {"grid_search": [0.1, 0.3]}, "seed": 0},
+         "datasets": {"digits_c": {}},
+         "models": {"vit_demo": {"gpu": 1, "cpu": 1, "step_seconds": 90}}}
+
+
+def _record(uri, trials, accs):
+    """Finished runs of ``trials`` in the store, written as the grid's driver writes them."""
+    from raystudy import tracking
+
+    cl = tracking.client(uri)
+    exp = tracking.experiment_id(cl, "raystudy-t-vit_demo")
+    for t, acc in zip(trials, accs):
+        run = tracking.open_trial(cl, exp, None, t.key, t.config)
+        tracking.finish_trial(cl, run, {"status": "finished", "final": 1, "best_val_acc": acc, "test_acc": acc})
+
+
+def test_dry_run_counts_what_mlflow_holds_and_a_finished_grid_answers_without_ray(tmp_path, mlflow_uri):
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump(SMALL))
+    trials = spaces.expand(spaces.load_grid(str(space_file)), "vit_demo")
+    order = sorted(trials, key=lambda t: (t.config["condition"], t.config["lr"]))  # LN2 0.1, 0.3, MHA 0.1, 0.3
+    flags = ["--space", str(space_file), "--tracking-uri", mlflow_uri]
+    import subprocess
+    import sys
+
+    def grid_run(*extra):  # a fresh process: whether it imported Ray is its own
+        code = ("import sys; from raystudy import grid; rc = grid.main(sys.argv[1:]); "
+                "print('ray imported:', 'ray' in sys.modules); sys.exit(rc)")
+        return subprocess.run([sys.executable, "-c", code, *flags, *extra], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+
+    fresh = tmp_path / "fresh.db"
+    assert grid.main(["--space", str(space_file), "--tracking-uri", f"sqlite:///{fresh}", "--dry-run"]) == 0
+    assert not fresh.exists()  # a dry run reads the store, never creates one
+
+    _record(mlflow_uri, order[:3], [0.2, 0.3, 0.5])
+    p = grid_run("--dry-run")
+    assert p.returncode == 0, p.stderr
+    # 40 steps x 90 s: a GPU-hour per trial; the one left to run is one of the grid's four
+    assert "estimate 4 GPU-hours" in p.stdout
+    assert "already done (in MLflow): 3 of 4 trials; 1 to run, 1 GPU-hours" in p.stdout, p.stdout
+    assert "ray imported: False" in p.stdout
+
+    _record(mlflow_uri, order[3:], [0.4])
+    p = grid_run()
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "all 4 trials are already done" in p.stdout and "ray imported: False" in p.stdout
+    lines = p.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("ranking"))
+    # LN2 best on validation at lr 0.3 (0.3), MHA at lr 0.1 (0.5): MHA first
+    assert lines[head + 2].split()[:2] == ["MHA", "0.5000"] and lines[head + 3].split()[:2] == ["LN2", "0.3000"]
+    assert "PARTIAL" not in p.stdout

@@ -1,6 +1,7 @@
 """The grid end to end on a real local Ray and a real MLflow store (slow: tens of seconds each)."""
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,7 +43,7 @@ def write_space(tmp_path, space=SPACE):
 
 def grid_cmd(space_file, ray_tmp, *extra):
     return [sys.executable, "-m", "raystudy.grid", "--space", str(space_file), "--ray-temp-dir", ray_tmp,
-            "--num-cpus", "2", "--quiet", *extra]
+            "--num-cpus", "2", *extra]
 
 
 def run(cmd, cwd, timeout=600):
@@ -54,12 +55,26 @@ def trial_runs(uri, experiment="raystudy-t-vit_demo"):
     return df[df["tags.raystudy.role"] == "trial"]
 
 
+TRIAL_LINE = re.compile(r"^\[\d/4\] (MHA|LN2) digits_c lr (0\.1|1e\+30) seed 0  "
+                        r"(val \d+\.\d  test \d+\.\d|diverged at step \d+)  \d+ s  \| \d running, \d pending")
+
+
 def test_demo_grid_end_to_end_with_divergence(work):
     tmp, ray_tmp = work
     p = run(grid_cmd(write_space(tmp), ray_tmp), tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "2 finished, 2 diverged, 0 failed, 0 unfinished" in p.stdout
     assert "ranking" in p.stdout
+    # The console: one line per trial, numbered in the order they ended, and none of Tune's tables
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
+    assert len(lines) == 4 and all(TRIAL_LINE.match(ln) for ln in lines), lines
+    assert [ln[:5] for ln in lines] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    assert lines[-1].endswith("| 0 running, 0 pending") and "ETA" in lines[0]
+    everything = p.stdout + p.stderr
+    for tune_output in ("╭", "Trial status", "Configuration for experiment", "ensorboard", "Failed to fetch"):
+        assert tune_output not in everything, everything
+    assert len(everything.splitlines()) < 30, everything
+    assert not list((tmp / "runs").rglob("events.out.tfevents*")) and not list((tmp / "runs").rglob("progress.csv"))
     df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
     assert len(df) == 4 and df["tags.raystudy.key"].nunique() == 4
     assert set(df["status"]) == {"FINISHED"}
@@ -71,9 +86,11 @@ def test_demo_grid_end_to_end_with_divergence(work):
     parent = df["tags.mlflow.parentRunId"].unique()
     assert len(parent) == 1
 
-    # Rerunning a finished grid starts nothing and duplicates nothing.
+    # Rerunning a finished grid starts nothing (not even Ray) and duplicates nothing.
+    sessions = sorted(Path(ray_tmp).glob("session_2*"))
     p = run(grid_cmd(write_space(tmp), ray_tmp), tmp)
-    assert p.returncode == 0 and "(4 were already done)" in p.stdout
+    assert p.returncode == 0 and "all 4 trials are already done" in p.stdout and "ranking" in p.stdout
+    assert sorted(Path(ray_tmp).glob("session_2*")) == sessions
     assert len(trial_runs(f"sqlite:///{tmp}/mlflow.db")) == 4
 
 
@@ -81,9 +98,17 @@ def test_failing_trial_is_retried_then_failed_and_the_rest_completes(work):
     tmp, ray_tmp = work
     space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1},
              "datasets": {"digits_c": {}, "cifar10c_snow": {"data_root": str(tmp / "no-data")}}}
-    p = run(grid_cmd(write_space(tmp, space), ray_tmp, "--max-failures", "1"), tmp)
+    p = run(grid_cmd(write_space(tmp, space), ray_tmp, "--max-failures", "1", "--quiet"), tmp)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert "2 finished, 0 diverged, 2 failed" in p.stdout
+    # --quiet: a line for each retry and each failed trial, none for the finished ones
+    out = p.stdout.splitlines()
+    failed = [ln for ln in out if ln.startswith("[") and "cifar10c_snow" in ln]
+    assert len(failed) == 2 and all("FAILED: DatasetUnavailable: dataset 'cifar10c_snow'" in ln
+                                for ln in failed), out
+    assert len([ln for ln in out if ln.startswith("retrying LN2 cifar10c_snow") or
+                ln.startswith("retrying MHA cifar10c_snow")]) == 2, out
+    assert not [ln for ln in out if ln.startswith("[") and "digits_c" in ln], out
     df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
     assert len(df) == 4
     failed = df[df["params.dataset"] == "cifar10c_snow"]
@@ -120,10 +145,39 @@ def test_killed_driver_then_rerun_completes_exactly_once(work):
     finally:
         kill_group(proc, grace=3)  # Ray processes the killed driver started: ours, in our own session
     before = trial_runs(f"sqlite:///{tmp}/mlflow.db")
-    assert 2 <= (before["tags.raystudy.status"] == "finished").sum() < 6
+    n_before = (before["tags.raystudy.status"] == "finished").sum()
+    assert 2 <= n_before < 6
+
+    # The rerun, stopped by Ctrl-C (SIGINT to its process group, as a terminal sends it) once a
+    # trial has ended: one line says how to go on, the ranking says it is partial.
+    proc = subprocess.Popen(cmd, cwd=tmp, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("["):
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        rest, _ = proc.communicate(timeout=300)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    stopped = "".join(seen) + rest
+    assert proc.returncode == 130, stopped
+    assert "resuming" in stopped and re.search(r"^\[\d/6\] ", stopped, re.M), stopped
+    assert int(re.search(r"^\[(\d)/6\]", stopped, re.M).group(1)) == n_before + 1  # numbered on from MLflow
+    assert re.search(r"grid stopped: \d of 6 trials done; run the same command to resume it", stopped), stopped
+    assert "PARTIAL ranking, over the" in stopped
+    for noise in ("Tuner.restore", "FileNotFoundError", "Traceback", "Failed to fetch"):
+        assert noise not in stopped, stopped
+
     p = run(cmd, tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "resuming" in p.stdout  # Tune restored the interrupted experiment, checkpoints included
+    assert re.search(r"^\[6/6\] ", p.stdout, re.M) and "PARTIAL" not in p.stdout
     df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
     assert len(df) == 6 and df["tags.raystudy.key"].nunique() == 6, df[["tags.raystudy.key", "status"]]
     assert set(df["status"]) == {"FINISHED"} and set(df["tags.raystudy.status"]) == {"finished"}

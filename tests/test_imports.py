@@ -25,8 +25,8 @@ LAYERS = [
     {"raystudy.engine", "raystudy.tracking", "raystudy.spaces"},
     # what runs on a worker; weights raystudy builds itself
     {"raystudy.trial", "raystudy.pretrain"},
-    # the runner (Ray + driver-side MLflow), the analysis library, the CLI toolkit
-    {"raystudy.runner", "raystudy.cli", "analysis.load", "analysis.stats", "analysis.tables",
+    # the runner (Ray + driver-side MLflow) and its console, the analysis library, the CLI toolkit
+    {"raystudy.runner", "raystudy.console", "raystudy.cli", "analysis.load", "analysis.stats", "analysis.tables",
      "analysis.figures", "analysis.intervals", "analysis.bayes", "analysis.trust", "analysis.synthetic"},
     # command lines
     {"raystudy.grid", "raystudy.search", "raystudy.finetune", "raystudy.probe", "raystudy.prefetch",

@@ -1,6 +1,7 @@
 """Weights raystudy builds itself: built once, with a manifest; a corrupt file is named and rebuilt."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -20,6 +21,9 @@ def tiny(tmp_path, monkeypatch):
 def test_truncated_or_zeroed_weights_are_named_then_rebuilt(tiny):
     logs = []
     path = pretrain.ensure_weights(tiny, log=logs.append)
+    # first use says what it builds, then that it is done and how long it took
+    assert logs[0].startswith("first use: pretraining") and str(path) in logs[0], logs
+    assert re.match(r"pretrained \S+ in \d+ s: source test accuracy \d\.\d{3}$", logs[-1]), logs
     good = path.read_bytes()
     models.create_model(tiny, 10)  # as built: loads
     for bad, why in ((good[: len(good) // 2], "bytes"), (b"\0" * len(good), "checksum")):
