@@ -15,7 +15,9 @@ import hashlib
 import json
 import os
 import pickle
+import signal
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -240,8 +242,9 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
             raise
         finally:
             # Tune has ended every trial (or the driver is going down): no run stays RUNNING.
-            counts["interrupted"] = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
-            cl.set_terminated(parent, status="FINISHED")
+            with uninterrupted():
+                counts["interrupted"] = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
+                cl.set_terminated(parent, status="FINISHED")
     known = tracking.statuses(cl, exp_id)
     statuses = [known.get(t.key) for t in trials]
     for s in ("finished", "diverged", "failed"):
@@ -252,6 +255,20 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
     cl.set_tag(parent, "raystudy.status", "finished" if not counts["unfinished"] else "incomplete")
     counts.update(experiment_id=exp_id, parent_run_id=parent)
     return counts
+
+
+@contextlib.contextmanager
+def uninterrupted():
+    """Ctrl-C ignored while MLflow is being closed: a user pressing it again (Tune's graceful stop
+    is slow) would otherwise cut the closing short and leave runs RUNNING."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _restore(path, trainable):
@@ -505,7 +522,8 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
         try:
             tuner.fit()
         finally:  # every trial of this session has ended, or the driver is going down: none stays RUNNING
-            stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
+            with uninterrupted():
+                stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
             if stale:
                 print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
     return best_of(cl, exp_id, study_name)

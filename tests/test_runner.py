@@ -120,3 +120,20 @@ def test_a_grid_lock_names_its_holder_and_a_dead_holders_lock_is_taken_over(tmp_
             pass
     with runner.grid_lock(tmp_path, "g", log=said.append):  # released cleanly: nothing to take over
         assert len(said) == 1
+
+
+def test_closing_the_runs_is_not_cut_short_by_another_ctrl_c():
+    # A user who presses Ctrl-C again while the grid closes its MLflow runs used to interrupt
+    # the closing (KeyboardInterrupt inside the finally), leaving runs RUNNING.
+    import signal
+
+    closed = []
+    with runner.uninterrupted():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # the signal is delivered here, and ignored
+        closed.append(True)
+    assert closed == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works again after
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
