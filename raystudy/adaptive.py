@@ -85,10 +85,10 @@ class _Cell:
     trials: list = field(default_factory=list)
 
 
-def policy(name: str) -> Policy:
+def policy(name: str, flag: str = "--adaptive") -> Policy:
     """The policy called ``name``; ConfigError naming the valid ones."""
     if name not in POLICIES:
-        raise ConfigError(f"--adaptive {name!r}: unknown policy; valid: {', '.join(POLICIES)}")
+        raise ConfigError(f"{flag} {name!r}: unknown policy; valid: {', '.join(POLICIES)}")
     return POLICIES[name]
 
 
@@ -253,3 +253,21 @@ def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -
             for t, m in zip(ts[len(ts) - len(stop_at):], stop_at):
                 out[t["key"]] = min(out[t["key"]], m if seed == seeds[0] else 0)
     return out
+
+
+# ---------------------------------------------------------------- from the run record
+
+ENDED = ("finished", "diverged", "failed", "stopped")
+
+
+def trial_of(key: str, config: Mapping) -> dict:
+    """The policy's view of a trial from its flat finetuning config."""
+    return {"key": key, **{c: config[c] for c in CELL}, "lr": float(config["lr"]),
+            "seed": int(config["seed"]), "steps": int(config["steps"]),
+            "eval_every": int(config["eval_every"])}
+
+
+def seen_of(points, status: str | None, best: float = math.nan) -> Seen:
+    """``Seen`` from a run's (step, val_acc) history, its raystudy status and final best val acc."""
+    pts = tuple(sorted((int(s), float(v)) for s, v in points))
+    return Seen(pts, status in ENDED, float(best) if status == "finished" else math.nan)
