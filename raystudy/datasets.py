@@ -213,20 +213,69 @@ def _pool_test(items, labels: np.ndarray) -> Source:
     return Source(Pool(_Subset(items, pool), labels[pool]), Pool(_Subset(items, test), labels[test]))
 
 
-# The demo: scikit-learn's 1,797 handwritten digits (8x8), upscaled to 16x16.
+# The demo: scikit-learn's 1,797 handwritten digits (8x8), upscaled to 16x16, and shifts of them in
+# the spirit of CIFAR-10-C, one target dataset each, every corruption drawn once from a fixed seed.
 DEMO_NOISE = 0.3
+DEMO_BLUR_SIGMA = 2.0         # pixels of the 16x16 image; 1.5 leaves the source model at 92%
+DEMO_ROTATION = (30.0, 60.0)  # degrees, either way
+DEMO_OCCLUDER = 6             # side of the bright square, pixels
+DEMO_SEED = 1234
+DEMO_SHIFTS = {  # dataset -> (shift, what it does), as ``python -m raystudy.datasets`` lists them
+    "digits_c": ("invert_noise", "contrast inversion + Gaussian noise"),
+    "digits_blur": ("blur", "Gaussian blur"),
+    "digits_rotate": ("rotate", "rotation by 30-60 degrees"),
+    "digits_occlude": ("occlude", "a bright 6x6 square"),
+}
 
 
-def demo_digits(corrupted: bool) -> tuple[torch.Tensor, np.ndarray]:
-    """Digits as (N, 1, 16, 16) floats in [0, 1]; corrupted: clip(1 - x + 0.3 N(0, 1)), fixed noise."""
+def _invert_noise(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    noise = torch.randn(x.shape, generator=g)
+    return (1.0 - x + DEMO_NOISE * noise).clamp(0.0, 1.0)
+
+
+def _blur(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    r = int(3 * DEMO_BLUR_SIGMA)
+    k = torch.exp(-0.5 * (torch.arange(-r, r + 1, dtype=torch.float32) / DEMO_BLUR_SIGMA) ** 2)
+    k = k / k.sum()
+    # separable: rows then columns; zero padding is the digits' own background
+    x = torch.nn.functional.conv2d(x, k.view(1, 1, 1, -1), padding=(0, r))
+    return torch.nn.functional.conv2d(x, k.view(1, 1, -1, 1), padding=(r, 0)).clamp(0.0, 1.0)
+
+
+def _rotate(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    lo, hi = DEMO_ROTATION
+    deg = (lo + (hi - lo) * torch.rand(len(x), generator=g)) * torch.randint(0, 2, (len(x),), generator=g).mul(2).sub(1)
+    a = torch.deg2rad(deg)
+    theta = torch.stack([torch.stack([a.cos(), -a.sin(), torch.zeros_like(a)], 1),
+                         torch.stack([a.sin(), a.cos(), torch.zeros_like(a)], 1)], 1)
+    grid = torch.nn.functional.affine_grid(theta, list(x.shape), align_corners=False)
+    return torch.nn.functional.grid_sample(x, grid, align_corners=False).clamp(0.0, 1.0)
+
+
+def _occlude(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    s, side = DEMO_OCCLUDER, x.shape[-1]
+    top, left = (torch.randint(0, side - s + 1, (len(x),), generator=g) for _ in range(2))
+    rows, cols = torch.arange(side).view(1, -1, 1), torch.arange(side).view(1, 1, -1)
+    inside = ((rows >= top.view(-1, 1, 1)) & (rows < top.view(-1, 1, 1) + s)
+              & (cols >= left.view(-1, 1, 1)) & (cols < left.view(-1, 1, 1) + s))
+    return x.masked_fill(inside.unsqueeze(1), 1.0)
+
+
+_SHIFT_FNS = {"invert_noise": _invert_noise, "blur": _blur, "rotate": _rotate, "occlude": _occlude}
+
+
+def demo_digits(shift: str | None = None) -> tuple[torch.Tensor, np.ndarray]:
+    """Digits as (N, 1, 16, 16) floats in [0, 1], clean or with ``shift`` (a ``DEMO_SHIFTS`` kind).
+
+    Every shift draws from its own generator seeded with ``DEMO_SEED``: the same images each call.
+    """
     from sklearn.datasets import load_digits
 
     d = load_digits()
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
     x = torch.nn.functional.interpolate(x, size=(16, 16), mode="bilinear", align_corners=False)
-    if corrupted:
-        noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1234))
-        x = (1.0 - x + DEMO_NOISE * noise).clamp(0.0, 1.0)
+    if shift is not None:
+        x = _SHIFT_FNS[shift](x, torch.Generator().manual_seed(DEMO_SEED))
     return x, d.target.astype(np.int64)
 
 
@@ -241,9 +290,9 @@ def _imagenet_val(name: str, where: str):
     return load
 
 
-def _demo(corrupted: bool):
+def _demo(shift: str | None):
     def load(root: Path, download: bool) -> Source:
-        x, y = demo_digits(corrupted)
+        x, y = demo_digits(shift)
         return _pool_test(TensorImages(x, y), y)
     return load
 
@@ -279,8 +328,10 @@ _register(DatasetInfo("pets", 37, _split_dataset(
     "OxfordIIITPet", "pets", _TV, {"train": "trainval", "test": "test"}, target_types="category"), _TV))
 _register(DatasetInfo("imagenet_val", 1000, _imagenet_val("imagenet_val", _IN), _IN))
 # The demo splits 60/20/20: val is a quarter of the 80% pool.
-_register(DatasetInfo("digits", 10, _demo(False), "ships with scikit-learn", image=False, val_fraction=0.25))
-_register(DatasetInfo("digits_c", 10, _demo(True), "ships with scikit-learn", image=False, val_fraction=0.25))
+_register(DatasetInfo("digits", 10, _demo(None), "ships with scikit-learn", image=False, val_fraction=0.25))
+for _name, (_shift, _what) in DEMO_SHIFTS.items():
+    _register(DatasetInfo(_name, 10, _demo(_shift), f"ships with scikit-learn; {_what}", image=False,
+                          val_fraction=0.25))
 
 # The study's 11 benchmarks, in its order.
 STUDY_DATASETS = ("cifar10", "cifar100", *(f"cifar10c_{c}" for c in CIFAR10C_CORRUPTIONS),
