@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             ray.shutdown()
     print(f"\ndone in {time.time() - t0:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
-          f"{counts['failed']} failed, {counts['stopped']} stopped, {counts['unfinished']} unfinished "
+          f"{counts['failed']} failed, {counts['unfinished']} unfinished"
+          + (f", {counts['stopped']} stopped by the policy" if policy is not None else "") + " "
           f"({counts['already_done']} were already done)")
     keys = {t.key for t in trials}
     found = tracking.find_runs(tracking.client(uri), counts["experiment_id"], raystudy__role="trial")
