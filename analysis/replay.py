@@ -95,7 +95,8 @@ def apply(runs: pd.DataFrame, decisions: dict[str, adaptive.Stop]) -> pd.DataFra
 def conclusions(runs: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA) -> dict[str, Any]:
     """What the report concludes from ``runs``: the lr chosen per cell (on validation), the mean
     test accuracy of each condition at it, and every significance call at ``alpha``."""
-    best = stats.best_lr(stats.seed_means(runs), "val")
+    means = stats.seed_means(runs)
+    best = stats.best_lr(means, "val")
     table = stats.wide(best)
     chosen = {(r.dataset, r.condition): r.lr for r in best.itertuples()}
     calls: dict[str, bool] = {}
@@ -110,7 +111,8 @@ def conclusions(runs: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA
             calls["friedman"] = bool(fr["p"] <= alpha)
         for r in stats.pairwise_wilcoxon(complete, alpha).itertuples():
             calls[f"holm {r.a} vs {r.b}"] = bool(r.significant)
-    return {"chosen_lr": chosen, "mean": table.mean(axis=0).sort_values(ascending=False),
+    val = {(r.dataset, r.condition, r.lr): r.val_mean for r in means.itertuples()}
+    return {"chosen_lr": chosen, "val_mean": val, "mean": table.mean(axis=0).sort_values(ascending=False),
             "calls": calls, "missing": [c for c in table.columns if c not in complete.columns]}
 
 
@@ -123,9 +125,13 @@ def compare(full: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
            if len(conds) >= 2 else math.nan)
     top = (full["mean"].index[0], other["mean"].dropna().index[0] if other["mean"].notna().any() else None)
     flips = [name for name, v in full["calls"].items() if other["calls"].get(name) != v]
+    # what a changed lr costs, on the full grid's own validation means (accuracy points x 100)
+    regret = [full["val_mean"][(d, c, full["chosen_lr"][(d, c)])] - full["val_mean"].get((d, c, other["chosen_lr"].get((d, c))), math.nan)
+              for d, c in cells if (d, c) not in same] if "val_mean" in full else []
     return {"cells": len(cells), "same_lr": len(same),
             "lr_changed": [f"{d}/{c}: {full['chosen_lr'][(d, c)]:g} -> {other['chosen_lr'].get((d, c), math.nan):g}"
                            for d, c in cells if (d, c) not in same],
+            "lr_regret_max": 100 * max(regret, default=0.0),
             "kendall_tau": tau, "top1": top[0], "top1_replay": top[1], "same_top1": top[0] == top[1],
             "calls": len(full["calls"]), "flips": flips}
 
@@ -159,7 +165,7 @@ def summary_line(r: dict[str, Any]) -> str:
     return (f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; steps "
             f"{r['steps']:,.0f} of {r['full_steps']:,.0f} ({100 * r['step_fraction']:.1f}%); "
             f"device-hours {r['hours']:.3f} of {r['full_hours']:.3f}; same lr in {r['same_lr']} of "
-            f"{r['cells']} cells; Kendall tau {r['kendall_tau']:.3f}; top-1 {r['top1']} -> "
+            f"{r['cells']} cells (worst change costs {r['lr_regret_max']:.2f} val-acc points); Kendall tau {r['kendall_tau']:.3f}; top-1 {r['top1']} -> "
             f"{r['top1_replay']}; {len(r['flips'])} of {r['calls']} significance calls flip"
             + (f" ({', '.join(r['flips'])})" if r["flips"] else ""))
 

@@ -16,16 +16,18 @@ Shapes (plain Python, no pandas: the live scheduler calls this on every result):
 Rules. A *cell* is (dataset, condition, optimizer); its lrs × seeds are its trials.
 
 - ``halving``: successive halving over the lr axis of each cell, decided on the cell's first
-  seed. At each milestone (a fraction of the steps, rounded up to an evaluation), once every lr
+  seed (``halving2``: on the mean of its first two, judged together). At each milestone (a fraction of the steps, rounded up to an evaluation), once every lr
   still alive has reached it (or ended), the lrs are ranked by the best validation accuracy up
   to the milestone and the best ``max(keep_min, ceil(alive / eta))`` are kept. A dropped lr is
-  dropped for every seed (paired comparisons): the first seed's trial stops at the milestone,
+  dropped for every seed (paired comparisons): the judging seeds' trials stop at the milestone,
   the other seeds' trials are not started (step 0).
 - ``seeds``: after ``min_seeds`` seeds, a cell stops adding seeds once its choice is settled:
   its chosen lr (highest mean best validation accuracy over its seeds, ties to the smaller lr)
   and its rank among the conditions of its dataset and optimizer (by that mean) are the same
-  with its first k seeds as with its first k - 1. Decided for seed k when every running trial
-  of seeds before k on that dataset and optimizer has ended.
+  with its first k seeds as with its first k - 1, and the chosen lr leads the next one by at
+  least ``margin`` standard errors of a k-seed mean (seed variance pooled over the cell's lrs).
+  Decided for seed k when every running trial of seeds before k on that dataset and optimizer
+  has ended.
 
 Decisions use only data up to the milestone they are taken at, and wait for the data they need:
 a trial that runs past a milestone while its rung is incomplete does not change the decision.
@@ -51,15 +53,19 @@ class Policy:
     eta: int = 2                               # keep 1/eta of the lrs at each milestone
     keep_min: int = 2                          # lrs that always run to the end
     milestones: tuple[float, ...] = (0.25,)    # fractions of the trial's steps
+    decide_seeds: int = 1                      # halving judges the mean of the first seeds
     seeds: bool = False
     min_seeds: int = 2                         # seeds every cell runs
+    margin: float = 2.0                        # the chosen lr's lead, in standard errors of a seed mean
 
 
 POLICIES = {
     "identity": Policy("identity"),
     "halving": Policy("halving", halving=True),
+    "halving2": Policy("halving2", halving=True, decide_seeds=2),
     "seeds": Policy("seeds", seeds=True),
     "halving+seeds": Policy("halving+seeds", halving=True, seeds=True),
+    "halving2+seeds": Policy("halving2+seeds", halving=True, decide_seeds=2, seeds=True),
 }
 
 
@@ -141,32 +147,46 @@ def decide(p: Policy, trials: Sequence[Mapping], seen: Mapping[str, Seen]) -> di
     return stops
 
 
+def tier(p: Policy, seed_index: int) -> int:
+    """The order seeds run in: the seeds halving judges together first, then one by one."""
+    return max(0, seed_index - (p.decide_seeds - 1)) if p.halving else seed_index
+
+
 def _halving(p: Policy, members: list[Mapping], seen: Mapping[str, Seen]) -> dict[str, Stop]:
     lrs = sorted({t["lr"] for t in members})
     if len(lrs) <= p.keep_min:
         return {}
-    first_seed = min(t["seed"] for t in members)
-    first = {t["lr"]: t for t in members if t["seed"] == first_seed}
-    steps, every = max(t["steps"] for t in first.values()), min(t["eval_every"] for t in first.values())
+    judges = sorted({t["seed"] for t in members})[:p.decide_seeds]
+    first = {}
+    for t in members:
+        if t["seed"] in judges:
+            first.setdefault(t["lr"], []).append(t)
+    steps = max(t["steps"] for ts in first.values() for t in ts)
+    every = min(t["eval_every"] for ts in first.values() for t in ts)
     alive, out = [lr for lr in lrs if lr in first], {}
+
+    def score(lr, m):   # mean over the judging seeds of the best validation accuracy up to m
+        return sum(_score(seen.get(t["key"]), m) for t in first[lr]) / len(first[lr])
+
     for m in milestone_steps(p, steps, every):
         if len(alive) <= p.keep_min:
             break
-        if not all(_reached(seen.get(first[lr]["key"]), m) for lr in alive):
+        if not all(_reached(seen.get(t["key"]), m) for lr in alive for t in first[lr]):
             break  # the rung is incomplete: decide when it is
-        ranked = sorted(alive, key=lambda lr: (-_score(seen.get(first[lr]["key"]), m), lr))
+        ranked = sorted(alive, key=lambda lr: (-score(lr, m), lr))
         kept = ranked[:max(p.keep_min, math.ceil(len(alive) / p.eta))]
         for t in members:
             if t["lr"] in alive and t["lr"] not in kept:
-                out[t["key"]] = Stop(m if t["seed"] == first_seed else 0, f"halving@{m}")
+                out[t["key"]] = Stop(m if t["seed"] in judges else 0, f"halving@{m}")
         alive = kept
     return out
 
 
 def _choice(members: list[Mapping], seeds: list, seen: Mapping[str, Seen],
-            stops: Mapping[str, Stop]) -> tuple[float, float]:
-    """(chosen lr, its mean best validation accuracy) of a cell over ``seeds``; lrs any of whose
-    trials was stopped are out."""
+            stops: Mapping[str, Stop]) -> tuple[float, float, float]:
+    """(chosen lr, its mean best validation accuracy, its lead over the next lr in standard
+    errors of a seed mean) of a cell over ``seeds``; lrs any of whose trials was stopped are out.
+    The lead is infinite with one lr, NaN with one seed."""
     by_lr: dict[float, list[float]] = {}
     out_lrs = {t["lr"] for t in members if t["key"] in stops and t["seed"] in seeds}
     for t in members:
@@ -174,9 +194,19 @@ def _choice(members: list[Mapping], seeds: list, seen: Mapping[str, Seen],
             by_lr.setdefault(t["lr"], []).append(_score(seen.get(t["key"])))
     means = {lr: sum(v) / len(v) for lr, v in by_lr.items() if v}
     if not means:
-        return math.nan, -math.inf
+        return math.nan, -math.inf, math.nan
     lr = min(means, key=lambda x: (-means[x], x))
-    return lr, means[lr]
+    others = [m for x, m in means.items() if x != lr]
+    if not others:
+        return lr, means[lr], math.inf
+    n = min(len(v) for v in by_lr.values())
+    if n < 2:
+        return lr, means[lr], math.nan
+    # pooled seed variance over the cell's lrs (seeds of one lr vary alike)
+    var = sum(sum((x - means[k]) ** 2 for x in v) for k, v in by_lr.items()) / sum(len(v) - 1 for v in by_lr.values())
+    se = math.sqrt(var / n)
+    gap = means[lr] - max(others)
+    return lr, means[lr], (gap / se if se > 0 else math.inf)
 
 
 def _ranks(values: Mapping[tuple, float]) -> dict[tuple, float]:
@@ -208,12 +238,13 @@ def _seeds(p: Policy, group: dict[tuple, list[Mapping]], seen: Mapping[str, Seen
             n = settled.get(c, k)
             before[c] = _choice(members, seed_lists[c][:min(n, k - 1)], seen, stops)
             now[c] = _choice(members, seed_lists[c][:n], seen, stops)
-        rank_before = _ranks({c: v for c, (_, v) in before.items()})
-        rank_now = _ranks({c: v for c, (_, v) in now.items()})
+        rank_before = _ranks({c: v[1] for c, v in before.items()})
+        rank_now = _ranks({c: v[1] for c, v in now.items()})
         for c, members in group.items():
             if c in settled or k >= len(seed_lists[c]):
                 continue
-            if before[c][0] == now[c][0] and rank_before[c] == rank_now[c]:
+            lead = now[c][2]
+            if before[c][0] == now[c][0] and rank_before[c] == rank_now[c] and not lead < p.margin:
                 settled[c] = k
                 for t in members:
                     if t["seed"] in seed_lists[c][k:] and t["key"] not in stops:
@@ -235,7 +266,8 @@ def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -
         lrs = sorted({t["lr"] for t in members})
         if not p.halving or len(lrs) <= p.keep_min:
             continue
-        first = [t for t in members if t["seed"] == seeds[0]]
+        judges = seeds[:p.decide_seeds]
+        first = [t for t in members if t["seed"] in judges]
         alive = len(lrs)
         stop_at: list[int] = []     # the milestone each dropped lr (by rank) stops at
         for m in milestone_steps(p, max(t["steps"] for t in first), min(t["eval_every"] for t in first)):
@@ -245,13 +277,13 @@ def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -
             stop_at += [m] * (alive - kept)
             alive = kept
         # which lr drops is the data's; how many and when is not: price the dropped ones by rank
-        order = sorted(members, key=lambda t: (t["seed"] != seeds[0], t["lr"]))
+        order = sorted(members, key=lambda t: (t["seed"] not in judges, t["lr"]))
         by_seed: dict = {}
         for t in order:
             by_seed.setdefault(t["seed"], []).append(t)
         for seed, ts in by_seed.items():
             for t, m in zip(ts[len(ts) - len(stop_at):], stop_at):
-                out[t["key"]] = min(out[t["key"]], m if seed == seeds[0] else 0)
+                out[t["key"]] = min(out[t["key"]], m if seed in judges else 0)
     return out
 
 

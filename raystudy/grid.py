@@ -80,7 +80,8 @@ def projection(policy, space, model: str, trials: list) -> str:
         steps = adaptive.planned_steps(policy, view, settled)
         items = [spaces.trial_cost({**t.config, "steps": steps[t.key]}, t.gpu, t.workers) for t in trials]
         hours = spaces.gpu_hours(space, model, items)
-        frac = sum(steps.values()) / max(1, sum(v["steps"] for v in view))
+        sgd = [v for v in view if components.has_lr(v["condition"])]   # the linear probe takes no steps
+        frac = sum(steps[v["key"]] for v in sgd) / max(1, sum(v["steps"] for v in sgd))
         cost = (f"{hours.hours:,.0f} of {full.hours:,.0f} GPU-hours" if hours.hours is not None and full.hours
                 else "no GPU-hour estimate")
         lines.append(f"  {what}: {100 * frac:.1f}% of the steps, {cost}")

@@ -23,7 +23,7 @@ def curve(*vals, every=25, ended=True):
 
 def test_policy_names_are_checked():
     assert adaptive.policy("halving").halving
-    with pytest.raises(ConfigError, match="unknown policy; valid: identity, halving, seeds, halving\\+seeds"):
+    with pytest.raises(ConfigError, match="unknown policy; valid: identity, halving, halving2, seeds, halving\\+seeds, halving2\\+seeds"):
         adaptive.policy("asha")
 
 
@@ -140,3 +140,30 @@ def test_decisions_do_not_depend_on_data_past_the_milestone():
     p = adaptive.policy("halving")
     assert adaptive.decide(p, trials, a) == adaptive.decide(p, trials, b)
     assert not math.isnan(adaptive.decide(p, trials, a)["d/MHA/0.01/0"].step)
+
+
+def test_seeds_need_the_chosen_lr_to_lead_by_the_margin():
+    trials, seen = seeds_case()
+    # MHA's lrs now 0.015 apart on average, with seeds 0.02 apart: pooled seed variance
+    # (4 x 0.01^2) / 2 = 2e-4, standard error of a 2-seed mean 0.01: a lead of 1.5 standard errors
+    seen["d/MHA/0.3/0"], seen["d/MHA/0.3/1"] = curve(0.885), curve(0.905)
+    assert adaptive.decide(adaptive.policy("seeds"), trials, seen) == {}
+    lax = adaptive.Policy("lax", seeds=True, margin=1.4)
+    assert set(adaptive.decide(lax, trials, seen)) == {"d/MHA/0.1/2", "d/MHA/0.3/2"}
+
+
+def test_halving2_judges_the_mean_of_the_first_two_seeds():
+    trials = grid()
+    # seed 0 alone would keep 0.1 and 0.03; seed 1 disagrees strongly about 0.03 vs 0.3
+    at25 = {(0.01, 0): 0.6, (0.03, 0): 0.8, (0.1, 0): 0.9, (0.3, 0): 0.7,
+            (0.01, 1): 0.6, (0.03, 1): 0.5, (0.1, 1): 0.9, (0.3, 1): 0.9}
+    seen = {f"d/MHA/{lr}/{s}": curve(v, ended=False) for (lr, s), v in at25.items()}
+    one = adaptive.decide(adaptive.policy("halving"), trials, seen)
+    two = adaptive.decide(adaptive.policy("halving2"), trials, seen)
+    assert {k for k in one if k.endswith("/0")} == {"d/MHA/0.01/0", "d/MHA/0.3/0"}
+    # means: 0.01 0.6, 0.03 0.65, 0.1 0.9, 0.3 0.8: drop 0.01 and 0.03; seeds 0 and 1 stop at 25
+    assert two == {f"d/MHA/{lr}/{s}": Stop(25 if s < 2 else 0, "halving@25") for lr in (0.01, 0.03) for s in (0, 1, 2)}
+    del seen["d/MHA/0.3/1"]                              # the rung waits for both judging seeds
+    assert adaptive.decide(adaptive.policy("halving2"), trials, seen) == {}
+    assert adaptive.tier(adaptive.policy("halving2"), 0) == adaptive.tier(adaptive.policy("halving2"), 1) == 0
+    assert sum(adaptive.planned_steps(adaptive.policy("halving2"), trials).values()) == 2 * (2 * 25 + 2 * 100) + 2 * 100

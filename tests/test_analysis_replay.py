@@ -117,7 +117,7 @@ def test_stopped_runs_are_left_out_of_means_and_counted(study, tmp_path):
 def test_policy_all_and_bad_policy_on_the_command_line(capsys):
     assert replay.main(["--experiment", "x", "--policy", "asha"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: --policy 'asha': unknown policy; valid: identity, halving, seeds, halving+seeds"
+    assert err == "error: --policy 'asha': unknown policy; valid: identity, halving, halving2, seeds, halving+seeds, halving2+seeds"
 
 
 @pytest.mark.slow
