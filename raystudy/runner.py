@@ -380,6 +380,11 @@ class AdaptiveScheduler(FIFOScheduler):
         if result:
             self._observe(trial.config["trial"]["key"], result)
 
+    def on_trial_error(self, tune_controller, trial):
+        """Failed for good: it has ended, so decisions waiting for it (the seed rule) can come."""
+        key = trial.config["trial"]["key"]
+        self._observe(key, {"final": 1, "status": "failed"})
+
     def choose_trial_to_run(self, tune_controller):
         for trial in list(tune_controller.get_trials()):
             if trial.status == TuneTrial.PENDING and trial.config["trial"]["key"] in self.decisions:
