@@ -381,9 +381,10 @@ class AdaptiveScheduler(FIFOScheduler):
             self._observe(trial.config["trial"]["key"], result)
 
     def on_trial_error(self, tune_controller, trial):
-        """Failed for good: it has ended, so decisions waiting for it (the seed rule) can come."""
-        key = trial.config["trial"]["key"]
-        self._observe(key, {"final": 1, "status": "failed"})
+        """Failed for good: it has ended, so decisions waiting for it (the seed rule) can come.
+        Tune calls this for a retried failure too, after marking the trial ERROR: not an end."""
+        if trial.status != TuneTrial.ERROR:
+            self._observe(trial.config["trial"]["key"], {"final": 1, "status": "failed"})
 
     def choose_trial_to_run(self, tune_controller):
         for trial in list(tune_controller.get_trials()):
