@@ -5,8 +5,9 @@ The *runs* table has one row per run (``RUN_COLUMNS``):
     run_id, model, optimizer, low_data, dataset, condition, lr, seed, val_acc, test_acc, status
 
 ``val_acc`` is the best validation accuracy (the checkpoint tested), ``test_acc`` its test
-accuracy, ``status`` one of finished, diverged, failed (or running, for a grid still going).
-Diverged and failed runs are kept, with NaN accuracies; they are never dropped or counted as 0.
+accuracy, ``status`` one of finished, diverged, failed, stopped (an adaptive grid's policy, or
+a search's ASHA, ended it early) or running (a grid still going). Diverged, failed and stopped
+runs are kept, with NaN accuracies; they are never dropped or counted as 0.
 
 Two CSV formats are read:
 

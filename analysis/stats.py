@@ -3,7 +3,8 @@
 Three shapes go in and out (see ``analysis.load`` for where they come from):
 
 - *runs*: one row per run, columns ``dataset, condition, lr, seed, val_acc, test_acc, status``
-  (``status`` ∈ finished, diverged, failed; accuracies are NaN unless finished).
+  (``status`` ∈ finished, diverged, failed, stopped; accuracies are NaN unless finished: a
+  trial an adaptive grid stopped lost the lr choice and is counted in ``n_runs`` only).
 - *means*: one row per (dataset, condition, lr): ``n_runs, n, n_diverged, n_failed, val_mean,
   val_std, test_mean, test_std``, the seed statistics of finished runs (``seed_means``).
 - *wide*: a datasets × conditions table of one number per cell (the accuracy at the best lr),

@@ -5,6 +5,8 @@
     python -m raystudy.grid --model vit_base --dry-run       # count trials and GPU-hours, start nothing
     python -m raystudy.grid --space paper --datasets cifar10,pets --conditions MHA,LN1 --optimizers sgd,adamw
     python -m raystudy.grid --address auto                   # on the cluster started by `ray up cluster.yaml`
+    python -m raystudy.grid --space demo_adaptive --adaptive halving+seeds   # stop trials the study does not need
+    python -m raystudy.grid --model vit_base --dry-run --adaptive halving+seeds  # what that saves on the paper grid
 
 Rerunning the same command after a crash, a kill or Ctrl-C resumes the unfinished trials (from
 their last checkpoint) and skips the finished ones; MLflow keeps exactly one run per trial config.
@@ -18,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from raystudy import cli, components, models, spaces, tracking
+from raystudy import adaptive, cli, components, models, spaces, tracking
 from raystudy.config import FinetuneConfig
 from raystudy.errors import ConfigError
 
@@ -33,6 +35,8 @@ def build_parser() -> cli.Parser:
     ap.add_argument("--optimizers", help="comma-separated subset of the space's optimizers")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every trial")
     ap.add_argument("--dry-run", action="store_true", help="validate, count trials and GPU-hours, start nothing")
+    ap.add_argument("--adaptive", metavar="POLICY",
+                    help=f"stop trials the study's answer does not need: {', '.join(adaptive.POLICIES)}")
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/ray")
     ap.add_argument("--max-failures", type=int, help="retries of a failing trial (default: the space's, or 2)")
@@ -66,6 +70,28 @@ def ranking(runs):
     return out.sort_values("test_acc", ascending=False).reset_index()[cols]
 
 
+def projection(policy, space, model: str, trials: list) -> str:
+    """What ``policy`` would spend of the grid: halving's share is fixed by the grid's shape, the
+    seed rule's by the data, so both ends (no cell settles early, every cell does) are given,
+    priced like the full grid (measured step times, else the space's estimate)."""
+    view = [adaptive.trial_of(t.key, t.config) for t in trials]
+    full = spaces.gpu_hours(space, model, trials)
+    lines = [f"adaptive {policy.name} (replay a finished grid to measure it: python -m analysis.replay):"]
+    for settled, what in ((False, "no cell settles its seeds early"), (True, "every cell settles at "
+                                                                       f"{policy.min_seeds} seeds")):
+        if settled and not policy.seeds:
+            continue
+        steps = adaptive.planned_steps(policy, view, settled)
+        items = [spaces.trial_cost({**t.config, "steps": steps[t.key]}, t.gpu, t.workers) for t in trials]
+        hours = spaces.gpu_hours(space, model, items)
+        sgd = [v for v in view if components.has_lr(v["condition"])]   # the linear probe takes no steps
+        frac = sum(steps[v["key"]] for v in sgd) / max(1, sum(v["steps"] for v in sgd))
+        cost = (f"{hours.hours:,.0f} of {full.hours:,.0f} GPU-hours" if hours.hours is not None and full.hours
+                else "no GPU-hour estimate")
+        lines.append(f"  {what}: {100 * frac:.1f}% of the steps, {cost}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -86,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if max_failures < 0:
             raise ConfigError(f"--max-failures must be >= 0, got {max_failures}")
         cli.check_count("--max-concurrent", args.max_concurrent)
+        policy = adaptive.policy(args.adaptive) if args.adaptive else None
         cli.check_count("--num-cpus", args.num_cpus)
         cli.check_folder("--storage", args.storage or "runs/ray")
         cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
@@ -121,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", {left.hours:,.0f} GPU-hours" if left.hours is not None and hours.hours is not None else ""))
         else:
             print(f"  already done (in MLflow): none of {plan['trials']:,} trials")
+        if policy is not None:
+            print(projection(policy, space, model, spaces.expand(space, model, datasets, conds, optimizers, overrides)))
         print("dry run: nothing started")
         return 0
     if len(done) == len(trials):  # nothing to run: the answer is in MLflow
@@ -170,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                                      max_failures=max_failures, max_concurrent=max_conc,
                                      threads=int(tuning["threads_per_trial"]),
                                      checkpoint_every_s=float(tuning["checkpoint_every_s"]),
-                                     verbose=1 if args.tune_output else 0, quiet=args.quiet)
+                                     verbose=1 if args.tune_output else 0, quiet=args.quiet, policy=policy)
         except KeyboardInterrupt:  # a second Ctrl-C, or one outside Tune's loop
             return stopped(uri, experiment, trials, model)
         finally:
@@ -178,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     if counts["unfinished"]:  # Tune ends a grid early only when stopped (its Ctrl-C handler)
         return stopped(uri, experiment, trials, model)
     print(f"\ndone in {time.time() - t0:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
-          f"{counts['failed']} failed, {counts['unfinished']} unfinished "
+          f"{counts['failed']} failed, {counts['unfinished']} unfinished"
+          + (f", {counts['stopped']} stopped by the policy" if policy is not None else "") + " "
           f"({counts['already_done']} were already done)")
     show_results(tracking.client(uri), counts["experiment_id"], trials, model, uri)
     return 0 if counts["unfinished"] == 0 and counts["failed"] == 0 else 1

@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from ray import tune
+from ray.tune.experiment import Trial as TuneTrial
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from raystudy import console, paths, tracking
+from raystudy import adaptive, console, paths, tracking
 from raystudy.errors import ConfigError
 from raystudy.spaces import Sampler, SearchSpace, Trial, grid_key
 from raystudy.trial import run_trial
@@ -167,24 +169,27 @@ def _holder(text: str) -> dict:
 def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
              storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
              checkpoint_every_s: float = 0.0, verbose: int = 0, quiet: bool = False,
-             role: str = "grid") -> dict[str, Any]:
+             role: str = "grid", policy: adaptive.Policy | None = None) -> dict[str, Any]:
     """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
 
     ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder. Raises
     ``GridBusy`` if another driver runs the same grid. One line per trial that ends
     (``console.ConsoleTrials``; ``quiet``: only those that did not finish); ``verbose`` > 0
-    brings back Tune's own tables and its result files (JSON, CSV, TensorBoard).
+    brings back Tune's own tables and its result files (JSON, CSV, TensorBoard). ``policy``
+    (``raystudy.adaptive``) stops trials the study does not need (``AdaptiveScheduler``); they
+    are recorded ``stopped``.
     """
     with grid_lock(storage, grid_name(trials, label)):
         return _run_grid(trials, label=label, model=model, tracking_uri=tracking_uri, experiment=experiment,
                          storage=storage, max_failures=max_failures, max_concurrent=max_concurrent,
                          threads=threads, checkpoint_every_s=checkpoint_every_s, verbose=verbose, quiet=quiet,
-                         role=role)
+                         role=role, policy=policy)
 
 
 def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
               storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
-              checkpoint_every_s: float, verbose: int, quiet: bool, role: str) -> dict[str, Any]:
+              checkpoint_every_s: float, verbose: int, quiet: bool, role: str,
+              policy: adaptive.Policy | None = None) -> dict[str, Any]:
     cl = tracking.client(tracking_uri)
     exp_id = tracking.experiment_id(cl, experiment, tracking.default_artifact_location(tracking_uri))
     gkey = grid_key(trials)
@@ -222,10 +227,15 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
                 print(f"resuming {path}: {len(pending)} of {len(trials)} trials unfinished", flush=True)
                 _set_console(tuner, lines, verbose)
         if tuner is None:
+            scheduler = None
+            if policy is not None:  # earlier seeds first: decisions on them come before later seeds start
+                pending = sorted(pending, key=_seed_major(trials, policy))
+                scheduler = AdaptiveScheduler(policy, trials, tracking_uri, exp_id)
             tuner = tune.Tuner(
                 trainable,
                 param_space={**base, "trial": tune.grid_search([t.as_dict() for t in pending])},
                 tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=max_concurrent,
+                                            scheduler=scheduler,
                                             trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
                 run_config=tune.RunConfig(
                     name=Path(str(path)).name, storage_path=str(storage), verbose=verbose,
@@ -245,11 +255,15 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
             with uninterrupted():
                 counts["interrupted"] = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent)
                 cl.set_terminated(parent, status="FINISHED")
+    if policy is not None:
+        late = stop_late(cl, exp_id, trials, policy)
+        if late:
+            print(f"{late} trial(s) ended before the policy's decision to stop them; recorded stopped", flush=True)
     known = tracking.statuses(cl, exp_id)
     statuses = [known.get(t.key) for t in trials]
-    for s in ("finished", "diverged", "failed"):
+    for s in ("finished", "diverged", "failed", "stopped"):
         counts[s] = statuses.count(s)
-    counts["unfinished"] = len(trials) - sum(counts[s] for s in ("finished", "diverged", "failed"))
+    counts["unfinished"] = len(trials) - sum(counts[s] for s in ("finished", "diverged", "failed", "stopped"))
     if counts["interrupted"] and not counts["unfinished"]:  # Tune ended them, yet MLflow had no end
         print(f"{counts['interrupted']} trial run(s) had no end from Tune; marked interrupted", flush=True)
     cl.set_tag(parent, "raystudy.status", "finished" if not counts["unfinished"] else "incomplete")
@@ -340,6 +354,114 @@ def _set_aside(path, storage, name: str):
     return f"{str(storage).rstrip('/')}/{name}-{stamp}"
 
 
+def _seed_major(trials: list[Trial], policy: adaptive.Policy):
+    """Sort key: a trial's seed's tier in its cell (``adaptive.tier``), then its cell and lr."""
+    seeds: dict[tuple, list] = {}
+    for t in trials:
+        seeds.setdefault(tuple(t.config[c] for c in adaptive.CELL), []).append(t.config["seed"])
+
+    def key(t: Trial):
+        cell = tuple(t.config[c] for c in adaptive.CELL)
+        return (adaptive.tier(policy, sorted(set(seeds[cell])).index(t.config["seed"])), *map(str, cell),
+                t.config["lr"])
+    return key
+
+
+# ---------------------------------------------------------------- study-level early stopping
+
+def recorded_view(cl, exp_id: str, trials: list[Trial]) -> dict[str, adaptive.Seen]:
+    """What MLflow holds of ``trials``, as the policy sees it (a resumed driver starts from it)."""
+    keys = {t.key for t in trials}
+    seen = {}
+    for run in tracking.find_runs(cl, exp_id, raystudy__role="trial"):
+        key, status = run.data.tags.get(tracking.KEY), run.data.tags.get(tracking.STATUS)
+        if key in keys and (key not in seen or status in tracking.TERMINAL):
+            seen[key] = adaptive.seen_of(tracking.val_curve(cl, run.info.run_id), status,
+                                         run.data.metrics.get("best_val_acc", float("nan")))
+    return seen
+
+
+def stop_late(cl, exp_id: str, trials: list[Trial], policy: adaptive.Policy) -> int:
+    """Runs the policy stops that finished before its decision came (their rung completed after
+    they ended): recorded ``stopped`` too, so the analysis sees what the policy decided."""
+    from mlflow.entities import RunTag
+
+    decisions = adaptive.decide(policy, [adaptive.trial_of(t.key, t.config) for t in trials],
+                                recorded_view(cl, exp_id, trials))
+    n = 0
+    for key, stop in decisions.items():
+        status, run = tracking.trial_status(cl, exp_id, key)
+        if status == "finished":
+            cl.log_batch(run.info.run_id, tags=[RunTag(tracking.STATUS, "stopped"),
+                                                RunTag("raystudy.stopped_at", str(stop.step)),
+                                                RunTag("raystudy.stopped_late", "1"),
+                                                RunTag("raystudy.stop_rule", stop.rule)])
+            n += 1
+    return n
+
+
+class AdaptiveScheduler(FIFOScheduler):
+    """Tune's side of ``raystudy.adaptive``: on every result, the policy over everything seen of
+    the grid; a running trial it stops ends there, a pending one it stops never starts.
+
+    What it has seen lives in MLflow too (the driver logs every evaluation), so a restored
+    driver rebuilds it from there instead of from Tune's pickle.
+    """
+
+    def __init__(self, policy: adaptive.Policy, trials: list[Trial], tracking_uri: str, experiment_id: str):
+        super().__init__()
+        self.policy, self.tracking_uri, self.experiment_id = policy, tracking_uri, experiment_id
+        self.trials = [adaptive.trial_of(t.key, t.config) for t in trials]
+        self._grid = trials
+        self._seen: dict[str, adaptive.Seen] | None = None
+        self.decisions: dict[str, adaptive.Stop] = {}
+
+    def __getstate__(self):
+        return {**self.__dict__, "_seen": None}
+
+    @property
+    def seen(self) -> dict[str, adaptive.Seen]:
+        if self._seen is None:
+            self._seen = recorded_view(tracking.client(self.tracking_uri), self.experiment_id, self._grid)
+        return self._seen
+
+    def _observe(self, key: str, result: dict) -> None:
+        s = self.seen.get(key, adaptive.Seen())
+        points = s.points
+        if "val_acc" in result and not result.get("final"):
+            points = tuple(p for p in points if p[0] != int(result["step"])) + (
+                (int(result["step"]), float(result["val_acc"])),)
+        ended = s.ended or bool(result.get("final"))
+        best = float(result.get("best_val_acc", float("nan"))) if result.get("final") and \
+            result.get("status", "finished") == "finished" else s.best
+        self.seen[key] = adaptive.Seen(tuple(sorted(points)), ended, best)
+        self.decisions = adaptive.decide(self.policy, self.trials, self.seen)
+
+    def on_trial_result(self, tune_controller, trial, result):
+        key = trial.config["trial"]["key"]
+        self._observe(key, result)
+        return TrialScheduler.STOP if key in self.decisions and not result.get("final") else TrialScheduler.CONTINUE
+
+    def on_trial_complete(self, tune_controller, trial, result):
+        if result:
+            self._observe(trial.config["trial"]["key"], result)
+
+    def on_trial_error(self, tune_controller, trial):
+        """Failed for good: it has ended, so decisions waiting for it (the seed rule) can come.
+        Tune calls this for a retried failure too, after marking the trial ERROR: not an end."""
+        if trial.status != TuneTrial.ERROR:
+            self._observe(trial.config["trial"]["key"], {"final": 1, "status": "failed"})
+
+    def choose_trial_to_run(self, tune_controller):
+        for trial in list(tune_controller.get_trials()):
+            if trial.status == TuneTrial.PENDING and trial.config["trial"]["key"] in self.decisions:
+                tune_controller.stop_trial(trial)   # recorded stopped at step 0; never started
+        return super().choose_trial_to_run(tune_controller)
+
+    def debug_string(self) -> str:
+        return f"raystudy.adaptive policy {self.policy.name}: {len(self.decisions)} trials stopped"
+
+
 def _trial_name(trial) -> str:
     c = trial.config["trial"]["finetune"]
     return f"{c['condition']}_{c['dataset']}_{c['optimizer']}_lr{c['lr']:g}_s{c['seed']}_{trial.trial_id}"
@@ -406,8 +528,9 @@ class MlflowTrials(tune.Callback):
         last = trial.last_result or {}
         if run_id is None:
             return
-        if not last.get("final"):  # a scheduler (ASHA) stopped it early: no test accuracy
-            last = {**last, "status": "stopped"}
+        if not last.get("final"):  # a scheduler stopped it early (or before it started): no test accuracy
+            last = {**last, "status": "stopped", "steps_done": int(last.get("step", 0))}
+            self.cl.set_tag(run_id, "raystudy.stopped_at", str(last["steps_done"]))
         tracking.finish_trial(self.cl, run_id, last)
         if last.get("resumed_from"):
             self.cl.set_tag(run_id, "raystudy.resumed_from", str(int(last["resumed_from"])))

@@ -534,6 +534,11 @@ def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str
     }
 
 
+def val_curve(cl, run_id: str) -> list[tuple[int, float]]:
+    """A run's validation accuracy by step, as (step, value) pairs in step order."""
+    return sorted((m.step, m.value) for m in cl.get_metric_history(run_id, "val_acc"))
+
+
 def rows(runs) -> list[dict[str, Any]]:
     """The rows of MLflow ``Run`` objects, with their start times (for deduplication)."""
     return [{**run_row(r.info.run_id, r.info.status, r.data.tags, r.data.params, r.data.metrics),

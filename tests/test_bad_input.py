@@ -78,6 +78,7 @@ CASES = [
     ("grid", GS, G(base=[1, 2]), "base must be a mapping"),
     ("grid", GS, G(models={"vit_demo": {"workers": 0}}), "workers must be an integer >= 1"),
     ("grid", GS, G(models={"vit_demo": {"cpu": -1}}), "cpu must be a number >= 0"),
+    ("grid", ["--adaptive", "asha", "--dry-run"], {}, "--adaptive 'asha': unknown policy; valid: identity"),
     ("grid", GS, G(models={"vit_demo": {"gpu": "a"}}), "gpu must be a number >= 0"),
     ("grid", GS, G(models={"vit_demo": {"cpu": 1, "step_seconds": -2}}), "step_seconds must be"),
     ("grid", GS, G(models={"vit_demo": []}), "must be a mapping"),
@@ -259,12 +260,22 @@ CASES = [
      {**STORE, **AFILE}, "is a file, not a folder"),
     ("export_best", ["--experiment", "x", "--select-on", "train", "--out", "{in}/o"], {}, "invalid choice"),
     ("export_best", ["--experiment", "x", "--out", "{in}/o"], {}, "no MLflow store at"),
+    # ------------------------------------------------------------------ analysis.replay
+    ("replay", ["--experiment", "x"], {}, "the following arguments are required: --policy"),
+    ("replay", ["--experiment", "x", "--policy", "asha"], {}, "--policy 'asha': unknown policy; valid: identity"),
+    ("replay", ["--experiment", "nope", "--policy", "halving", "--tracking-uri", "sqlite:///{in}/mlflow.db"],
+     STORE, "nope"),
+    ("replay", ["--experiment", "x", "--policy", "halving", "--tracking-uri", "ftp://x"], {},
+     "unsupported tracking URI"),
+    ("replay", ["--experiment", "x", "--policy", "all", "--tracking-uri", "sqlite:///{in}/mlflow.db",
+                "--out", "{in}/afile"], {**STORE, **AFILE}, "is a file, not a folder"),
 ]
 
 MAINS = {
     "grid": "raystudy.grid", "search": "raystudy.search", "finetune": "raystudy.finetune",
     "probe": "raystudy.probe", "prefetch": "raystudy.prefetch", "components": "raystudy.components",
     "datasets": "raystudy.datasets", "report": "analysis.report", "export_best": "analysis.export_best",
+    "replay": "analysis.replay",
 }
 
 

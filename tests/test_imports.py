@@ -19,7 +19,7 @@ LAYERS = [
     {"raystudy", "raystudy.errors", "raystudy.paths", "analysis"},
     # the study's core: what trains, on what, and what is measured
     {"raystudy.augment", "raystudy.batches", "raystudy.components", "raystudy.models", "raystudy.gpt2",
-     "raystudy.datasets", "raystudy.plasticity", "raystudy.costs"},
+     "raystudy.datasets", "raystudy.plasticity", "raystudy.costs", "raystudy.adaptive"},
     {"raystudy.config"},
     # the loop, the run record, the spaces (no Ray, no MLflow)
     {"raystudy.engine", "raystudy.tracking", "raystudy.spaces"},
@@ -30,7 +30,7 @@ LAYERS = [
      "analysis.figures", "analysis.intervals", "analysis.bayes", "analysis.trust", "analysis.synthetic"},
     # command lines
     {"raystudy.grid", "raystudy.search", "raystudy.finetune", "raystudy.probe", "raystudy.prefetch",
-     "analysis.report", "analysis.export_best"},
+     "analysis.report", "analysis.export_best", "analysis.replay"},
     # the `raystudy` command: dispatches to the command lines by name, importing one when named
     {"raystudy.__main__"},
 ]

@@ -1,0 +1,222 @@
+"""Replay a finished grid under an allocation policy, without training: what it would have cost
+and whether the study would have concluded the same.
+
+    python -m analysis.replay --experiment raystudy-demo_adaptive-vit_demo --policy halving+seeds
+    python -m analysis.replay --experiment NAME --policy all --out replay_out    # every policy
+
+From what MLflow holds of each trial (validation accuracy by step, the test accuracy of the
+best-validation checkpoint, steps run and wall-clock seconds), the policy of
+``raystudy.adaptive`` decides which trials stop when, exactly as the live grid's scheduler does
+(``python -m raystudy.grid --adaptive POLICY``). A stopped trial keeps no accuracy: it lost the
+lr choice. Reported: trials stopped, steps and device-hours spent (seconds per step as
+measured), and against the full grid: the lr chosen per (dataset, condition), the ranking of the
+conditions (Kendall tau of their mean test accuracies, identical top-1) and every significance
+call at 5% of the report (Wilcoxon and t of the reference against each other condition,
+Friedman, Holm-corrected pairwise Wilcoxon) that flips.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as st
+
+from analysis import AnalysisError, load, stats
+from raystudy import adaptive, tracking
+
+ALPHA = 0.05
+
+
+# ---------------------------------------------------------------- the recorded grid
+
+def recorded(experiment: str, tracking_uri: str | None = None) -> dict[str, Any]:
+    """A finished grid from MLflow: ``runs`` (the runs table, one row per trial key, with
+    ``steps_done`` and ``wall_s``), ``trials`` and ``seen`` (the policy's view of it)."""
+    cl = load.client(tracking_uri)
+    exp_id = load.experiment_id(experiment, tracking_uri)
+    found = tracking.find_runs(cl, exp_id, raystudy__role="trial")
+    if not found:
+        raise AnalysisError(f"experiment {experiment!r} has no trial runs to replay")
+    table = pd.DataFrame(tracking.rows(found), columns=load.RUN_COLUMNS + load.EXTRA_COLUMNS)
+    runs, _ = load.dedupe(table)
+    by_id = {r.info.run_id: r for r in found}
+    trials, seen, steps_done, wall = [], {}, [], []
+    for row in runs.itertuples():
+        run = by_id[row.run_id]
+        trials.append(adaptive.trial_of(row.key, tracking.run_config(run.data.params)))
+        seen[row.key] = adaptive.seen_of(tracking.val_curve(cl, row.run_id), row.status,
+                                         run.data.metrics.get("best_val_acc", math.nan))
+        steps_done.append(run.data.metrics.get("steps_done", math.nan))
+        wall.append(run.data.metrics.get("wall_s", math.nan))
+    runs = runs.assign(steps_done=steps_done, wall_s=wall).reset_index(drop=True)
+    load.check_runs(runs, f"experiment {experiment!r}")
+    runs.attrs.update(source=f"MLflow experiment {experiment!r}", experiment=experiment)
+    return {"runs": runs, "trials": trials, "seen": seen}
+
+
+# ---------------------------------------------------------------- replay
+
+def apply(runs: pd.DataFrame, decisions: dict[str, adaptive.Stop]) -> pd.DataFrame:
+    """The runs table as the policy leaves it: a stopped trial is ``stopped`` with no accuracy
+    (unless it ended, diverged or failed, before the step it would be stopped at), and
+    ``spent_steps`` / ``spent_s`` are what each trial runs (seconds per step as recorded)."""
+    out = runs.copy()
+    done = out["steps_done"].astype(float).fillna(0.0)
+    spent = done.copy()
+    status = out["status"].copy()
+    for i, key in enumerate(out["key"]):
+        stop = decisions.get(key)
+        if stop is None:
+            continue
+        ended_before = status[i] in ("diverged", "failed") and done[i] <= stop.step
+        if not ended_before:
+            status[i] = "stopped"
+            spent[i] = min(done[i], stop.step) if done[i] else 0.0
+    out["status"] = status
+    for col in ("val_acc", "test_acc"):
+        out[col] = out[col].where(out["status"] == "finished")
+    wall = out["wall_s"].astype(float).fillna(0.0)
+    per_step = wall / done.where(done > 0)
+    # a trial without steps (the linear probe) costs its seconds if it runs at all
+    out["spent_steps"] = spent
+    out["spent_s"] = np.where(done > 0, spent * per_step.fillna(0.0),
+                              np.where(out["status"] == "stopped", 0.0, wall))
+    out["stop_rule"] = [decisions[k].rule if k in decisions and s == "stopped" else ""
+                        for k, s in zip(out["key"], out["status"])]
+    return out
+
+
+def conclusions(runs: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA) -> dict[str, Any]:
+    """What the report concludes from ``runs``: the lr chosen per cell (on validation), the mean
+    test accuracy of each condition at it, and every significance call at ``alpha``."""
+    means = stats.seed_means(runs)
+    best = stats.best_lr(means, "val")
+    table = stats.wide(best)
+    chosen = {(r.dataset, r.condition): r.lr for r in best.itertuples()}
+    calls: dict[str, bool] = {}
+    complete = table.dropna(axis=1, how="any")
+    if complete.shape[0] >= 2 and complete.shape[1] >= 2:
+        if reference in complete.columns:
+            for r in stats.paired_tests(complete, reference).itertuples():
+                calls[f"wilcoxon {reference} > {r.other}"] = bool(r.wilcoxon_p <= alpha)
+                calls[f"t {reference} vs {r.other}"] = bool(r.t_p <= alpha)
+        fr = stats.friedman(complete)
+        if not math.isnan(fr["p"]):
+            calls["friedman"] = bool(fr["p"] <= alpha)
+        for r in stats.pairwise_wilcoxon(complete, alpha).itertuples():
+            calls[f"holm {r.a} vs {r.b}"] = bool(r.significant)
+    val = {(r.dataset, r.condition, r.lr): r.val_mean for r in means.itertuples()}
+    return {"chosen_lr": chosen, "val_mean": val, "mean": table.mean(axis=0).sort_values(ascending=False),
+            "calls": calls, "missing": [c for c in table.columns if c not in complete.columns]}
+
+
+def compare(full: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Does ``other`` conclude what ``full`` does? Lr per cell, ranking, significance calls."""
+    cells = sorted(full["chosen_lr"])
+    same = [c for c in cells if _same_lr(full["chosen_lr"][c], other["chosen_lr"].get(c))]
+    conds = [c for c in full["mean"].index if c in other["mean"].index and not math.isnan(other["mean"][c])]
+    tau = (float(st.kendalltau(full["mean"][conds], other["mean"][conds]).statistic)
+           if len(conds) >= 2 else math.nan)
+    top = (full["mean"].index[0], other["mean"].dropna().index[0] if other["mean"].notna().any() else None)
+    flips = [name for name, v in full["calls"].items() if other["calls"].get(name) != v]
+    # what a changed lr costs, on the full grid's own validation means (accuracy points x 100)
+    regret = [full["val_mean"][(d, c, full["chosen_lr"][(d, c)])] - full["val_mean"].get((d, c, other["chosen_lr"].get((d, c))), math.nan)
+              for d, c in cells if (d, c) not in same] if "val_mean" in full else []
+    return {"cells": len(cells), "same_lr": len(same),
+            "lr_changed": [f"{d}/{c}: {full['chosen_lr'][(d, c)]:g} -> {other['chosen_lr'].get((d, c), math.nan):g}"
+                           for d, c in cells if (d, c) not in same],
+            "lr_regret_max": 100 * max(regret, default=0.0),
+            "kendall_tau": tau, "top1": top[0], "top1_replay": top[1], "same_top1": top[0] == top[1],
+            "calls": len(full["calls"]), "flips": flips}
+
+
+def _same_lr(a: float, b: float | None) -> bool:
+    return b is not None and (a == b or (math.isnan(a) and math.isnan(b)))
+
+
+def replay(grid: dict[str, Any], policy: adaptive.Policy, reference: str = "MHA") -> dict[str, Any]:
+    """``policy`` over a recorded ``grid`` (``recorded``): its decisions, the runs it leaves,
+    what it spends against the full grid, and how its conclusions compare."""
+    decisions = adaptive.decide(policy, grid["trials"], grid["seen"])
+    full = apply(grid["runs"], {})
+    runs = apply(grid["runs"], decisions)
+    try:
+        agreement = compare(conclusions(full, reference), conclusions(runs, reference))
+    except AnalysisError as e:
+        agreement = {"error": str(e)}
+    steps, full_steps = float(runs["spent_steps"].sum()), float(full["spent_steps"].sum())
+    secs, full_secs = float(runs["spent_s"].sum()), float(full["spent_s"].sum())
+    return {"policy": policy.name, "decisions": decisions, "runs": runs,
+            "stopped": int((runs["status"] == "stopped").sum()), "trials": len(runs),
+            "steps": steps, "full_steps": full_steps,
+            "step_fraction": steps / full_steps if full_steps else math.nan,
+            "hours": secs / 3600, "full_hours": full_secs / 3600, **agreement}
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; no conclusions: {r['error']}"
+    return (f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; steps "
+            f"{r['steps']:,.0f} of {r['full_steps']:,.0f} ({100 * r['step_fraction']:.1f}%); "
+            f"device-hours {r['hours']:.3f} of {r['full_hours']:.3f}; same lr in {r['same_lr']} of "
+            f"{r['cells']} cells (worst change costs {r['lr_regret_max']:.2f} val-acc points); Kendall tau {r['kendall_tau']:.3f}; top-1 {r['top1']} -> "
+            f"{r['top1_replay']}; {len(r['flips'])} of {r['calls']} significance calls flip"
+            + (f" ({', '.join(r['flips'])})" if r["flips"] else ""))
+
+
+def write(out: Path, results: list[dict[str, Any]]) -> list[Path]:
+    """``replay.json`` (every number, no tables) and ``decisions_<policy>.csv`` per policy."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for r in results:
+        path = out / f"decisions_{r['policy']}.csv"
+        cols = ["key", "dataset", "condition", "optimizer", "lr", "seed", "status", "stop_rule",
+                "spent_steps", "steps_done", "spent_s"]
+        r["runs"][cols].to_csv(path, index=False)
+        files.append(path)
+    doc = [{k: v for k, v in r.items() if k not in ("decisions", "runs")} for r in results]
+    (out / "replay.json").write_text(json.dumps(doc, indent=2, default=str))
+    return files + [out / "replay.json"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from raystudy import cli
+    from raystudy.errors import ConfigError
+
+    ap = cli.Parser("python -m analysis.replay", __doc__)
+    ap.add_argument("--experiment", required=True, help="MLflow experiment of a finished grid")
+    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
+                                           "else sqlite:///./mlflow.db, as the grid)")
+    ap.add_argument("--policy", required=True,
+                    help=f"allocation policy: {', '.join(adaptive.POLICIES)}, or all")
+    ap.add_argument("--reference", default="MHA", help="condition tested against the others (MHA)")
+    ap.add_argument("--out", help="folder for replay.json and the decisions of each policy")
+    args = ap.parse_args(argv)
+    try:
+        names = list(adaptive.POLICIES) if args.policy == "all" else [adaptive.policy(args.policy, "--policy").name]
+        if args.out:
+            cli.check_folder("--out", args.out)
+        uri = args.tracking_uri or tracking.default_uri()
+        tracking.check_uri(uri)
+        grid = recorded(args.experiment, uri)
+    except (AnalysisError, ConfigError) as e:
+        return cli.fail(e)
+    results = [replay(grid, adaptive.policy(n), args.reference) for n in names]
+    for r in results:
+        print(summary_line(r))
+        for change in r.get("lr_changed", []):
+            print(f"  lr changed: {change}")
+    if args.out:
+        files = write(Path(args.out), results)
+        print(f"wrote {len(files)} files to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

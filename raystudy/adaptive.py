@@ -1,0 +1,305 @@
+"""Study-level early stopping: which trials of a grid need not run to the end (or at all).
+
+A policy is a pure function of what has been seen of the grid's trials. ``decide(policy, trials,
+seen)`` returns the trials to stop and the step to stop them at; the live grid
+(``raystudy.runner``) calls it on every evaluation, the replay (``analysis.replay``) once on a
+finished grid's recorded curves: the same code, so the same data gives the same decisions.
+
+Shapes (plain Python, no pandas: the live scheduler calls this on every result):
+
+- ``trials``: one mapping per trial of the grid: ``key``, ``dataset``, ``condition``,
+  ``optimizer``, ``lr``, ``seed``, ``steps``, ``eval_every``.
+- ``seen``: trial key -> ``Seen``: the validation accuracies by step so far, whether the trial
+  has ended (finished, diverged or failed), and its final best validation accuracy if it has one.
+  A trial not yet started is absent.
+
+Rules. A *cell* is (dataset, condition, optimizer); its lrs × seeds are its trials.
+
+- ``halving``: successive halving over the lr axis of each cell, decided on the cell's first
+  seed (``halving2``: on the mean of its first two, judged together). At each milestone (a fraction of the steps, rounded up to an evaluation), once every lr
+  still alive has reached it (or ended), the lrs are ranked by the best validation accuracy up
+  to the milestone and the best ``max(keep_min, ceil(alive / eta))`` are kept. A dropped lr is
+  dropped for every seed (paired comparisons): the judging seeds' trials stop at the milestone,
+  the other seeds' trials are not started (step 0).
+- ``seeds``: after ``min_seeds`` seeds, a cell stops adding seeds once its choice is settled:
+  its chosen lr (highest mean best validation accuracy over its seeds, ties to the smaller lr)
+  and its rank among the conditions of its dataset and optimizer (by that mean) are the same
+  with its first k seeds as with its first k - 1, and the chosen lr leads the next one by at
+  least ``margin`` standard errors of a k-seed mean (seed variance pooled over the cell's lrs).
+  Decided for seed k when every running trial of seeds before k on that dataset and optimizer
+  has ended.
+
+Decisions use only data up to the milestone they are taken at, and wait for the data they need:
+a trial that runs past a milestone while its rung is incomplete does not change the decision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from raystudy.errors import ConfigError
+
+CELL = ("dataset", "condition", "optimizer")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """An allocation policy: which rules, with which settings."""
+
+    name: str
+    halving: bool = False
+    eta: int = 2                               # keep 1/eta of the lrs at each milestone
+    keep_min: int = 2                          # lrs that always run to the end
+    milestones: tuple[float, ...] = (0.25,)    # fractions of the trial's steps
+    decide_seeds: int = 1                      # halving judges the mean of the first seeds
+    seeds: bool = False
+    min_seeds: int = 2                         # seeds every cell runs
+    margin: float = 2.0                        # the chosen lr's lead, in standard errors of a seed mean
+
+
+POLICIES = {
+    "identity": Policy("identity"),
+    "halving": Policy("halving", halving=True),
+    "halving2": Policy("halving2", halving=True, decide_seeds=2),
+    "seeds": Policy("seeds", seeds=True),
+    "halving+seeds": Policy("halving+seeds", halving=True, seeds=True),
+    "halving2+seeds": Policy("halving2+seeds", halving=True, decide_seeds=2, seeds=True),
+}
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What has been seen of one trial: (step, validation accuracy) points, in step order."""
+
+    points: tuple[tuple[int, float], ...] = ()
+    ended: bool = False
+    best: float = math.nan     # final best validation accuracy, when the trial reported one
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A decision: stop the trial at ``step`` (0: never start it), by ``rule``."""
+
+    step: int
+    rule: str
+
+
+@dataclass
+class _Cell:
+    trials: list = field(default_factory=list)
+
+
+def policy(name: str, flag: str = "--adaptive") -> Policy:
+    """The policy called ``name``; ConfigError naming the valid ones."""
+    if name not in POLICIES:
+        raise ConfigError(f"{flag} {name!r}: unknown policy; valid: {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+def milestone_steps(p: Policy, steps: int, eval_every: int) -> list[int]:
+    """The steps the milestones fall on: each fraction of ``steps`` rounded up to an evaluation,
+    before the last step (a decision at the end saves nothing)."""
+    out = []
+    for f in p.milestones:
+        m = min(steps, math.ceil(f * steps / eval_every) * eval_every)
+        if 0 < m < steps and m not in out:
+            out.append(m)
+    return sorted(out)
+
+
+def _score(s: Seen | None, upto: int | None = None) -> float:
+    """Best validation accuracy seen (up to step ``upto``); -inf when there is none (a trial that
+    diverged before its first evaluation loses every comparison)."""
+    if s is None:
+        return -math.inf
+    vals = [v for step, v in s.points if (upto is None or step <= upto) and v == v]
+    if upto is None and s.best == s.best:
+        vals.append(s.best)
+    return max(vals) if vals else -math.inf
+
+
+def _reached(s: Seen | None, step: int) -> bool:
+    return s is not None and (s.ended or any(st >= step for st, _ in s.points))
+
+
+def _cells(trials: Sequence[Mapping]) -> dict[tuple, list[Mapping]]:
+    cells: dict[tuple, list[Mapping]] = {}
+    for t in trials:
+        cells.setdefault(tuple(t[c] for c in CELL), []).append(t)
+    return cells
+
+
+def decide(p: Policy, trials: Sequence[Mapping], seen: Mapping[str, Seen]) -> dict[str, Stop]:
+    """Trial key -> ``Stop`` for every trial the policy stops, given what has been ``seen``."""
+    stops: dict[str, Stop] = {}
+    cells = _cells(trials)
+    if p.halving:
+        for members in cells.values():
+            stops.update(_halving(p, members, seen))
+    if p.seeds:
+        by_group: dict[tuple, dict[tuple, list[Mapping]]] = {}
+        for cell, members in cells.items():
+            by_group.setdefault((cell[0], cell[2]), {})[cell] = members
+        for group in by_group.values():
+            stops.update(_seeds(p, group, seen, stops))
+    return stops
+
+
+def tier(p: Policy, seed_index: int) -> int:
+    """The order seeds run in: the seeds halving judges together first, then one by one."""
+    return max(0, seed_index - (p.decide_seeds - 1)) if p.halving else seed_index
+
+
+def _halving(p: Policy, members: list[Mapping], seen: Mapping[str, Seen]) -> dict[str, Stop]:
+    lrs = sorted({t["lr"] for t in members})
+    if len(lrs) <= p.keep_min:
+        return {}
+    judges = sorted({t["seed"] for t in members})[:p.decide_seeds]
+    first = {}
+    for t in members:
+        if t["seed"] in judges:
+            first.setdefault(t["lr"], []).append(t)
+    steps = max(t["steps"] for ts in first.values() for t in ts)
+    every = min(t["eval_every"] for ts in first.values() for t in ts)
+    alive, out = [lr for lr in lrs if lr in first], {}
+
+    def score(lr, m):   # mean over the judging seeds of the best validation accuracy up to m
+        return sum(_score(seen.get(t["key"]), m) for t in first[lr]) / len(first[lr])
+
+    for m in milestone_steps(p, steps, every):
+        if len(alive) <= p.keep_min:
+            break
+        if not all(_reached(seen.get(t["key"]), m) for lr in alive for t in first[lr]):
+            break  # the rung is incomplete: decide when it is
+        ranked = sorted(alive, key=lambda lr: (-score(lr, m), lr))
+        kept = ranked[:max(p.keep_min, math.ceil(len(alive) / p.eta))]
+        for t in members:
+            if t["lr"] in alive and t["lr"] not in kept:
+                out[t["key"]] = Stop(m if t["seed"] in judges else 0, f"halving@{m}")
+        alive = kept
+    return out
+
+
+def _choice(members: list[Mapping], seeds: list, seen: Mapping[str, Seen],
+            stops: Mapping[str, Stop]) -> tuple[float, float, float]:
+    """(chosen lr, its mean best validation accuracy, its lead over the next lr in standard
+    errors of a seed mean) of a cell over ``seeds``; lrs any of whose trials was stopped are out.
+    The lead is infinite with one lr, NaN with one seed."""
+    by_lr: dict[float, list[float]] = {}
+    out_lrs = {t["lr"] for t in members if t["key"] in stops and t["seed"] in seeds}
+    for t in members:
+        if t["seed"] in seeds and t["lr"] not in out_lrs:
+            by_lr.setdefault(t["lr"], []).append(_score(seen.get(t["key"])))
+    means = {lr: sum(v) / len(v) for lr, v in by_lr.items() if v}
+    if not means:
+        return math.nan, -math.inf, math.nan
+    lr = min(means, key=lambda x: (-means[x], x))
+    others = [m for x, m in means.items() if x != lr]
+    if not others:
+        return lr, means[lr], math.inf
+    n = min(len(v) for v in by_lr.values())
+    if n < 2:
+        return lr, means[lr], math.nan
+    # pooled seed variance over the cell's lrs (seeds of one lr vary alike)
+    var = sum(sum((x - means[k]) ** 2 for x in v) for k, v in by_lr.items()) / sum(len(v) - 1 for v in by_lr.values())
+    se = math.sqrt(var / n)
+    gap = means[lr] - max(others)
+    return lr, means[lr], (gap / se if se > 0 else math.inf)
+
+
+def _ranks(values: Mapping[tuple, float]) -> dict[tuple, float]:
+    """Rank 1 = highest; ties share the average rank."""
+    out = {}
+    for c, v in values.items():
+        above = sum(1 for w in values.values() if w > v)
+        ties = sum(1 for w in values.values() if w == v)
+        out[c] = above + (ties + 1) / 2
+    return out
+
+
+def _seeds(p: Policy, group: dict[tuple, list[Mapping]], seen: Mapping[str, Seen],
+           stops: Mapping[str, Stop]) -> dict[str, Stop]:
+    out: dict[str, Stop] = {}
+    seed_lists = {c: sorted({t["seed"] for t in m}) for c, m in group.items()}
+    settled: dict[tuple, int] = {}     # cell -> number of seeds it keeps
+    for k in range(max(1, p.min_seeds), max(len(s) for s in seed_lists.values())):
+        # every trial of seeds before k that runs (is not stopped) must have ended
+        for c, members in group.items():
+            if c in settled:
+                continue
+            for t in members:
+                if t["seed"] in seed_lists[c][:k] and t["key"] not in stops and \
+                        not (seen.get(t["key"]) and seen[t["key"]].ended):
+                    return out
+        before, now = {}, {}
+        for c, members in group.items():
+            n = settled.get(c, k)
+            before[c] = _choice(members, seed_lists[c][:min(n, k - 1)], seen, stops)
+            now[c] = _choice(members, seed_lists[c][:n], seen, stops)
+        rank_before = _ranks({c: v[1] for c, v in before.items()})
+        rank_now = _ranks({c: v[1] for c, v in now.items()})
+        for c, members in group.items():
+            if c in settled or k >= len(seed_lists[c]):
+                continue
+            lead = now[c][2]
+            if before[c][0] == now[c][0] and rank_before[c] == rank_now[c] and not lead < p.margin:
+                settled[c] = k
+                for t in members:
+                    if t["seed"] in seed_lists[c][k:] and t["key"] not in stops:
+                        out[t["key"]] = Stop(0, f"seeds@{k}")
+    return out
+
+
+def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -> dict[str, int]:
+    """Steps each trial runs under ``p`` when no trial diverges, from the grid's shape alone:
+    halving's cost is fixed by the lrs and milestones; the seed rule's depends on the data, so
+    ``settled`` says whether every cell settles at ``min_seeds`` (the best case) or none does."""
+    out = {t["key"]: t["steps"] for t in trials}
+    for members in _cells(trials).values():
+        seeds = sorted({t["seed"] for t in members})
+        if p.seeds and settled:
+            for t in members:
+                if t["seed"] in seeds[max(1, p.min_seeds):]:
+                    out[t["key"]] = 0
+        lrs = sorted({t["lr"] for t in members})
+        if not p.halving or len(lrs) <= p.keep_min:
+            continue
+        judges = seeds[:p.decide_seeds]
+        first = [t for t in members if t["seed"] in judges]
+        alive = len(lrs)
+        stop_at: list[int] = []     # the milestone each dropped lr (by rank) stops at
+        for m in milestone_steps(p, max(t["steps"] for t in first), min(t["eval_every"] for t in first)):
+            if alive <= p.keep_min:
+                break
+            kept = max(p.keep_min, math.ceil(alive / p.eta))
+            stop_at += [m] * (alive - kept)
+            alive = kept
+        # which lr drops is the data's; how many and when is not: price the dropped ones by rank
+        order = sorted(members, key=lambda t: (t["seed"] not in judges, t["lr"]))
+        by_seed: dict = {}
+        for t in order:
+            by_seed.setdefault(t["seed"], []).append(t)
+        for seed, ts in by_seed.items():
+            for t, m in zip(ts[len(ts) - len(stop_at):], stop_at):
+                out[t["key"]] = min(out[t["key"]], m if seed in judges else 0)
+    return out
+
+
+# ---------------------------------------------------------------- from the run record
+
+ENDED = ("finished", "diverged", "failed", "stopped")
+
+
+def trial_of(key: str, config: Mapping) -> dict:
+    """The policy's view of a trial from its flat finetuning config."""
+    return {"key": key, **{c: config[c] for c in CELL}, "lr": float(config["lr"]),
+            "seed": int(config["seed"]), "steps": int(config["steps"]),
+            "eval_every": int(config["eval_every"])}
+
+
+def seen_of(points, status: str | None, best: float = math.nan) -> Seen:
+    """``Seen`` from a run's (step, val_acc) history, its raystudy status and final best val acc."""
+    pts = tuple(sorted((int(s), float(v)) for s, v in points))
+    return Seen(pts, status in ENDED, float(best) if status == "finished" else math.nan)

@@ -1,0 +1,100 @@
+"""--adaptive on a real local Ray and MLflow store (slow): the live policy's decisions are the
+replay's on the same recorded curves, stopped trials are recorded once, a killed driver resumes."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from test_grid_ray import grid_cmd, run, trial_runs, work, write_space  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.slow
+
+# 2 conditions x 3 lrs x 3 seeds; halving at step 5 drops one lr per cell for every seed.
+SPACE = {
+    "study": "t", "base": {"model": "vit_demo", "steps": 20, "warmup_steps": 2, "eval_every": 5,
+                           "log_every": 5, "batch_size": 32, "probe_pairs": 0},
+    "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": {"grid_search": [0.03, 0.1, 0.3]},
+             "seed": {"grid_search": [0, 1, 2]}},
+    "datasets": {"digits_c": {}},
+    "tune": {"max_failures": 1, "checkpoint_every_s": 0},
+}
+
+
+def _count_ended(db):
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
+            return c.execute("select count(*) from tags where key='raystudy.status' and "
+                             "value in ('finished', 'stopped')").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(work):  # noqa: F811
+    from analysis import replay
+    from raystudy import adaptive
+
+    tmp, ray_tmp = work
+    cmd = grid_cmd(write_space(tmp, SPACE), ray_tmp, "--adaptive", "halving+seeds")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 400
+        while _count_ended(tmp / "mlflow.db") < 4 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert proc.poll() is None, "grid finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)  # the driver only; mid-grid
+        proc.wait()
+    finally:
+        time.sleep(3)
+        try:  # Ray processes the killed driver started: ours, in our own session
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p = run(cmd, tmp)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    df = trial_runs(uri)
+    # every trial key exactly once, none left running; the policy's stops are `stopped`
+    assert len(df) == 18 and df["tags.raystudy.key"].nunique() == 18, df[["tags.raystudy.key", "status"]]
+    assert set(df["status"]) == {"FINISHED"}
+    assert set(df["tags.raystudy.status"]) <= {"finished", "stopped", "diverged"}
+    stopped = df[df["tags.raystudy.status"] == "stopped"]
+    n = len(stopped)
+    assert f"0 unfinished, {n} stopped by the policy" in p.stdout
+    assert stopped["tags.raystudy.stopped_at"].notna().all()
+    # stopped by the scheduler while running or before starting: no test accuracy. A trial whose
+    # rung completed only after it ended is recorded stopped afterwards (its numbers stay logged).
+    late = stopped["tags.raystudy.stopped_late"] == "1" if "tags.raystudy.stopped_late" in stopped else False
+    assert stopped.loc[~late, "metrics.test_acc"].isna().all() and (~late).sum() >= 1
+
+    # the replay of the policy on what MLflow recorded decides exactly what the live grid did
+    grid = replay.recorded("raystudy-t-vit_demo", uri)
+    decided = adaptive.decide(adaptive.policy("halving+seeds"), grid["trials"], grid["seen"])
+    assert set(decided) == set(stopped["tags.raystudy.key"])
+    halved = {k for k, s in decided.items() if s.rule.startswith("halving")}
+    assert len(halved) == 2 * 3                      # one lr of each condition, all three seeds
+    by_key = stopped.set_index("tags.raystudy.key")
+    for key in halved:                               # a stop never comes before its milestone
+        at = int(by_key.loc[key, "tags.raystudy.stopped_at"])
+        assert at == 0 or at >= decided[key].step
+    # later seeds of a dropped lr never start: no evaluation was logged for them
+    later = [k for k in halved if decided[k].step == 0]
+    early = set(stopped.loc[~late, "tags.raystudy.key"])
+    assert all(not grid["seen"][k].points for k in later if k in early and
+               by_key.loc[k, "tags.raystudy.stopped_at"] == "0") and len(later) == 4
+
+    # and the analysis: stopped runs are counted, never averaged; the conclusions equal the replay's
+    r = replay.replay(grid, adaptive.policy("identity"))
+    assert r["stopped"] == n and (r["runs"]["status"] == "stopped").sum() == n
+    live = replay.conclusions(grid["runs"])
+    assert all(lr not in {t["lr"] for t in grid["trials"] if t["key"] in halved
+                          and (t["dataset"], t["condition"]) == cell}
+               for cell, lr in live["chosen_lr"].items())
