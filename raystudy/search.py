@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = tracking.parent_run(cl, exp_id, skey, f"search-{space.name}-{model}-{dataset}",
                                  {"space": space.name, "model": model, "dataset": dataset,
                                   "num_samples": num_samples}, role="search")
-    summary = []
+    summary, stopped = [], False
     try:
         for label, cond in studies:
             best = runner.search_condition(space, label, cond, model=model, dataset=dataset, base=base, tracking_uri=uri,
@@ -170,15 +170,21 @@ def main(argv: list[str] | None = None) -> int:
                             "test_acc": sum(acc) / len(acc) if acc else math.nan,
                             "test_std": statistics.stdev(acc) if len(acc) > 1 else math.nan,
                             "test_runs": counts["finished"]})
-    except BaseException:
+    except BaseException as e:
         cl.set_tag(parent, "raystudy.status", "interrupted")
-        raise
+        if not isinstance(e, KeyboardInterrupt):
+            raise
+        stopped = True
     else:
         cl.set_tag(parent, "raystudy.status", "finished")
     finally:
-        cl.set_terminated(parent, status="FINISHED")
-        ray.shutdown()
-        held.close()
+        with runner.uninterrupted():
+            cl.set_terminated(parent, status="FINISHED")
+            ray.shutdown()
+            held.close()
+    if stopped:  # Ctrl-C: Optuna's studies and MLflow keep what is done; the rerun goes on from there
+        print("\nsearch stopped; run the same command to resume it", flush=True)
+        return 130
     print("\nbest configuration per condition (chosen on validation, tested with fresh seeds):")
     for s in summary:
         if "config" not in s:

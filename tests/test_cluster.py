@@ -460,7 +460,7 @@ def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster
     from mlflow import MlflowClient
 
     # As the README submits it: on the head, where RAY_ADDRESS and MLFLOW_TRACKING_URI are set.
-    grid = ("python -m raystudy.grid --space demo --conditions MHA,LN1 --set steps=40 "
+    grid = ("python -m raystudy.grid --space demo --datasets digits_c --conditions MHA,LN1 --set steps=40 "
             "--set warmup_steps=4 --set eval_every=20 --set log_every=10 --set batch_size=32 "
             f"--storage {cluster.storage}/ray --quiet")
     t0 = time.time()

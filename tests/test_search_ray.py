@@ -129,7 +129,8 @@ def test_interrupted_search_resumes_without_repeating_trials(work):
 
 
 def test_an_interrupted_search_leaves_no_run_running(work):
-    # Issue #17 item 2: Ctrl+C twice raises KeyboardInterrupt out of the search's tuner.fit().
+    # Issue #17 item 2: Ctrl+C twice raises KeyboardInterrupt out of the search's tuner.fit(); the
+    # search closes its runs and says in one line how to go on.
     tmp, ray_tmp = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 200}}
     (tmp / "s.yaml").write_text(yaml.safe_dump(space))
@@ -142,7 +143,7 @@ def test_an_interrupted_search_leaves_no_run_running(work):
     finally:
         kill_group(proc, grace=2)
     df = runs(tmp)
-    assert proc.returncode != 0 and "KeyboardInterrupt" in out, out[-3000:]
+    assert proc.returncode == 130 and "search stopped; run the same command to resume it" in out, out[-3000:]
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
     parent = df[df["tags.raystudy.role"] == "search"].iloc[0]
     assert parent["tags.raystudy.status"] == "interrupted"
