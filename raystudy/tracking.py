@@ -456,10 +456,15 @@ def close_stale(cl, exp_id: str, **tags: str) -> int:
     from mlflow.entities import RunTag
 
     n = 0
-    for run in find_runs(cl, exp_id, raystudy__role="trial", raystudy__status="running", **tags):
-        cl.log_batch(run.info.run_id, tags=[RunTag("raystudy.status", "interrupted")])
-        cl.set_terminated(run.info.run_id, status="KILLED")
-        n += 1
+    for run in find_runs(cl, exp_id, raystudy__role="trial", **tags):
+        if run.info.status != "RUNNING":
+            continue
+        if run.data.tags.get(STATUS) == "running":
+            cl.log_batch(run.info.run_id, tags=[RunTag(STATUS, "interrupted")])
+            cl.set_terminated(run.info.run_id, status="KILLED")
+            n += 1
+        elif run.data.tags.get(STATUS) in TERMINAL:  # its driver died inside finish_trial: the result stands
+            cl.set_terminated(run.info.run_id, status="FINISHED")
     return n
 
 

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 
 def driver_env(**extra) -> dict:
@@ -66,9 +67,17 @@ def free_port() -> int:
 
 
 def search_runs(uri: str, experiment: str):
-    """Every run of ``experiment`` in the store at ``uri`` (MLflow's global URI left as it was)."""
+    """Every run of ``experiment`` in the store at ``uri`` (MLflow's global URI left as it was).
+
+    Never creates a SQLite store (FileNotFoundError until the driver has), and opens one under
+    raystudy's lock: a store being created by the driver at that moment is left to it."""
     import mlflow
 
+    from raystudy import tracking
+
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise FileNotFoundError(uri)
+    tracking.client(uri)
     mlflow.set_tracking_uri(uri)
     try:
         return mlflow.search_runs(experiment_names=[experiment])

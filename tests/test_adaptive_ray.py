@@ -1,12 +1,11 @@
 """--adaptive on a real local Ray and MLflow store (slow): the live policy's decisions are the
 replay's on the same recorded curves, stopped trials are recorded once, a killed driver resumes."""
 
-import os
 import signal
 import subprocess
-import time
 
 import pytest
+from drivers import kill_group, start, wait_for
 
 from test_grid_ray import grid_cmd, run, trial_runs, work, write_space  # noqa: F401 - fixtures
 
@@ -40,24 +39,14 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
 
     tmp, ray_tmp = work
     cmd = grid_cmd(write_space(tmp, SPACE), ray_tmp, "--adaptive", "halving+seeds")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 400
-        while _count_ended(tmp / "mlflow.db") < 4 and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.5)
+        wait_for(lambda: _count_ended(tmp / "mlflow.db") >= 4, proc, timeout=400)
         assert proc.poll() is None, "grid finished before it could be killed"
         proc.send_signal(signal.SIGKILL)  # the driver only; mid-grid
         proc.wait()
     finally:
-        time.sleep(3)
-        try:  # Ray processes the killed driver started: ours, in our own session
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc, grace=3)  # Ray processes the killed driver started: ours, in our own session
     p = run(cmd, tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     uri = f"sqlite:///{tmp}/mlflow.db"

@@ -90,6 +90,20 @@ def test_close_stale_marks_only_running_runs_of_the_selection(store):
     assert tracking.close_stale(cl, exp, raystudy__search="a") == 0
 
 
+def test_close_stale_ends_a_run_whose_driver_died_between_its_result_and_its_end(store):
+    # A driver killed inside finish_trial (after the result's tags, before set_terminated: the
+    # plasticity artifacts are written in between) left the run RUNNING after every resume.
+    from mlflow.entities import RunTag
+
+    uri, cl, exp = store
+    key = trial_key(CFG)
+    run = tracking.open_trial(cl, exp, None, key, CFG, {"raystudy.search": "a"})
+    cl.log_batch(run, tags=[RunTag("raystudy.status", "finished")])  # and then the kill
+    assert tracking.close_stale(cl, exp, raystudy__search="a") == 0  # nothing was interrupted
+    assert cl.get_run(run).info.status == "FINISHED"
+    assert cl.get_run(run).data.tags["raystudy.status"] == "finished"  # its result stands
+
+
 def test_statuses_in_one_query_prefer_terminal(store):
     uri, cl, exp = store
     keys = [trial_key({**CFG, "seed": s}) for s in range(3)]
