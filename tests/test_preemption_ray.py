@@ -110,8 +110,10 @@ def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, mon
                     continue
                 cks = list(shared.glob(f"*/*_{r['tags.raystudy.tune_trial']}/checkpoint_*/state.pt"))
                 if on is not None and cks:
-                    cluster.remove_node(other)
+                    # the work lost is what ran after the newest checkpoint, up to the node's end
+                    # (remove_node's own seconds of waiting for processes to exit are not work)
                     lost_s = time.time() - max(p.stat().st_mtime for p in cks)
+                    cluster.remove_node(other)
                     unnoticed = r["run_id"]
                     break
         assert lost_s is not None, "no trial on the other node to lose"
