@@ -60,6 +60,22 @@ def ctrl_c_twice(proc, timeout=120) -> str:
     return proc.communicate(timeout=timeout)[0]
 
 
+def count_status(db, *statuses: str) -> int:
+    """Trial runs in the SQLite store ``db`` whose raystudy status is one of ``statuses``; read
+    only, so that polling never creates or locks a store a driver is creating (0 until it exists)."""
+    import sqlite3
+
+    if not Path(db).exists():
+        return 0
+    marks = ", ".join("?" * len(statuses))
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
+            return c.execute(f"select count(*) from tags where key='raystudy.status' and value in ({marks})",
+                             statuses).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

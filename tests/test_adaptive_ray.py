@@ -5,7 +5,7 @@ import signal
 import subprocess
 
 import pytest
-from drivers import kill_group, start, wait_for
+from drivers import count_status, kill_group, start, wait_for
 
 from test_grid_ray import grid_cmd, run, trial_runs, work, write_space  # noqa: F401 - fixtures
 
@@ -22,15 +22,6 @@ SPACE = {
 }
 
 
-def _count_ended(db):
-    import sqlite3
-
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
-            return c.execute("select count(*) from tags where key='raystudy.status' and "
-                             "value in ('finished', 'stopped')").fetchone()[0]
-    except sqlite3.Error:
-        return 0
 
 
 def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(work):  # noqa: F811
@@ -41,7 +32,7 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
     cmd = grid_cmd(write_space(tmp, SPACE), ray_tmp, "--adaptive", "halving+seeds")
     proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
     try:
-        wait_for(lambda: _count_ended(tmp / "mlflow.db") >= 4, proc, timeout=400)
+        wait_for(lambda: count_status(tmp / "mlflow.db", "finished", "stopped") >= 4, proc, timeout=400)
         assert proc.poll() is None, "grid finished before it could be killed"
         proc.send_signal(signal.SIGKILL)  # the driver only; mid-grid
         proc.wait()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from drivers import ctrl_c_twice, driver_env, free_port, kill_group, search_runs, start, wait_for
+from drivers import count_status, ctrl_c_twice, driver_env, free_port, kill_group, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -118,16 +118,6 @@ def test_failing_trial_is_retried_then_failed_and_the_rest_completes(work):
     assert set(df[df["params.dataset"] == "digits_c"]["tags.raystudy.status"]) == {"finished"}
 
 
-def _count_done(db):
-    import sqlite3
-
-    if not Path(db).exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
-            return c.execute("select count(*) from tags where key='raystudy.status' and value='finished'").fetchone()[0]
-    except sqlite3.Error:
-        return 0
 
 
 def test_killed_driver_then_rerun_completes_exactly_once(work):
@@ -138,7 +128,7 @@ def test_killed_driver_then_rerun_completes_exactly_once(work):
     cmd = grid_cmd(write_space(tmp, space), ray_tmp)
     proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
     try:
-        wait_for(lambda: _count_done(tmp / "mlflow.db") >= 2, proc)
+        wait_for(lambda: count_status(tmp / "mlflow.db", "finished") >= 2, proc)
         assert proc.poll() is None, "grid finished before it could be killed"
         proc.send_signal(signal.SIGKILL)  # the driver only; mid-grid
         proc.wait()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import yaml
-from drivers import ctrl_c_twice, driver_env, kill_group, search_runs, start, wait_for
+from drivers import count_status, ctrl_c_twice, driver_env, kill_group, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -80,19 +80,6 @@ def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
     assert "browse: mlflow ui --backend-store-uri sqlite:///" in p.stdout
 
 
-def _done_in_mlflow(tmp):
-    """Search trials that ended, read-only (never create a store the search is creating)."""
-    import sqlite3
-
-    db = tmp / "mlflow.db"
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
-            return c.execute("select count(*) from tags where key='raystudy.status' "
-                             "and value in ('finished', 'stopped')").fetchone()[0]
-    except sqlite3.Error:
-        return 0
 
 
 def test_interrupted_search_resumes_without_repeating_trials(work):
@@ -100,7 +87,7 @@ def test_interrupted_search_resumes_without_repeating_trials(work):
     log = open(tmp / "first.log", "w")
     proc = start(cmd(tmp, ray_tmp), tmp, stdout=log)
     try:
-        wait_for(lambda: _done_in_mlflow(tmp) >= 3, proc)
+        wait_for(lambda: count_status(tmp / "mlflow.db", "finished", "stopped") >= 3, proc)
         assert proc.poll() is None, "search ended before it could be interrupted:\n" + (tmp / "first.log").read_text()[-3000:]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
