@@ -28,8 +28,13 @@ def save(fig, base: str | os.PathLike) -> list[Path]:
     base.parent.mkdir(parents=True, exist_ok=True)
     # Appended, not with_suffix: model names carry dots (vit_base_patch16_224.orig_in21k).
     paths = [base.with_name(base.name + ".png"), base.with_name(base.name + ".pdf")]
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    # Constrained layout places everything inside the figure, so no "tight" bbox (which draws
+    # each file twice); the PDF reuses the PNG's layout instead of solving it again.
+    fig.savefig(paths[0], dpi=150)
+    engine = fig.get_layout_engine()
+    fig.set_layout_engine("none")
+    fig.savefig(paths[1])
+    fig.set_layout_engine(engine)
     return paths
 
 

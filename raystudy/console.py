@@ -16,6 +16,8 @@ from typing import Any
 
 from ray import tune
 
+from raystudy import components
+
 # Config keys shown in a trial's line only when the grid varies them (condition, dataset, lr and
 # seed always are).
 VARYING = ("model", "optimizer", "low_data")
@@ -58,7 +60,7 @@ def describe(config: dict[str, Any], shown: Iterable[str] = ()) -> str:
     for k in shown:
         v = config.get(k)
         parts.append(("low_data" if v else "full_data") if k == "low_data" else str(v))
-    if config.get("condition") != "linear_probe":
+    if components.has_lr(str(config.get("condition"))):
         parts.append(f"lr {config.get('lr'):g}")
     parts.append(f"seed {config.get('seed')}")
     return " ".join(parts)

@@ -64,10 +64,18 @@ def ranking(runs):
     table = stats.wide(best)
     out = pd.DataFrame({
         "test_acc": table.mean(axis=0), "avg_rank": stats.ranks(table).mean(axis=0),
-        "best_lr": best.groupby("condition")["lr"].agg(lambda s: ",".join(f"{v:g}" for v in sorted(set(s)))),
+        "best_lr": {c: _lrs(c, lrs) for c, lrs in best.groupby("condition")["lr"]},
         "runs": best.groupby("condition")["n"].sum()})
     out.index.name = "condition"
     return out.sort_values("test_acc", ascending=False).reset_index()[cols]
+
+
+def _lrs(condition: str, chosen) -> str:
+    """The lrs a condition's ranking used (one per dataset, when they differ); "-" for a
+    condition with no lr (the linear probe's closed form)."""
+    if not components.has_lr(condition):
+        return "-"
+    return ",".join(f"{v:g}" for v in sorted(set(chosen)))
 
 
 def projection(policy, space, model: str, trials: list) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from raystudy import components
 from raystudy.config import FinetuneConfig, parse_value
 from raystudy.errors import ConfigError
 
@@ -52,6 +53,11 @@ TERMINAL = ("finished", "diverged", "stopped")
 
 class TrackingUnavailable(ConfigError):
     """The tracking server or store cannot be reached."""
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a ``sqlite:///PATH`` store; None for any other URI."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
 def default_uri() -> str:
@@ -83,7 +89,7 @@ def check_uri(uri: str, timeout: float = 5.0, must_exist: bool = False) -> None:
         except OSError as e:
             raise TrackingUnavailable(f"MLflow tracking server {uri} does not answer /health ({e})") from None
     elif p.scheme == "sqlite":
-        path = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+        path = sqlite_path(uri)
         if path is None or not path.parent.is_dir():
             raise TrackingUnavailable(f"tracking URI {uri!r}: folder {path.parent if path else '?'} does not exist")
         if must_exist and not path.is_file():
@@ -126,11 +132,11 @@ def client(uri: str):
     drivers creating the schema at once otherwise leave a half-made store no one can open."""
     from mlflow import MlflowClient
 
-    if not uri.startswith("sqlite:///") or uri in _READY:
+    db = sqlite_path(uri)
+    if db is None or uri in _READY:
         return MlflowClient(tracking_uri=uri)
     import fcntl
 
-    db = Path(uri[len("sqlite:///"):])
     with open(db.with_name(f".{db.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         cl = MlflowClient(tracking_uri=uri)
@@ -190,9 +196,8 @@ def browse_lines(uri: str, exp_id: str) -> list[str]:
 
 def default_artifact_location(uri: str) -> str | None:
     """Artifacts next to a local SQLite store (absolute, so any working directory finds them)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    return None
+    db = sqlite_path(uri)
+    return None if db is None else (db.parent / "mlartifacts").resolve().as_uri()
 
 
 def find_runs(cl, exp_id: str, **tags: str):
@@ -221,7 +226,8 @@ def statuses(cl, exp_id: str) -> dict[str, str]:
 def known_statuses(uri: str, experiment: str) -> dict[str, str]:
     """``statuses`` of experiment ``experiment`` in the store at ``uri``, read only: empty when
     the store (a SQLite file) or the experiment does not exist yet, and neither is created."""
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
         return {}
     cl = client(uri)
     exp = cl.get_experiment_by_name(experiment)
@@ -351,7 +357,7 @@ def trial_name(config: dict[str, Any]) -> str:
     parts = [str(config.get("condition")), str(config.get("dataset"))]
     if config.get("optimizer", "sgd") != "sgd":
         parts.append(str(config.get("optimizer")))
-    if config.get("condition") != "linear_probe":
+    if components.has_lr(str(config.get("condition"))):
         lr = _num(config.get("lr"))
         parts.append(f"lr{lr:.3g}" if not math.isnan(lr) else f"lr{config.get('lr')}")
     parts.append(f"s{config.get('seed')}")

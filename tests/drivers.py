@@ -91,7 +91,8 @@ def search_runs(uri: str, experiment: str):
 
     from raystudy import tracking
 
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+    db = tracking.sqlite_path(uri)
+    if db is not None and not db.is_file():
         raise FileNotFoundError(uri)
     tracking.client(uri)
     mlflow.set_tracking_uri(uri)

@@ -21,7 +21,7 @@ SPACE = {
 }
 
 
-def test_grid_analysis_export_rerun(tmp_path, demo_weights):
+def test_grid_analysis_export_rerun(tmp_path, demo_weights, mlflow_uri):  # ./mlflow.db: an empty store
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     env = driver_env()
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))

@@ -130,6 +130,16 @@ def test_ranking_chooses_lr_on_validation():
     assert r.iloc[0]["test_acc"] == pytest.approx(0.70)
 
 
+def test_ranking_shows_no_lr_for_the_linear_probe():
+    import pandas as pd
+
+    # the linear probe's closed form has no lr: its runs carry the space's lr, which means nothing
+    df = pd.DataFrame([dict(dataset="d", condition=c, lr=lr, seed=0, status="finished", val_acc=v, test_acc=v)
+                       for c, lr, v in (("MHA", 0.1, 0.5), ("MHA", 0.3, 0.6), ("linear_probe", 0.1, 0.4))])
+    r = grid.ranking(df).set_index("condition")
+    assert r.loc["MHA", "best_lr"] == "0.3" and r.loc["linear_probe", "best_lr"] == "-"
+
+
 def test_ranking_is_the_reports_average_and_average_rank():
     import pandas as pd
 

@@ -28,8 +28,10 @@ SPACE = {
 
 
 @pytest.fixture()
-def work(tmp_path, demo_weights):
-    # Ray's sockets need a short path; its own temp dir keeps it away from any other Ray here.
+def work(tmp_path, demo_weights, mlflow_uri):
+    # The driver's default store (./mlflow.db) starts as a copy of an empty one: creating a store
+    # is seconds of migrations, tested once in test_runner. Ray's sockets need a short path; its
+    # own temp dir keeps it away from any other Ray here.
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     yield tmp_path, ray_tmp
     shutil.rmtree(ray_tmp, ignore_errors=True)
@@ -186,6 +188,7 @@ def _rest(uri, path, body=None):
 
 def test_grid_against_a_real_mlflow_server(work):
     tmp, ray_tmp = work
+    (tmp / "mlflow.db").unlink()  # this grid must write nothing locally
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),

@@ -47,7 +47,7 @@ def _runs(uri):
     return search_runs(uri, "raystudy-pre-vit_demo")
 
 
-def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, monkeypatch):
+def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, mlflow_uri, monkeypatch):
     import mlflow
     import psutil
     from ray.cluster_utils import Cluster

@@ -29,7 +29,7 @@ SPACE = {
 
 
 @pytest.fixture()
-def work(tmp_path, demo_weights):
+def work(tmp_path, demo_weights, mlflow_uri):  # mlflow_uri: ./mlflow.db starts as an empty store
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(SPACE))
     yield tmp_path, ray_tmp

@@ -115,6 +115,14 @@ def test_statuses_in_one_query_prefer_terminal(store):
 
 # ---------------------------------------------------------------- what the MLflow UI shows
 
+def test_sqlite_path_is_the_stores_file_and_none_otherwise():
+    from pathlib import Path
+
+    assert tracking.sqlite_path("sqlite:////tmp/x/mlflow.db") == Path("/tmp/x/mlflow.db")
+    assert tracking.sqlite_path("http://127.0.0.1:5000") is None
+    assert tracking.sqlite_path("postgresql://u@h/db") is None
+
+
 def test_trial_names_are_short_with_lr_rounded():
     assert tracking.trial_name({**CFG, "lr": 0.30000000000000004, "seed": 1}) == "MHA·digits_c·lr0.3·s1"
     assert tracking.trial_name({**CFG, "lr": 3.1623e-05}) == "MHA·digits_c·lr3.16e-05·s0"
