@@ -317,11 +317,18 @@ def _seeds(p: Policy, group: dict[tuple, list[Mapping]], seen: Mapping[str, Seen
 
 def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -> dict[str, int]:
     """Steps each trial runs under ``p`` when no trial diverges, from the grid's shape alone:
-    halving's cost is fixed by the lrs and milestones; the seed rule's depends on the data, so
-    ``settled`` says whether every cell settles at ``min_seeds`` (the best case) or none does."""
+    halving's cost is fixed by the lrs and milestones; the seed rule's and the race's depend on
+    the data, so ``settled`` says whether every cell settles at ``min_seeds`` (the best case) or
+    none does, and for the race whether one lr per cell is left at the first milestone or all."""
     out = {t["key"]: t["steps"] for t in trials}
     for members in _cells(trials).values():
         seeds = sorted({t["seed"] for t in members})
+        lrs = sorted({t["lr"] for t in members})
+        if p.race and settled and len(lrs) > 1:
+            first = milestone_steps(p, max(t["steps"] for t in members), min(t["eval_every"] for t in members))
+            for t in members:   # the smallest lr stays (which one is the data's; the cost is not)
+                if t["lr"] != lrs[0]:
+                    out[t["key"]] = (first[0] if first else t["steps"]) if t["seed"] == seeds[0] else 0
         if p.seeds and settled:
             for t in members:
                 if t["seed"] in seeds[max(1, p.min_seeds):]:
