@@ -5,7 +5,7 @@
     python -m raystudy.grid --model vit_base --dry-run       # count trials and GPU-hours, start nothing
     python -m raystudy.grid --space paper --datasets cifar10,pets --conditions MHA,LN1 --optimizers sgd,adamw
     python -m raystudy.grid --address auto                   # on the cluster started by `ray up cluster.yaml`
-    python -m raystudy.grid --space demo_adaptive --adaptive halving+seeds   # stop trials the study does not need
+    python -m raystudy.grid --space demo_adaptive --adaptive race   # stop trials the study does not need
     python -m raystudy.grid --model vit_base --dry-run --adaptive halving+seeds  # what that saves on the paper grid
 
 Rerunning the same command after a crash, a kill or Ctrl-C resumes the unfinished trials (from
