@@ -178,4 +178,8 @@ def test_replay_from_an_mlflow_store(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("identity: 0 of 32 trials stopped; steps 3,200 of 3,200 (100.0%)")
     assert lines[1].startswith("halving: 16 of 32 trials stopped; steps 1,800 of 3,200 (56.2%)")
+    # race per cell: lr 0.3 trails by 0.12 at 25 (out there), 0.03 and 0.1 by 0.05 and 0.1 after
+    # seed 0 (bound 0.01): seed 0 runs 3 x 100 + 25, seed 1 only lr 0.01
+    race = next(ln for ln in lines if ln.startswith("race:"))
+    assert race.startswith("race: 24 of 32 trials stopped; steps 1,700 of 3,200 (53.1%)") and "same lr in 4 of 4" in race
     assert (tmp_path / "o" / "replay.json").is_file() and (tmp_path / "o" / "decisions_seeds.csv").is_file()
