@@ -325,15 +325,14 @@ def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -
         seeds = sorted({t["seed"] for t in members})
         lrs = sorted({t["lr"] for t in members})
         if p.race and settled and len(lrs) > 1:
-            first = milestone_steps(p, max(t["steps"] for t in members), min(t["eval_every"] for t in members))
+            ms = milestone_steps(p, max(t["steps"] for t in members), min(t["eval_every"] for t in members))
             for t in members:   # the smallest lr stays (which one is the data's; the cost is not)
                 if t["lr"] != lrs[0]:
-                    out[t["key"]] = (first[0] if first else t["steps"]) if t["seed"] == seeds[0] else 0
+                    out[t["key"]] = (ms[0] if ms else t["steps"]) if t["seed"] == seeds[0] else 0
         if p.seeds and settled:
             for t in members:
                 if t["seed"] in seeds[max(1, p.min_seeds):]:
                     out[t["key"]] = 0
-        lrs = sorted({t["lr"] for t in members})
         if not p.halving or len(lrs) <= p.keep_min:
             continue
         judges = seeds[:p.decide_seeds]

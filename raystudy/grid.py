@@ -77,9 +77,11 @@ def projection(policy, space, model: str, trials: list) -> str:
     view = [adaptive.trial_of(t.key, t.config) for t in trials]
     full = spaces.gpu_hours(space, model, trials)
     lines = [f"adaptive {policy.name} (replay a finished grid to measure it: python -m analysis.replay):"]
-    ends = ((False, "no cell settles its seeds early"), (True, f"every cell settles at {policy.min_seeds} seeds"))
+    ends = ((False, "no cell settles its seeds early"),
+            (True, f"every cell settles at {policy.min_seeds} seeds"))
     if policy.race:
-        ends = ((False, "every lr stays in the race"), (True, "one lr per cell is left at the first milestone"))
+        ends = ((False, "every lr stays in the race"),
+                (True, "one lr per cell is left at the first milestone"))
     for settled, what in ends:
         if settled and not (policy.seeds or policy.race):
             continue
