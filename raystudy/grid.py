@@ -72,8 +72,9 @@ def ranking(runs):
 
 def projection(policy, space, model: str, trials: list) -> str:
     """What ``policy`` would spend of the grid: halving's share is fixed by the grid's shape, the
-    seed rule's by the data, so both ends (no cell settles early, every cell does) are given,
-    priced like the full grid (measured step times, else the space's estimate)."""
+    seed rule's and the race's by the data, so both ends (no cell settles early, every cell does;
+    every lr stays in the race, one per cell is left at the first milestone) are given, priced
+    like the full grid (measured step times, else the space's estimate)."""
     view = [adaptive.trial_of(t.key, t.config) for t in trials]
     full = spaces.gpu_hours(space, model, trials)
     lines = [f"adaptive {policy.name} (replay a finished grid to measure it: python -m analysis.replay):"]
