@@ -28,6 +28,18 @@ Rules. A *cell* is (dataset, condition, optimizer); its lrs × seeds are its tri
   least ``margin`` standard errors of a k-seed mean (seed variance pooled over the cell's lrs).
   Decided for seed k when every running trial of seeds before k on that dataset and optimizer
   has ended.
+- ``race``: a cell's lrs race over its seeds, one seed after another, and an lr leaves the race
+  only when it trails by more than noise can explain. Within a seed, at each milestone (once every
+  lr still in the race has reached it), an lr whose best validation accuracy so far trails that
+  seed's best by more than ``gap`` is out (a diverging or far too slow lr). After the first k of n
+  seeds have ended for every lr in the race, an lr is out when its k-seed mean of best validation
+  accuracy trails the leader's by more than ``swing * sqrt(n - k) / k``: to become the n-seed
+  choice, the n - k seeds still to run would have to move its paired difference with the leader
+  by more than one standard deviation (``swing``: the spread of one seed's paired difference). An
+  lr out of the race is out for every seed (its trial at a milestone stops there, its later seeds
+  never start, its earlier seeds' finished trials are stopped, out of the choice); the leader, and
+  any lr it cannot yet tell apart from it, runs every seed, so whenever the race keeps the chosen
+  lr the analysis sees exactly the full grid's numbers for it.
 
 Decisions use only data up to the milestone they are taken at, and wait for the data they need:
 a trial that runs past a milestone while its rung is incomplete does not change the decision.
@@ -57,6 +69,9 @@ class Policy:
     seeds: bool = False
     min_seeds: int = 2                         # seeds every cell runs
     margin: float = 2.0                        # the chosen lr's lead, in standard errors of a seed mean
+    race: bool = False
+    gap: float = 0.1                           # race: val-acc points an lr may trail at a milestone
+    swing: float = 0.01                        # race: the spread of one seed's paired lr difference
 
 
 POLICIES = {
@@ -66,6 +81,7 @@ POLICIES = {
     "seeds": Policy("seeds", seeds=True),
     "halving+seeds": Policy("halving+seeds", halving=True, seeds=True),
     "halving2+seeds": Policy("halving2+seeds", halving=True, decide_seeds=2, seeds=True),
+    "race": Policy("race", race=True, milestones=(0.125, 0.25)),
 }
 
 
@@ -138,6 +154,9 @@ def decide(p: Policy, trials: Sequence[Mapping], seen: Mapping[str, Seen]) -> di
     if p.halving:
         for members in cells.values():
             stops.update(_halving(p, members, seen))
+    if p.race:
+        for members in cells.values():
+            stops.update(_race(p, members, seen))
     if p.seeds:
         by_group: dict[tuple, dict[tuple, list[Mapping]]] = {}
         for cell, members in cells.items():
@@ -179,6 +198,50 @@ def _halving(p: Policy, members: list[Mapping], seen: Mapping[str, Seen]) -> dic
             if t["lr"] in alive and t["lr"] not in kept:
                 out[t["key"]] = Stop(m if t["seed"] in judges else 0, f"halving@{m}")
         alive = kept
+    return out
+
+
+def _race(p: Policy, members: list[Mapping], seen: Mapping[str, Seen]) -> dict[str, Stop]:
+    seeds = sorted({t["seed"] for t in members})
+    alive = sorted({t["lr"] for t in members})
+    if len(alive) < 2:
+        return {}
+    trial = {(t["lr"], t["seed"]): t for t in members}
+    steps = max(t["steps"] for t in members)
+    every = min(t["eval_every"] for t in members)
+    out: dict[str, Stop] = {}
+
+    def drop(lrs: list, k: int, step: int, rule: str) -> None:
+        """``lrs`` leave the race during seed index ``k``: earlier seeds ran (out of the choice),
+        seed k stops at ``step``, later seeds never start."""
+        for t in members:
+            if t["lr"] in lrs:
+                i = seeds.index(t["seed"])
+                out[t["key"]] = Stop(t["steps"] if i < k else step if i == k else 0, rule)
+
+    def ran(lr, seed, upto=None):
+        t = trial.get((lr, seed))
+        return _score(seen.get(t["key"]), upto) if t else -math.inf
+
+    for k, seed in enumerate(seeds):
+        for m in milestone_steps(p, steps, every):
+            if len(alive) < 2:
+                break
+            if not all(_reached(seen.get(trial[(lr, seed)]["key"]), m) for lr in alive if (lr, seed) in trial):
+                return out  # the rung is incomplete: decide when it is
+            score = {lr: ran(lr, seed, m) for lr in alive}
+            lost = [lr for lr in alive if score[lr] < max(score.values()) - p.gap]
+            drop(lost, k, m, f"race@{m}")
+            alive = [lr for lr in alive if lr not in lost]
+        if k == len(seeds) - 1 or len(alive) < 2:
+            break
+        if not all(seen.get(trial[(lr, seed)]["key"], Seen()).ended for lr in alive if (lr, seed) in trial):
+            return out  # seed k still runs: the next seed waits for it
+        mean = {lr: sum(ran(lr, s) for s in seeds[:k + 1]) / (k + 1) for lr in alive}
+        bound = p.swing * math.sqrt(len(seeds) - k - 1) / (k + 1)
+        lost = [lr for lr in alive if mean[lr] < max(mean.values()) - bound]
+        drop(lost, k + 1, 0, f"race after {k + 1} seed{'s' if k else ''}")
+        alive = [lr for lr in alive if lr not in lost]
     return out
 
 
@@ -254,16 +317,22 @@ def _seeds(p: Policy, group: dict[tuple, list[Mapping]], seen: Mapping[str, Seen
 
 def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -> dict[str, int]:
     """Steps each trial runs under ``p`` when no trial diverges, from the grid's shape alone:
-    halving's cost is fixed by the lrs and milestones; the seed rule's depends on the data, so
-    ``settled`` says whether every cell settles at ``min_seeds`` (the best case) or none does."""
+    halving's cost is fixed by the lrs and milestones; the seed rule's and the race's depend on
+    the data, so ``settled`` says whether every cell settles at ``min_seeds`` (the best case) or
+    none does, and for the race whether one lr per cell is left at the first milestone or all."""
     out = {t["key"]: t["steps"] for t in trials}
     for members in _cells(trials).values():
         seeds = sorted({t["seed"] for t in members})
+        lrs = sorted({t["lr"] for t in members})
+        if p.race and settled and len(lrs) > 1:
+            ms = milestone_steps(p, max(t["steps"] for t in members), min(t["eval_every"] for t in members))
+            for t in members:   # the smallest lr stays (which one is the data's; the cost is not)
+                if t["lr"] != lrs[0]:
+                    out[t["key"]] = (ms[0] if ms else t["steps"]) if t["seed"] == seeds[0] else 0
         if p.seeds and settled:
             for t in members:
                 if t["seed"] in seeds[max(1, p.min_seeds):]:
                     out[t["key"]] = 0
-        lrs = sorted({t["lr"] for t in members})
         if not p.halving or len(lrs) <= p.keep_min:
             continue
         judges = seeds[:p.decide_seeds]

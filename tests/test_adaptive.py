@@ -23,7 +23,7 @@ def curve(*vals, every=25, ended=True):
 
 def test_policy_names_are_checked():
     assert adaptive.policy("halving").halving
-    with pytest.raises(ConfigError, match="unknown policy; valid: identity, halving, halving2, seeds, halving\\+seeds, halving2\\+seeds"):
+    with pytest.raises(ConfigError, match="unknown policy; valid: identity, halving, halving2, seeds, halving\\+seeds, halving2\\+seeds, race"):
         adaptive.policy("asha")
 
 
@@ -167,3 +167,62 @@ def test_halving2_judges_the_mean_of_the_first_two_seeds():
     assert adaptive.decide(adaptive.policy("halving2"), trials, seen) == {}
     assert adaptive.tier(adaptive.policy("halving2"), 0) == adaptive.tier(adaptive.policy("halving2"), 1) == 0
     assert sum(adaptive.planned_steps(adaptive.policy("halving2"), trials).values()) == 2 * (2 * 25 + 2 * 100) + 2 * 100
+
+
+def test_race_drops_an_lr_at_the_milestone_and_between_seeds_and_keeps_the_leader_everywhere():
+    trials = grid()          # 4 lrs x 3 seeds, 100 steps, evaluations every 25: one milestone, 25
+    p = adaptive.policy("race")                          # gap 0.1, swing 0.01
+    assert adaptive.milestone_steps(p, 100, 25) == [25]   # 12.5 and 25 both round up to 25
+    # seed 0 at 25: best 0.8 (lr 0.1); 0.01 trails by 0.3 > gap: out there, for every seed. 0.3
+    # trails by 0.08: stays. Finals: 0.03 0.85, 0.1 0.86, 0.3 0.80. After one seed of three the
+    # bound is 0.01 * sqrt(2) / 1 = 0.014: 0.03 (0.01 behind) stays, 0.3 (0.06 behind) is out.
+    seen = {"d/MHA/0.01/0": curve(0.5, ended=False), "d/MHA/0.03/0": curve(0.75, 0.85),
+            "d/MHA/0.1/0": curve(0.8, 0.86), "d/MHA/0.3/0": curve(0.72, 0.80)}
+    stops = adaptive.decide(p, trials, seen)
+    assert stops == {"d/MHA/0.01/0": Stop(25, "race@25"), "d/MHA/0.01/1": Stop(0, "race@25"),
+                     "d/MHA/0.01/2": Stop(0, "race@25"),
+                     # its first seed ran to the end: stopped all the same, out of the lr choice
+                     "d/MHA/0.3/0": Stop(100, "race after 1 seed"), "d/MHA/0.3/1": Stop(0, "race after 1 seed"),
+                     "d/MHA/0.3/2": Stop(0, "race after 1 seed")}
+    # seed 1: 0.03 0.88, 0.1 0.84 (no one 0.1 behind at 25). Means 0.865 and 0.85; after two
+    # seeds the bound is 0.01 * sqrt(1) / 2 = 0.005: 0.1, 0.015 behind, is out; 0.03 runs seed 2
+    seen.update({"d/MHA/0.03/1": curve(0.7, 0.88), "d/MHA/0.1/1": curve(0.75, 0.84)})
+    after = adaptive.decide(p, trials, seen)
+    assert {k: v for k, v in after.items() if k not in stops} == {
+        "d/MHA/0.1/0": Stop(100, "race after 2 seeds"), "d/MHA/0.1/1": Stop(100, "race after 2 seeds"),
+        "d/MHA/0.1/2": Stop(0, "race after 2 seeds")}
+    assert not any("/0.03/" in k for k in after)          # the choice runs every seed
+    assert adaptive.tier(p, 0) == 0 and adaptive.tier(p, 2) == 2   # seeds one after another
+
+
+def test_race_waits_for_the_rung_and_for_the_seed_and_ignores_data_past_the_milestone():
+    trials = grid()
+    p = adaptive.policy("race")
+    seen = {"d/MHA/0.01/0": curve(0.5, ended=False), "d/MHA/0.03/0": curve(0.8, ended=False),
+            "d/MHA/0.1/0": curve(0.8, ended=False)}
+    assert adaptive.decide(p, trials, seen) == {}                        # 0.3 not at 25 yet
+    seen["d/MHA/0.3/0"] = Seen((), ended=True)                           # diverged before evaluating
+    assert set(adaptive.decide(p, trials, seen)) == {f"d/MHA/{lr}/{s}" for lr in (0.01, 0.3) for s in (0, 1, 2)}
+    # 0.01 climbs to 0.99 after the milestone: the decision taken at 25 stands
+    seen["d/MHA/0.01/0"] = curve(0.5, 0.99)
+    assert adaptive.decide(p, trials, seen)["d/MHA/0.01/0"] == Stop(25, "race@25")
+    # 0.03 and 0.1 still run their first seed: no decision about the second seed yet
+    assert set(adaptive.decide(p, trials, seen)) == {f"d/MHA/{lr}/{s}" for lr in (0.01, 0.3) for s in (0, 1, 2)}
+    # both end level: nobody is out after one seed; the rest is the seeds'
+    seen["d/MHA/0.03/0"], seen["d/MHA/0.1/0"] = curve(0.8, 0.9), curve(0.8, 0.9)
+    assert set(adaptive.decide(p, trials, seen)) == {f"d/MHA/{lr}/{s}" for lr in (0.01, 0.3) for s in (0, 1, 2)}
+
+
+def test_race_swing_and_gap_settings_and_its_projection():
+    trials = grid(seeds=(0, 1))
+    seen = {"d/MHA/0.01/0": curve(0.5, 0.6), "d/MHA/0.03/0": curve(0.75, 0.85),
+            "d/MHA/0.1/0": curve(0.8, 0.90), "d/MHA/0.3/0": curve(0.65, 0.70)}
+    # one seed of two: bound swing * 1 / 1. 0.03 is 0.05 behind: out with swing 0.01, in with 0.1;
+    # a gap of 0.4 keeps 0.01 (0.3 behind at 25) until the seed ends, 0.3 behind
+    tight, loose = adaptive.Policy("t", race=True, swing=0.01), adaptive.Policy("l", race=True, swing=0.1, gap=0.4)
+    assert {k for k in adaptive.decide(tight, trials, seen) if "/0.03/" in k} == {"d/MHA/0.03/0", "d/MHA/0.03/1"}
+    assert {k: s.rule for k, s in adaptive.decide(loose, trials, seen).items()} == {
+        f"d/MHA/{lr}/{s}": "race after 1 seed" for lr in (0.01, 0.3) for s in (0, 1)}
+    p = adaptive.policy("race")
+    assert sum(adaptive.planned_steps(p, grid()).values()) == 1200          # nobody leaves
+    assert sum(adaptive.planned_steps(p, grid(), settled=True).values()) == 3 * 25 + 3 * 100   # one lr left

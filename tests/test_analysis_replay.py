@@ -74,6 +74,25 @@ def test_halving_on_a_grid_whose_order_is_set_at_the_first_evaluation(study):
     assert r["step_fraction"] < 0.6
 
 
+def test_race_keeps_the_full_grids_lr_exactly_where_that_lr_ran_every_seed(study):
+    r = replay.replay(study, adaptive.policy("race"))
+    runs = r["runs"]
+    # an lr is in the choice with all its seeds or out with all of them: never half its seeds,
+    # whose mean over fewer seeds could win the choice (a diverged seed ended on its own)
+    for _, g in runs.groupby(["dataset", "condition", "optimizer", "lr"]):
+        assert not ({"stopped"} <= set(g["status"]) and "finished" in set(g["status"])), g
+    # the survivors' numbers are the full grid's: where its lr survives, the choice is the same
+    full = replay.conclusions(replay.apply(study["runs"], {}))["chosen_lr"]
+    kept = [(d, c) for (d, c), lr in full.items()
+            if not (runs[(runs["dataset"] == d) & (runs["condition"] == c) & (runs["lr"] == lr)]["status"] == "stopped").any()]
+    assert r["same_lr"] == len(kept) and 0 < len(kept) < r["cells"]
+    assert r["stopped"] > 0 and r["step_fraction"] < 1
+    # a trial of an lr that left after its seed ended is priced whole, a later seed's at nothing
+    after = runs[runs["stop_rule"].str.startswith("race after")]
+    ran = after["seed"] < after["stop_rule"].str.extract(r"after (\d)")[0].astype(int)
+    assert set(after.loc[ran, "spent_steps"]) == {float(STEPS)} and set(after.loc[~ran, "spent_steps"]) == {0.0}
+
+
 def test_apply_prices_what_runs_and_keeps_early_divergence():
     runs = pd.DataFrame({"key": ["a", "b", "c", "d"], "status": ["finished", "diverged", "finished", "diverged"],
                          "val_acc": [0.9, np.nan, 0.8, np.nan], "test_acc": [0.88, np.nan, 0.79, np.nan],
@@ -117,7 +136,7 @@ def test_stopped_runs_are_left_out_of_means_and_counted(study, tmp_path):
 def test_policy_all_and_bad_policy_on_the_command_line(capsys):
     assert replay.main(["--experiment", "x", "--policy", "asha"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: --policy 'asha': unknown policy; valid: identity, halving, halving2, seeds, halving+seeds, halving2+seeds"
+    assert err == "error: --policy 'asha': unknown policy; valid: identity, halving, halving2, seeds, halving+seeds, halving2+seeds, race"
 
 
 @pytest.mark.slow
@@ -159,4 +178,8 @@ def test_replay_from_an_mlflow_store(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("identity: 0 of 32 trials stopped; steps 3,200 of 3,200 (100.0%)")
     assert lines[1].startswith("halving: 16 of 32 trials stopped; steps 1,800 of 3,200 (56.2%)")
+    # race per cell: lr 0.3 trails by 0.12 at 25 (out there), 0.03 and 0.1 by 0.05 and 0.1 after
+    # seed 0 (bound 0.01): seed 0 runs 3 x 100 + 25, seed 1 only lr 0.01
+    race = next(ln for ln in lines if ln.startswith("race:"))
+    assert race.startswith("race: 24 of 32 trials stopped; steps 1,700 of 3,200 (53.1%)") and "same lr in 4 of 4" in race
     assert (tmp_path / "o" / "replay.json").is_file() and (tmp_path / "o" / "decisions_seeds.csv").is_file()

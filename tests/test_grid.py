@@ -221,3 +221,13 @@ def test_dry_run_adaptive_projects_the_paper_grid(capsys):
     full = float(out.split("estimate ")[1].split(" GPU-hours")[0].replace(",", ""))
     low = float(out.split("42.1% of the steps, ")[1].split(" of ")[0].replace(",", ""))
     assert 0.40 * full < low < 0.45 * full and "nothing started" in out
+
+
+def test_dry_run_adaptive_race_projects_both_ends(capsys):
+    assert grid.main(["--model", "vit_base", "--dry-run", "--adaptive", "race"]) == 0
+    out = capsys.readouterr().out
+    # at best one lr per cell of 4 lrs x 3 seeds runs every seed and the other three stop at the
+    # first milestone of the first seed, 12.5% of the steps rounded up to an evaluation (0.125 to
+    # 0.15 of the steps across the paper's datasets): (3 + 3 x f) / 12, between 28.1% and 28.75%
+    assert "every lr stays in the race: 100.0% of the steps" in out
+    assert "one lr per cell is left at the first milestone: 28.4% of the steps" in out
