@@ -105,8 +105,12 @@ def canonical_condition(condition: str) -> str:
 
 
 def has_lr(condition: str) -> bool:
-    """Whether ``condition`` trains by SGD/AdamW (a grid's lr axis applies to it)."""
-    return canonical_condition(condition) not in CLOSED_FORM
+    """Whether ``condition`` trains by SGD/AdamW (a grid's lr axis applies to it). A name that
+    is no condition (a run record's tags are anyone's to set) is not the closed form: True."""
+    try:
+        return canonical_condition(condition) not in CLOSED_FORM
+    except ConditionError:
+        return True
 
 
 def _allowed() -> str:

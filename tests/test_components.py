@@ -154,3 +154,9 @@ def test_components_cli_bad_condition_exits_2(capsys):
     assert C.main(["--model", "vit_demo", "--conditions", "XYZ"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "XYZ" in err[0]
+
+
+def test_only_the_closed_form_has_no_lr():
+    assert not C.has_lr("linear_probe")
+    assert C.has_lr("MHA") and C.has_lr("MHA+FC1") and C.has_lr("full")
+    assert C.has_lr("../../evil")  # a run record's tag, not a condition: not the closed form
