@@ -355,45 +355,36 @@ def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):
     assert "could not restore" in p.stdout and "1 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout
 
 
-def test_an_interrupted_driver_leaves_no_run_running(work):
+def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running(work):
+    # One running grid serves two checks (one Ray start-up, not two).
+    # Issue #17 item 7: a second driver for the same grid trained every trial again.
     # Issue #17 item 2: Ctrl+C twice (the second skips Tune's graceful stop) raises
     # KeyboardInterrupt out of tuner.fit(); the parent and the trial runs must still be closed,
     # and the grid says in one line that it stopped.
     tmp, ray_tmp = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 100},
              "grid": {"condition": "MHA", "lr": 0.1, "seed": {"grid_search": [0, 1]}}}
-    proc = start(grid_cmd(write_space(tmp, space), ray_tmp), tmp)
+    f = write_space(tmp, space)
+    proc = start(grid_cmd(f, ray_tmp), tmp)
     uri = f"sqlite:///{tmp}/mlflow.db"
+    other_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     try:
-        wait_for(lambda: trial_runs(uri)["tags.raystudy.worker"].notna().any(), proc)
+        # both trials running (two CPUs, one each): nothing more of this grid can start
+        wait_for(lambda: trial_runs(uri)["tags.raystudy.worker"].notna().sum() == 2, proc)
+        assert proc.poll() is None, "the grid ended before a second driver could try it"
+        p = run(grid_cmd(f, other_tmp), tmp, timeout=240)
+        assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"pid {proc.pid} on host {socket.gethostname()}" in lines[0], p.stderr
+        assert len(trial_runs(uri)) == 2  # the second driver added no run
+
         assert proc.poll() is None, "the grid ended before it could be interrupted"
         out = ctrl_c_twice(proc)
     finally:
         kill_group(proc, grace=2)
+        shutil.rmtree(other_tmp, ignore_errors=True)
     df = search_runs(uri, "raystudy-t-vit_demo")
     assert proc.returncode == 130 and "grid stopped" in out, out[-3000:]
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
     parent = df[df["tags.raystudy.role"] == "grid"].iloc[0]
     assert parent["tags.raystudy.status"] == "interrupted"
-
-
-def test_a_second_driver_of_the_same_grid_refuses_naming_the_first(work):
-    # Issue #17 item 7: a second driver for the same grid trained every trial again.
-    tmp, ray_tmp = work
-    space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 100},
-             "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}}
-    f = write_space(tmp, space)
-    first = start(grid_cmd(f, ray_tmp), tmp, stdout=subprocess.DEVNULL)
-    other_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
-    try:
-        wait_for(lambda: not trial_runs(f"sqlite:///{tmp}/mlflow.db").empty, first)
-        assert first.poll() is None
-        p = run(grid_cmd(f, other_tmp), tmp, timeout=240)
-        assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
-        lines = p.stderr.strip().splitlines()
-        assert len(lines) == 1 and f"pid {first.pid} on host {socket.gethostname()}" in lines[0], p.stderr
-        assert len(trial_runs(f"sqlite:///{tmp}/mlflow.db")) == 1
-    finally:
-        kill_group(first)
-        first.wait()
-        shutil.rmtree(other_tmp, ignore_errors=True)
