@@ -56,6 +56,19 @@ def test_fixed_test_split_does_not_depend_on_the_run():
     assert len(a[1]) == 200
 
 
+def test_digits_are_scikit_learns_read_without_importing_it():
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    images, target = datasets.digits_arrays()
+    d = load_digits()
+    assert np.array_equal(images, d.images) and np.array_equal(target, d.target) and target.dtype == np.int64
+    code = "import sys; from raystudy import datasets; datasets.demo_digits('blur'); print('sklearn' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
 def test_demo_shift_is_real_and_labels_unchanged():
     x, y = datasets.demo_digits()
     xc, yc = datasets.demo_digits("invert_noise")
