@@ -247,9 +247,14 @@ class LocalCluster:
         self.downed = False
         self.home.mkdir()
         self.storage.mkdir()
-        cache = self.home / ".cache" / "raystudy"  # the demo's weights, prefetched (they take a minute to build)
+        # The demo's weights, prefetched (they take a minute to build): the file and its manifest,
+        # without which the head takes the file for a damaged one and builds it again.
+        from raystudy import models
+
+        cache = self.home / ".cache" / "raystudy"
         cache.mkdir(parents=True)
-        shutil.copy(demo_weights, cache / demo_weights.name)
+        for f in (demo_weights, models.weights_manifest(demo_weights)):
+            shutil.copy(f, cache / f.name)
 
     # -- the SSH server and the user's environment
     def start_sshd(self):
@@ -468,6 +473,7 @@ def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-5000:]
     assert "8 finished, 0 diverged, 0 failed, 0 unfinished" in out, out[-3000:]
+    assert "first use: pretraining" not in out  # the prefetched weights were used, not built again
     cluster.grid_seconds = time.time() - t0
 
     uri = cluster.head_env()["MLFLOW_TRACKING_URI"]
