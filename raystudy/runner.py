@@ -196,7 +196,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
     name = grid_name(trials, label)
     parent = tracking.parent_run(cl, exp_id, gkey, f"{role}-{label}",
                                  {"label": label, "model": model, "trials": len(trials)}, role=role)
-    cl.set_tag(parent, "raystudy.status", "running")
+    cl.set_tag(parent, tracking.STATUS, "running")
 
     known = tracking.statuses(cl, exp_id)
     done = {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
@@ -248,7 +248,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
                 tuner.fit()
         except BaseException:
             # A crash or an interrupt of the driver: the parent says so (the finally closes it).
-            cl.set_tag(parent, "raystudy.status", "interrupted")
+            cl.set_tag(parent, tracking.STATUS, "interrupted")
             raise
         finally:
             # Tune has ended every trial (or the driver is going down): no run stays RUNNING.
@@ -266,7 +266,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
     counts["unfinished"] = len(trials) - sum(counts[s] for s in ("finished", "diverged", "failed", "stopped"))
     if counts["interrupted"] and not counts["unfinished"]:  # Tune ended them, yet MLflow had no end
         print(f"{counts['interrupted']} trial run(s) had no end from Tune; marked interrupted", flush=True)
-    cl.set_tag(parent, "raystudy.status", "finished" if not counts["unfinished"] else "incomplete")
+    cl.set_tag(parent, tracking.STATUS, "finished" if not counts["unfinished"] else "incomplete")
     counts.update(experiment_id=exp_id, parent_run_id=parent)
     return counts
 
@@ -393,7 +393,7 @@ def stop_late(cl, exp_id: str, trials: list[Trial], policy: adaptive.Policy) -> 
         status, run = tracking.trial_status(cl, exp_id, key)
         if status == "finished":
             cl.log_batch(run.info.run_id, tags=[RunTag(tracking.STATUS, "stopped"),
-                                                RunTag("raystudy.stopped_at", str(stop.step)),
+                                                RunTag(tracking.STOPPED_AT, str(stop.step)),
                                                 RunTag("raystudy.stopped_late", "1"),
                                                 RunTag("raystudy.stop_rule", stop.rule)])
             n += 1
@@ -530,7 +530,7 @@ class MlflowTrials(tune.Callback):
             return
         if not last.get("final"):  # a scheduler stopped it early (or before it started): no test accuracy
             last = {**last, "status": "stopped", "steps_done": int(last.get("step", 0))}
-            self.cl.set_tag(run_id, "raystudy.stopped_at", str(last["steps_done"]))
+            self.cl.set_tag(run_id, tracking.STOPPED_AT, str(last["steps_done"]))
         tracking.finish_trial(self.cl, run_id, last)
         if last.get("resumed_from"):
             self.cl.set_tag(run_id, "raystudy.resumed_from", str(int(last["resumed_from"])))
@@ -541,8 +541,8 @@ class MlflowTrials(tune.Callback):
         """A failed attempt that Tune retries: count it and keep its error."""
         run_id = self._run(trial)
         if run_id is not None:
-            attempts = int(self.cl.get_run(run_id).data.tags.get("raystudy.attempts", "1")) + 1
-            self.cl.set_tag(run_id, "raystudy.attempts", str(attempts))
+            attempts = int(self.cl.get_run(run_id).data.tags.get(tracking.ATTEMPTS, "1")) + 1
+            self.cl.set_tag(run_id, tracking.ATTEMPTS, str(attempts))
             self.cl.set_tag(run_id, "raystudy.last_error", _error_text(trial)[-5000:])
 
     def on_trial_error(self, iteration, trials, trial, **info):
@@ -655,7 +655,7 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
 def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
     """The finished trial of ``study_name`` with the best validation accuracy, and the counts."""
     runs = tracking.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name)
-    status = [r.data.tags.get("raystudy.status") for r in runs]
+    status = [r.data.tags.get(tracking.STATUS) for r in runs]
     finished = [r for r, s in zip(runs, status) if s == "finished" and "best_val_acc" in r.data.metrics]
     out = {"study": study_name, "trials": len(runs), "stopped": status.count("stopped"),
            "finished": len(finished), "diverged": status.count("diverged"), "failed": status.count("failed")}

@@ -171,12 +171,12 @@ def main(argv: list[str] | None = None) -> int:
                             "test_std": statistics.stdev(acc) if len(acc) > 1 else math.nan,
                             "test_runs": counts["finished"]})
     except BaseException as e:
-        cl.set_tag(parent, "raystudy.status", "interrupted")
+        cl.set_tag(parent, tracking.STATUS, "interrupted")
         if not isinstance(e, KeyboardInterrupt):
             raise
         stopped = True
     else:
-        cl.set_tag(parent, "raystudy.status", "finished")
+        cl.set_tag(parent, tracking.STATUS, "finished")
     finally:
         with runner.uninterrupted():
             cl.set_terminated(parent, status="FINISHED")

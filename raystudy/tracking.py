@@ -33,6 +33,7 @@ from raystudy.errors import ConfigError
 
 # Tag names of the run record.
 ROLE, KEY, STATUS, ERROR, ATTEMPTS = "raystudy.role", "raystudy.key", "raystudy.status", "raystudy.error", "raystudy.attempts"
+STOPPED_AT = "raystudy.stopped_at"  # the step an adaptive policy stopped the trial at
 
 # Final results logged as metrics.
 FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_done", "wall_s",
@@ -217,7 +218,7 @@ def statuses(cl, exp_id: str) -> dict[str, str]:
     """The raystudy status of every trial key of ``exp_id``, in one query (terminal ones win)."""
     out: dict[str, str] = {}
     for run in find_runs(cl, exp_id, raystudy__role="trial"):
-        key, status = run.data.tags.get("raystudy.key"), run.data.tags.get("raystudy.status")
+        key, status = run.data.tags.get(KEY), run.data.tags.get(STATUS)
         if key and out.get(key) not in TERMINAL:
             out[key] = status
     return out
@@ -266,7 +267,7 @@ def parent_run(cl, exp_id: str, grid_key: str, name: str, params: dict[str, Any]
         run_id = found[0].info.run_id
         cl.update_run(run_id, status="RUNNING")
         return run_id
-    tags = {"raystudy.role": role, "raystudy.grid_key": grid_key, "mlflow.runName": name, **versions()}
+    tags = {ROLE: role, "raystudy.grid_key": grid_key, "mlflow.runName": name, **versions()}
     run = cl.create_run(exp_id, tags=tags, run_name=name)
     cl.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     return run.info.run_id
@@ -320,8 +321,8 @@ def trial_status(cl, exp_id: str, key: str) -> tuple[str | None, Any]:
     if not found:
         return None, None
     # Exactly once by construction; if an older bug left two, prefer a terminal one.
-    found.sort(key=lambda r: r.data.tags.get("raystudy.status") not in TERMINAL)
-    return found[0].data.tags.get("raystudy.status"), found[0]
+    found.sort(key=lambda r: r.data.tags.get(STATUS) not in TERMINAL)
+    return found[0].data.tags.get(STATUS), found[0]
 
 
 def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[str, Any],
@@ -333,14 +334,14 @@ def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[st
     status, run = trial_status(cl, exp_id, key)
     if run is not None:
         run_id = run.info.run_id
-        attempts = int(run.data.tags.get("raystudy.attempts", "1")) + 1
+        attempts = int(run.data.tags.get(ATTEMPTS, "1")) + 1
         cl.update_run(run_id, status="RUNNING")
-        cl.log_batch(run_id, tags=[RunTag("raystudy.status", "running"),
-                                   RunTag("raystudy.attempts", str(attempts))])
+        cl.log_batch(run_id, tags=[RunTag(STATUS, "running"),
+                                   RunTag(ATTEMPTS, str(attempts))])
         return run_id
     name = name or trial_name(config)
-    tags = {"raystudy.role": "trial", "raystudy.key": key, "raystudy.status": "running",
-            "raystudy.attempts": "1", "mlflow.runName": name,
+    tags = {ROLE: "trial", KEY: key, STATUS: "running",
+            ATTEMPTS: "1", "mlflow.runName": name,
             **{k: str(config.get(k)) for k in ("condition", "dataset", "model", "optimizer")},
             **versions(), **(extra_tags or {})}
     if parent_id:
@@ -433,7 +434,7 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
     # plasticity/ of the pretrained model (what the report ranks), plasticity_after/ finetuned.
     for name, prefix in (("plasticity_before", "plasticity"), ("plasticity_after", "plasticity_after")):
         metrics += [Metric(k, v, ts, 0) for k, v in plasticity_metrics(results.get(name) or [], prefix).items()]
-    tags = [RunTag("raystudy.status", status)]
+    tags = [RunTag(STATUS, status)]
     if status == "finished" and "test_acc" in results:  # the runs table shows descriptions by default
         tags.append(RunTag(NOTE, _result_note(results)))
     for i in range(0, len(metrics), 1000):  # MLflow takes at most 1,000 metrics a batch
@@ -477,7 +478,7 @@ def close_stale(cl, exp_id: str, **tags: str) -> int:
 def fail_trial(cl, run_id: str, error: str) -> None:
     from mlflow.entities import RunTag
 
-    cl.log_batch(run_id, tags=[RunTag("raystudy.status", "failed"), RunTag("raystudy.error", error[-5000:])])
+    cl.log_batch(run_id, tags=[RunTag(STATUS, "failed"), RunTag(ERROR, error[-5000:])])
     cl.set_terminated(run_id, status="FAILED")
 
 
