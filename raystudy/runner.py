@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import signal
 import socket
 import threading
@@ -231,6 +232,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
             if policy is not None:  # earlier seeds first: decisions on them come before later seeds start
                 pending = sorted(pending, key=_seed_major(trials, policy))
                 scheduler = AdaptiveScheduler(policy, trials, tracking_uri, exp_id)
+            kept, pruner = keep_checkpoints()
             tuner = tune.Tuner(
                 trainable,
                 param_space={**base, "trial": tune.grid_search([t.as_dict() for t in pending])},
@@ -239,9 +241,9 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
                                             trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
                 run_config=tune.RunConfig(
                     name=Path(str(path)).name, storage_path=str(storage), verbose=verbose,
-                    callbacks=[MlflowTrials(tracking_uri, exp_id, parent), lines, *_result_files(verbose)],
+                    callbacks=[MlflowTrials(tracking_uri, exp_id, parent), lines, pruner, *_result_files(verbose)],
                     failure_config=tune.FailureConfig(max_failures=max_failures),
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
+                    checkpoint_config=kept),
             )
         try:
             with _tune_output(verbose):
@@ -468,6 +470,79 @@ def _trial_name(trial) -> str:
 
 
 
+# ---------------------------------------------------------------- checkpoints a restore can find
+
+_CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)$")
+
+
+def keep_checkpoints() -> tuple[tune.CheckpointConfig, CheckpointPruner]:
+    """The checkpoint config and callback of every Tuner here: Tune deletes nothing itself,
+    ``CheckpointPruner`` deletes what no saved experiment state names."""
+    return tune.CheckpointConfig(num_to_keep=None), CheckpointPruner()
+
+
+class CheckpointPruner(tune.Callback):
+    """Deletes a trial's superseded checkpoints once Tune's saved experiment state no longer names them.
+
+    Tune's own pruning (``num_to_keep``) deletes a checkpoint the moment a newer one arrives,
+    while the experiment state on storage, saved between result batches, still names the old one:
+    a driver killed in between leaves a trial that cannot be restored ("Could not recover from
+    checkpoint as it does not exist on storage anymore"), and that trial fails on every retry.
+    Tune asks its callbacks for their state right after writing each snapshot (``get_state``),
+    so here a checkpoint is deleted at the second snapshot after a newer one was named: by then
+    the first of the two has had a whole snapshot period (10 s or more) to reach storage.
+    """
+
+    def __init__(self):
+        self._trials: dict[str, Any] = {}   # trial id -> Tune trial that has checkpointed
+        self._named: dict[str, int] = {}    # trial id -> checkpoint index the last snapshot names
+        self._below: dict[str, int] = {}    # trial id -> checkpoints below this index are gone
+
+    def __getstate__(self):  # Tune pickles callbacks with its experiment state
+        return {"_trials": {}, "_named": {}, "_below": {}}
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        self._trials[trial.trial_id] = trial
+
+    def get_state(self):
+        """Called by Tune just after it saved a snapshot; returns None: nothing of ours to save
+        (a restored driver starts from the names in the snapshot it restores)."""
+        for tid, trial in self._trials.items():
+            named = self._named.get(tid)
+            if named is not None and named > self._below.get(tid, 0) and _delete_checkpoints(trial, named):
+                self._below[tid] = named
+            if trial.checkpoint is not None:
+                m = _CHECKPOINT_DIR.search(trial.checkpoint.path.rstrip("/"))
+                if m:
+                    self._named[tid] = int(m.group(1))
+
+
+def _delete_checkpoints(trial, below: int) -> bool:
+    """Delete ``trial``'s checkpoint directories numbered below ``below`` on its storage (any
+    left by an earlier, killed driver too), and drop them from Tune's list of the trial's
+    checkpoints, which every snapshot would otherwise carry. False if storage refused."""
+    from pyarrow.fs import FileSelector, FileType
+
+    fs, root = trial.storage.storage_filesystem, trial.storage.trial_fs_path
+    try:
+        for info in fs.get_file_info(FileSelector(root, allow_not_found=True)):
+            m = _CHECKPOINT_DIR.search(info.path)
+            if info.type == FileType.Directory and m and int(m.group(1)) < below:
+                fs.delete_dir(info.path)
+    except OSError as e:  # a later snapshot tries again
+        print(f"could not delete old checkpoints of trial {trial.trial_id} in {root}: {e}", flush=True)
+        return False
+    manager = trial.run_metadata.checkpoint_manager
+    kept = getattr(manager, "_checkpoint_results", None)
+    if isinstance(kept, list):
+        def index(r):
+            m = _CHECKPOINT_DIR.search(r.checkpoint.path.rstrip("/")) if r.checkpoint else None
+            return int(m.group(1)) if m else below
+        manager._checkpoint_results = [r for r in kept if index(r) >= below]
+        trial.run_metadata.invalidate_cache()
+    return True
+
+
 # ---------------------------------------------------------------- MLflow, from the driver
 
 class MlflowTrials(tune.Callback):
@@ -629,6 +704,7 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
                                   grace_period=min(space.grace_period, steps),
                                   reduction_factor=space.reduction_factor)
         cpu, gpu = resources["cpu"], resources["gpu"]
+        kept, pruner = keep_checkpoints()
         tuner = tune.Tuner(
             tune.with_resources(run_trial, {"cpu": cpu, "gpu": gpu}),
             param_space={"storage_path": str(storage), "threads": int(tuning["threads_per_trial"]),
@@ -638,9 +714,9 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
                                         max_concurrent_trials=tuning["max_concurrent"]),
             run_config=tune.RunConfig(
                 name=f"{study_name}-{int(time.time())}", storage_path=str(storage), verbose=verbose,
-                callbacks=[MlflowTrials(tracking_uri, exp_id, parent, {"raystudy.search": study_name})],
+                callbacks=[MlflowTrials(tracking_uri, exp_id, parent, {"raystudy.search": study_name}), pruner],
                 failure_config=tune.FailureConfig(max_failures=int(tuning["max_failures"])),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
+                checkpoint_config=kept),
         )
         try:
             tuner.fit()
