@@ -475,6 +475,12 @@ def _trial_name(trial) -> str:
 _CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)$")
 
 
+def _checkpoint_index(path: str | None) -> int | None:
+    """The number Tune gave a checkpoint directory (``.../checkpoint_000012`` -> 12); None for another path."""
+    m = _CHECKPOINT_DIR.search(path.rstrip("/")) if path else None
+    return int(m.group(1)) if m else None
+
+
 def keep_checkpoints() -> tuple[tune.CheckpointConfig, CheckpointPruner]:
     """The checkpoint config and callback of every Tuner here: Tune deletes nothing itself,
     ``CheckpointPruner`` deletes what no saved experiment state names."""
@@ -511,10 +517,9 @@ class CheckpointPruner(tune.Callback):
             named = self._named.get(tid)
             if named is not None and named > self._below.get(tid, 0) and _delete_checkpoints(trial, named):
                 self._below[tid] = named
-            if trial.checkpoint is not None:
-                m = _CHECKPOINT_DIR.search(trial.checkpoint.path.rstrip("/"))
-                if m:
-                    self._named[tid] = int(m.group(1))
+            index = _checkpoint_index(trial.checkpoint.path if trial.checkpoint else None)
+            if index is not None:
+                self._named[tid] = index
 
 
 def _delete_checkpoints(trial, below: int) -> bool:
@@ -526,8 +531,8 @@ def _delete_checkpoints(trial, below: int) -> bool:
     fs, root = trial.storage.storage_filesystem, trial.storage.trial_fs_path
     try:
         for info in fs.get_file_info(FileSelector(root, allow_not_found=True)):
-            m = _CHECKPOINT_DIR.search(info.path)
-            if info.type == FileType.Directory and m and int(m.group(1)) < below:
+            index = _checkpoint_index(info.path)
+            if info.type == FileType.Directory and index is not None and index < below:
                 fs.delete_dir(info.path)
     except OSError as e:  # a later snapshot tries again
         print(f"could not delete old checkpoints of trial {trial.trial_id} in {root}: {e}", flush=True)
@@ -535,10 +540,10 @@ def _delete_checkpoints(trial, below: int) -> bool:
     manager = trial.run_metadata.checkpoint_manager
     kept = getattr(manager, "_checkpoint_results", None)
     if isinstance(kept, list):
-        def index(r):
-            m = _CHECKPOINT_DIR.search(r.checkpoint.path.rstrip("/")) if r.checkpoint else None
-            return int(m.group(1)) if m else below
-        manager._checkpoint_results = [r for r in kept if index(r) >= below]
+        def stays(r):  # a result whose path is no numbered checkpoint is not ours to drop
+            index = _checkpoint_index(r.checkpoint.path if r.checkpoint else None)
+            return index is None or index >= below
+        manager._checkpoint_results = [r for r in kept if stays(r)]
         trial.run_metadata.invalidate_cache()
     return True
 
