@@ -38,6 +38,34 @@ def demo_weights():
 
 
 @pytest.fixture(scope="session")
+def shared_ray():
+    """``--address`` of a local Ray that this test process's drivers share, for tests about what a
+    driver does rather than the Ray it starts: a Ray start is about 10 s of the machine's two cores
+    per driver. Tests of a driver's own Ray (its ports, its temp dir, its dashboard) start their own."""
+    import shutil
+    import tempfile
+
+    from drivers import hold_ray, release_ray
+
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # Ray's sockets need a short path
+    proc, address = hold_ray(ray_tmp)
+    yield ["--address", address]
+    release_ray(proc)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture()
+def ray_tmp():
+    """A temp dir for a Ray of the test's own (short: Ray's sockets live there)."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def _empty_mlflow_db(tmp_path_factory):
     """An MLflow SQLite store with its schema made once (its migrations take seconds)."""
     from mlflow import MlflowClient

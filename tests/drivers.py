@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,38 @@ def driver_env(**extra) -> dict:
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RAY_ADDRESS", None)
     return env
+
+
+# A Ray for drivers to share: started as a user's notebook starts one, held until stdin closes.
+_HOLD_RAY = """
+import sys, ray
+ray.init(num_cpus=2, _temp_dir=sys.argv[1], include_dashboard=False, log_to_driver=False,
+         configure_logging=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()
+"""
+
+
+def hold_ray(temp_dir: str) -> tuple[subprocess.Popen, str]:
+    """A local two-CPU Ray in a session of its own, for drivers to join with ``--address``; the
+    process that holds it, and its address. It ends when that process's stdin is closed."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_RAY, temp_dir], env=driver_env(), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    address = proc.stdout.readline().strip()
+    if not address:
+        kill_group(proc)
+        raise RuntimeError(f"the shared Ray did not start (exit {proc.wait()})")
+    return proc, address
+
+
+def release_ray(proc: subprocess.Popen) -> None:
+    """End a ``hold_ray`` Ray: its holder shuts it down, or its whole session is killed."""
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    kill_group(proc)
 
 
 def start(cmd, cwd, stdout=subprocess.PIPE, env=None) -> subprocess.Popen:

@@ -28,8 +28,8 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
     from analysis import replay
     from raystudy import adaptive
 
-    tmp, ray_tmp = work
-    cmd = grid_cmd(write_space(tmp, SPACE), ray_tmp, "--adaptive", "halving+seeds")
+    tmp, ray = work
+    cmd = grid_cmd(write_space(tmp, SPACE), ray, "--adaptive", "halving+seeds")
     proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
     try:
         wait_for(lambda: count_status(tmp / "mlflow.db", "finished", "stopped") >= 4, proc, timeout=400)
@@ -37,7 +37,7 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
         proc.send_signal(signal.SIGKILL)  # the driver only; mid-grid
         proc.wait()
     finally:
-        kill_group(proc, grace=3)  # Ray processes the killed driver started: ours, in our own session
+        kill_group(proc)
     p = run(cmd, tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     uri = f"sqlite:///{tmp}/mlflow.db"

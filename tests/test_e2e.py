@@ -1,10 +1,8 @@
 """The study end to end: demo grid (Ray + MLflow) -> analysis -> tables, figures, exported configs,
 one exported config rerun (slow, about a minute on a quiet machine)."""
 
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import yaml
@@ -21,16 +19,11 @@ SPACE = {
 }
 
 
-def test_grid_analysis_export_rerun(tmp_path, demo_weights, mlflow_uri):  # ./mlflow.db: an empty store
-    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+def test_grid_analysis_export_rerun(tmp_path, demo_weights, mlflow_uri, shared_ray):  # ./mlflow.db: an empty store
     env = driver_env()
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
-    try:
-        p = subprocess.run([sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", "--ray-temp-dir", ray_tmp,
-                            "--num-cpus", "2", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=900)
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    p = subprocess.run([sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", *shared_ray, "--quiet"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "12 finished" in p.stdout
 

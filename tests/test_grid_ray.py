@@ -2,12 +2,10 @@
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,13 +26,16 @@ SPACE = {
 
 
 @pytest.fixture()
-def work(tmp_path, demo_weights, mlflow_uri):
+def work(tmp_path, demo_weights, mlflow_uri, shared_ray):
     # The driver's default store (./mlflow.db) starts as a copy of an empty one: creating a store
-    # is seconds of migrations, tested once in test_runner. Ray's sockets need a short path; its
-    # own temp dir keeps it away from any other Ray here.
-    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
-    yield tmp_path, ray_tmp
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    # is seconds of migrations, tested once in test_runner. The drivers join this test process's
+    # shared Ray: what these tests check is the driver's.
+    return tmp_path, shared_ray
+
+
+def own_ray(ray_tmp) -> list[str]:
+    """A driver's arguments for a local Ray of its own, in its own temp dir."""
+    return ["--ray-temp-dir", ray_tmp, "--num-cpus", "2"]
 
 
 def write_space(tmp_path, space=SPACE):
@@ -43,9 +44,9 @@ def write_space(tmp_path, space=SPACE):
     return p
 
 
-def grid_cmd(space_file, ray_tmp, *extra):
-    return [sys.executable, "-m", "raystudy.grid", "--space", str(space_file), "--ray-temp-dir", ray_tmp,
-            "--num-cpus", "2", *extra]
+def grid_cmd(space_file, ray, *extra):
+    """The grid's command line; ``ray``: the shared Ray's ``--address`` or ``own_ray(...)``."""
+    return [sys.executable, "-m", "raystudy.grid", "--space", str(space_file), *ray, *extra]
 
 
 def run(cmd, cwd, timeout=600):
@@ -61,9 +62,9 @@ TRIAL_LINE = re.compile(r"^\[\d/4\] (MHA|LN2) digits_c lr (0\.1|1e\+30) seed 0  
                         r"(val \d+\.\d  test \d+\.\d|diverged at step \d+)  \d+ s  \| \d running, \d pending")
 
 
-def test_demo_grid_end_to_end_with_divergence(work):
-    tmp, ray_tmp = work
-    p = run(grid_cmd(write_space(tmp), ray_tmp), tmp)
+def test_demo_grid_end_to_end_with_divergence(work, ray_tmp):
+    tmp, ray = work
+    p = run(grid_cmd(write_space(tmp), ray), tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "2 finished, 2 diverged, 0 failed, 0 unfinished" in p.stdout
     assert "ranking" in p.stdout
@@ -88,19 +89,19 @@ def test_demo_grid_end_to_end_with_divergence(work):
     parent = df["tags.mlflow.parentRunId"].unique()
     assert len(parent) == 1
 
-    # Rerunning a finished grid starts nothing (not even Ray) and duplicates nothing.
-    sessions = sorted(Path(ray_tmp).glob("session_2*"))
-    p = run(grid_cmd(write_space(tmp), ray_tmp), tmp)
+    # Rerunning a finished grid starts nothing (not even the local Ray it is told to start) and
+    # duplicates nothing.
+    p = run(grid_cmd(write_space(tmp), own_ray(ray_tmp)), tmp)
     assert p.returncode == 0 and "all 4 trials are already done" in p.stdout and "ranking" in p.stdout
-    assert sorted(Path(ray_tmp).glob("session_2*")) == sessions
+    assert not list(Path(ray_tmp).glob("session_*"))
     assert len(trial_runs(f"sqlite:///{tmp}/mlflow.db")) == 4
 
 
 def test_failing_trial_is_retried_then_failed_and_the_rest_completes(work):
-    tmp, ray_tmp = work
+    tmp, ray = work
     space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1},
              "datasets": {"digits_c": {}, "cifar10c_snow": {"data_root": str(tmp / "no-data")}}}
-    p = run(grid_cmd(write_space(tmp, space), ray_tmp, "--max-failures", "1", "--quiet"), tmp)
+    p = run(grid_cmd(write_space(tmp, space), ray, "--max-failures", "1", "--quiet"), tmp)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert "2 finished, 0 diverged, 2 failed" in p.stdout
     # --quiet: a line for each retry and each failed trial, none for the finished ones
@@ -123,11 +124,11 @@ def test_failing_trial_is_retried_then_failed_and_the_rest_completes(work):
 
 
 def test_killed_driver_then_rerun_completes_exactly_once(work):
-    tmp, ray_tmp = work
+    tmp, ray = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 120, "eval_every": 30},
              "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": {"grid_search": [0.1, 0.2]},
                       "seed": 0}}
-    cmd = grid_cmd(write_space(tmp, space), ray_tmp)
+    cmd = grid_cmd(write_space(tmp, space), ray)
     proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
     try:
         wait_for(lambda: count_status(tmp / "mlflow.db", "finished") >= 2, proc)
@@ -135,7 +136,7 @@ def test_killed_driver_then_rerun_completes_exactly_once(work):
         proc.send_signal(signal.SIGKILL)  # the driver only; mid-grid
         proc.wait()
     finally:
-        kill_group(proc, grace=3)  # Ray processes the killed driver started: ours, in our own session
+        kill_group(proc)
     before = trial_runs(f"sqlite:///{tmp}/mlflow.db")
     n_before = (before["tags.raystudy.status"] == "finished").sum()
     assert 2 <= n_before < 6
@@ -187,7 +188,7 @@ def _rest(uri, path, body=None):
 
 
 def test_grid_against_a_real_mlflow_server(work):
-    tmp, ray_tmp = work
+    tmp, ray = work
     (tmp / "mlflow.db").unlink()  # this grid must write nothing locally
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -202,7 +203,7 @@ def test_grid_against_a_real_mlflow_server(work):
 
         wait_for(lambda: urllib.request.urlopen(uri + "/health", timeout=2), timeout=90)
         space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1}, "base": {**SPACE["base"], "probe_pairs": 16}}
-        p = run(grid_cmd(write_space(tmp, space), ray_tmp, "--tracking-uri", uri), tmp)
+        p = run(grid_cmd(write_space(tmp, space), ray, "--tracking-uri", uri), tmp)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         df = trial_runs(uri)
         assert len(df) == 2 and set(df["tags.raystudy.status"]) == {"finished"}
@@ -250,12 +251,13 @@ def test_grid_against_a_real_mlflow_server(work):
         server.wait(timeout=30)
 
 
-def test_multi_worker_trial_runs_a_nested_torchtrainer(work):
-    # The ViT-H pattern on CPU: the Tune trial launches a TorchTrainer with 2 DDP (gloo) workers.
-    tmp, ray_tmp = work
+def test_multi_worker_trial_runs_a_nested_torchtrainer(work, ray_tmp):
+    # The ViT-H pattern on CPU: the Tune trial launches a TorchTrainer with 2 DDP (gloo) workers,
+    # on a Ray of its own: the driver starts Ray's dashboard for Ray Train.
+    tmp, _ = work
     space = {**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 0},
              "models": {"vit_demo": {"workers": 2, "cpu": 0.5}}}
-    p = run(grid_cmd(write_space(tmp, space), ray_tmp), tmp)
+    p = run(grid_cmd(write_space(tmp, space), own_ray(ray_tmp)), tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "(2 DDP workers)" in p.stdout and "1 finished" in p.stdout
     df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
@@ -283,12 +285,12 @@ def test_retried_trial_resumes_from_its_checkpoint_and_logs_each_step_once(work)
     # past it are not logged again (issue #17 item 3).
     import mlflow
 
-    tmp, ray_tmp = work
+    tmp, ray = work
     # Checkpoints at most every 2 s, so that on a loaded machine (evaluations seconds apart) an
     # evaluation still gets logged past the newest checkpoint before the kill.
     space = {**SPACE, "base": {**SPACE["base"], "steps": 600, "eval_every": 20},
              "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}, "tune": {"max_failures": 1, "checkpoint_every_s": 2}}
-    proc = start(grid_cmd(write_space(tmp, space), ray_tmp), tmp)
+    proc = start(grid_cmd(write_space(tmp, space), ray), tmp)
     uri = f"sqlite:///{tmp}/mlflow.db"
 
     def worker_past_its_checkpoint():
@@ -330,17 +332,17 @@ def _grid_name(space_file, model="vit_demo"):
 def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):
     # Issue #17 item 1: a Tune state at the grid's path that is not this grid's, or is half
     # written (a full disk), made every rerun restore it and start nothing, or die.
-    tmp, ray_tmp = work
+    tmp, ray = work
     storage = tmp / "runs" / "ray"
     foreign = write_space(tmp, {**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}})
     # same trainable name, no trial config in its param space
-    code = ("import ray; from ray import tune; ray.init(num_cpus=1, _temp_dir=%r, include_dashboard=False)\n"
+    code = ("import ray; from ray import tune; ray.init(address=%r)\n"
             "def run_trial(config):\n    return None\n"
             "tune.Tuner(run_trial, param_space={'x': tune.grid_search([1])}, run_config=tune.RunConfig(name=%r, "
-            "storage_path=%r, verbose=0)).fit()" % (ray_tmp, _grid_name(foreign), str(storage)))
+            "storage_path=%r, verbose=0)).fit()" % (ray[1], _grid_name(foreign), str(storage)))
     p = run([sys.executable, "-c", code], tmp)
     assert p.returncode == 0, p.stderr[-2000:]
-    p = run(grid_cmd(foreign, ray_tmp), tmp)
+    p = run(grid_cmd(foreign, ray), tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     said = [line for line in p.stdout.splitlines() if "could not restore" in line]
     assert len(said) == 1 and "starting afresh over the 1 unfinished trials" in said[0], p.stdout[-2000:]
@@ -350,29 +352,28 @@ def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):
     half.write_text(yaml.safe_dump({**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 1}}))
     (storage / _grid_name(half)).mkdir()
     (storage / _grid_name(half) / "tuner.pkl").write_bytes(b"\x80\x04\x95")  # cut short
-    p = run(grid_cmd(half, ray_tmp), tmp)
+    p = run(grid_cmd(half, ray), tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "could not restore" in p.stdout and "1 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout
 
 
-def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running(work):
+def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running(work, ray_tmp):
     # One running grid serves two checks (one Ray start-up, not two).
     # Issue #17 item 7: a second driver for the same grid trained every trial again.
     # Issue #17 item 2: Ctrl+C twice (the second skips Tune's graceful stop) raises
     # KeyboardInterrupt out of tuner.fit(); the parent and the trial runs must still be closed,
     # and the grid says in one line that it stopped.
-    tmp, ray_tmp = work
+    tmp, ray = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 100},
              "grid": {"condition": "MHA", "lr": 0.1, "seed": {"grid_search": [0, 1]}}}
     f = write_space(tmp, space)
-    proc = start(grid_cmd(f, ray_tmp), tmp)
+    proc = start(grid_cmd(f, ray), tmp)
     uri = f"sqlite:///{tmp}/mlflow.db"
-    other_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     try:
         # both trials running (two CPUs, one each): nothing more of this grid can start
         wait_for(lambda: trial_runs(uri)["tags.raystudy.worker"].notna().sum() == 2, proc)
         assert proc.poll() is None, "the grid ended before a second driver could try it"
-        p = run(grid_cmd(f, other_tmp), tmp, timeout=240)
+        p = run(grid_cmd(f, own_ray(ray_tmp)), tmp, timeout=240)
         assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and f"pid {proc.pid} on host {socket.gethostname()}" in lines[0], p.stderr
@@ -381,8 +382,7 @@ def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running
         assert proc.poll() is None, "the grid ended before it could be interrupted"
         out = ctrl_c_twice(proc)
     finally:
-        kill_group(proc, grace=2)
-        shutil.rmtree(other_tmp, ignore_errors=True)
+        kill_group(proc)
     df = search_runs(uri, "raystudy-t-vit_demo")
     assert proc.returncode == 130 and "grid stopped" in out, out[-3000:]
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]

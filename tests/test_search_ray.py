@@ -1,10 +1,8 @@
 """Optuna searches on the offline demo through real Ray Tune and MLflow (slow)."""
 
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -29,16 +27,14 @@ SPACE = {
 
 
 @pytest.fixture()
-def work(tmp_path, demo_weights, mlflow_uri):  # mlflow_uri: ./mlflow.db starts as an empty store
-    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+def work(tmp_path, demo_weights, mlflow_uri, shared_ray):  # mlflow_uri: ./mlflow.db starts as an empty store
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(SPACE))
-    yield tmp_path, ray_tmp
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    return tmp_path, shared_ray
 
 
-def cmd(tmp, ray_tmp):
-    return [sys.executable, "-m", "raystudy.search", "--space", str(tmp / "s.yaml"), "--ray-temp-dir", ray_tmp,
-            "--num-cpus", "2", "--quiet"]
+def cmd(tmp, ray):
+    """The search's command line; ``ray``: the shared Ray's ``--address``."""
+    return [sys.executable, "-m", "raystudy.search", "--space", str(tmp / "s.yaml"), *ray, "--quiet"]
 
 
 def runs(tmp):
@@ -54,8 +50,8 @@ def optuna_trials(tmp):
 
 
 def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
-    tmp, ray_tmp = work
-    p = subprocess.run(cmd(tmp, ray_tmp), cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
+    tmp, ray = work
+    p = subprocess.run(cmd(tmp, ray), cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "best configuration per condition" in p.stdout and "(2 seeds)" in p.stdout
     df = runs(tmp)
@@ -83,20 +79,20 @@ def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
 
 
 def test_interrupted_search_resumes_without_repeating_trials(work):
-    tmp, ray_tmp = work
+    tmp, ray = work
     log = open(tmp / "first.log", "w")
-    proc = start(cmd(tmp, ray_tmp), tmp, stdout=log)
+    proc = start(cmd(tmp, ray), tmp, stdout=log)
     try:
         wait_for(lambda: count_status(tmp / "mlflow.db", "finished", "stopped") >= 3, proc)
         assert proc.poll() is None, "search ended before it could be interrupted:\n" + (tmp / "first.log").read_text()[-3000:]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
-        kill_group(proc, grace=3)
+        kill_group(proc)
         log.close()
     before = {t.number: t.params for t in optuna_trials(tmp) if t.state.name == "COMPLETE"}
     assert 1 <= len(before) < 8  # Optuna hears of a trial's end separately from MLflow
-    p = subprocess.run(cmd(tmp, ray_tmp), cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd(tmp, ray), cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert f"{len(before)} trials done, {8 - len(before)} to run" in p.stdout
     after = [t for t in optuna_trials(tmp) if t.state.name == "COMPLETE"]
@@ -118,17 +114,17 @@ def test_interrupted_search_resumes_without_repeating_trials(work):
 def test_an_interrupted_search_leaves_no_run_running(work):
     # Issue #17 item 2: Ctrl+C twice raises KeyboardInterrupt out of the search's tuner.fit(); the
     # search closes its runs and says in one line how to go on.
-    tmp, ray_tmp = work
+    tmp, ray = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 200}}
     (tmp / "s.yaml").write_text(yaml.safe_dump(space))
-    proc = start(cmd(tmp, ray_tmp), tmp)
+    proc = start(cmd(tmp, ray), tmp)
     try:
         wait_for(lambda: runs(tmp)["tags.raystudy.search"].notna().any(), proc)
         assert proc.poll() is None, "the search ended before it could be interrupted"
         time.sleep(1)
         out = ctrl_c_twice(proc)
     finally:
-        kill_group(proc, grace=2)
+        kill_group(proc)
     df = runs(tmp)
     assert proc.returncode == 130 and "search stopped; run the same command to resume it" in out, out[-3000:]
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
