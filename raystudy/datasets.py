@@ -15,14 +15,18 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from raystudy import paths
-from raystudy.batches import CachedView, TensorPool, tensor_cache, tensor_pool
 from raystudy.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the registry alone (every CLI's
+    import torch   # config check) stays free of torch's seconds of import
+    from torch.utils.data import Dataset
+
+    from raystudy.batches import TensorPool
 
 VAL_FRACTION = 0.2
 TEST_FRACTION = 0.2          # for datasets without an official test split
@@ -103,8 +107,9 @@ class TensorImages:
         return self.images[i], int(self.labels[i])
 
 
-class View(Dataset):
-    """A subset of a pool with a transform: how train, val and test share one pool."""
+class View:
+    """A subset of a pool with a transform: how train, val and test share one pool (a map-style
+    dataset, all a DataLoader needs)."""
 
     def __init__(self, items: Sequence, indices: np.ndarray, transform: Callable | None):
         self.items, self.indices, self.transform = items, np.asarray(indices), transform
@@ -243,11 +248,15 @@ DEMO_SHIFTS = {  # dataset -> (shift, what it does), as ``python -m raystudy.dat
 
 
 def _invert_noise(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    import torch
+
     noise = torch.randn(x.shape, generator=g)
     return (1.0 - x + DEMO_NOISE * noise).clamp(0.0, 1.0)
 
 
 def _blur(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    import torch
+
     r = int(3 * DEMO_BLUR_SIGMA)
     k = torch.exp(-0.5 * (torch.arange(-r, r + 1, dtype=torch.float32) / DEMO_BLUR_SIGMA) ** 2)
     k = k / k.sum()
@@ -257,6 +266,8 @@ def _blur(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    import torch
+
     lo, hi = DEMO_ROTATION
     deg = (lo + (hi - lo) * torch.rand(len(x), generator=g)) * torch.randint(0, 2, (len(x),), generator=g).mul(2).sub(1)
     a = torch.deg2rad(deg)
@@ -267,6 +278,8 @@ def _rotate(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
 
 
 def _occlude(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    import torch
+
     s, side = DEMO_OCCLUDER, x.shape[-1]
     top, left = (torch.randint(0, side - s + 1, (len(x),), generator=g) for _ in range(2))
     rows, cols = torch.arange(side).view(1, -1, 1), torch.arange(side).view(1, 1, -1)
@@ -283,6 +296,8 @@ def demo_digits(shift: str | None = None) -> tuple[torch.Tensor, np.ndarray]:
 
     Every shift draws from its own generator seeded with ``DEMO_SEED``: the same images each call.
     """
+    import torch
+
     images, target = digits_arrays()
     x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
     x = torch.nn.functional.interpolate(x, size=(16, 16), mode="bilinear", align_corners=False)
@@ -334,6 +349,8 @@ TOKEN_VOCAB, TOKEN_LEN, TOKEN_PLANTED, TOKEN_CLASSES = 256, 32, 12, 4
 
 def rule_tokens(n: int = 2000, seed: int = 4321) -> tuple[torch.Tensor, np.ndarray]:
     """(ids (n, TOKEN_LEN) int64, labels (n,)) of tokens_rule."""
+    import torch
+
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, TOKEN_CLASSES, n)
     ids = rng.integers(0, TOKEN_VOCAB, (n, TOKEN_LEN))
@@ -351,6 +368,8 @@ def _tokens_rule(root: Path, download: bool) -> Source:
 
 
 def _tokens_random(root: Path, download: bool) -> Source:
+    import torch
+
     from raystudy.gpt2 import TokenRows
 
     ids = torch.from_numpy(np.random.default_rng(8765).integers(0, TOKEN_VOCAB, (1024, TOKEN_LEN)))
@@ -475,6 +494,8 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
     indices are the same on both paths. ``augment_train=False``: training images get the eval
     transform (features for a linear probe). The test split never changes, low data or not.
     """
+    from raystudy.batches import CachedView, tensor_cache, tensor_pool
+
     info = check_dataset(name)
     root = Path(root) if root else paths.data_root()
     src = info.load(root, download)
