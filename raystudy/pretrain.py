@@ -14,9 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
-from raystudy import datasets, engine, models, paths
+from raystudy import datasets, models, paths
 from raystudy.config import from_dict
 
 
@@ -40,6 +38,10 @@ def ensure_weights(name: str, log: Callable[[str], None] | None = print) -> Path
                 return path
             if log:
                 log(f"weights file {path} is corrupt ({problem}); rebuilding it")
+        import torch  # only to build: checking a finished file (every CLI, every time) needs none
+
+        from raystudy import engine
+
         cfg = from_dict(recipe)
         if log:
             log(f"first use: pretraining {cfg.model} on {cfg.dataset} once ({cfg.steps} steps on "

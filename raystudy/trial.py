@@ -18,16 +18,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from ray import tune
 
-from raystudy import engine
 from raystudy.config import from_dict
+
+# torch and the loop are imported where a trial runs: the driver imports this module for
+# ``run_trial`` and needs neither (seconds of CPU in every grid and search).
 
 STATE_FILE = "state.pt"
 
 
 def _save_state(state: dict, folder: str) -> None:
+    import torch
+
     torch.save(state, Path(folder) / STATE_FILE)
 
 
@@ -35,6 +38,8 @@ def _load_state(checkpoint) -> dict | None:
     """A checkpoint's state: tensors and plain types only (``weights_only``), so a file planted
     in shared storage cannot run code when a trial resumes from it."""
     import pickle
+
+    import torch
 
     if checkpoint is None:
         return None
@@ -116,6 +121,10 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     done and records nothing (compute spent twice, never a second run). Keeping MLflow out of
     the workers saves each of them the import and the store's start-up.
     """
+    import torch
+
+    from raystudy import engine
+
     trial = tune_config["trial"]
     torch.set_num_threads(max(1, int(tune_config.get("threads", 1))))
     cfg = from_dict(trial["finetune"])
@@ -138,6 +147,8 @@ run_trial.__mixins__ = (_Notice,)
 def _ddp_loop(loop_config: dict[str, Any]) -> None:
     """Each DDP worker of the TorchTrainer: the same engine.train, reporting through Ray Train."""
     import ray.train
+
+    from raystudy import engine
 
     cfg = from_dict(loop_config["finetune"])
     resume = _load_state(ray.train.get_checkpoint())

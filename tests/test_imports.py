@@ -128,11 +128,12 @@ def test_the_analysis_and_the_registries_load_without_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_checking_a_grids_configs_loads_no_torch():
-    # The driver validates every trial's config (so do --dry-run and the bad-input checks): torch's
-    # import is seconds of CPU there, and only the trials use it.
-    code = ("import sys; from raystudy import datasets, spaces\n"
+def test_a_driver_loads_no_torch(demo_weights):  # the file built: checking it is what every CLI does
+    # The driver validates every trial's config (so do --dry-run and the bad-input checks) and
+    # hands Tune the trainable: torch's import is seconds of CPU there, and only the trials use it.
+    code = ("import sys; from raystudy import datasets, pretrain, runner, search, spaces\n"
             "trials = spaces.expand(spaces.load_grid('demo'), 'vit_demo', None, None, None, {})\n"
+            "assert pretrain.ensure_weights('vit_demo', log=None).is_file()\n"
             "assert len({t.config['dataset'] for t in trials}) > 1 and datasets.check_dataset('cifar10')\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
