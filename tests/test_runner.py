@@ -10,6 +10,7 @@ import tempfile
 import time
 
 import pytest
+from drivers import driver_env
 
 from raystudy import runner, spaces
 
@@ -186,7 +187,7 @@ class Witness(tune.Callback):
                     self.missing.add(t.checkpoint.path)
 
 
-ray.init(num_cpus=2, _temp_dir=sys.argv[1], include_dashboard=False, log_to_driver=False)
+ray.init(address=sys.argv[1], log_to_driver=False)
 out = {}
 for how in ("tune", "raystudy"):
     kept, extra = (tune.CheckpointConfig(num_to_keep=1), []) if how == "tune" else (
@@ -203,14 +204,13 @@ ray.shutdown()
 
 
 @pytest.mark.slow
-def test_a_saved_experiment_state_never_names_a_deleted_checkpoint(tmp_path):
+def test_a_saved_experiment_state_never_names_a_deleted_checkpoint(tmp_path, shared_ray):
     # Seen in CI: a driver killed mid-grid; on resume one trial failed twice with "Could not
     # recover from checkpoint as it does not exist on storage anymore". Tune's own num_to_keep
     # deletes the old checkpoint before the next snapshot names the new one. A witness reads the
     # saved state after every result and checkpoint: what a kill at that instant would restore.
-    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1", "OMP_NUM_THREADS": "1"}  # a snapshot a second
-    temp = tempfile.mkdtemp(prefix="rck", dir="/tmp")  # Ray's socket paths must stay short
-    p = subprocess.run([sys.executable, "-c", CHECKPOINTS, temp, str(tmp_path)], env=env,
+    env = driver_env(TUNE_GLOBAL_CHECKPOINT_S="1", OMP_NUM_THREADS="1")  # a snapshot a second
+    p = subprocess.run([sys.executable, "-c", CHECKPOINTS, shared_ray[1], str(tmp_path)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
