@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,41 @@ import torch
 torch.set_num_threads(1)
 
 _PRETRAIN: dict = {}
+_SESSION: dict = {}
+
+
+# What a user's study keeps in the checkout (the README's commands run there): no test may write
+# into it, so the suite is safe to run next to a real study.
+_REPO = Path(__file__).resolve().parents[1]
+_STUDY_FILES = ("mlflow.db", "mlruns", "mlartifacts")
+
+
+def _study_files() -> dict:
+    seen = {}
+    for name in _STUDY_FILES:
+        p = _REPO / name
+        if p.is_file():
+            seen[name] = (p.stat().st_mtime_ns, p.stat().st_size)
+        elif p.is_dir():
+            seen[name] = sorted((str(q), q.stat().st_mtime_ns) for q in p.rglob("*"))
+    return seen
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if a test wrote into the checkout's MLflow store or artifact folders."""
+    if hasattr(session.config, "workerinput") or "study_files" not in _SESSION:
+        return
+    before, after = _SESSION["study_files"], _study_files()
+    changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+    if changed:
+        _SESSION["stray"] = (f"the tests wrote into {', '.join(str(_REPO / n) for n in changed)}: a test used "
+                             "the working directory's MLflow store; give it its own (tmp_path)")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if "stray" in _SESSION:
+        terminalreporter.write_line(_SESSION["stray"], red=True, bold=True)
 
 
 def pytest_sessionstart(session):
@@ -16,6 +52,8 @@ def pytest_sessionstart(session):
     run: on a fresh machine it is about a minute of one core's time, now off the critical path."""
     from raystudy import models
 
+    if not hasattr(session.config, "workerinput"):
+        _SESSION["study_files"] = _study_files()
     if session.config.getoption("markexpr", "") == "gpu":  # the GPU machine's run needs no demo
         return
     if hasattr(session.config, "workerinput"):  # an xdist worker: the controller started it

@@ -281,9 +281,10 @@ def test_mha_condition_trains_only_gpt2_attention_and_the_head():
     assert ("shared", "MHA") in comps and len(res["plasticity_before"]) == len(res["plasticity_after"])
 
 
-def test_finetune_cli_runs_a_gpt2_condition(tmp_path, capsys):
+def test_finetune_cli_runs_a_gpt2_condition(tmp_path, capsys, monkeypatch):
     from raystudy import finetune
 
+    monkeypatch.chdir(tmp_path)  # its run goes to the default store, ./mlflow.db: the test's own
     rc = finetune.main(["--model", "gpt2_tiny", "--dataset", "tokens_rule", "--condition", "FC1",
                         "--steps", "3", "--warmup-steps", "1", "--batch-size", "8", "--eval-every", "3",
                         "--device", "cpu", "--quiet", "--out", str(tmp_path)])

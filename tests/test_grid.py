@@ -165,7 +165,7 @@ def _record(uri, trials, accs):
     from raystudy import tracking
 
     cl = tracking.client(uri)
-    exp = tracking.experiment_id(cl, "raystudy-t-vit_demo")
+    exp = tracking.experiment_id(cl, "raystudy-t-vit_demo", tracking.default_artifact_location(uri))
     for t, acc in zip(trials, accs):
         run = tracking.open_trial(cl, exp, None, t.key, t.config)
         tracking.finish_trial(cl, run, {"status": "finished", "final": 1, "best_val_acc": acc, "test_acc": acc})
