@@ -74,13 +74,16 @@ class Reporter:
         # "score" (best validation accuracy so far) is what schedulers such as ASHA compare.
         out = {**metrics, "score": self.best, "history": self.pending}
         self.pending = []
-        if state is None or (time.monotonic() - self.last < self.every_s and not metrics.get("preempted")):
+        now = time.monotonic()
+        if state is None or (now - self.last < self.every_s and not metrics.get("preempted")):
             self.report_fn(out)
             return
+        # The interval runs from when this state was taken: the report's round trip to the driver
+        # (seconds on a loaded head) must not stretch the work a lost node takes with it.
+        self.last = now
         with tempfile.TemporaryDirectory() as d:
             _save_state(state, d)
             self.report_fn(out, checkpoint=self.checkpoint_cls.from_directory(d))
-        self.last = time.monotonic()
 
     def final(self, results: dict[str, Any]) -> None:
         self.report_fn({**results, "final": 1, "step": results["steps_done"],

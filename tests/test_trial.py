@@ -57,6 +57,23 @@ def test_checkpoints_go_with_evaluations_at_most_every_every_s(monkeypatch):
     assert [s["step"] if s else None for _, s in rec.calls] == [None, 20, None, 40]
 
 
+def test_the_checkpoint_interval_runs_from_the_state_not_from_the_reports_return(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(trial.time, "monotonic", lambda: now[0])
+    rec = Recorder()
+
+    def slow_driver(metrics, checkpoint=None):  # the round trip of a report on a loaded head: 30 s
+        rec(metrics, checkpoint)
+        now[0] += 30.0
+
+    r = trial.Reporter(slow_driver, tune.Checkpoint, every_s=60)
+    for step, t in ((10, 1061.0), (20, 1125.0)):
+        now[0] = t
+        r({"step": step, "val_acc": 0.1 * step}, {"step": step})
+    # 64 s after the first checkpoint's state was taken, though only 34 s after its report returned
+    assert [s["step"] if s else None for _, s in rec.calls] == [10, 20]
+
+
 class _Planted:
     """A pickle that runs code when loaded: what a planted checkpoint would carry."""
 
