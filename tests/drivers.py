@@ -85,6 +85,17 @@ def kill_group(proc, grace=0.0, sig=signal.SIGKILL) -> None:
         pass
 
 
+def output_of(proc, tail=4000) -> str:
+    """The end of what ``proc`` printed, ending its group first if it still runs: a test that gave
+    up waiting shows what the driver was doing."""
+    if proc.poll() is None:
+        kill_group(proc)
+    try:
+        return proc.communicate(timeout=30)[0][-tail:]
+    except (subprocess.TimeoutExpired, ValueError):  # a grandchild holds the pipe; stdout consumed
+        return ""
+
+
 def ctrl_c_twice(proc, timeout=120) -> str:
     """What a user's Ctrl+C twice does (the second skips Tune's graceful stop); the output. Half
     a second apart: two signals that arrive before Python runs its handler count as one."""

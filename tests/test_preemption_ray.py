@@ -17,7 +17,7 @@ import time
 
 import pytest
 import yaml
-from drivers import free_port, kill_group, search_runs, start, wait_for
+from drivers import free_port, kill_group, output_of, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +95,7 @@ def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, mlf
             return None
 
         victim = wait_for(a_trial_past_step_60, driver)
-        assert victim is not None, "no trial got far enough:\n" + (driver.stdout.read() if driver.poll() is not None else "")
+        assert victim is not None, "no trial got far enough:\n" + output_of(driver)
         pid = int(victim["tags.raystudy.worker"].rsplit(":", 1)[1])
         node = _raylet_of(pid, workers)
         assert node is not None
