@@ -292,11 +292,14 @@ def log_ranking(cl, run_id: str, rows: list[dict[str, Any]], partial: bool = Fal
     from mlflow.entities import Metric, RunTag
 
     ts = int(time.time() * 1000)
-    metrics = [Metric(f"{name}/{r['condition']}", _num(r[col]), ts, 0)
-               for r in rows for name, col in (("test_acc", "test_acc"), ("rank", "avg_rank"))
-               if math.isfinite(_num(r[col]))]
+    run = cl.get_run(run_id)
+    # Only what changed: a rerun of a finished grid ranks the same runs again, and a second point
+    # of the same value would chart as history that never happened.
+    metrics = [Metric(k, v, ts, 0) for r in rows for name, col in (("test_acc", "test_acc"), ("rank", "avg_rank"))
+               for k, v in [(f"{name}/{r['condition']}", _num(r[col]))]
+               if math.isfinite(v) and run.data.metrics.get(k) != v]
     # A report attached earlier stays (a rerun of a finished grid logs the ranking again).
-    report = cl.get_run(run_id).data.tags.get(NOTE, "").partition(REPORT_HEAD)[1:]
+    report = run.data.tags.get(NOTE, "").partition(REPORT_HEAD)[1:]
     note = ranking_note(rows, partial) + ("".join(report) if report[0] else "")
     cl.log_batch(run_id, metrics=metrics, tags=[RunTag(NOTE, note[:MAX_NOTE])])
 

@@ -191,6 +191,11 @@ def test_parent_run_carries_the_ranking_and_then_the_report(store):
     again = cl.get_run(parent).data.tags[tracking.NOTE]
     assert "| 1 | LN1" in again and "partial" not in again
     assert again.split("## Analysis report")[1] == note.split("## Analysis report")[1]
+    # the same numbers again add no point to the charts; a changed one adds one
+    assert [len(cl.get_metric_history(parent, k)) for k in ("test_acc/MHA", "rank/LN1")] == [1, 1]
+    tracking.log_ranking(cl, parent, [{**rows[0], "test_acc": 0.8}, rows[1]])
+    assert [m.value for m in cl.get_metric_history(parent, "test_acc/MHA")] == [0.75, 0.8]
+    assert len(cl.get_metric_history(parent, "rank/LN1")) == 1
 
 
 def test_runs_url_for_a_server_and_for_a_database_store():
