@@ -50,8 +50,7 @@ def recorded(experiment: str, tracking_uri: str | None = None) -> dict[str, Any]
     for row in runs.itertuples():
         run = by_id[row.run_id]
         trials.append(adaptive.trial_of(row.key, tracking.run_config(run.data.params)))
-        seen[row.key] = adaptive.seen_of(tracking.val_curve(cl, row.run_id), row.status,
-                                         run.data.metrics.get("best_val_acc", math.nan))
+        seen[row.key] = tracking.policy_view(cl, run)
         steps_done.append(run.data.metrics.get("steps_done", math.nan))
         wall.append(run.data.metrics.get("wall_s", math.nan))
     runs = runs.assign(steps_done=steps_done, wall_s=wall).reset_index(drop=True)

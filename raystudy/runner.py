@@ -378,8 +378,7 @@ def recorded_view(cl, exp_id: str, trials: list[Trial]) -> dict[str, adaptive.Se
     for run in tracking.find_runs(cl, exp_id, raystudy__role="trial"):
         key, status = run.data.tags.get(tracking.KEY), run.data.tags.get(tracking.STATUS)
         if key in keys and (key not in seen or status in tracking.TERMINAL):
-            seen[key] = adaptive.seen_of(tracking.val_curve(cl, run.info.run_id), status,
-                                         run.data.metrics.get("best_val_acc", float("nan")))
+            seen[key] = tracking.policy_view(cl, run)
     return seen
 
 

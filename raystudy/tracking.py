@@ -512,6 +512,13 @@ def _num(value: Any) -> float:
         return math.nan
 
 
+def run_status_of(run_status: str, tags: dict[str, str], metrics: dict[str, float]) -> str:
+    """A trial run's raystudy status: the ``raystudy.status`` tag, MLflow's own status if the tag
+    is absent, and ``failed`` for a run tagged finished without a test accuracy."""
+    status = tags.get(STATUS) or _MLFLOW_STATUS.get(run_status, "failed")
+    return "failed" if status == "finished" and math.isnan(_num(metrics.get("test_acc"))) else status
+
+
 def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str, str],
             metrics: dict[str, float]) -> dict[str, Any]:
     """The row of one trial run in the runs table, from its MLflow status, tags, params, metrics.
@@ -522,10 +529,9 @@ def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str
     failed. Accuracies are NaN unless finished: never zeros in a mean. ``trainable_params`` is
     the run's logged count (NaN when it logged none).
     """
-    status = tags.get(STATUS) or _MLFLOW_STATUS.get(run_status, "failed")
-    error = tags.get(ERROR, "")
-    if status == "finished" and math.isnan(_num(metrics.get("test_acc"))):
-        status, error = "failed", error or "finished without a test_acc metric"
+    status, error = run_status_of(run_status, tags, metrics), tags.get(ERROR, "")
+    if status == "failed" and tags.get(STATUS) == "finished":
+        error = error or "finished without a test_acc metric"
     done = status == "finished"
     seed, probes = _num(params.get("seed")), _num(params.get("probe_pairs"))
     return {
@@ -554,6 +560,17 @@ def val_curve(cl, run_id: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in cl.get_metric_history(run_id, "val_acc"))
 
 
+def policy_view(cl, run):
+    """What the adaptive policy has seen of one recorded trial run (``adaptive.Seen``): its
+    validation curve, whether it ended, its best validation accuracy if it finished. A resumed
+    driver and a replay of a finished grid both start from it."""
+    from raystudy import adaptive
+
+    return adaptive.seen_of(val_curve(cl, run.info.run_id), run_status_of(run.info.status, run.data.tags,
+                                                                          run.data.metrics),
+                            run.data.metrics.get("best_val_acc", math.nan))
+
+
 def rows(runs) -> list[dict[str, Any]]:
     """The rows of MLflow ``Run`` objects, with their start times (for deduplication)."""
     return [{**run_row(r.info.run_id, r.info.status, r.data.tags, r.data.params, r.data.metrics),
@@ -563,4 +580,4 @@ def rows(runs) -> list[dict[str, Any]]:
 __all__ = ["default_uri", "runs_url", "browse_lines", "trial_name", "plasticity_metrics", "experiment_tags",
            "ranking_note", "log_ranking", "attach_report", "check_uri", "client", "experiment_id", "parent_run", "open_trial",
            "log_steps", "finish_trial", "fail_trial", "trial_status", "find_runs", "statuses",
-           "close_stale", "run_row", "rows", "run_config", "TrackingUnavailable"]
+           "close_stale", "run_status_of", "run_row", "policy_view", "rows", "run_config", "TrackingUnavailable"]

@@ -203,3 +203,17 @@ def test_runs_url_for_a_server_and_for_a_database_store():
     lines = tracking.browse_lines("sqlite:////x/mlflow.db", "3")
     assert lines[0] == "browse: mlflow ui --backend-store-uri sqlite:////x/mlflow.db"
     assert lines[1] == "  then open http://127.0.0.1:5000/#/experiments/3/runs?viewStateShareKey=raystudy"
+
+
+def test_the_policys_view_of_a_run_reads_its_status_as_the_runs_table_does(store):
+    uri, cl, exp = store
+    runs = {s: tracking.open_trial(cl, exp, None, trial_key({**CFG, "seed": s}), {**CFG, "seed": s}) for s in range(3)}
+    for run_id in runs.values():
+        tracking.log_steps(cl, run_id, [{"val_acc": 0.6, "step": 10}, {"val_acc": 0.4, "step": 20}])
+    tracking.finish_trial(cl, runs[0], {"status": "finished", "test_acc": 0.5, "best_val_acc": 0.6})
+    tracking.finish_trial(cl, runs[1], {"status": "finished", "best_val_acc": 0.6})  # no test accuracy
+    view = {s: tracking.policy_view(cl, cl.get_run(r)) for s, r in runs.items()}
+    assert view[0].points == ((10, 0.6), (20, 0.4)) and view[0].ended and view[0].best == 0.6
+    row = tracking.rows([cl.get_run(runs[1])])[0]
+    assert row["status"] == "failed" and view[1].ended and view[1].best != view[1].best  # NaN: no result to rank
+    assert view[2].points == view[0].points and not view[2].ended  # still running
