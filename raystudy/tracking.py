@@ -512,11 +512,14 @@ def _num(value: Any) -> float:
         return math.nan
 
 
-def run_status_of(run_status: str, tags: dict[str, str], metrics: dict[str, float]) -> str:
-    """A trial run's raystudy status: the ``raystudy.status`` tag, MLflow's own status if the tag
-    is absent, and ``failed`` for a run tagged finished without a test accuracy."""
+def run_status_of(run_status: str, tags: dict[str, str], metrics: dict[str, float]) -> tuple[str, str]:
+    """A trial run's raystudy status and, when it is not what the run says of itself, why: the
+    ``raystudy.status`` tag, MLflow's own status if the tag is absent, and ``failed`` for a run
+    finished without a test accuracy."""
     status = tags.get(STATUS) or _MLFLOW_STATUS.get(run_status, "failed")
-    return "failed" if status == "finished" and math.isnan(_num(metrics.get("test_acc"))) else status
+    if status == "finished" and math.isnan(_num(metrics.get("test_acc"))):
+        return "failed", "finished without a test_acc metric"
+    return status, ""
 
 
 def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str, str],
@@ -529,9 +532,8 @@ def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str
     failed. Accuracies are NaN unless finished: never zeros in a mean. ``trainable_params`` is
     the run's logged count (NaN when it logged none).
     """
-    status, error = run_status_of(run_status, tags, metrics), tags.get(ERROR, "")
-    if status == "failed" and tags.get(STATUS) == "finished":
-        error = error or "finished without a test_acc metric"
+    status, why = run_status_of(run_status, tags, metrics)
+    error = tags.get(ERROR, "") or why
     done = status == "finished"
     seed, probes = _num(params.get("seed")), _num(params.get("probe_pairs"))
     return {
@@ -567,7 +569,7 @@ def policy_view(cl, run):
     from raystudy import adaptive
 
     return adaptive.seen_of(val_curve(cl, run.info.run_id), run_status_of(run.info.status, run.data.tags,
-                                                                          run.data.metrics),
+                                                                          run.data.metrics)[0],
                             run.data.metrics.get("best_val_acc", math.nan))
 
 
