@@ -568,9 +568,8 @@ def policy_view(cl, run):
     driver and a replay of a finished grid both start from it."""
     from raystudy import adaptive
 
-    return adaptive.seen_of(val_curve(cl, run.info.run_id), run_status_of(run.info.status, run.data.tags,
-                                                                          run.data.metrics)[0],
-                            run.data.metrics.get("best_val_acc", math.nan))
+    status, _ = run_status_of(run.info.status, run.data.tags, run.data.metrics)
+    return adaptive.seen_of(val_curve(cl, run.info.run_id), status, run.data.metrics.get("best_val_acc", math.nan))
 
 
 def rows(runs) -> list[dict[str, Any]]:
