@@ -55,7 +55,8 @@ def _load_state(checkpoint) -> dict | None:
 class Reporter:
     """The engine's ``report`` on Ray: step measurements wait in ``pending`` and travel with the
     next evaluation (or the final) report, a checkpoint goes with an evaluation when ``every_s``
-    seconds have passed since the last one (0: every evaluation).
+    seconds have passed since the last one (0: every evaluation); never with no ``checkpoint_cls``
+    (a DDP worker other than rank 0).
 
     Fewer reports, fewer round trips to the driver: a report costs a driver-side turn (Tune's
     bookkeeping, the MLflow write), which dominated a short trial's overhead. Seconds rather
@@ -75,7 +76,8 @@ class Reporter:
         out = {**metrics, "score": self.best, "history": self.pending}
         self.pending = []
         now = time.monotonic()
-        if state is None or (now - self.last < self.every_s and not metrics.get("preempted")):
+        if state is None or self.checkpoint_cls is None or (now - self.last < self.every_s
+                                                            and not metrics.get("preempted")):
             self.report_fn(out)
             return
         # The interval runs from when this state was taken: the report's round trip to the driver
@@ -157,11 +159,10 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
     resume = _load_state(ray.train.get_checkpoint())
     rank = ray.train.get_context().get_world_rank()
 
-    def report(metrics, checkpoint=None):
-        # every worker reports (Train's collective); only rank 0 carries the checkpoint
-        ray.train.report(metrics, checkpoint=checkpoint if rank == 0 else None)
-
-    reporter = Reporter(report, ray.train.Checkpoint, float(loop_config.get("checkpoint_every_s", 0)))
+    # Every worker reports (Train's collective); only rank 0 saves and carries the checkpoint
+    # (the others' copies of a ViT-H state would be written to disk and dropped).
+    reporter = Reporter(ray.train.report, ray.train.Checkpoint if rank == 0 else None,
+                        float(loop_config.get("checkpoint_every_s", 0)))
     reporter.final(engine.train(cfg, report=reporter, resume=resume))
 
 

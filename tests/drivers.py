@@ -96,6 +96,20 @@ def output_of(proc, tail=4000) -> str:
         return ""
 
 
+def checkpoint_steps(files) -> dict[int, float]:
+    """Step -> file time of each whole checkpoint among ``files`` (``state.pt`` paths); one still
+    being written, or pruned as it is read, does not load and is no checkpoint yet."""
+    import torch
+
+    steps = {}
+    for f in files:
+        try:
+            steps[int(torch.load(f, map_location="cpu", weights_only=True)["step"])] = f.stat().st_mtime
+        except Exception:  # noqa: BLE001 - partly written, or gone
+            continue
+    return steps
+
+
 def ctrl_c_twice(proc, timeout=120) -> str:
     """What a user's Ctrl+C twice does (the second skips Tune's graceful stop); the output. Half
     a second apart: two signals that arrive before Python runs its handler count as one."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from drivers import count_status, ctrl_c_twice, driver_env, free_port, kill_group, search_runs, start, wait_for
+from drivers import checkpoint_steps, count_status, ctrl_c_twice, driver_env, free_port, kill_group, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -268,15 +268,8 @@ def test_multi_worker_trial_runs_a_nested_torchtrainer(work, ray_tmp):
 
 
 def _newest_checkpoint_step(storage):
-    import torch
-
-    found = sorted(Path(storage).glob("*/*/checkpoint_*/state.pt"), key=lambda p: p.stat().st_mtime)
-    for p in reversed(found):
-        try:
-            return torch.load(p, map_location="cpu", weights_only=False)["step"]
-        except Exception:  # noqa: BLE001 - being written
-            continue
-    return None
+    steps = checkpoint_steps(Path(storage).glob("*/*/checkpoint_*/state.pt"))
+    return max(steps, key=steps.get) if steps else None
 
 
 def test_retried_trial_resumes_from_its_checkpoint_and_logs_each_step_once(work):

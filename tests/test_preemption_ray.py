@@ -17,7 +17,7 @@ import time
 
 import pytest
 import yaml
-from drivers import free_port, kill_group, output_of, search_runs, start, wait_for
+from drivers import checkpoint_steps, free_port, kill_group, output_of, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -41,20 +41,6 @@ def _raylet_of(pid, nodes):
             return raylets[p.pid]
         p = p.parent()
     return None
-
-
-def _checkpoint_steps(shared, tune_trial):
-    """Step -> file time of each whole checkpoint of a trial on shared storage (one still being
-    written does not load, and is no checkpoint yet)."""
-    import torch
-
-    steps = {}
-    for f in shared.glob(f"*/*_{tune_trial}/checkpoint_*/state.pt"):
-        try:
-            steps[int(torch.load(f, weights_only=True)["step"])] = f.stat().st_mtime
-        except Exception:  # noqa: BLE001 - partly written, or pruned as it was read
-            continue
-    return steps
 
 
 def _runs(uri):
@@ -125,7 +111,7 @@ def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, mlf
                     continue
                 if on is None:
                     continue
-                cks = _checkpoint_steps(shared, r["tags.raystudy.tune_trial"])
+                cks = checkpoint_steps(shared.glob(f"*/*_{r['tags.raystudy.tune_trial']}/checkpoint_*/state.pt"))
                 if len(cks) >= 2:
                     # (remove_node's own seconds of waiting for processes to exit are not work)
                     lost_s = time.time() - max(cks.values())

@@ -74,6 +74,22 @@ def test_the_checkpoint_interval_runs_from_the_state_not_from_the_reports_return
     assert [s["step"] if s else None for _, s in rec.calls] == [10, 20]
 
 
+def test_a_reporter_without_a_checkpoint_class_reports_every_evaluation_and_saves_nothing(monkeypatch):
+    # a DDP worker other than rank 0: it joins every report (Train's collective), and rank 0 alone
+    # writes the state
+    saved = []
+    monkeypatch.setattr(trial, "_save_state", lambda state, folder: saved.append(state["step"]))
+    rec = Recorder()
+    r = trial.Reporter(rec, None, every_s=0)
+    r({"step": 10, "val_acc": 0.5}, {"step": 10})
+    r({"step": 13, "preempted": 1.0}, {"step": 13})
+    r.final({"steps_done": 13, "best_val_acc": 0.5})
+    assert [(m["step"], s) for m, s in rec.calls] == [(10, None), (13, None), (13, None)] and saved == []
+    r0 = trial.Reporter(lambda metrics, checkpoint=None: None, tune.Checkpoint, every_s=0)  # rank 0
+    r0({"step": 10, "val_acc": 0.5}, {"step": 10})
+    assert saved == [10]
+
+
 class _Planted:
     """A pickle that runs code when loaded: what a planted checkpoint would carry."""
 
