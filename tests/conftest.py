@@ -48,15 +48,15 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_sessionstart(session):
-    """Build the demo backbone in the background while the first tests (which do not need it)
-    run: on a fresh machine it is about a minute of one core's time, now off the critical path."""
+    """In the controller: note the checkout's study files, and build the demo backbone in the
+    background while the first tests (which do not need it) run: on a fresh machine it is about a
+    minute of one core's time, now off the critical path."""
     from raystudy import models
 
-    if not hasattr(session.config, "workerinput"):
-        _SESSION["study_files"] = _study_files()
-    if session.config.getoption("markexpr", "") == "gpu":  # the GPU machine's run needs no demo
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller does both
         return
-    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller started it
+    _SESSION["study_files"] = _study_files()
+    if session.config.getoption("markexpr", "") == "gpu":  # the GPU machine's run needs no demo
         return
     if not models.weights_file("vit_demo").is_file():
         code = "from raystudy import pretrain; pretrain.ensure_weights('vit_demo', log=None)"
