@@ -2,6 +2,7 @@
 
     python benchmarks/bench_report.py                     # 3 models × 2 optimizers × 11 datasets × 8 conditions × 4 lrs × 5 seeds
     python benchmarks/bench_report.py --seeds 2 --keep /tmp/bench   # smaller; keep the store and the report
+    python benchmarks/bench_report.py --models 1 --datasets 2 --seeds 2 --lrs 2   # toy size (the test's)
 
 Builds a SQLite MLflow store in a temporary folder: one grid parent run and one trial written by
 ``raystudy.tracking`` (exactly the layout the grid writes: tags, the flat config as params,
@@ -34,7 +35,7 @@ CONDITIONS = ("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe", "lora")
 EXPERIMENT = "bench-report"
 
 
-def synthetic_runs(n_datasets: int, n_seeds: int, n_lrs: int):
+def synthetic_runs(n_datasets: int, n_seeds: int, n_lrs: int, n_models: int = len(MODELS)):
     import pandas as pd
 
     from analysis.synthetic import fake_runs
@@ -42,7 +43,7 @@ def synthetic_runs(n_datasets: int, n_seeds: int, n_lrs: int):
     lrs = tuple(10.0 ** (-4 + i * 0.5) for i in range(n_lrs))
     parts = [fake_runs(n_datasets, CONDITIONS, lrs, tuple(range(n_seeds)), seed=100 * i + j,
                        model=m, optimizer=o)
-             for i, m in enumerate(MODELS) for j, o in enumerate(OPTIMIZERS)]
+             for i, m in enumerate(MODELS[:n_models]) for j, o in enumerate(OPTIMIZERS)]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -136,6 +137,8 @@ def timed_figures(acc: list):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", type=int, default=len(MODELS), choices=range(1, len(MODELS) + 1),
+                    help=f"the first N of {', '.join(MODELS)}; each model is two studies (sgd, adamw)")
     ap.add_argument("--datasets", type=int, default=11)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--lrs", type=int, default=4)
@@ -148,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
-        runs = synthetic_runs(args.datasets, args.seeds, args.lrs)
+        runs = synthetic_runs(args.datasets, args.seeds, args.lrs, args.models)
         t = time.perf_counter()
         uri, parent = build_store(root, runs)
-        print(f"built an MLflow store of {len(runs)} trial runs (3 models × 2 optimizers × "
-              f"{args.datasets} datasets × {len(CONDITIONS)} conditions × {args.lrs} lrs × "
-              f"{args.seeds} seeds) in {time.perf_counter() - t:.1f} s (not timed below)")
+        print(f"built an MLflow store of {len(runs)} trial runs ({args.models} models × "
+              f"{len(OPTIMIZERS)} optimizers × {args.datasets} datasets × {len(CONDITIONS)} conditions × "
+              f"{args.lrs} lrs × {args.seeds} seeds) in {time.perf_counter() - t:.1f} s (not timed below)")
 
         t, cpu = time.perf_counter(), time.process_time()
         loaded = load.from_mlflow(EXPERIMENT, uri)
