@@ -19,3 +19,23 @@ def test_report_benchmark_runs_at_toy_size(tmp_path):
     assert {"load", "stats", "figures", "analysis", "total"} <= set(lines)
     assert "128 runs from MLflow" in lines["load"]  # 1 model x 2 optimizers x 2 x 8 conditions x 2 x 2
     assert "of 2 studies" in lines["stats"]  # one per optimizer
+
+
+@pytest.mark.slow
+def test_suite_cpu_charges_each_test_and_totals_by_file():
+    p = subprocess.run([sys.executable, "benchmarks/suite_cpu.py", "--top", "2", "tests/test_analysis_stats.py",
+                        "-k", "holm or nemenyi"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    out = p.stdout.splitlines()
+    tests = [ln for ln in out if "tests/test_analysis_stats.py::" in ln]
+    assert len(tests) == 2 and all(float(ln.split()[0]) >= 0 for ln in tests), out
+    more = next(ln for ln in out if "more," in ln).split("...")[1].split()   # ['N', 'more,', 'X', 'CPU', 's']
+    assert int(more[0]) >= 1
+    assert f"CPU s in {2 + int(more[0])} tests" in next(ln for ln in out if "CPU s in" in ln)
+    # the file's total is its tests' CPU: the two listed and the rest
+    file_total = next(float(ln.split()[0]) for ln in out if ln.strip().endswith("  tests/test_analysis_stats.py"))
+    listed = sum(float(ln.split()[0]) for ln in tests) + float(more[2])
+    assert abs(file_total - listed) <= 0.15, out
+    bad = subprocess.run([sys.executable, "benchmarks/suite_cpu.py", "--top", "-1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --top must be >= 0, got -1"
