@@ -38,6 +38,20 @@ def save(fig, base: str | os.PathLike) -> list[Path]:
     return paths
 
 
+class Outputs(list):
+    """The files an analysis wrote, in order, and whether it draws its figures: ``add(fig_fn,
+    ...)`` draws ``fig_fn(...)`` and keeps the files it wrote, or does nothing when ``draw`` is
+    off (``--no-figures``: the tables and tests alone, without drawing's seconds per figure)."""
+
+    def __init__(self, draw: bool = True):
+        super().__init__()
+        self.draw = draw
+
+    def add(self, fig_fn, *args, **kw) -> None:
+        if self.draw:
+            self.extend(fig_fn(*args, **kw))
+
+
 def palette(names) -> dict[str, tuple]:
     """One colour per name, the same in every figure: each condition of the study keeps its own
     tab10 colour (in the tables' order: the paper's conditions, the other components, LoRA),

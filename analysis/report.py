@@ -42,9 +42,10 @@ accuracy against the number of lrs tried and lrs chosen at the edge of their gri
 the runs' variance into dataset, lr and seed; rank correlations of plasticity and gradient norm
 with accuracy, with bootstrap intervals.
 
-Everything goes to ``--out`` (tables as .md/.csv/.tex, figures as .png/.pdf, ``report.md``);
-the report is printed. Read from MLflow, the folder is also logged as ``analysis/`` artifacts of
-the grid's parent run. Bad input exits with status 2 and one line on stderr.
+Everything goes to ``--out`` (tables as .md/.csv/.tex, figures as .png/.pdf unless
+``--no-figures``, ``report.md``); the report is printed. Read from MLflow, the folder is also
+logged as ``analysis/`` artifacts of the grid's parent run. Bad input exits with status 2 and one
+line on stderr.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
             bands: pd.DataFrame | None = None, plasticity: pd.DataFrame | None = None,
             ddof: int = 0, title: str = "", options: trust.Options | None = None,
             t_alternative: str = "two-sided", compare: list[str] | None = None,
-            gain_reference: str | None = None) -> Report:
+            gain_reference: str | None = None, draw_figures: bool = True) -> Report:
     """Write the tables, tests and figures of one study (one model, optimizer) into ``out_dir``.
 
     Give ``runs`` (the per-run table of ``analysis.load``) or ``summary`` (per-dataset means).
@@ -132,7 +133,8 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
     paired t-test's alternative (the paper's: two-sided); ``compare`` the conditions that ranks,
     the paired tests, Friedman and the CD diagram are over (default: all analysed);
     ``gain_reference`` the condition relative gains are over (default: linear_probe if present,
-    else ``reference``). Raises AnalysisError on bad input.
+    else ``reference``); ``draw_figures``: off, the tables and tests alone. Raises AnalysisError
+    on bad input.
     """
     opts = options or trust.Options()
     if (runs is None) == (summary is None):
@@ -140,7 +142,7 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     source = (runs if runs is not None else summary).attrs.get("source", "input")
-    files: list[Path] = []
+    files = figures.Outputs(draw_figures)
     sections: list[str] = []
 
     if runs is not None:
@@ -193,7 +195,7 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
     files += tables.write_table(out, name, shown, best)
     sections.append(_main_section(best, best_other, select_on, order, compared, scale, out, files,
                                   runs is not None))
-    files += figures.accuracy(best, order, out / "figures" / name, scale, what)
+    files.add(figures.accuracy, best, order, out / "figures" / name, scale, what)
     if best_other is not None:
         val_best, test_best = (best, best_other) if select_on == "val" else (best_other, best)
         sections.append(_selection_section(val_best, test_best, order, scale, out, files,
@@ -229,7 +231,8 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
     if bands is not None and len(bands):
         for key, (label, log) in CURVE_KEYS.items():
             slug = key.replace("/", "_").replace("{condition}", "own")
-            files += figures.curves(bands, key, order, out / "figures" / f"curves_{slug}", label, log)
+            files.add(figures.curves, bands, key, order, out / "figures" / f"curves_{slug}", label,
+                      log)
     if plasticity is not None and len(plasticity):
         sections.append(_plasticity_section(plasticity, table, out, files, scale, _model_notes(runs),
                                             (scores, order, opts)))
@@ -242,7 +245,7 @@ def analyse(out_dir: str | Path, *, runs: pd.DataFrame | None = None,
     text = "\n".join(sections)
     (out / "report.md").write_text(text)
     files.append(out / "report.md")
-    return Report(text=text, files=files)
+    return Report(text=text, files=list(files))
 
 
 def _compared(order: list[str], compare: list[str] | None, source: str) -> list[str]:
@@ -302,7 +305,7 @@ def _gain_section(table: pd.DataFrame, order: list[str], ref: str | None, chosen
     shown = tables.dataset_table(gain, order, "average", 2)
     files += tables.write_table(out, "relative_gain", shown, gain,
                                 caption=f"Relative gain over {ref} (%)")
-    files += figures.gains(gain.mean(axis=0), out / "figures" / "relative_gain", ref)
+    files.add(figures.gains, gain.mean(axis=0), out / "figures" / "relative_gain", ref)
     lr = f" at the lr chosen on {chosen}" if chosen else ""
     return _section(title, f"100 · (accuracy − {ref}'s) / {ref}'s, per dataset{lr}; average: the "
                            f"mean over datasets of the per-dataset gains (%).\n\n" + tables.markdown(shown))
@@ -325,7 +328,7 @@ def _efficiency_section(runs: pd.DataFrame | None, table: pd.DataFrame, scale: f
                                 caption="Trainable parameters and mean test accuracy")
     files += tables.write_table(out, "trainable_params", tables.dataset_table(params, list(eff.index), "mean", 0),
                                 params)
-    files += figures.parameter_efficiency(eff, out / "figures" / "parameter_efficiency", scale)
+    files.add(figures.parameter_efficiency, eff, out / "figures" / "parameter_efficiency", scale)
     return _section(title, "Trainable parameters (mean over datasets: the classifier head's size "
                            "follows the number of classes) and mean test accuracy over the same "
                            f"datasets{f', lr chosen on {chosen}' if chosen else ''}.\n\n"
@@ -421,7 +424,7 @@ def _significance_section(table: pd.DataFrame, avg_rank: pd.Series, reference: s
     files.append(out / "omnibus.csv")
     bars = ("bars: no Holm-corrected Wilcoxon pair significant" if clique_source == "wilcoxon"
             else "bars: Nemenyi, mean ranks within CD")
-    files += figures.cd_diagram(avg_rank, cd, cliques, out / "figures" / "cd_diagram",
+    files.add(figures.cd_diagram, avg_rank, cd, cliques, out / "figures" / "cd_diagram",
                                 f"Mean-rank based: average ranks over {n_d} datasets; {bars} (5%)",
                                 n_datasets=n_d)
     t_text = ("two-sided, as in the paper (--t-alternative greater: one-sided)"
@@ -461,7 +464,7 @@ def _plasticity_section(plast: pd.DataFrame, table: pd.DataFrame, out: Path, fil
     comps = [c for c in ("LN1", "MHA", "LN2", "FC1", "FC2") if c in set(pooled["component"])]
     comps += sorted(set(pooled["component"]) - set(comps))
     parts = []
-    files += figures.plasticity_layers(pooled, comps, out / "figures" / "plasticity")
+    files.add(figures.plasticity_layers, pooled, comps, out / "figures" / "plasticity")
     for mode in sorted(pooled["mode"].unique()):
         comp_p = stats.component_plasticity(pooled, mode)
         try:
@@ -533,7 +536,7 @@ def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, **kw) 
     ``extras(runs_of_one_setting)`` may return (bands, plasticity) for that setting.
     """
     found = load.settings(runs)
-    texts, files = [], []
+    texts, files = [], figures.Outputs(kw.get("draw_figures", True))
     for s in found:
         sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)].copy()
         sub.attrs = dict(runs.attrs)
@@ -549,7 +552,7 @@ def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, **kw) 
         text = "\n".join(texts)
         (Path(out_dir) / "report.md").write_text(text)
         files.append(Path(out_dir) / "report.md")
-    return Report(text="\n".join(texts), files=files)
+    return Report(text="\n".join(texts), files=list(files))
 
 
 def _optimizer_order(names) -> list[str]:
@@ -589,7 +592,8 @@ def across_settings(runs: pd.DataFrame, out_dir: str | Path, files: list, *, sel
         name = "optimizer_ablation_" + model + ("_low_data" if low == "True" else "")
         caption = f"Optimizer ablation, {what}: mean test accuracy{unit}, lr chosen on {chosen}"
         files += tables.write_table(out, name, shown, ab, caption=caption)
-        files += figures.setting_means(ab, out / "figures" / name, scale, f"Optimizer ablation, {what}")
+        files.add(figures.setting_means, ab, out / "figures" / name, scale,
+                  f"Optimizer ablation, {what}")
         parts.append(f"{caption}:\n\n{tables.markdown(shown).rstrip()}")
     if len({m for m, _, _ in bests}) > 1:
         ab = stats.setting_means({", ".join(v for v in (m, o, "low data" if low == "True" else "")
@@ -597,7 +601,7 @@ def across_settings(runs: pd.DataFrame, out_dir: str | Path, files: list, *, sel
         shown = tables.ablation_table(ab, scale)
         caption = f"Every setting: mean test accuracy{unit}, lr chosen on {chosen}"
         files += tables.write_table(out, "settings", shown, ab, caption=caption)
-        files += figures.setting_means(ab, out / "figures" / "settings", scale, "Every setting")
+        files.add(figures.setting_means, ab, out / "figures" / "settings", scale, "Every setting")
         parts.append(f"{caption}:\n\n{tables.markdown(shown).rstrip()}")
     parts.append(f"Each setting's own tables and tests: the subfolders "
                  f"{', '.join(_setting_name(s) for s in bests)}.")
@@ -703,6 +707,9 @@ def build_parser():
                     help="resample datasets and seeds (default) or seeds within fixed datasets")
     ap.add_argument("--no-hierarchical", action="store_true",
                     help="skip the hierarchical Bayesian test over datasets and seeds")
+    ap.add_argument("--no-figures", action="store_true",
+                    help="write the tables, tests and report.md only: draw no figures (each takes "
+                         "a second or so)")
     ap.add_argument("--no-log", action="store_true", help="do not log the outputs to MLflow")
     ap.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
     return ap
@@ -726,7 +733,8 @@ def main(argv: list[str] | None = None) -> int:
     kw = dict(select_on=args.select_on, reference=args.reference,
               conditions=_names(args.conditions), datasets=_names(args.datasets), options=opts,
               t_alternative=args.t_alternative, gain_reference=args.gain_reference,
-              compare=list(PAPER_COMPARISON) if args.paper_comparison else None)
+              compare=list(PAPER_COMPARISON) if args.paper_comparison else None,
+              draw_figures=not args.no_figures)
     from mlflow.exceptions import MlflowException
 
     from raystudy import tracking

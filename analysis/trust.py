@@ -117,8 +117,8 @@ def intervals_section(scores: np.ndarray, order: list[str], reference: str, scal
                                        pairs["cliffs_delta_high"])],
     }).set_index("pair")
     files += tables.write_table(out, "intervals_pairwise", pshown, pairs)
-    files += figures.intervals(agg, order, out / "figures" / "intervals", scale)
-    files += figures.improvement(pairs, out / "figures" / "probability_of_improvement")
+    files.add(figures.intervals, agg, order, out / "figures" / "intervals", scale)
+    files.add(figures.improvement, pairs, out / "figures" / "probability_of_improvement")
     over = "seeds within each dataset" if fixed else "datasets, and seeds within each drawn dataset"
     lines = [f"{opts.reps} bootstrap replicates (seed {opts.seed}) resampling {over}; percentile "
              "95% intervals. Mean: the average over datasets of the seed means (the accuracy "
@@ -182,7 +182,7 @@ def rope_section(table: pd.DataFrame, scores: np.ndarray, order: list[str], refe
         shown["hier. P(b better)"] = df["hierarchical_p_b"].map(f)
     shown = shown.set_index("pair (a vs b)")
     files += tables.write_table(out, "rope", shown, df)
-    files += figures.rope_bars(df, out / "figures" / "rope", opts.rope)
+    files.add(figures.rope_bars, df, out / "figures" / "rope", opts.rope)
     lines = [f"For each pair, the posterior probability that a new dataset's difference is "
              f"most probably in favour of a by more than {opts.rope:g} points (P(a better)), "
              "within that margin (P(equivalent)), or in favour of b. Bayesian signed-rank test "
@@ -237,7 +237,7 @@ def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str], sc
                 f"{tables.fmt(t.loc[c, ('expected_test', n)] * scale, 2)}" if c in t.index else tables.DASH
                 for c in order] for n in range(1, top + 1)}, index=pd.Index(order, name="condition"))
         files += tables.write_table(out, "tuning_budget", shown, budget, index=True)
-        files += figures.tuning_budget(budget, order, out / "figures" / "tuning_budget", scale)
+        files.add(figures.tuning_budget, budget, order, out / "figures" / "tuning_budget", scale)
         lines += ["Expected best validation accuracy / the test accuracy at that lr, when n of the "
                   "grid's lrs are drawn at random (with replacement) and the best on validation "
                   "kept (Dodge et al., 2019), averaged over datasets. A curve still rising at the "

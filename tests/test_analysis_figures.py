@@ -154,3 +154,17 @@ def test_intervals_figure_puts_the_best_mean_on_top_in_palette_colours():
     assert [t.get_text() for t in top_down] == ["MHA", "FC1", "LN1"]
     col = figures.palette(["LN1", "MHA", "FC1"])
     assert [tuple(c.get_colors()[0][:3]) for c in first.collections] == [col[c][:3] for c in ("MHA", "FC1", "LN1")]
+
+
+def test_outputs_draws_and_keeps_the_files_only_when_drawing_is_on():
+    drawn = []
+
+    def fig_fn(base, suffix=".png"):
+        drawn.append(base)
+        return [base + suffix]
+
+    on, off = figures.Outputs(), figures.Outputs(draw=False)
+    on.add(fig_fn, "a", suffix=".pdf")
+    off.add(fig_fn, "b")
+    on += ["table.csv"]
+    assert on == ["a.pdf", "table.csv"] and off == [] and drawn == ["a"]

@@ -159,14 +159,14 @@ def test_report_from_the_paper_shape(wide_csv, tmp_path, capsys):
 
 
 def test_without_the_flag_every_condition_is_compared(wide_csv, tmp_path):
-    report.report_from_csv(wide_csv, tmp_path / "all", options=_quick())
+    report.report_from_csv(wide_csv, tmp_path / "all", options=_quick(), draw_figures=False)
     assert pd.read_csv(tmp_path / "all" / "omnibus.csv").set_index("test").loc["friedman", "k"] == 7
 
 
 def test_one_sided_t_option(wide_csv, tmp_path, capsys):
     out = tmp_path / "out"
     assert report.main(["--csv", str(wide_csv), "--t-alternative", "greater", "--out", str(out),
-                        "--bootstrap-reps", "200", "--no-hierarchical"]) == 0
+                        "--bootstrap-reps", "200", "--no-hierarchical", "--no-figures"]) == 0
     tests = pd.read_csv(out / "tests.csv").set_index("other")
     p = st.ttest_rel(WIDE["MHA"], WIDE["LN1"], alternative="greater").pvalue
     assert tests.loc["LN1", "t_p"] == pytest.approx(p) and tests.loc["LN1", "t_alternative"] == "greater"

@@ -44,8 +44,9 @@ def quick():
 def test_identity_replay_reproduces_the_full_report(study, tmp_path):
     r = replay.replay(study, adaptive.policy("identity"))
     assert r["stopped"] == 0 and r["step_fraction"] == 1.0 and not r["flips"]
-    full = report.analyse(tmp_path / "full", runs=study["runs"], options=quick())
-    again = report.analyse(tmp_path / "replayed", runs=r["runs"][study["runs"].columns], options=quick())
+    full = report.analyse(tmp_path / "full", runs=study["runs"], options=quick(), draw_figures=False)
+    again = report.analyse(tmp_path / "replayed", runs=r["runs"][study["runs"].columns], options=quick(),
+                           draw_figures=False)
     assert again.text == full.text
     for name in ("tests.csv", "posthoc.csv", "omnibus.csv", "accuracy_val_selected.csv"):
         assert (tmp_path / "replayed" / name).read_text() == (tmp_path / "full" / name).read_text()
@@ -129,7 +130,7 @@ def test_stopped_runs_are_left_out_of_means_and_counted(study, tmp_path):
     runs.loc[hit, ["val_acc", "test_acc"]] = np.nan
     c = replay.conclusions(runs)
     assert c["chosen_lr"][("ds00", "MHA")] != best_lr
-    out = report.analyse(tmp_path, runs=runs[study["runs"].columns], options=quick())
+    out = report.analyse(tmp_path, runs=runs[study["runs"].columns], options=quick(), draw_figures=False)
     assert f"{int(hit.sum())} stopped" in out.text.splitlines()[2]
 
 

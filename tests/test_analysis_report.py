@@ -118,11 +118,21 @@ def test_report_on_per_run_csv(runs_csv, tmp_path, capsys):
         assert (out / "figures" / f"{fig}.png").read_bytes()[:4] == b"\x89PNG"
         assert (out / "figures" / f"{fig}.pdf").read_bytes()[:4] == b"%PDF"
 
+    # --no-figures: the same report and files, byte for byte, less the figures, none drawn
+    bare = tmp_path / "bare"
+    assert report.main(["--csv", str(runs_csv), "--reference", "X", "--no-figures", "--out", str(bare)]) == 0
+    figs = [p for p in out.rglob("*") if p.is_file() and "figures" in p.relative_to(out).parts]
+    rest = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file() and p not in figs)
+    assert len(figs) >= 8 and not (bare / "figures").exists()
+    assert sorted(p.relative_to(bare) for p in bare.rglob("*") if p.is_file()) == rest
+    assert all((bare / f).read_bytes() == (out / f).read_bytes() for f in rest)
+    assert capsys.readouterr().out.split("\nwrote ")[0] == printed.split("\nwrote ")[0]
+
 
 def test_select_on_test_flag(runs_csv, tmp_path, capsys):
     out = tmp_path / "out"
     assert report.main(["--csv", str(runs_csv), "--reference", "X", "--select-on", "test",
-                        "--out", str(out)]) == 0
+                        "--no-figures", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| A        | 76.0 ± 1.0 | 61.0 ± 1.0 | 41.0 ± 1.0 |" in printed
     assert "lr chosen on test accuracy (as the paper did) — used by the rest" in printed
@@ -131,8 +141,8 @@ def test_select_on_test_flag(runs_csv, tmp_path, capsys):
 
 def test_the_written_runs_csv_gives_the_same_tables(runs_csv, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
-    report.report_from_csv(runs_csv, first, reference="X")
-    report.report_from_csv(first / "runs.csv", second, reference="X")
+    report.report_from_csv(runs_csv, first, reference="X", draw_figures=False)
+    report.report_from_csv(first / "runs.csv", second, reference="X", draw_figures=False)
     for name in ("accuracy_val_selected.md", "accuracy_test_selected.csv", "tests.csv",
                  "lr_robustness.csv", "ranks.csv", "posthoc.csv"):
         assert (first / name).read_text() == (second / name).read_text(), name
@@ -140,7 +150,7 @@ def test_the_written_runs_csv_gives_the_same_tables(runs_csv, tmp_path):
 
 def test_summary_csv_of_paper_means(paper_csv, tmp_path, capsys):
     out = tmp_path / "out"
-    assert report.main(["--csv", str(paper_csv), "--out", str(out)]) == 0
+    assert report.main(["--csv", str(paper_csv), "--no-figures", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     avg = PAPER_LIKE.mean()
     assert [round(avg[c], 1) for c in ("MHA", "FC1", "FC2", "LN2", "LN1")] == [90.8, 90.7, 90.3, 89.9, 89.8]
@@ -173,8 +183,8 @@ def test_summary_and_runs_give_the_same_tests(runs_csv, tmp_path):
     summary = tmp_path / "summary.csv"
     best.rename(columns={"test_mean": "mean", "test_std": "std"})[["dataset", "condition", "mean", "std"]] \
         .to_csv(summary, index=False)
-    report.report_from_csv(runs_csv, tmp_path / "a", reference="X")
-    report.report_from_csv(summary, tmp_path / "b", reference="X")
+    report.report_from_csv(runs_csv, tmp_path / "a", reference="X", draw_figures=False)
+    report.report_from_csv(summary, tmp_path / "b", reference="X", draw_figures=False)
     for name in ("tests.csv", "posthoc.csv", "ranks.csv", "omnibus.csv"):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text(), name
     a = (tmp_path / "a" / "accuracy_val_selected.md").read_text()
@@ -187,7 +197,7 @@ def test_several_settings_get_one_folder_each(tmp_path):
     both["model"] = "vit_demo"
     p = tmp_path / "both.csv"
     both.to_csv(p, index=False)
-    r = report.report_from_csv(p, tmp_path / "out", reference="X")
+    r = report.report_from_csv(p, tmp_path / "out", reference="X", draw_figures=False)
     assert (tmp_path / "out" / "vit_demo_sgd" / "tests.csv").is_file()
     assert (tmp_path / "out" / "vit_demo_adamw" / "tests.csv").is_file()
     assert "raystudy analysis: vit_demo, adamw" in r.text and "vit_demo, sgd" in r.text

@@ -358,7 +358,7 @@ def test_report_flags(study_csv, tmp_path, capsys):
     out = tmp_path / "out"
     assert report.main(["--csv", str(study_csv), "--out", str(out), "--bootstrap-reps", "200",
                         "--rope", "2", "--no-hierarchical", "--cd-cliques", "wilcoxon",
-                        "--bootstrap-over", "seeds", "--bootstrap-seed", "3"]) == 0
+                        "--bootstrap-over", "seeds", "--bootstrap-seed", "3", "--no-figures"]) == 0
     text = capsys.readouterr().out
     assert "## Practical equivalence (ROPE ±2 accuracy points)" in text
     assert "Hierarchical test: off (--no-hierarchical)." in text
