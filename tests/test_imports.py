@@ -135,6 +135,7 @@ def test_a_driver_loads_no_torch(demo_weights):  # the file built: checking it i
             "trials = spaces.expand(spaces.load_grid('demo'), 'vit_demo', None, None, None, {})\n"
             "assert pretrain.ensure_weights('vit_demo', log=None).is_file()\n"
             "assert len({t.config['dataset'] for t in trials}) > 1 and datasets.check_dataset('cifar10')\n"
+            "assert len(spaces.expand(spaces.load_grid('paper'), 'vit_huge')) > 100\n"  # a hub model's grid
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]

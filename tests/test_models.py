@@ -12,6 +12,17 @@ def test_aliases_map_to_the_papers_in21k_checkpoints():
     assert models.resolve_name("vit_small_patch16_224") == "vit_small_patch16_224"
 
 
+def test_every_alias_is_a_timm_vit_with_the_inputs_timm_gives_it():
+    # check_model and input_config take the aliases from ALIAS_INPUTS without importing timm:
+    # this is where they are checked against it
+    assert set(models.ALIAS_INPUTS) == set(models.ALIASES.values())
+    for alias, full in models.ALIASES.items():
+        assert models.check_timm_vit(alias, full) == full == models.check_model(alias)
+        cfg = timm.models.get_pretrained_cfg(full)
+        assert models.input_config(alias) == dict(img_size=cfg.input_size[-1], in_chans=cfg.input_size[0],
+                                                  mean=tuple(cfg.mean), std=tuple(cfg.std)), full
+
+
 def test_unknown_and_non_vit_models_are_refused():
     with pytest.raises(ConfigError, match="unknown model 'vit_bse'"):
         models.check_model("vit_bse")
