@@ -4,10 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-
-# Tests share the machine's 2 cores with Ray workers and helpers: keep torch to one thread each.
-torch.set_num_threads(1)
 
 _PRETRAIN: dict = {}
 _SESSION: dict = {}
@@ -45,6 +41,16 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_terminal_summary(terminalreporter):
     if "stray" in _SESSION:
         terminalreporter.write_line(_SESSION["stray"], red=True, bold=True)
+
+
+def pytest_configure(config):
+    """Tests share the machine's 2 cores with Ray workers and helpers: torch gets one thread in
+    each process that runs tests. xdist's controller runs none: it never imports torch (seconds)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def pytest_sessionstart(session):
