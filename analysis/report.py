@@ -425,8 +425,7 @@ def _significance_section(table: pd.DataFrame, avg_rank: pd.Series, reference: s
     bars = ("bars: no Holm-corrected Wilcoxon pair significant" if clique_source == "wilcoxon"
             else "bars: Nemenyi, mean ranks within CD")
     files.add(figures.cd_diagram, avg_rank, cd, cliques, out / "figures" / "cd_diagram",
-                                f"Mean-rank based: average ranks over {n_d} datasets; {bars} (5%)",
-                                n_datasets=n_d)
+              f"Mean-rank based: average ranks over {n_d} datasets; {bars} (5%)", n_datasets=n_d)
     t_text = ("two-sided, as in the paper (--t-alternative greater: one-sided)"
               if t_alternative == "two-sided" else
               f"one-sided, {reference} greater (--t-alternative; the paper's is two-sided, also shown)")

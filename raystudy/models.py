@@ -120,13 +120,14 @@ def check_model(name: str) -> str:
         return full
     if full in LOCAL_MODELS or full in ALIAS_INPUTS:  # ALIAS_INPUTS: checked by the tests
         return full
-    return check_timm_vit(name, full)
+    return check_timm_vit(name)
 
 
-def check_timm_vit(name: str, full: str) -> str:
-    """``full`` (``name`` resolved) if timm has it as a VisionTransformer, else ConfigError."""
+def check_timm_vit(name: str) -> str:
+    """``name`` resolved if timm has it as a VisionTransformer, else ConfigError."""
     import timm
 
+    full = resolve_name(name)
     arch = full.split(".")[0]
     if not timm.is_model(arch):
         raise ConfigError(f"unknown model {name!r}; valid: {', '.join(ALIASES)}, "
