@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                       for c in ({**best["config"], "seed": s} for s in test_seeds)]
             counts = runner.run_grid(trials, label=f"{best['study']}-test", model=model, tracking_uri=uri,
                                    experiment=experiment, storage=storage, max_failures=int(tuning["max_failures"]),
-                                   max_concurrent=None, threads=int(tuning["threads_per_trial"]),
+                                   max_concurrent=tuning["max_concurrent"], threads=int(tuning["threads_per_trial"]),
                                    checkpoint_every_s=float(tuning["checkpoint_every_s"]),
                                    verbose=0, role="search-test")
             keys = {t.key for t in trials}

@@ -1,39 +1,69 @@
-"""The study end to end: demo grid (Ray + MLflow) -> analysis -> tables, figures, exported configs,
-one exported config rerun (slow, about a minute on a quiet machine)."""
+"""The study end to end: demo grid (Ray + MLflow, diverging trials among them) -> console ->
+analysis -> tables, figures, exported configs, one exported config rerun, and the finished grid
+rerun (slow, about two minutes on a quiet machine)."""
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
-from drivers import driver_env
+from drivers import driver_env, search_runs
 
 pytestmark = pytest.mark.slow
 
 SPACE = {
     "study": "e2e", "base": {"model": "vit_demo", "steps": 40, "warmup_steps": 4, "eval_every": 20,
                              "log_every": 10, "batch_size": 32, "probe_pairs": 32},
-    # one lr keeps it to 12 trials: choosing the lr is the analysis tests' and the demo grid's job
-    "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": 0.3, "seed": {"grid_search": [0, 1]}},
+    # lr 1e30 diverges (at its first loss check: a second of work), so the grid's console,
+    # records and analysis meet diverged trials; one lr that trains keeps the rest to 12 trials.
+    "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": {"grid_search": [0.3, 1.0e30]},
+             "seed": {"grid_search": [0, 1]}},
     "datasets": {"digits_c": {}, "digits_rotate": {}},   # two: Friedman and a CD diagram to compute
 }
 
+TRIAL_LINE = re.compile(r"^\[ ?\d+/24\] (MHA|LN2|FC1) (digits_c|digits_rotate) lr (0\.3|1e\+30) seed [01]  "
+                        r"(val \d+\.\d  test \d+\.\d|diverged at step \d+)  \d+ s  \| \d running, \d+ pending")
 
-def test_grid_analysis_export_rerun(tmp_path, demo_weights, mlflow_uri, shared_ray):  # ./mlflow.db: an empty store
+
+def test_grid_analysis_export_rerun(tmp_path, demo_weights, mlflow_uri, shared_ray, ray_tmp):  # ./mlflow.db: an empty store
     env = driver_env()
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
-    p = subprocess.run([sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", *shared_ray, "--quiet"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    grid = [sys.executable, "-m", "raystudy.grid", "--space", "space.yaml"]
+    p = subprocess.run([*grid, *shared_ray], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "12 finished" in p.stdout
+    assert "12 finished, 12 diverged, 0 failed, 0 unfinished" in p.stdout
+    assert "ranking" in p.stdout
+    # The console: one line per trial, numbered in the order they ended, and none of Tune's tables
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
+    assert len(lines) == 24 and all(TRIAL_LINE.match(ln) for ln in lines), lines
+    assert [ln[:ln.index("]") + 1] for ln in lines] == [f"[{i:2}/24]" for i in range(1, 25)]
+    assert lines[-1].endswith("| 0 running, 0 pending") and "ETA" in lines[0]
+    everything = p.stdout + p.stderr
+    for tune_output in ("╭", "Trial status", "Configuration for experiment", "ensorboard", "Failed to fetch"):
+        assert tune_output not in everything, everything
+    assert len(everything.splitlines()) - len(lines) < 26, everything   # the rest: a header and the ranking
+    assert not list((tmp_path / "runs").rglob("events.out.tfevents*"))
+    assert not list((tmp_path / "runs").rglob("progress.csv"))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    df = search_runs(uri, "raystudy-e2e-vit_demo")
+    df = df[df["tags.raystudy.role"] == "trial"]
+    assert len(df) == 24 and df["tags.raystudy.key"].nunique() == 24
+    assert set(df["status"]) == {"FINISHED"}
+    ok = df[df["params.lr"] == "0.3"]
+    assert set(ok["tags.raystudy.status"]) == {"finished"}
+    assert ok["metrics.test_acc"].between(0, 1).all() and ok["metrics.grad_norm/HEAD"].notna().all()
+    bad = df[df["params.lr"] != "0.3"]
+    assert set(bad["tags.raystudy.status"]) == {"diverged"} and bad["metrics.test_acc"].isna().all()
+    assert df["tags.mlflow.parentRunId"].nunique() == 1
 
     # the plasticity tables before and after finetuning are artifacts of every trial run
     import mlflow
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
     cl = mlflow.MlflowClient(uri)
     exp = cl.get_experiment_by_name("raystudy-e2e-vit_demo")
-    run = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'trial'")[0]
+    run = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'trial' and tags.`raystudy.status` = 'finished'")[0]
     assert {a.path for a in cl.list_artifacts(run.info.run_id)} == {
         "config.yaml", "plasticity_before.csv", "plasticity_after.csv"}
 
@@ -71,3 +101,12 @@ def test_grid_analysis_export_rerun(tmp_path, demo_weights, mlflow_uri, shared_r
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "test acc" in p.stdout
+
+    # Rerunning a finished grid starts nothing (not even the local Ray it is told to start) and
+    # duplicates nothing.
+    p = subprocess.run([*grid, "--ray-temp-dir", ray_tmp, "--num-cpus", "2"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "all 24 trials are already done" in p.stdout and "ranking" in p.stdout
+    assert not list(Path(ray_tmp).glob("session_*"))
+    trials = search_runs(uri, "raystudy-e2e-vit_demo")
+    assert (trials["tags.raystudy.role"] == "trial").sum() == 24

@@ -22,7 +22,9 @@ SPACE = {
     "budget": {"num_samples": 8},
     "scheduler": {"grace_period": 10, "reduction_factor": 2},
     "test_seeds": [100, 101],
-    "tune": {"checkpoint_every_s": 0},
+    # one trial at a time, the fresh-seed runs too: a cap a user sets (a GPU's memory) holds for
+    # every stage; on a 2-core machine a second trial at once is a process start and no speed
+    "tune": {"checkpoint_every_s": 0, "max_concurrent": 1},
 }
 
 
@@ -65,6 +67,8 @@ def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
     tested = df[df["tags.mlflow.parentRunId"].isin(df[df["tags.raystudy.role"] == "search-test"]["run_id"])]
     assert sorted(tested["params.seed"].astype(int)) == [100, 101]
     assert tested["metrics.test_acc"].between(0, 1).all()
+    first, second = tested.sort_values("start_time").to_dict("records")
+    assert first["end_time"] <= second["start_time"], tested[["start_time", "end_time"]]  # the space's cap
     best = trials[status == "finished"].sort_values("metrics.best_val_acc").iloc[-1]
     assert set(tested["params.lr"]) == {best["params.lr"]}
     assert len([t for t in optuna_trials(tmp) if t.state.name == "COMPLETE"]) == 8
