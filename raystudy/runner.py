@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import pickle
 import re
@@ -323,27 +324,39 @@ def _result_files(verbose: int) -> list:
 def _tune_output(verbose: int):
     """Tune silent but for errors when ``verbose`` is 0: its new output engine prints an
     experiment header even then, the classic one does not, and no default result loggers."""
-    import logging
-
     quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"} if not verbose else {}
     saved = {k: os.environ.get(k) for k in quiet}
     os.environ.update(quiet)
     # On Ctrl-C, Tune's warnings tell the user to call Tuner.restore and list the trials that
-    # never started as missing metrics; the grid says instead that its command resumes it.
-    muted = [logging.getLogger(n) for n in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis")] if quiet else []
-    levels = [lg.level for lg in muted]
-    for lg in muted:
-        lg.setLevel(logging.ERROR)
+    # never started as missing metrics; the driver says instead what the first Ctrl-C does, and at
+    # the end that its command resumes it.
+    muted = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = muted.level
+    notice = _StopNotice()
+    if quiet:
+        muted.setLevel(logging.ERROR)
+        logging.getLogger("ray.tune.tune").addFilter(notice)
     try:
         yield
     finally:
-        for lg, level in zip(muted, levels):
-            lg.setLevel(level)
+        muted.setLevel(level)
+        logging.getLogger("ray.tune.tune").removeFilter(notice)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class _StopNotice(logging.Filter):
+    """Tune's log, errors only, but for its Ctrl-C warning, which becomes the driver's line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Stop signal received"):
+            print("\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once",
+                  flush=True)
+            return False
+        return record.levelno >= logging.ERROR
 
 
 def _set_aside(path, storage, name: str):
@@ -723,7 +736,8 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
                 checkpoint_config=kept),
         )
         try:
-            tuner.fit()
+            with _tune_output(verbose):
+                tuner.fit()
         finally:  # every trial of this session has ended, or the driver is going down: none stays RUNNING
             with uninterrupted():
                 stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)

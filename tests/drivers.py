@@ -111,14 +111,33 @@ def checkpoint_steps(files) -> dict[int, float]:
 
 
 def ctrl_c_twice(proc, timeout=120) -> str:
-    """What a user's Ctrl+C twice does (the second skips Tune's graceful stop); the output. Half
-    a second apart: two signals that arrive before Python runs its handler count as one."""
+    """What a user's Ctrl+C twice does (the second skips Tune's graceful stop); the output. The
+    second comes once the driver has said that the first is being handled: sooner, two signals
+    that arrive before Python runs its handler count as one; later, a quick graceful stop may
+    already be over (seen on a loaded machine, with the 0.5 s wait this had before)."""
+    import threading
+
+    lines: list[str] = []
+    handled = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "Ctrl-C again" in line or "Stop signal received" in line:  # the grid's line, or Tune's
+                handled.set()
+        handled.set()  # the output ended
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     proc.send_signal(signal.SIGINT)
-    try:
-        return proc.communicate(timeout=0.5)[0]
-    except subprocess.TimeoutExpired:  # no output is lost by asking again
+    handled.wait(timeout)
+    if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
-    return proc.communicate(timeout=timeout)[0]
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        reader.join(timeout=30)
+    return "".join(lines)
 
 
 def count_status(db, *statuses: str) -> int:

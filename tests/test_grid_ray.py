@@ -342,6 +342,9 @@ def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running
         kill_group(proc)
     df = search_runs(uri, "raystudy-t-vit_demo")
     assert proc.returncode == 130 and "grid stopped" in out, out[-3000:]
+    # the first Ctrl-C said what it does (Tune's own warning, which names Tuner.restore, does not show)
+    assert "stopping: saving Tune's state and ending the running trials; Ctrl-C again" in out, out[-3000:]
+    assert "Tuner.restore" not in out and "Stop signal received" not in out, out[-3000:]
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
     parent = df[df["tags.raystudy.role"] == "grid"].iloc[0]
     assert parent["tags.raystudy.status"] == "interrupted"

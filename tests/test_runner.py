@@ -140,6 +140,36 @@ def test_closing_the_runs_is_not_cut_short_by_another_ctrl_c():
         time.sleep(0.1)
 
 
+def test_the_first_ctrl_c_is_the_grids_line_and_tunes_other_warnings_stay_muted(capsys):
+    # Tune's Ctrl-C warning names Tuner.restore, which a grid's user never calls: while the grid
+    # keeps Tune quiet, the warning becomes one line of the grid's, and Tune's errors still show.
+    import logging
+
+    tune_log = logging.getLogger("ray.tune.tune")
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    tune_log.addHandler(keep)
+    try:
+        with runner._tune_output(0):
+            tune_log.warning("Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run. Press CTRL+C")
+            tune_log.warning("call Tuner.restore(...) to resume")
+            tune_log.error("a trial failed")
+        tune_log.warning("outside the grid's Tune run")
+        with runner._tune_output(1):  # --tune-output: Tune's own words
+            tune_log.warning("Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run.")
+    finally:
+        tune_log.removeHandler(keep)
+    assert seen == ["a trial failed", "outside the grid's Tune run",
+                    "Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run."]
+    out = capsys.readouterr().out
+    assert out == "\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once\n"
+
+
 CHECKPOINTS = r"""
 import json, sys, tempfile, time
 from pathlib import Path

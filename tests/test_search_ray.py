@@ -77,6 +77,8 @@ def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
         name = t["tags.mlflow.runName"]
         assert name.startswith("MHA·") and f"lr{float(t['params.lr']):.2g}" in name, name
     assert f"Optuna studies: optuna-dashboard sqlite:///{tmp}/runs/search/optuna/optuna.db" in p.stdout
+    for tune_output in ("Configuration for experiment", "ensorboard", "View detailed results"):  # --quiet
+        assert tune_output not in p.stdout + p.stderr, p.stdout + p.stderr
     assert "browse: mlflow ui --backend-store-uri sqlite:///" in p.stdout
 
 
@@ -131,6 +133,7 @@ def test_an_interrupted_search_leaves_no_run_running(work):
         kill_group(proc)
     df = runs(tmp)
     assert proc.returncode == 130 and "search stopped; run the same command to resume it" in out, out[-3000:]
+    assert "stopping: saving Tune's state and ending the running trials; Ctrl-C again" in out, out[-3000:]
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
     parent = df[df["tags.raystudy.role"] == "search"].iloc[0]
     assert parent["tags.raystudy.status"] == "interrupted"
