@@ -330,17 +330,16 @@ def _tune_output(verbose: int):
     # On Ctrl-C, Tune's warnings tell the user to call Tuner.restore and list the trials that
     # never started as missing metrics; the driver says instead what the first Ctrl-C does, and at
     # the end that its command resumes it.
-    muted = logging.getLogger("ray.tune.analysis.experiment_analysis")
-    level = muted.level
-    notice = _StopNotice()
+    muted, tune_log = logging.getLogger("ray.tune.analysis.experiment_analysis"), logging.getLogger("ray.tune.tune")
+    level, notice = muted.level, _StopNotice()
     if quiet:
         muted.setLevel(logging.ERROR)
-        logging.getLogger("ray.tune.tune").addFilter(notice)
+        tune_log.addFilter(notice)
     try:
         yield
     finally:
         muted.setLevel(level)
-        logging.getLogger("ray.tune.tune").removeFilter(notice)
+        tune_log.removeFilter(notice)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from drivers import driver_env, search_runs
+from drivers import driver_env
+
+from test_grid_ray import own_ray, trial_runs
 
 pytestmark = pytest.mark.slow
 
@@ -47,8 +49,7 @@ def test_grid_analysis_export_rerun(tmp_path, demo_weights, mlflow_uri, shared_r
     assert not list((tmp_path / "runs").rglob("events.out.tfevents*"))
     assert not list((tmp_path / "runs").rglob("progress.csv"))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    df = search_runs(uri, "raystudy-e2e-vit_demo")
-    df = df[df["tags.raystudy.role"] == "trial"]
+    df = trial_runs(uri, "raystudy-e2e-vit_demo")
     assert len(df) == 24 and df["tags.raystudy.key"].nunique() == 24
     assert set(df["status"]) == {"FINISHED"}
     ok = df[df["params.lr"] == "0.3"]
@@ -104,9 +105,8 @@ def test_grid_analysis_export_rerun(tmp_path, demo_weights, mlflow_uri, shared_r
 
     # Rerunning a finished grid starts nothing (not even the local Ray it is told to start) and
     # duplicates nothing.
-    p = subprocess.run([*grid, "--ray-temp-dir", ray_tmp, "--num-cpus", "2"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run([*grid, *own_ray(ray_tmp)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0 and "all 24 trials are already done" in p.stdout and "ranking" in p.stdout
     assert not list(Path(ray_tmp).glob("session_*"))
-    trials = search_runs(uri, "raystudy-e2e-vit_demo")
-    assert (trials["tags.raystudy.role"] == "trial").sum() == 24
+    assert len(trial_runs(uri, "raystudy-e2e-vit_demo")) == 24
