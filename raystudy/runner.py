@@ -205,6 +205,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
     pending = [t for t in trials if t.key not in done]
     path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
     counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
+    asked_to_stop = False
     if pending:
         base = {"storage_path": str(storage), "threads": threads, "checkpoint_every_s": checkpoint_every_s}
 
@@ -247,8 +248,9 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
                     checkpoint_config=kept),
             )
         try:
-            with _tune_output(verbose):
+            with _tune_output(verbose) as notice:
                 tuner.fit()
+            asked_to_stop = notice.received
         except BaseException:
             # A crash or an interrupt of the driver: the parent says so (the finally closes it).
             cl.set_tag(parent, tracking.STATUS, "interrupted")
@@ -269,9 +271,18 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
     counts["unfinished"] = len(trials) - sum(counts[s] for s in ("finished", "diverged", "failed", "stopped"))
     if counts["interrupted"] and not counts["unfinished"]:  # Tune ended them, yet MLflow had no end
         print(f"{counts['interrupted']} trial run(s) had no end from Tune; marked interrupted", flush=True)
-    cl.set_tag(parent, tracking.STATUS, "finished" if not counts["unfinished"] else "incomplete")
+    stopped = asked_to_stop and counts["unfinished"]
+    cl.set_tag(parent, tracking.STATUS, "interrupted" if stopped else "incomplete" if counts["unfinished"] else "finished")
+    if stopped:
+        raise Stopped(f"{counts['unfinished']} of {len(trials)} trials unfinished")
     counts.update(experiment_id=exp_id, parent_run_id=parent)
     return counts
+
+
+class Stopped(KeyboardInterrupt):
+    """A Tune run the user stopped with one Ctrl-C: Tune's graceful stop returns from ``fit()``
+    as if the run were done. Raised once MLflow is closed, so that a command line ends as it does
+    on a second Ctrl-C, instead of going on to its next stage."""
 
 
 @contextlib.contextmanager
@@ -323,7 +334,8 @@ def _result_files(verbose: int) -> list:
 @contextlib.contextmanager
 def _tune_output(verbose: int):
     """Tune silent but for errors when ``verbose`` is 0: its new output engine prints an
-    experiment header even then, the classic one does not, and no default result loggers."""
+    experiment header even then, the classic one does not, and no default result loggers.
+    Yields a ``_StopNotice``: whether the user stopped the run (Tune's first-Ctrl-C handler ran)."""
     quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"} if not verbose else {}
     saved = {k: os.environ.get(k) for k in quiet}
     os.environ.update(quiet)
@@ -331,13 +343,19 @@ def _tune_output(verbose: int):
     # never started as missing metrics; the driver says instead what the first Ctrl-C does, and at
     # the end that its command resumes it.
     muted, tune_log = logging.getLogger("ray.tune.analysis.experiment_analysis"), logging.getLogger("ray.tune.tune")
-    level, notice = muted.level, _StopNotice()
+    level, notice = muted.level, _StopNotice(quiet=bool(quiet))
     if quiet:
         muted.setLevel(logging.ERROR)
-        tune_log.addFilter(notice)
+    tune_log.addFilter(notice)
+    # Tune leaves its Ctrl-C handler installed after a run that was not stopped: the next Ctrl-C
+    # (between a search's studies, in the next Tune run) would only set that ended run's flag.
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main else None
     try:
-        yield
+        yield notice
     finally:
+        if main and handler is not None:  # None: a handler not set from Python, left alone
+            signal.signal(signal.SIGINT, handler)
         muted.setLevel(level)
         tune_log.removeFilter(notice)
         for k, v in saved.items():
@@ -348,14 +366,21 @@ def _tune_output(verbose: int):
 
 
 class _StopNotice(logging.Filter):
-    """Tune's log, errors only, but for its Ctrl-C warning, which becomes the driver's line."""
+    """Notes Tune's Ctrl-C warning (``received``). ``quiet``: Tune's log, errors only, and the
+    warning becomes the driver's line."""
+
+    def __init__(self, quiet: bool):
+        super().__init__()
+        self.quiet, self.received = quiet, False
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.getMessage().startswith("Stop signal received"):
-            print("\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once",
-                  flush=True)
-            return False
-        return record.levelno >= logging.ERROR
+            self.received = True
+            if self.quiet:
+                print("\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once",
+                      flush=True)
+            return not self.quiet
+        return not self.quiet or record.levelno >= logging.ERROR
 
 
 def _set_aside(path, storage, name: str):
@@ -735,13 +760,15 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
                 checkpoint_config=kept),
         )
         try:
-            with _tune_output(verbose):
+            with _tune_output(verbose) as notice:
                 tuner.fit()
         finally:  # every trial of this session has ended, or the driver is going down: none stays RUNNING
             with uninterrupted():
                 stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
             if stale:
                 print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+        if notice.received and completed_trials(ostore, study_name) < num_samples:
+            raise Stopped(f"study {study_name!r} stopped before its budget")
     return best_of(cl, exp_id, study_name)
 
 

@@ -140,6 +140,27 @@ def ctrl_c_twice(proc, timeout=120) -> str:
     return "".join(lines)
 
 
+def freeze_running_trials(uri: str, experiment: str) -> list[int]:
+    """Pause (SIGSTOP) the worker processes of the trial runs still RUNNING, by their
+    ``raystudy.worker`` tags; their pids. Tune's graceful stop then waits for them (5 s, then it
+    kills them): a second Ctrl-C sent once the first is handled surely comes while Tune's run is
+    still stopping, as it does when a real trial takes seconds to end. ``thaw`` them afterwards."""
+    df = search_runs(uri, experiment)
+    running = df[(df["status"] == "RUNNING") & df["tags.raystudy.worker"].notna()]
+    pids = [int(w.rsplit(":", 1)[1]) for w in running["tags.raystudy.worker"]]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def thaw(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:  # ended with its driver
+            pass
+
+
 def count_status(db, *statuses: str) -> int:
     """Trial runs in the SQLite store ``db`` whose raystudy status is one of ``statuses``; read
     only, so that polling never creates or locks a store a driver is creating (0 until it exists)."""

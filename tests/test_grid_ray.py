@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from drivers import checkpoint_steps, count_status, ctrl_c_twice, driver_env, free_port, kill_group, search_runs, start, wait_for
+from drivers import (checkpoint_steps, count_status, ctrl_c_twice, driver_env, free_port, freeze_running_trials, kill_group,
+                     search_runs, start, thaw, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -324,7 +325,7 @@ def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running
              "grid": {"condition": "MHA", "lr": 0.1, "seed": {"grid_search": [0, 1]}},
              "tune": {**SPACE["tune"], "max_concurrent": None}}
     f = write_space(tmp, space)
-    proc = start(grid_cmd(f, ray), tmp)
+    proc, frozen = start(grid_cmd(f, ray), tmp), []
     uri = f"sqlite:///{tmp}/mlflow.db"
     try:
         # both trials running (two CPUs, one each): nothing more of this grid can start
@@ -337,9 +338,11 @@ def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running
         assert len(trial_runs(uri)) == 2  # the second driver added no run
 
         assert proc.poll() is None, "the grid ended before it could be interrupted"
+        frozen = freeze_running_trials(uri, "raystudy-t-vit_demo")  # the second comes while Tune stops
         out = ctrl_c_twice(proc)
     finally:
         kill_group(proc)
+        thaw(frozen)
     df = search_runs(uri, "raystudy-t-vit_demo")
     assert proc.returncode == 130 and "grid stopped" in out, out[-3000:]
     # the first Ctrl-C said what it does (Tune's own warning, which names Tuner.restore, does not show)

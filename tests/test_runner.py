@@ -3,6 +3,7 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -126,7 +127,6 @@ def test_a_grid_lock_names_its_holder_and_a_dead_holders_lock_is_taken_over(tmp_
 def test_closing_the_runs_is_not_cut_short_by_another_ctrl_c():
     # A user who presses Ctrl-C again while the grid closes its MLflow runs used to interrupt
     # the closing (KeyboardInterrupt inside the finally), leaving runs RUNNING.
-    import signal
 
     closed = []
     with runner.uninterrupted():
@@ -155,16 +155,20 @@ def test_the_first_ctrl_c_is_the_grids_line_and_tunes_other_warnings_stay_muted(
     keep = Keep()
     tune_log.addHandler(keep)
     try:
-        with runner._tune_output(0):
+        with runner._tune_output(0) as notice:
             tune_log.warning("Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run. Press CTRL+C")
             tune_log.warning("call Tuner.restore(...) to resume")
             tune_log.error("a trial failed")
+        assert notice.received  # the runner then ends the command as stopped, not as done
         tune_log.warning("outside the grid's Tune run")
-        with runner._tune_output(1):  # --tune-output: Tune's own words
+        with runner._tune_output(1) as loud:  # --tune-output: Tune's own words
+            tune_log.warning("call Tuner.restore(...) to resume")
+            assert not loud.received
             tune_log.warning("Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run.")
+        assert loud.received
     finally:
         tune_log.removeHandler(keep)
-    assert seen == ["a trial failed", "outside the grid's Tune run",
+    assert seen == ["a trial failed", "outside the grid's Tune run", "call Tuner.restore(...) to resume",
                     "Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run."]
     out = capsys.readouterr().out
     assert out == "\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once\n"
@@ -251,3 +255,18 @@ def test_a_saved_experiment_state_never_names_a_deleted_checkpoint(tmp_path, sha
     assert ours["missing"] == 0, ours
     # old checkpoints still go: of each trial's 30, only those since the last snapshots remain
     assert 2 <= len(ours["left"]) <= 2 * 15 and "checkpoint_000000" not in ours["left"], ours["left"]
+
+
+def test_a_tune_runs_ctrl_c_handler_ends_with_it():
+    # Tune installs its Ctrl-C handler for a run and leaves it there when the run ends unstopped:
+    # a search's next Ctrl-C (between studies, or in its next Tune run, whose handler hands the
+    # second Ctrl-C to the stale one) then only set the ended run's flag, and the search went on.
+    from ray.tune import tune as tune_run
+
+    with runner._tune_output(0):
+        tune_run._setup_signal_catching()  # what each Tune run does first
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)

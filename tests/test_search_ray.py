@@ -3,11 +3,10 @@
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
-from drivers import count_status, ctrl_c_twice, driver_env, kill_group, search_runs, start, wait_for
+from drivers import count_status, ctrl_c_twice, driver_env, freeze_running_trials, kill_group, search_runs, start, thaw, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -118,22 +117,37 @@ def test_interrupted_search_resumes_without_repeating_trials(work):
 
 
 def test_an_interrupted_search_leaves_no_run_running(work):
-    # Issue #17 item 2: Ctrl+C twice raises KeyboardInterrupt out of the search's tuner.fit(); the
-    # search closes its runs and says in one line how to go on.
+    # Ctrl-C once: Tune's graceful stop returns from tuner.fit() as if the study were done; the
+    # search must stop there (not test a best config, not start the next stage) and say so.
+    # Issue #17 item 2: Ctrl-C twice raises KeyboardInterrupt out of the search's tuner.fit().
+    # Either way the search closes its runs and says in one line how to go on.
     tmp, ray = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 200}}
     (tmp / "s.yaml").write_text(yaml.safe_dump(space))
-    proc = start(cmd(tmp, ray), tmp)
-    try:
-        wait_for(lambda: runs(tmp)["tags.raystudy.search"].notna().any(), proc)
-        assert proc.poll() is None, "the search ended before it could be interrupted"
-        time.sleep(1)
-        out = ctrl_c_twice(proc)
-    finally:
-        kill_group(proc)
-    df = runs(tmp)
-    assert proc.returncode == 130 and "search stopped; run the same command to resume it" in out, out[-3000:]
-    assert "stopping: saving Tune's state and ending the running trials; Ctrl-C again" in out, out[-3000:]
-    assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
-    parent = df[df["tags.raystudy.role"] == "search"].iloc[0]
-    assert parent["tags.raystudy.status"] == "interrupted"
+    uri = f"sqlite:///{tmp}/mlflow.db"
+
+    def trial_running():
+        df = runs(tmp)
+        return ((df["status"] == "RUNNING") & df["tags.raystudy.worker"].notna()).any()
+
+    for twice in (False, True):
+        proc, frozen = start(cmd(tmp, ray), tmp), []
+        try:
+            wait_for(trial_running, proc)
+            assert proc.poll() is None, "the search ended before it could be interrupted"
+            if twice:
+                frozen = freeze_running_trials(uri, "raystudy-ts-vit_demo")  # the second comes while Tune stops
+                out = ctrl_c_twice(proc)
+            else:
+                proc.send_signal(signal.SIGINT)
+                out, _ = proc.communicate(timeout=300)
+        finally:
+            kill_group(proc)
+            thaw(frozen)
+        df = runs(tmp)
+        assert proc.returncode == 130 and "search stopped; run the same command to resume it" in out, out[-3000:]
+        assert "stopping: saving Tune's state and ending the running trials; Ctrl-C again" in out, out[-3000:]
+        assert "best configuration per condition" not in out, out[-3000:]
+        assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
+        parent = df[df["tags.raystudy.role"] == "search"].iloc[0]
+        assert parent["tags.raystudy.status"] == "interrupted"
