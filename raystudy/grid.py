@@ -213,11 +213,11 @@ def main(argv: list[str] | None = None) -> int:
                                      threads=int(tuning["threads_per_trial"]),
                                      checkpoint_every_s=float(tuning["checkpoint_every_s"]),
                                      verbose=1 if args.tune_output else 0, quiet=args.quiet, policy=policy)
-        except KeyboardInterrupt:  # a second Ctrl-C, or one outside Tune's loop
+        except KeyboardInterrupt:  # Ctrl-C: the first once Tune has stopped (runner.Stopped), or a second
             return stopped(uri, experiment, trials, model)
         finally:
             ray.shutdown()
-    if counts["unfinished"]:  # Tune ends a grid early only when stopped (its Ctrl-C handler)
+    if counts["unfinished"]:  # trials Tune left unfinished unasked: the rerun goes on with them too
         return stopped(uri, experiment, trials, model)
     print(f"\ndone in {time.time() - t0:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
           f"{counts['failed']} failed, {counts['unfinished']} unfinished"

@@ -140,14 +140,22 @@ def ctrl_c_twice(proc, timeout=120) -> str:
     return "".join(lines)
 
 
-def freeze_running_trials(uri: str, experiment: str) -> list[int]:
-    """Pause (SIGSTOP) the worker processes of the trial runs still RUNNING, by their
-    ``raystudy.worker`` tags; their pids. Tune's graceful stop then waits for them (5 s, then it
-    kills them): a second Ctrl-C sent once the first is handled surely comes while Tune's run is
-    still stopping, as it does when a real trial takes seconds to end. ``thaw`` them afterwards."""
+def running_workers(uri: str, experiment: str) -> list[int]:
+    """The worker processes of the trial runs still RUNNING that have reported (their
+    ``raystudy.worker`` tags)."""
     df = search_runs(uri, experiment)
+    if "tags.raystudy.worker" not in df:
+        return []
     running = df[(df["status"] == "RUNNING") & df["tags.raystudy.worker"].notna()]
-    pids = [int(w.rsplit(":", 1)[1]) for w in running["tags.raystudy.worker"]]
+    return [int(w.rsplit(":", 1)[1]) for w in running["tags.raystudy.worker"]]
+
+
+def freeze_running_trials(uri: str, experiment: str) -> list[int]:
+    """Pause (SIGSTOP) the ``running_workers``; their pids. Tune's graceful stop then waits for
+    them (5 s, then it kills them): a second Ctrl-C sent once the first is handled surely comes
+    while Tune's run is still stopping, as it does when a real trial takes seconds to end.
+    ``thaw`` them afterwards."""
+    pids = running_workers(uri, experiment)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     return pids

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 import yaml
-from drivers import count_status, ctrl_c_twice, driver_env, freeze_running_trials, kill_group, search_runs, start, thaw, wait_for
+from drivers import (count_status, ctrl_c_twice, driver_env, freeze_running_trials, kill_group, running_workers, search_runs,
+                     start, thaw, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -125,15 +126,10 @@ def test_an_interrupted_search_leaves_no_run_running(work):
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 200}}
     (tmp / "s.yaml").write_text(yaml.safe_dump(space))
     uri = f"sqlite:///{tmp}/mlflow.db"
-
-    def trial_running():
-        df = runs(tmp)
-        return ((df["status"] == "RUNNING") & df["tags.raystudy.worker"].notna()).any()
-
     for twice in (False, True):
         proc, frozen = start(cmd(tmp, ray), tmp), []
         try:
-            wait_for(trial_running, proc)
+            wait_for(lambda: running_workers(uri, "raystudy-ts-vit_demo"), proc)
             assert proc.poll() is None, "the search ended before it could be interrupted"
             if twice:
                 frozen = freeze_running_trials(uri, "raystudy-ts-vit_demo")  # the second comes while Tune stops
