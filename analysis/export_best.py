@@ -198,14 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     from raystudy import cli
 
     args = build_parser().parse_args(argv)
-    from mlflow.exceptions import MlflowException
-
     from raystudy import tracking
 
-    try:
+    try:  # before MLflow's seconds of imports
         cli.check_folder("--out", args.out)
         uri = args.tracking_uri or tracking.default_uri()
         tracking.check_uri(uri, must_exist=True)
+    except ConfigError as e:
+        return cli.fail(e)
+    from mlflow.exceptions import MlflowException
+
+    try:
         runs = load.from_mlflow(args.experiment, uri)
         for col, wanted in (("condition", args.conditions), ("dataset", args.datasets)):
             if wanted:

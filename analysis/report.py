@@ -734,15 +734,18 @@ def main(argv: list[str] | None = None) -> int:
               t_alternative=args.t_alternative, gain_reference=args.gain_reference,
               compare=list(PAPER_COMPARISON) if args.paper_comparison else None,
               draw_figures=not args.no_figures)
-    from mlflow.exceptions import MlflowException
-
     from raystudy import tracking
-    from raystudy.config import ConfigError
+
+    if args.experiment:
+        uri = args.tracking_uri or tracking.default_uri()
+        try:  # before MLflow's seconds of imports
+            tracking.check_uri(uri, must_exist=True)
+        except ConfigError as e:
+            return cli.fail(e)
+    from mlflow.exceptions import MlflowException
 
     try:
         if args.experiment:
-            uri = args.tracking_uri or tracking.default_uri()
-            tracking.check_uri(uri, must_exist=True)
             report = report_from_mlflow(args.experiment, args.out, uri,
                                         curves=not args.no_curves, log=not args.no_log, **kw)
         else:

@@ -182,7 +182,8 @@ def test_dry_run_counts_what_mlflow_holds_and_a_finished_grid_answers_without_ra
 
     def grid_run(*extra):  # a fresh process: whether it imported Ray is its own
         code = ("import sys; from raystudy import grid; rc = grid.main(sys.argv[1:]); "
-                "print('ray imported:', 'ray' in sys.modules); sys.exit(rc)")
+                "print('ray imported:', 'ray' in sys.modules, '; scipy.stats imported:', 'scipy.stats' in sys.modules); "
+                "sys.exit(rc)")
         return subprocess.run([sys.executable, "-c", code, *flags, *extra], cwd=tmp_path, capture_output=True,
                               text=True, timeout=300)
 
@@ -202,6 +203,7 @@ def test_dry_run_counts_what_mlflow_holds_and_a_finished_grid_answers_without_ra
     p = grid_run()
     assert p.returncode == 0, p.stdout + p.stderr
     assert "all 4 trials are already done" in p.stdout and "ray imported: False" in p.stdout
+    assert "scipy.stats imported: False" in p.stdout  # the ranking is printed without it (~2 s of CPU)
     lines = p.stdout.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("ranking"))
     # LN2 best on validation at lr 0.3 (0.3), MHA at lr 0.1 (0.5): MHA first

@@ -479,3 +479,35 @@ def test_probe_runs_on_timm_vits_and_stays_under_the_bounds(name, kw):
     for r in rows:
         assert r["n"] == 3 and math.isfinite(r["mean"]) and math.isfinite(r["bound"]), r
         assert r["mean"] <= r["bound"], r
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 31, 102, 1000, 12799, 10**6])
+def test_t_quantile_is_scipys(df):
+    for p in (0.55, 0.75, 0.9, 0.95, 0.975, 0.99, 0.999, 0.9999):
+        assert P.t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-8, abs=1e-12), p
+        assert P.t_quantile(1 - p, df) == -P.t_quantile(p, df)
+    assert P.t_quantile(0.5, df) == 0.0
+
+
+def test_t_quantile_refuses_what_has_none():
+    for p, df in ((0.0, 3), (1.0, 3), (0.975, 0)):
+        with pytest.raises(ValueError, match="0 < p < 1 and df >= 1"):
+            P.t_quantile(p, df)
+
+
+def test_the_probe_runs_without_scipy(monkeypatch):
+    # scipy.stats costs every trial worker ~2 s of CPU to import; a probe's only statistic is the
+    # t interval. Any scipy import during the probe fails here.
+    import importlib.abc
+    import sys
+
+    class NoScipy(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] == "scipy":
+                raise ImportError(f"{name} imported during the probe")
+
+    for m in [m for m in sys.modules if m.split(".")[0] == "scipy"]:
+        monkeypatch.delitem(sys.modules, m)
+    monkeypatch.setattr(sys, "meta_path", [NoScipy(), *sys.meta_path])
+    rows = P.probe(tiny_vit(), batches(images(10, 1), images(10, 2, shift=0.7), 4), mode="both")
+    assert len(rows) == 2 * 2 * 5 and all(r["ci_low"] < r["mean"] < r["ci_high"] for r in rows)
