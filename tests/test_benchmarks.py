@@ -39,3 +39,13 @@ def test_suite_cpu_charges_each_test_and_totals_by_file():
     bad = subprocess.run([sys.executable, "benchmarks/suite_cpu.py", "--top", "-1"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --top must be >= 0, got -1"
+
+
+@pytest.mark.slow
+def test_startup_benchmark_prints_both_variants_and_their_ratio():
+    p = subprocess.run([sys.executable, "benchmarks/bench_startup.py", "--only", "driver", "--reps", "1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    now, before, ratio = (float(v) for v in p.stdout.splitlines()[-1].split()[1:])
+    assert p.stdout.splitlines()[-1].startswith("driver") and now > 0 and before > 0
+    assert ratio == pytest.approx(now / before, abs=0.01)
