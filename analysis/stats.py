@@ -134,8 +134,7 @@ def ranks(table: pd.DataFrame) -> pd.DataFrame:
     """Per-row ranks of a datasets × conditions table: highest value = 1, ties averaged."""
     values = pd.DataFrame(table.to_numpy(dtype=float), index=table.index, columns=table.columns)
     r = values.rank(axis=1, ascending=False, method="average")
-    # a row with a missing value has no ranks (scipy's rankdata, which this replaces in the
-    # grid's console ranking to spare each driver the scipy import)
+    # as scipy's rankdata: a row with a missing value has no ranks (pandas alone ranks the rest)
     return r.mask(values.isna().any(axis=1), np.nan)
 
 

@@ -272,7 +272,8 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
     if counts["interrupted"] and not counts["unfinished"]:  # Tune ended them, yet MLflow had no end
         print(f"{counts['interrupted']} trial run(s) had no end from Tune; marked interrupted", flush=True)
     stopped = asked_to_stop and counts["unfinished"]
-    cl.set_tag(parent, tracking.STATUS, "interrupted" if stopped else "incomplete" if counts["unfinished"] else "finished")
+    status = "interrupted" if stopped else "incomplete" if counts["unfinished"] else "finished"
+    cl.set_tag(parent, tracking.STATUS, status)
     if stopped:
         raise Stopped(f"{counts['unfinished']} of {len(trials)} trials unfinished")
     counts.update(experiment_id=exp_id, parent_run_id=parent)

@@ -97,7 +97,6 @@ def test_ranks_average_ties_and_higher_is_better():
     assert r.mean().tolist() == [1.25, 2.0, 2.75]
 
 
-
 @settings(max_examples=200, deadline=None)
 @given(hs.lists(hs.lists(hs.sampled_from([0.1, 0.2, 0.5, float("nan")]), min_size=3, max_size=3), max_size=5))
 def test_ranks_are_scipys_rankdata_including_rows_with_a_missing_value(rows):
@@ -105,6 +104,7 @@ def test_ranks_are_scipys_rankdata_including_rows_with_a_missing_value(rows):
     want = np.vstack([st.rankdata(-v, method="average") for v in values]) if len(values) else values
     got = stats.ranks(pd.DataFrame(values, columns=["a", "b", "c"])).to_numpy()
     assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
+
 
 def test_lr_robustness_is_mean_over_datasets_of_max_minus_min():
     means = stats.seed_means(toy_runs())

@@ -182,8 +182,8 @@ def test_dry_run_counts_what_mlflow_holds_and_a_finished_grid_answers_without_ra
 
     def grid_run(*extra):  # a fresh process: whether it imported Ray is its own
         code = ("import sys; from raystudy import grid; rc = grid.main(sys.argv[1:]); "
-                "print('ray imported:', 'ray' in sys.modules, '; scipy.stats imported:', 'scipy.stats' in sys.modules); "
-                "sys.exit(rc)")
+                "print('ray imported:', 'ray' in sys.modules, "
+                "'; scipy.stats imported:', 'scipy.stats' in sys.modules); sys.exit(rc)")
         return subprocess.run([sys.executable, "-c", code, *flags, *extra], cwd=tmp_path, capture_output=True,
                               text=True, timeout=300)
 
