@@ -2,7 +2,7 @@
 torchvision's per-image DataLoader path, on the same (synthetic) images.
 
     python benchmarks/bench_data.py                   # ~1-2 minutes on 2 CPU cores
-    python benchmarks/bench_data.py --device cuda     # on a GPU: the 10x target of the speed issue
+    python benchmarks/bench_data.py --device cuda     # on a GPU: the target is 10x
     python benchmarks/bench_data.py --n-cifar 8192 --n-jpeg 4096 --batch 512 --reps 5
 
 Two datasets stand in for the study's (real ones cannot be downloaded everywhere):

@@ -3,7 +3,7 @@
     python benchmarks/bench_probe.py                       # vit_small_patch16_224, 32 pairs, CPU
     python benchmarks/bench_probe.py --pairs 64 --batch-size 16 --repeats 7 --threads 2
 
-The target (issue "Plasticity probes"): over N pairs, a probe pass in either mode costs at most
+The target: over N pairs, a probe pass in either mode costs at most
 1.3x a plain forward pass of the same model over the same 2N images. Each timed unit walks the
 same N pairs in batches of B: the plain forward runs ``model(cat([x, y]))`` (2B images a call,
 exactly the tensors the probe sees), the probes run ``plasticity.probe`` in one mode. Random init

@@ -351,7 +351,7 @@ def test_bad_input_is_one_line_exit_2_before_any_work(cli, argv, files, needle, 
 
 
 SUBPROCESS_CASES = [
-    # as typed: the module a user runs (no argparse used to mean any flag was ignored, exit 0)
+    # as typed: the module a user runs (a module without argparse would ignore any flag, exit 0)
     ("datasets", ["--bogus"], "unrecognized arguments: --bogus"),
     ("grid", ["--num-cpus", "0", "--ray-temp-dir", "/tmp/rbad17"], "--num-cpus must be >= 1"),
     ("grid", ["--max-concurrent", "-1", "--ray-temp-dir", "/tmp/rbad17"], "--max-concurrent must be >= 1"),

@@ -232,8 +232,8 @@ def _record(into, states=None):
 
 
 def test_resume_continues_the_batch_stream_and_each_step_runs_once():
-    # Issue #17 item 3: the retry's first step is the checkpoint's step + 1 and sees the batches
-    # the uninterrupted run saw, so its measurements are the uninterrupted run's.
+    # A retry's first step is the checkpoint's step + 1 and sees the batches the uninterrupted
+    # run saw, so its measurements are the uninterrupted run's.
     cfg = FinetuneConfig(**{**FAST, "steps": 10, "eval_every": 4, "log_every": 1}, condition="MHA")
     full, states = [], []
     engine.train(cfg, report=_record(full, states))
@@ -259,8 +259,8 @@ def _images(root, n=6):
 
 
 def test_same_seed_same_result_after_a_cache_build_and_a_disturbed_rng(tmp_path, monkeypatch):
-    # Issue #17 item 9: building the tensor cache (a DataLoader draws from the global RNG) and
-    # whatever the process drew before must not change a trial's head init, dropout or data.
+    # Building the tensor cache (a DataLoader draws from the global RNG) and whatever the
+    # process drew before must not change a trial's head init, dropout or data.
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
     _images(tmp_path)
     cfg = FinetuneConfig(model="vit_tiny_patch16_224", pretrained=False, dataset="domainnet_sketch",
@@ -282,7 +282,7 @@ def test_a_trial_leaves_the_callers_global_rng_alone():
 
 
 def test_a_stop_request_checkpoints_the_current_step_and_the_retry_continues_from_it():
-    # Issue #17 item 5, in the loop: notice after step 5 (no evaluation there) -> state at 5.
+    # A preemption notice seen after step 5 (no evaluation there) checkpoints step 5.
     from raystudy.errors import Preempted
 
     cfg = FinetuneConfig(**{**FAST, "steps": 8, "eval_every": 4, "log_every": 1}, condition="MHA")

@@ -239,7 +239,7 @@ def _newest_checkpoint_step(storage):
 def test_retried_trial_resumes_from_its_checkpoint_and_logs_each_step_once(work):
     # Kill the worker process running a trial past its last checkpoint:
     # Tune retries it from that checkpoint, and the steps the first attempt had already logged
-    # past it are not logged again (issue #17 item 3).
+    # past it are not logged again.
     import mlflow
 
     tmp, ray = work
@@ -287,8 +287,8 @@ def _grid_name(space_file, model="vit_demo"):
 
 
 def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):
-    # Issue #17 item 1: a Tune state at the grid's path that is not this grid's, or is half
-    # written (a full disk), made every rerun restore it and start nothing, or die.
+    # A Tune state at the grid's path that is not this grid's, or is half written (a full
+    # disk), must not be restored: a rerun restoring it would start nothing, or die.
     tmp, ray = work
     storage = tmp / "runs" / "ray"
     foreign = write_space(tmp, {**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}})
@@ -316,8 +316,8 @@ def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):
 
 def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running(work, ray_tmp):
     # One running grid serves two checks (one Ray start-up, not two).
-    # Issue #17 item 7: a second driver for the same grid trained every trial again.
-    # Issue #17 item 2: Ctrl+C twice (the second skips Tune's graceful stop) raises
+    # A second driver for the same grid must refuse, not train every trial again.
+    # Ctrl+C twice (the second skips Tune's graceful stop) raises
     # KeyboardInterrupt out of tuner.fit(); the parent and the trial runs must still be closed,
     # and the grid says in one line that it stopped.
     tmp, ray = work

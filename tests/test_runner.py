@@ -58,7 +58,7 @@ def test_local_ray_listens_on_loopback_only_with_token_auth(tmp_path):
 
 
 def test_a_resumed_search_suggests_no_config_twice(tmp_path):
-    # Issue #17 item 4: rebuilt with the same seed, the searcher replayed its first suggestions.
+    # Rebuilt with the same seed, a searcher would replay its first suggestions.
     space = spaces.load_search("optimiser")
     base = {**space.base, "model": "vit_demo", "dataset": "digits_c"}
     res = {"gpu": 0.0, "cpu": 1.0, "workers": 1}
@@ -87,7 +87,7 @@ def _open_store_at(uri, at):
 
 @pytest.mark.slow
 def test_drivers_creating_a_new_store_at_once_leave_it_usable(tmp_path):
-    # Issue #17 item 6: two drivers creating the SQLite schema at once bricked the store.
+    # Two drivers creating the SQLite schema at once must not leave a broken store.
     from raystudy import tracking
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -125,8 +125,8 @@ def test_a_grid_lock_names_its_holder_and_a_dead_holders_lock_is_taken_over(tmp_
 
 
 def test_closing_the_runs_is_not_cut_short_by_another_ctrl_c():
-    # A user who presses Ctrl-C again while the grid closes its MLflow runs used to interrupt
-    # the closing (KeyboardInterrupt inside the finally), leaving runs RUNNING.
+    # A user who presses Ctrl-C again while the grid closes its MLflow runs must not interrupt
+    # the closing (a KeyboardInterrupt inside the finally would leave runs RUNNING).
 
     closed = []
     with runner.uninterrupted():

@@ -107,8 +107,8 @@ def test_interrupted_search_resumes_without_repeating_trials(work):
     df = runs(tmp)
     trials = df[df["tags.raystudy.search"] == "ts-vit_demo-digits_c-MHA"]
     assert trials["tags.raystudy.key"].is_unique
-    # 8 distinct configs: a resumed search that replayed its first suggestions ran configs whose
-    # keys were done, recorded nothing for them, and ended with fewer (issue #17 item 4)
+    # 8 distinct configs: a resumed search that replayed its first suggestions would run configs
+    # whose keys were done, record nothing for them, and end with fewer
     ended = trials[trials["tags.raystudy.status"] != "interrupted"]  # killed mid-run: not a result
     assert len(ended) == 8, trials[["tags.raystudy.key", "tags.raystudy.status"]]
     stuck = trials[trials["status"] == "RUNNING"]
@@ -120,7 +120,7 @@ def test_interrupted_search_resumes_without_repeating_trials(work):
 def test_an_interrupted_search_leaves_no_run_running(work):
     # Ctrl-C once: Tune's graceful stop returns from tuner.fit() as if the study were done; the
     # search must stop there (not test a best config, not start the next stage) and say so.
-    # Issue #17 item 2: Ctrl-C twice raises KeyboardInterrupt out of the search's tuner.fit().
+    # Ctrl-C twice raises KeyboardInterrupt out of the search's tuner.fit().
     # Either way the search closes its runs and says in one line how to go on.
     tmp, ray = work
     space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 200}}
