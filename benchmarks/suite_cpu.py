@@ -3,6 +3,7 @@
     python benchmarks/suite_cpu.py -m slow               # the slow tier, one test at a time
     python benchmarks/suite_cpu.py -m "not slow" --top 40
     python benchmarks/suite_cpu.py tests/test_grid_ray.py
+    python benchmarks/suite_cpu.py -m slow --processes   # and by kind of process, how many started
 
 Both tiers keep a 2-core machine busy under ``-n 2``, so a tier's wall time is about its CPU
 seconds over 2, and a test's own wall time under xdist mostly measures its neighbour. This runs
@@ -10,14 +11,24 @@ the selected tests one at a time (no xdist) and charges each the machine's busy 
 (``/proc/stat``) while it ran: the drivers, Ray's workers and servers and the MLflow servers it
 started count, which a per-process timer misses. Run it on a quiet machine: whatever else runs
 is charged to the tests (the load average is printed first). A fixture of wider scope is charged
-to the first test that sets it up. Arguments other than ``--top`` go to pytest. Linux only.
+to the first test that sets it up. Arguments other than ``--top`` and ``--processes`` go to
+pytest. Linux only.
+
+``--processes`` also samples every process twice a second and prints, per kind (trial actor,
+grid driver, Ray's servers, ...), how many started and their CPU seconds: fewest, median, most.
+A test's floor is its process starts times what each costs before it does any work, which the
+per-test table cannot show. A process's CPU after its last sample, and any process that lives
+under half a second, is not seen; the table says how much of the machine's busy time it covers.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,6 +40,94 @@ def busy_cpu_s() -> float:
     """CPU seconds the whole machine has spent busy (not idle, not waiting on I/O) since boot."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+# What a process is, from its name and command line (``comm | cmdline``): the first match wins.
+# Ray renames a worker process once it holds an actor (``ray::ImplicitFunc`` for a Tune trial);
+# the kernel keeps 15 characters of a name, hence the cut names.
+KINDS = [
+    ("trial actor (Tune)", r"\bray::ImplicitFu"),
+    ("Ray Train controller or worker", r"\bray::(RayTrainWo|TrainContr|_Inner)"),
+    ("Ray's servers and agents", r"\bray::(DashboardA|RuntimeEnv)|gcs_server|/raylet |dashboard/dashboard\.py|"
+                                 r"log_monitor\.py|autoscaler/_private/monitor\.py|runtime_env/agent/main\.py"),
+    ("Ray worker never given an actor", r"\bray::|workers/(setup|default)_worker\.py"),
+    ("grid driver", r" -m raystudy\.grid\b"),
+    ("search driver", r" -m raystudy\.search\b"),
+    ("other raystudy command", r" -m raystudy\b"),
+    ("analysis command", r" -m analysis\."),
+    ("benchmark script", r"benchmarks/\w+\.py"),
+    ("MLflow server", r" -m mlflow server|uvicorn|gunicorn|huey"),
+    ("ray up / SSH", r"/bin/ray |sshd|\bssh |rsync"),
+    ("other Python (test helpers)", r"python"),
+    ("other", r""),
+]
+
+
+def kind(label: str) -> str:
+    """The ``KINDS`` name of a process labelled ``comm | cmdline``."""
+    return next(name for name, rx in KINDS if re.search(rx, label))
+
+
+class Processes:
+    """Every process started while it runs, sampled from ``/proc`` every ``every`` seconds in a
+    thread: (pid, start time) -> [label, CPU seconds at its latest sample]. Processes alive at
+    the start are left out; this process is counted apart (its tests and this sampler)."""
+
+    def __init__(self, every: float = 0.5):
+        self.every, self.seen = every, {}
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.before = set(self._pids())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _pids():
+        return (int(d) for d in os.listdir("/proc") if d.isdigit())
+
+    def _sample(self):
+        for pid in self._pids():
+            if pid in self.before or pid == os.getpid():
+                continue
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                key = (pid, fields[19])     # with its start time: a pid can be reused
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                if key not in self.seen or (comm.startswith("ray::") and not self.seen[key][0].startswith(comm)):
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    self.seen[key] = [f"{comm} | {cmd}", 0.0]
+            except (OSError, ValueError, IndexError):
+                continue    # gone between the listing and the read
+            self.seen[key][1] = (int(fields[11]) + int(fields[12])) / self.tick   # utime + stime
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def by_kind(seen: dict, own_cpu: float, session_cpu: float) -> str:
+    """The per-kind table ``--processes`` prints, from ``Processes.seen``."""
+    groups: dict[str, list[float]] = {}
+    for label, cpu in seen.values():
+        groups.setdefault(kind(label), []).append(cpu)
+    out = [f"{'procs':>6} {'CPU s':>8} {'fewest':>7} {'median':>7} {'most':>7}  kind of process (started during the run)"]
+    for name, _ in KINDS:
+        if name in groups:
+            c = groups[name]
+            out.append(f"{len(c):6d} {sum(c):8.1f} {min(c):7.2f} {statistics.median(c):7.2f} {max(c):7.2f}  {name}")
+    out.append(f"{1:6d} {own_cpu:8.1f} {'':>7} {'':>7} {'':>7}  pytest (this process: in-process tests, collection, sampling)")
+    seen_cpu = sum(c for _, c in seen.values()) + own_cpu
+    out.append(f"{'':>6} {seen_cpu:8.1f}  in all: {seen_cpu / session_cpu:.0%} of the machine's busy CPU while it ran"
+               if session_cpu > 0 else f"{'':>6} {seen_cpu:8.1f}  in all")
+    return "\n".join(out)
 
 
 class Charge:
@@ -71,6 +170,8 @@ def summary(rows, session_cpu: float, session_wall: float, top: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--top", type=int, default=25, help="tests listed by CPU (default 25)")
+    ap.add_argument("--processes", action="store_true",
+                    help="also count the processes the tests started, and their CPU, by kind")
     args, pytest_args = ap.parse_known_args(argv)
     if not Path("/proc/stat").is_file():
         print("error: suite_cpu.py reads /proc/stat: Linux only", file=sys.stderr)
@@ -82,11 +183,20 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"load average before: {os.getloadavg()[0]:.2f} (1 min); a busy machine charges its load to the tests")
     charge = Charge()
-    cpu0, t0 = busy_cpu_s(), time.perf_counter()
     os.chdir(ROOT)
-    rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", *pytest_args], plugins=[charge])
+    procs = Processes() if args.processes else None
+    cpu0, own0, t0 = busy_cpu_s(), time.process_time(), time.perf_counter()
+    if procs:
+        with procs:
+            rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", *pytest_args], plugins=[charge])
+    else:
+        rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", *pytest_args], plugins=[charge])
+    session_cpu, own_cpu, wall = busy_cpu_s() - cpu0, time.process_time() - own0, time.perf_counter() - t0
     print()
-    print(summary(charge.rows, busy_cpu_s() - cpu0, time.perf_counter() - t0, args.top))
+    print(summary(charge.rows, session_cpu, wall, args.top))
+    if procs:
+        print()
+        print(by_kind(procs.seen, own_cpu, session_cpu))
     return int(rc)
 
 

@@ -41,6 +41,56 @@ def test_suite_cpu_charges_each_test_and_totals_by_file():
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --top must be >= 0, got -1"
 
 
+def _suite_cpu():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("suite_cpu", ROOT / "benchmarks" / "suite_cpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_suite_cpu_names_each_kind_of_process():
+    # labels as /proc gives them (comm | cmdline): Ray renames a worker once it holds an actor,
+    # and the kernel cuts a name at 15 characters
+    py, site = "/root/.pyenv/versions/3.11.7/bin/python", "/usr/lib/python3.11/site-packages/ray"
+    kind = _suite_cpu().kind
+    assert kind("ray::ImplicitFu | ray::ImplicitFunc.train") == "trial actor (Tune)"
+    assert kind("ray::RayTrainWo | ray::RayTrainWorker") == "Ray Train controller or worker"
+    assert kind("ray::TrainContr | ray::TrainController") == "Ray Train controller or worker"
+    assert kind("ray::IDLE | ray::IDLE") == "Ray worker never given an actor"
+    assert kind(f"python | {py} {site}/_private/workers/setup_worker.py --language PYTHON") == \
+        "Ray worker never given an actor"
+    for label in ("ray::DashboardA | ray::DashboardAgent", f"gcs_server | {site}/core/src/ray/gcs/gcs_server --log_dir=/t",
+                  f"raylet | {site}/core/src/ray/raylet/raylet --raylet_socket_name=/t",
+                  f"python | {py} {site}/dashboard/dashboard.py --host=127.0.0.1",
+                  f"python | {py} -u {site}/_private/log_monitor.py --session-dir=/t"):
+        assert kind(label) == "Ray's servers and agents", label
+    assert kind(f"python | {py} -m raystudy.grid --space space.yaml --address 10.0.0.1:6379") == "grid driver"
+    assert kind(f"python | {py} -m raystudy.search --space s.yaml") == "search driver"
+    assert kind(f"python | {py} -m raystudy.finetune --config c.yaml") == "other raystudy command"
+    assert kind(f"python | {py} -m analysis.report --experiment e") == "analysis command"
+    assert kind(f"python | {py} -m mlflow server --host 127.0.0.1 --port 5000") == "MLflow server"
+    assert kind(f"python | {py} -c import sys, ray") == "other Python (test helpers)"
+    assert kind("sshd | sshd: root [priv]") == "ray up / SSH"
+    assert kind("bash | bash -c true") == "other"
+
+
+@pytest.mark.slow
+def test_suite_cpu_counts_the_processes_a_test_starts():
+    # the probe's CLI test starts one `python -m raystudy.probe`: one process of that kind
+    p = subprocess.run([sys.executable, "benchmarks/suite_cpu.py", "--processes", "--top", "1", "tests/test_probe.py",
+                        "-k", "unknown_mode"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    out = p.stdout.splitlines()
+    (row,) = [ln for ln in out if ln.endswith("  other raystudy command")]
+    n, cpu, fewest, median, most = row.split()[:5]
+    assert n == "1" and fewest == median == most and 0 < float(fewest) == pytest.approx(float(cpu), abs=0.05), row
+    assert not [ln for ln in out if ln.endswith(("trial actor (Tune)", "grid driver"))], out
+    share = next(ln for ln in out if "of the machine's busy CPU" in ln)
+    assert 0.5 <= int(share.split(":")[1].split("%")[0]) / 100 <= 1.1, share
+
+
 @pytest.mark.slow
 def test_startup_benchmark_prints_both_variants_and_their_ratio():
     p = subprocess.run([sys.executable, "benchmarks/bench_startup.py", "--only", "driver", "--reps", "1"],
