@@ -14,11 +14,12 @@ is charged to the tests (the load average is printed first). A fixture of wider 
 to the first test that sets it up. Arguments other than ``--top`` and ``--processes`` go to
 pytest. Linux only.
 
-``--processes`` also samples every process twice a second and prints, per kind (trial actor,
-grid driver, Ray's servers, ...), how many started and their CPU seconds: fewest, median, most.
-A test's floor is its process starts times what each costs before it does any work, which the
-per-test table cannot show. A process's CPU after its last sample, and any process that lives
-under half a second, is not seen; the table says how much of the machine's busy time it covers.
+``--processes`` also samples the processes the tests start (and theirs) twice a second and
+prints, per kind (trial actor, grid driver, Ray's servers, ...), how many started and their CPU
+seconds: fewest, median, most. A test's floor is its process starts times what each costs
+before it does any work, which the per-test table cannot show. A process's CPU after its last
+sample, a process that lives under half a second, and one whose parent ended before it was
+seen are missed; the table says how much of the machine's busy time it covers.
 """
 
 from __future__ import annotations
@@ -69,35 +70,44 @@ def kind(label: str) -> str:
 
 
 class Processes:
-    """Every process started while it runs, sampled from ``/proc`` every ``every`` seconds in a
-    thread: (pid, start time) -> [label, CPU seconds at its latest sample]. Processes alive at
-    the start are left out; this process is counted apart (its tests and this sampler)."""
+    """Every process this one starts while it runs, and their children, sampled from ``/proc``
+    every ``every`` seconds in a thread: (pid, start time) -> [label, CPU seconds at its latest
+    sample]. Other jobs' processes are left out; this process is counted apart (its tests and
+    this sampler)."""
 
     def __init__(self, every: float = 0.5):
         self.every, self.seen = every, {}
         self.tick = os.sysconf("SC_CLK_TCK")
-        self.before = set(self._pids())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @staticmethod
-    def _pids():
-        return (int(d) for d in os.listdir("/proc") if d.isdigit())
-
     def _sample(self):
-        for pid in self._pids():
-            if pid in self.before or pid == os.getpid():
+        live = {}   # pid -> (key, ppid, fields)
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
                 continue
             try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                fields = stat[stat.rindex(")") + 2:].split()
-                key = (pid, fields[19])     # with its start time: a pid can be reused
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue    # gone between the listing and the read
+            fields = stat[stat.rindex(")") + 2:].split()
+            live[int(d)] = ((int(d), fields[19]), int(fields[1]), fields)   # start time: a pid can be reused
+        # ours: a process seen before as ours, or whose parent is this process or ours (a child
+        # can be listed before its parent, so until nothing changes)
+        ours, grew = {os.getpid()} | {pid for pid, (key, _, _) in live.items() if key in self.seen}, True
+        while grew:
+            new = {pid for pid, (_, ppid, _) in live.items() if pid not in ours and ppid in ours}
+            ours |= new
+            grew = bool(new)
+        for pid in ours - {os.getpid()}:
+            key, _, fields = live[pid]
+            try:
                 comm = Path(f"/proc/{pid}/comm").read_text().strip()
                 if key not in self.seen or (comm.startswith("ray::") and not self.seen[key][0].startswith(comm)):
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                     self.seen[key] = [f"{comm} | {cmd}", 0.0]
-            except (OSError, ValueError, IndexError):
-                continue    # gone between the listing and the read
+            except OSError:
+                continue
             self.seen[key][1] = (int(fields[11]) + int(fields[12])) / self.tick   # utime + stime
 
     def _run(self):
