@@ -25,6 +25,7 @@ seen are missed; the table says how much of the machine's busy time it covers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
@@ -196,10 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(ROOT)
     procs = Processes() if args.processes else None
     cpu0, own0, t0 = busy_cpu_s(), time.process_time(), time.perf_counter()
-    if procs:
-        with procs:
-            rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", *pytest_args], plugins=[charge])
-    else:
+    with procs or contextlib.nullcontext():
         rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", *pytest_args], plugins=[charge])
     session_cpu, own_cpu, wall = busy_cpu_s() - cpu0, time.process_time() - own0, time.perf_counter() - t0
     print()
