@@ -10,15 +10,15 @@ probable (``baycomp.Posterior.probs``).
 
 - ``signed_rank``: the Bayesian signed-rank test over per-dataset means (a Dirichlet process
   on the differences). baycomp's ``SignedRankTest`` draws the same Dirichlet weights and sums
-  them in a Python loop, about 2.5 s a pair at its 50,000 samples; here the draws are made once
-  for all pairs and each pair's sums are one matrix product, giving baycomp's numbers (checked
-  in the tests) in milliseconds.
+  them in a Python loop over its 50,000 samples, slow for a report's many pairs; here the draws
+  are made once for all pairs and each pair's sums are one matrix product, giving baycomp's
+  numbers (checked in the tests) without the loop.
 - ``hierarchical``: the hierarchical model over datasets and seeds (Corani et al., Machine
   Learning 2017): per-seed differences x_ij ~ N(delta_i, sigma_i^2), delta_i ~ t(nu, delta0,
   std0), with baycomp's priors and scaling. baycomp samples it with Stan, which needs pystan,
   httpstan and a C++ toolchain compiling the model at first use (minutes); here a Gibbs sampler
   in numpy (the t as a scale mixture of normals; nu, and its Gamma prior's parameters, by
-  Metropolis steps) runs all pairs at once in about a second (8 chains × 500 draws after 300
+  Metropolis steps) runs all pairs at once, with nothing to compile (8 chains × 500 draws after 300
   of burn-in; on a fixed case it agrees with baycomp's Stan fit within Monte Carlo error). One difference from baycomp: its
   noise correlation rho = 1/folds is for overlapping cross-validation training sets; seeds are
   independent trainings, so rho = 0 here.

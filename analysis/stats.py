@@ -16,7 +16,8 @@ average rank. Standard deviations over seeds use ``ddof=0`` by default, as the r
 no run finished cannot be chosen. scipy does the statistics; Holm and the Nemenyi critical
 difference are a few lines each and are tested on hand-worked examples. scipy is imported in
 the functions that test, not at the top: every grid and search driver imports this module for
-its console ranking, and importing scipy.stats costs ~2 s of CPU.
+its console ranking, and importing scipy.stats is a large part of a driver's start-up
+(benchmarks/bench_startup.py).
 """
 
 from __future__ import annotations
@@ -280,7 +281,7 @@ def wilcoxon(a: Sequence[float], b: Sequence[float],
     W+ is the sum of the ranks of |a − b| where a > b; zero differences are dropped (Wilcoxon's
     convention, scipy's default). All differences zero: W+ = 0, p = 1 (no evidence either way).
     The p-value is scipy's; with tied |d| and n ≤ 13, where scipy enumerates the 2^n sign
-    patterns by a slow permutation test (~1 s each), the same exact p comes from
+    patterns by a slow permutation test, the same exact p comes from
     ``signed_rank_null``.
     """
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)

@@ -1,7 +1,7 @@
 """Images/s of the two data paths: the tensor cache + batched device-side augmentation against
 torchvision's per-image DataLoader path, on the same (synthetic) images.
 
-    python benchmarks/bench_data.py                   # ~1-2 minutes on 2 CPU cores
+    python benchmarks/bench_data.py                   # on the CPU
     python benchmarks/bench_data.py --device cuda     # on a GPU: the target is 10x
     python benchmarks/bench_data.py --n-cifar 8192 --n-jpeg 4096 --batch 512 --reps 5
 

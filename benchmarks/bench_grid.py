@@ -1,6 +1,6 @@
 """Per-trial overhead of the grid (Ray Tune + MLflow) against the same trainings in one process.
 
-    python benchmarks/bench_grid.py                 # the demo grid (28 trials), ~10 minutes on 2 cores
+    python benchmarks/bench_grid.py                 # the demo grid (28 trials): the slowest benchmark
     python benchmarks/bench_grid.py --conditions MHA,LN1 --steps 100   # a quicker look
 
 Prints, measured side by side in one run:

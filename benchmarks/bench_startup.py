@@ -11,8 +11,8 @@ a fresh interpreter:
   probe (a random-init tiny ViT, so that no weights are needed);
 - *driver*: the grid driver's console ranking over a small runs table.
 
-Each runs as it is now, and with ``import scipy.stats`` first: what it paid until the probe's t
-interval and the ranking stopped needing scipy.stats. Runs alternate between the variants, and
+Each runs as it is, and with ``import scipy.stats`` first: what the probe's t interval and the
+ranking would cost if they needed scipy.stats. Runs alternate between the variants, and
 the medians of the child's CPU seconds (user + system) are printed with their ratio. Run it on a
 quiet machine.
 """

@@ -1,8 +1,8 @@
 """Step time of raystudy's finetuning step: against a hand-written one, per study condition, fed by
 its data paths, and (on a GPU) its model FLOPs utilisation and the paper grid's GPU-hours.
 
-    python benchmarks/bench_step.py                    # demo + ViT-B/16 at 224, batch 8: ~6 min on 2 CPU cores
-    python benchmarks/bench_step.py --skip-vitb        # the demo only, ~1 minute
+    python benchmarks/bench_step.py                    # demo + ViT-B/16 at 224, batch 8: minutes on a CPU
+    python benchmarks/bench_step.py --skip-vitb        # the demo only, the quick one
     python benchmarks/bench_step.py --vitb-batch 512 --vitb-reps 5 --inner 5   # on a GPU (H100/H200)
 
 (a) raystudy   engine.train_step (per-component gradient norms, clipping, fused optimizer) against

@@ -346,7 +346,8 @@ class Run:
 
 def free_memory(device) -> None:
     """On a GPU: collect tensors held only by reference cycles and hand cached blocks back, so
-    the next measurement starts clean. Nothing on a CPU (a full collection costs ~0.3 s there)."""
+    the next measurement starts clean. Nothing on a CPU: no device cache to hand back, and a full
+    collection there would only add time."""
     import torch
 
     if device.type == "cuda":

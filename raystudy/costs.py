@@ -19,7 +19,7 @@ the space's ``step_seconds`` for trials the file does not cover, or when it is n
 Pricing rule: a step's time grows linearly with the images each GPU processes in it (a trial's
 batch over its DDP workers); ``data_feed_factor`` (a step fed by the real data path over one fed
 a ready batch, measured) multiplies it. GPU-hours are wall hours times the trial's GPUs.
-Evaluation passes are not priced (about 1-3% of a trial).
+Evaluation passes are not priced: they are a small share of a trial's steps.
 
 Pure arithmetic over plain data: no Ray, no MLflow, no device; nothing happens at import.
 """

@@ -60,8 +60,8 @@ def world() -> tuple[int, int]:
 def build_optimizer(model: nn.Module, cfg: FinetuneConfig, device: torch.device) -> torch.optim.Optimizer:
     """An optimizer over the trainable parameters only: frozen ones get no state.
 
-    Fused (one kernel for all parameters) on GPU and CPU, where torch has it: ViT-B's SGD step
-    on 2 CPU cores drops from ~88 to ~50 ms.
+    Fused (one kernel for all parameters) on GPU and CPU, where torch has it: one pass instead of
+    one per tensor shortens the step on a CPU too (benchmarks/bench_step.py measures it).
     """
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type in ("cuda", "cpu")

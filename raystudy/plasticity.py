@@ -152,10 +152,10 @@ def t_quantile(p: float, df: int) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (0 < p < 1): within 1e-10
     relative up to 10^5 degrees of freedom, 1e-9 at 10^6 (where lgamma's rounding shows).
 
-    scipy.stats gives the same, but importing it costs every trial worker about 2 s of CPU, and
-    this is the only statistic a worker needs. Newton's method on the exact tail, from the normal
-    quantile: t's tails are heavier, so the start lies on the root's near side, where the convex
-    tail's tangents climb to the root without overshooting it.
+    scipy.stats gives the same, but importing it is a large part of every trial worker's start-up
+    (benchmarks/bench_startup.py), and this is the only statistic a worker needs. Newton's method
+    on the exact tail, from the normal quantile: t's tails are heavier, so the start lies on the
+    root's near side, where the convex tail's tangents climb to the root without overshooting it.
     """
     if not 0 < p < 1 or df < 1:
         raise ValueError(f"t_quantile needs 0 < p < 1 and df >= 1, got p={p}, df={df}")

@@ -323,7 +323,7 @@ def trial_status(cl, exp_id: str, key: str) -> tuple[str | None, Any]:
     found = find_runs(cl, exp_id, raystudy__role="trial", raystudy__key=key)
     if not found:
         return None, None
-    # Exactly once by construction; if an older bug left two, prefer a terminal one.
+    # Exactly once by construction; should a store hold two anyway, the terminal one is the record.
     found.sort(key=lambda r: r.data.tags.get(STATUS) not in TERMINAL)
     return found[0].data.tags.get(STATUS), found[0]
 
