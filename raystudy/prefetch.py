@@ -6,7 +6,7 @@
 
 Weights go to the Hugging Face cache timm reads ($HF_HUB_CACHE, or --hf-cache), datasets under
 the data root ($RAYSTUDY_DATA, or --data-root): on a cluster, a folder the nodes share, or one
-synced to every node (README, "The cluster"), so a thousand trials never hit the hub at once and
+synced to every node (docs/cluster.md), so a thousand trials never hit the hub at once and
 a trial never downloads. What is already cached is checked on disk only: with everything present
 no network is used at all. Downloads happen only for what is missing, after a few-second check
 that its host answers. CIFAR-10-C, DomainNet and ImageNet val cannot be downloaded automatically:

@@ -157,8 +157,8 @@ def test_aws_workers_get_a_profile_limited_to_the_bucket_prefix_and_only_the_hea
     passrole = [st for st in launcher["Statement"] if "iam:PassRole" in st["Action"]]
     assert [st["Resource"] for st in passrole] == ["arn:aws:iam::*:role/raystudy-worker"]
     assert not any("*" == a or a.endswith(":*") for a in actions(launcher) | actions(worker))
-    readme = (REPO / "README.md").read_text()
-    assert "cluster/iam/worker-policy.json" in readme and "raystudy-worker" in readme
+    runbook = (REPO / "docs" / "cluster.md").read_text()
+    assert "cluster/iam/worker-policy.json" in runbook and "raystudy-worker" in runbook
 
 
 def test_local_cluster_installs_the_tree_and_tells_every_node_the_head():
