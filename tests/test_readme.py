@@ -41,8 +41,9 @@ def test_the_layout_table_lists_the_layers_test_imports_enforces_in_order():
     layers = [set(layer) for layer in test_imports.LAYERS]
     assert len(table) == len(layers), f"README has {len(table)} layers, test_imports.LAYERS {len(layers)}"
     for i, (row, layer) in enumerate(zip(table, layers)):
-        assert row == layer, (f"layer {i}: only in the README {sorted(row - layer)}, "
-                              f"only in test_imports.LAYERS {sorted(layer - row)}")
+        assert row == layer, (
+            f"layer {i}: only in the README {sorted(row - layer)}, only in test_imports.LAYERS {sorted(layer - row)}"
+        )
 
 
 def test_every_docs_page_the_readme_links_exists():
