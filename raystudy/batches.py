@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from raystudy import augment, paths
 
-CACHE_VERSION = 2            # bump when the decoding recipe changes: old caches are not reused
+CACHE_VERSION = 3            # bump when the decoding recipe or a split changes: old caches are not reused
 CACHE_BUILDER = f"raystudy-tensor-cache-{CACHE_VERSION}"  # 2: caches carry a manifest
 
 

@@ -67,8 +67,10 @@ class FinetuneConfig:
     log_every: int = 50
     eval_batch_size: int = 256
     probe_pairs: int = 0                # plasticity pairs probed before and after (0: no probe)
-    probe_pairing: str = "random"       # random: seeded draws; sequential: the first N images of
-                                        # each split in loader order (the paper's measurement)
+    probe_pairing: str = "random"       # random: seeded draws; sequential: each split in loader
+                                        # order, whole batches, cycled (the paper's measurement)
+    probe_batch_size: int = 0           # pairs per probe batch (0: eval_batch_size); with sequential
+                                        # pairing it decides which images pair, as in the paper
     # execution
     seed: int = 0
     device: str = "auto"
@@ -169,9 +171,15 @@ EXECUTION_KEYS = frozenset({"device", "num_workers", "data_root", "download", "c
                             "eval_batch_size", "log_every"})
 
 
+# Identity keys added after studies were recorded: at these values they stay out of the key, so a
+# trial recorded before the key existed is still recognised as the same trial.
+KEYS_ADDED = {"probe_batch_size": 0}
+
+
 def trial_key(config: dict[str, Any]) -> str:
     """A stable key for a trial config: the hash of its identity keys, canonical JSON."""
-    ident = {k: v for k, v in sorted(config.items()) if k not in EXECUTION_KEYS}
+    ident = {k: v for k, v in sorted(config.items())
+             if k not in EXECUTION_KEYS and not (k in KEYS_ADDED and v == KEYS_ADDED[k])}
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -252,7 +260,8 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"config key {key!r} must be > 0, got {getattr(cfg, key)!r}")
-    for key in ("weight_decay", "momentum", "warmup_steps", "clip_grad", "probe_pairs", "num_workers"):
+    for key in ("weight_decay", "momentum", "warmup_steps", "clip_grad", "probe_pairs", "probe_batch_size",
+                "num_workers"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)!r}")
     if cfg.batch_size % cfg.grad_accum:

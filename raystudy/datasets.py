@@ -2,7 +2,7 @@
 
 Every dataset yields a *training pool* and a *test* set. The validation set is 20% of the pool,
 split by the run's seed (Flowers102: its official val split). CIFAR-10-C and DomainNet have no
-official test split, so a fixed 80/20 split (seed 0, independent of the run) makes one.
+official test split, so a fixed 80/20 split (the reference code's: independent of the run) makes one.
 Train transform: RandomResizedCrop + horizontal flip; eval: Resize + CenterCrop, as the paper.
 ``build_splits`` gives the splits as views for either data path (``raystudy.batches``).
 
@@ -189,10 +189,22 @@ class _RGB:
 
 
 def _fixed_split(n: int, frac: float = TEST_FRACTION) -> tuple[np.ndarray, np.ndarray]:
-    """A run-independent (pool, test) split of range(n): seed 0, always the same."""
+    """A run-independent (pool, test) split of range(n): seed 0, always the same (the demo's)."""
     perm = np.random.default_rng(0).permutation(n)
     n_test = int(round(n * frac))
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def reference_split(n: int, train_size: float = 0.8) -> tuple[np.ndarray, np.ndarray]:
+    """The paper's (pool, test) split of range(n) for CIFAR-10-C and DomainNet, as its code draws it.
+
+    The reference permutes with numpy's legacy global seed 42, keeps the first ``int(0.8 n)``
+    indices for training and the rest for test, and sorts each; the same images in the same
+    order matter, since the plasticity probe pairs test images in order.
+    """
+    perm = np.random.RandomState(42).permutation(n)
+    n_train = int(train_size * n)
+    return np.sort(perm[:n_train]), np.sort(perm[n_train:])
 
 
 def _cifar10c(corruption: str, name: str, where: str):
@@ -202,7 +214,7 @@ def _cifar10c(corruption: str, name: str, where: str):
         labels = np.load(_require(d / "labels.npy", name, where))
         lo = (CIFAR10C_SEVERITY - 1) * 10_000   # rows are severities 1..5, 10k images each
         imgs, labels = imgs[lo:lo + 10_000], labels[lo:lo + 10_000]
-        return _pool_test(ArrayImages(imgs, labels), labels)
+        return _pool_test(ArrayImages(imgs, labels), labels, reference_split)
     return load
 
 
@@ -212,7 +224,7 @@ def _domainnet(domain: str, name: str, where: str):
 
         d = _require(root / "domainnet" / domain, name, where)
         ds = ImageFolder(str(d))
-        return _pool_test(_RGB(ds), np.asarray(ds.targets))
+        return _pool_test(_RGB(ds), np.asarray(ds.targets), reference_split)
     return load
 
 
@@ -227,8 +239,8 @@ class _Subset:
         return self.items[int(self.idx[i])]
 
 
-def _pool_test(items, labels: np.ndarray) -> Source:
-    pool, test = _fixed_split(len(labels))
+def _pool_test(items, labels: np.ndarray, split=_fixed_split) -> Source:
+    pool, test = split(len(labels))
     return Source(Pool(_Subset(items, pool), labels[pool]), Pool(_Subset(items, test), labels[test]))
 
 

@@ -238,7 +238,8 @@ def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict
     source = datasets.build_splits(models.source_dataset(cfg.model), seed=cfg.seed,
                                    img_size=ic["img_size"], mean=mean, std=std, root=cfg.data_root)
     df = plasticity.probe_model(model, source.test, splits.test, n_pairs=cfg.probe_pairs,
-                                batch_size=cfg.eval_batch_size, seed=cfg.seed, model_name=cfg.model,
+                                batch_size=cfg.probe_batch_size or cfg.eval_batch_size, seed=cfg.seed,
+                                model_name=cfg.model,
                                 dataset_name=cfg.dataset, num_workers=cfg.num_workers,
                                 pairing=cfg.probe_pairing)
     return df.to_dict("records")

@@ -636,9 +636,9 @@ def pairs_from_datasets(source_ds, target_ds, n_pairs: int, batch_size: int, see
     """Stream ``n_pairs`` (x, y) pairs in batches: x from ``source_ds``, y from ``target_ds``.
 
     ``random``: indices are seeded permutations (with ``seed``), so the same call gives the same
-    pairs. ``sequential``: the i-th image of each dataset in its own order (no shuffling), the
-    paper's measurement (the first N ImageNet-val images in class-folder order with the first N
-    downstream test images); ``seed`` is unused. Shapes are checked here, before any batch is
+    pairs. ``sequential``: each dataset read in its own order in whole batches, cycled when it runs
+    out (``sequential_indices``), the paper's measurement (ImageNet val in class-folder order with
+    the downstream test split); ``seed`` is unused. Shapes are checked here, before any batch is
     loaded: a ValueError (ProbeError) names both.
     """
     if pairing not in PAIRINGS:
@@ -654,14 +654,29 @@ def pairs_from_datasets(source_ds, target_ds, n_pairs: int, batch_size: int, see
         raise ProbeError(f"image sizes differ: source {sx} vs target {sy}; "
                          "both must be built at the model's input size")
     if pairing == "sequential":
-        if n_pairs > min(len(source_ds), len(target_ds)):
-            raise ProbeError(f"sequential pairing takes the first {n_pairs} images of each split, but "
-                             f"they hold {len(source_ds)} and {len(target_ds)}")
-        ix = iy = np.arange(n_pairs)
+        ix = sequential_indices(len(source_ds), n_pairs, batch_size, "source")
+        iy = sequential_indices(len(target_ds), n_pairs, batch_size, "target")
     else:
         rng = np.random.default_rng(seed)
         ix, iy = _draw(rng, len(source_ds), n_pairs), _draw(rng, len(target_ds), n_pairs)
     return _stream(source_ds, target_ds, ix, iy, batch_size, num_workers)
+
+
+def sequential_indices(n_images: int, n_pairs: int, batch_size: int, which: str = "split") -> np.ndarray:
+    """Image indices of ``n_pairs`` sequential pairs from a split of ``n_images``, as the paper reads them.
+
+    The reference code's loaders are unshuffled, drop the last partial batch and start again when
+    they run out (``make_iterable`` cycles them), so pair k is image
+    ``(k // batch_size mod full_batches) * batch_size + k mod batch_size``: a split smaller than
+    the pair count is read again from its start, and its last partial batch is never read.
+    """
+    full = n_images // batch_size
+    if full == 0:
+        raise ProbeError(f"sequential pairing reads whole batches of {batch_size} images (the last partial "
+                         f"batch is dropped, as the paper's loaders do), but the {which} split holds "
+                         f"{n_images}; use a probe batch size of at most {n_images}")
+    k = np.arange(n_pairs)
+    return (k // batch_size) % full * batch_size + k % batch_size
 
 
 def _stream(source_ds, target_ds, ix, iy, batch_size, num_workers):

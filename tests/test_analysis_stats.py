@@ -276,3 +276,31 @@ def test_display_scale_and_order():
     assert stats.display_scale([0.5, 0.9, math.nan]) == 100.0
     assert stats.display_scale([90.8, 89.8]) == 1.0
     assert stats.order_conditions(["zz", "MHA", "LN1", "aa"], ("LN1", "MHA")) == ["LN1", "MHA", "aa", "zz"]
+
+
+def _exact_signed_rank(d_hundredths, alternative):
+    """W+ and its exact p by enumerating every sign pattern, on integer differences (no float noise)."""
+    import itertools
+
+    from scipy import stats as st
+    nz = [x for x in d_hundredths if x != 0]
+    r = st.rankdata([abs(x) for x in nz])
+    w = sum(ri for ri, x in zip(r, nz) if x > 0)
+    null = [sum(ri for ri, s in zip(r, signs) if s) for signs in itertools.product((0, 1), repeat=len(nz))]
+    ge = sum(v >= w - 1e-9 for v in null) / len(null)
+    le = sum(v <= w + 1e-9 for v in null) / len(null)
+    return w, {"greater": ge, "less": le, "two-sided": min(1.0, 2 * min(ge, le))}[alternative], len(nz)
+
+
+def test_wilcoxon_ties_equal_in_decimal_are_ties():
+    # 99.09 - 98.91 and 97.24 - 97.06 are both 0.18, but differ in the 15th digit as floats
+    a = [99.09, 97.24, 91.50, 88.20, 95.10, 80.05, 70.30, 93.33, 85.00, 76.40, 90.10]
+    b = [98.91, 97.06, 91.10, 88.50, 94.20, 79.00, 70.10, 93.90, 84.10, 75.10, 89.50]
+    assert (a[0] - b[0]) != (a[1] - b[1])
+    d = [round(x * 100) - round(y * 100) for x, y in zip(a, b)]
+    for alt in ("two-sided", "greater"):
+        w, p, n = _exact_signed_rank(d, alt)
+        got = stats.wilcoxon(a, b, alt)
+        assert got[0] == pytest.approx(w) and got[1] == pytest.approx(p, rel=1e-9) and got[2] == n
+    w, _, n = _exact_signed_rank(d, "two-sided")
+    assert stats.rank_biserial(a, b) == pytest.approx(2 * w / (n * (n + 1) / 2) - 1)

@@ -73,3 +73,12 @@ def test_config_is_frozen():
     cfg = FinetuneConfig()
     with pytest.raises(Exception):
         cfg.lr = 3.0  # type: ignore[misc]
+
+
+def test_a_key_added_later_leaves_earlier_trials_their_keys():
+    from raystudy.config import FinetuneConfig, trial_key
+
+    cfg = FinetuneConfig().to_dict()
+    before = {k: v for k, v in cfg.items() if k != "probe_batch_size"}  # a config recorded before the key
+    assert trial_key(cfg) == trial_key(before)
+    assert trial_key({**cfg, "probe_batch_size": 64}) != trial_key(before)

@@ -15,6 +15,9 @@ def test_paper_grid_for_vit_base_is_the_papers_grid_with_a_linear_probe_that_has
     # the paper's protocol: ImageNet normalisation, sequential pairs, evaluation cadence per dataset
     assert {t.config["normalization"] for t in trials} == {"imagenet"}
     assert {t.config["probe_pairing"] for t in trials} == {"sequential"}
+    # the reference probes ViT-B in batches of 64, ViT-L/H in 32 (apps/vit/scripts/analysis.sh)
+    assert {t.config["probe_batch_size"] for t in trials} == {64}
+    assert {t.config["probe_batch_size"] for t in spaces.expand(space, "vit_huge", datasets=["pets"])} == {32}
     every = {t.config["dataset"]: t.config["eval_every"] for t in trials}
     assert every["cifar10c_snow"] == 350 and every["flowers102"] == 250 and every["pets"] == 200
     assert every["cifar10"] == every["domainnet_sketch"] == 500

@@ -444,8 +444,9 @@ def test_sequential_pairs_are_the_first_n_images_of_each_split_in_order():
         xs = torch.cat([x for x, _ in got])[:, 0, 0, 0].long().tolist()
         ys = (torch.cat([y for _, y in got])[:, 0, 0, 0] - 100).long().tolist()
         assert xs == ys == [0, 1, 2, 3, 4]
-    with pytest.raises(P.ProbeError, match="first 7 images of each split, but they hold 9 and 6"):
-        P.pairs_from_datasets(src, tgt, n_pairs=7, batch_size=2, pairing="sequential")
+    with pytest.raises(P.ProbeError, match="whole batches of 7 images .* the target split holds 6; use a "
+                                           "probe batch size of at most 6"):
+        P.pairs_from_datasets(src, tgt, n_pairs=7, batch_size=7, pairing="sequential")
     with pytest.raises(P.ProbeError, match="unknown pairing 'shuffled'"):
         P.pairs_from_datasets(src, tgt, n_pairs=2, batch_size=2, pairing="shuffled")
 
@@ -511,3 +512,48 @@ def test_the_probe_runs_without_scipy(monkeypatch):
     monkeypatch.setattr(sys, "meta_path", [NoScipy(), *sys.meta_path])
     rows = P.probe(tiny_vit(), batches(images(10, 1), images(10, 2, shift=0.7), 4), mode="both")
     assert len(rows) == 2 * 2 * 5 and all(r["ci_low"] < r["mean"] < r["ci_high"] for r in rows)
+
+
+def _reference_pairs(n_source, n_target, batch_size, n_steps):
+    """The reference's probe loop written out: two unshuffled drop_last loaders, cycled, one batch
+    of each per step (apps/vit/analysis.py with vitef's make_iterable and build_loader)."""
+    from itertools import repeat
+
+    from torch.utils.data import DataLoader
+
+    def cycled(n):
+        loader = DataLoader(list(range(n)), batch_size=batch_size, shuffle=False, drop_last=True)
+        for epoch in repeat(loader):
+            yield from epoch
+
+    it1, it2 = cycled(n_source), cycled(n_target)
+    xs, ys = [], []
+    for _ in range(n_steps):
+        xs += next(it1).tolist()
+        ys += next(it2).tolist()
+    return xs, ys
+
+
+@pytest.mark.parametrize("n_source,n_target,batch_size,n_steps", [(9, 6, 2, 11), (50, 13, 4, 7), (64, 64, 8, 3)])
+def test_sequential_pairs_cycle_as_the_papers_loaders(n_source, n_target, batch_size, n_steps):
+    src, tgt = Images(n_source, (1, 4, 4)), Images(n_target, (1, 4, 4), offset=100.0)
+    got = list(P.pairs_from_datasets(src, tgt, n_pairs=n_steps * batch_size, batch_size=batch_size,
+                                     pairing="sequential"))
+    xs = torch.cat([x for x, _ in got])[:, 0, 0, 0].long().tolist()
+    ys = (torch.cat([y for _, y in got])[:, 0, 0, 0] - 100).long().tolist()
+    assert (xs, ys) == _reference_pairs(n_source, n_target, batch_size, n_steps)
+    assert all(len(x) == batch_size for x, _ in got)
+
+
+def test_the_papers_12800_sequential_pairs_run_on_a_split_smaller_than_the_pair_count():
+    # The paper's ViT-B probe: 200 batches of 64 sequential pairs; the demo's test split holds 359
+    # images (5 whole batches), so it is read 40 times over, as the reference's cycled loader reads it.
+    from raystudy import datasets
+
+    kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
+    source, target = datasets.build_splits("digits", **kw).test, datasets.build_splits("digits_c", **kw).test
+    assert len(target) < 12_800
+    model = tiny_vit().float()
+    df = P.probe_model(model, source, target, n_pairs=12_800, batch_size=64, modes="shared", pairing="sequential")
+    assert set(df["n"]) == {12_800} and df["mean"].notna().all()
+    assert set(df["pairing"]) == {"sequential"}
