@@ -29,6 +29,9 @@ DEVICES = ("auto", "cpu", "cuda")
 LOW_DATA_SPLITS = ("vtab1k", "per_class")
 NORMALIZATIONS = ("checkpoint", "imagenet")
 PAIRINGS = ("random", "sequential")
+PRECISIONS = ("bf16", "fp32")
+ACCURACY_COUNTS = ("per_image", "batch_mean")
+LINEAR_PROBE_DATA = ("clean", "augmented")
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
@@ -66,12 +69,19 @@ class FinetuneConfig:
     eval_every: int = 50
     log_every: int = 50
     eval_batch_size: int = 256
+    accuracy: str = "per_image"         # per_image: every image counts once; batch_mean: the mean of
+                                        # per-batch accuracies, as the paper's code counts (eval
+                                        # batches of 512 there; a last small batch weighs as much)
     probe_pairs: int = 0                # plasticity pairs probed before and after (0: no probe)
     probe_pairing: str = "random"       # random: seeded draws; sequential: each split in loader
                                         # order, whole batches, cycled (the paper's measurement)
     probe_batch_size: int = 0           # pairs per probe batch (0: eval_batch_size); with sequential
                                         # pairing it decides which images pair, as in the paper
+    linear_probe_data: str = "clean"    # the linear probe's fit: clean (eval transform, every training
+                                        # image) or augmented (one pass of training batches with the
+                                        # training augmentation, the last partial batch dropped: the paper's)
     # execution
+    precision: str = "bf16"             # bf16 autocast on GPU (fp32 on CPU either way), or fp32 (the paper's)
     seed: int = 0
     device: str = "auto"
     num_workers: int = 0
@@ -173,7 +183,7 @@ EXECUTION_KEYS = frozenset({"device", "num_workers", "data_root", "download", "c
 
 # Identity keys added after studies were recorded: at these values they stay out of the key, so a
 # trial recorded before the key existed is still recognised as the same trial.
-KEYS_ADDED = {"probe_batch_size": 0}
+KEYS_ADDED = {"probe_batch_size": 0, "precision": "bf16", "accuracy": "per_image", "linear_probe_data": "clean"}
 
 
 def trial_key(config: dict[str, Any]) -> str:
@@ -237,7 +247,8 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     if cfg.device not in DEVICES:
         raise ConfigError(f"unknown device {cfg.device!r}; valid: {', '.join(DEVICES)}")
     for key, allowed in (("low_data_split", LOW_DATA_SPLITS), ("normalization", NORMALIZATIONS),
-                         ("probe_pairing", PAIRINGS)):
+                         ("probe_pairing", PAIRINGS), ("precision", PRECISIONS), ("accuracy", ACCURACY_COUNTS),
+                         ("linear_probe_data", LINEAR_PROBE_DATA)):
         if getattr(cfg, key) not in allowed:
             raise ConfigError(f"unknown {key} {getattr(cfg, key)!r}; valid: {', '.join(allowed)}")
     try:

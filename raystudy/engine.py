@@ -151,22 +151,36 @@ def train_step(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.T
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device) -> dict[str, float]:
-    """Accuracy and mean loss over ``loader`` (summed over DDP ranks when distributed)."""
+def evaluate(model: nn.Module, loader, device: torch.device, amp: bool = True,
+             batch_mean: bool = False) -> dict[str, float]:
+    """Accuracy and mean loss over ``loader`` (summed over DDP ranks when distributed).
+
+    Every image counts once, unless ``batch_mean``: then both are the mean over batches of each
+    batch's accuracy and loss, as the paper's code counts them (a last small batch weighs as much
+    as a full one).
+    """
     was_training = model.training
     model.eval()
-    stats = torch.zeros(3, device=device, dtype=torch.float64)  # correct, loss sum, count
+    # correct, loss sum, images, sum of batch accuracies, sum of batch mean losses, batches
+    stats = torch.zeros(6, device=device, dtype=torch.float64)
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast(device):
+        with autocast(device, amp):
             logits = model(x)
-        stats[0] += (logits.argmax(-1) == y).sum()
-        stats[1] += F.cross_entropy(logits.float(), y, reduction="sum")
+        correct = (logits.argmax(-1) == y).sum()
+        loss = F.cross_entropy(logits.float(), y, reduction="sum")
+        stats[0] += correct
+        stats[1] += loss
         stats[2] += len(y)
+        stats[3] += correct / len(y)
+        stats[4] += loss / len(y)
+        stats[5] += 1
     if world()[1] > 1:
         dist.all_reduce(stats)
     model.train(was_training)
-    correct, loss, n = stats.tolist()
+    correct, loss, n, batch_acc, batch_loss, batches = stats.tolist()
+    if batch_mean:
+        return {"acc": batch_acc / max(batches, 1), "loss": batch_loss / max(batches, 1)}
     return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
 
 
@@ -329,13 +343,14 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
                 "rng": rng_state(device)}
 
     status, last = "finished", {}
+    amp, batch_mean = cfg.precision == "bf16", cfg.accuracy == "batch_mean"
     for step in range(start, cfg.steps):
         lr = get_lr(step, cfg.lr, cfg.warmup_steps, cfg.steps)
         for g in optimizer.param_groups:
             g["lr"] = lr
 
         out = train_step(net, [next(stream) for _ in range(cfg.grad_accum)],
-                         optimizer, groups, cfg.clip_grad, device)
+                         optimizer, groups, cfg.clip_grad, device, amp=amp)
 
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
@@ -347,7 +362,7 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
                 break
             report(last, None)
         if done % cfg.eval_every == 0 or done == cfg.steps:
-            val = evaluate(net, val_loader, device)
+            val = evaluate(net, val_loader, device, amp, batch_mean)
             if val["acc"] > best["val_acc"]:
                 best = {"val_acc": val["acc"], "step": done, "weights": trainable_state(model)}
             report({"step": done, "val_acc": val["acc"], "val_loss": val["loss"],
@@ -362,7 +377,7 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
                                **{f"trainable_params/{k}": v for k, v in counts.items()}}
     if status == "finished":
         model.load_state_dict(best["weights"], strict=False)
-        test = evaluate(net, test_loader, device)
+        test = evaluate(net, test_loader, device, amp, batch_mean)
         results.update(best_val_acc=best["val_acc"], best_step=best["step"], test_acc=test["acc"],
                        test_loss=test["loss"], final_loss=last.get("loss", float("nan")))
         if cfg.probe_pairs:  # the best-validation weights, finetuned
@@ -396,19 +411,27 @@ def linear_probe(cfg: FinetuneConfig) -> dict[str, Any]:
     """The paper's linear probe: a multinomial logistic regression (scikit-learn, max_iter 5000)
     on frozen features (``pooled_features``, L2-normalised, then standardised on the training
     split), fitted once per dataset and seed; no lr, no steps. Training images get the eval
-    transform. Results have the keys ``train`` returns."""
+    transform (``linear_probe_data: clean``), or, as the paper's code fits it, the training
+    augmentation in one pass of shuffled ``batch_size`` batches without the last partial one
+    (``augmented``). Results have the keys ``train`` returns."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import log_loss
     from sklearn.preprocessing import StandardScaler
 
     t0 = time.perf_counter()
     device = resolve_device(cfg.device)
-    model, splits, _ = build(cfg, augment_train=False)  # the head's init: seeded inside
+    augmented = cfg.linear_probe_data == "augmented"
+    model, splits, _ = build(cfg, augment_train=augmented)  # the head's init: seeded inside
     model.to(device)
     placed = batches.place(splits, device)
     feats = {name: pooled_features(model, batches.eval_batches(getattr(placed, name), cfg.eval_batch_size,
                                                                  device, cfg.num_workers), device)
-             for name in ("train", "val", "test")}
+             for name in ("train", "val", "test") if not (augmented and name == "train")}
+    if augmented:
+        stream = batches.train_stream(placed.train, cfg.batch_size, seed=cfg.seed, device=device,
+                                      num_workers=cfg.num_workers)
+        epoch = max(1, len(placed.train) // cfg.batch_size)
+        feats["train"] = pooled_features(model, (next(stream) for _ in range(epoch)), device)
 
     def unit(x: np.ndarray) -> np.ndarray:
         return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)

@@ -296,3 +296,69 @@ def test_a_stop_request_checkpoints_the_current_step_and_the_retry_continues_fro
     engine.train(cfg, report=_record(rest), resume=states[-1])
     loss = {m["step"]: m["loss"] for m in full if "loss" in m}
     assert [(m["step"], m["loss"]) for m in rest if "loss" in m] == [(s, loss[s]) for s in (6, 7, 8)]
+
+
+def test_linear_probe_fits_on_one_augmented_epoch_as_the_papers_code(demo_weights):
+    """linear_probe_data=augmented: the fit sees one pass of shuffled training batches with the
+    training augmentation, the last partial batch dropped; redone here with scikit-learn."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from raystudy import batches, datasets, models
+
+    cfg = FinetuneConfig(condition="linear_probe", seed=3, batch_size=64, linear_probe_data="augmented")
+    res = engine.train(cfg)
+    clean = engine.train(FinetuneConfig(condition="linear_probe", seed=3))
+    assert res["test_acc"] != clean["test_acc"]
+
+    model = models.create_model("vit_demo", 10, weights=demo_weights).eval()
+    splits = datasets.build_splits("digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
+    stream = batches.train_stream(splits.train, 64, seed=3, device=torch.device("cpu"))
+    epoch = [next(stream) for _ in range(len(splits.train) // 64)]
+    assert sum(len(y) for _, y in epoch) == len(splits.train) // 64 * 64 < len(splits.train)
+
+    def feats(x):
+        with torch.no_grad():
+            t = model.patch_drop(model._pos_embed(model.patch_embed(x)))
+            for blk in model.blocks:
+                t = blk(t)
+        f = t.mean(1).numpy()
+        return f / np.linalg.norm(f, axis=1, keepdims=True)
+
+    xtr = np.concatenate([feats(x) for x, _ in epoch])
+    ytr = np.concatenate([y.numpy() for _, y in epoch])
+    test = splits.test
+    xte = feats(torch.stack([test[i][0] for i in range(len(test))]))
+    yte = np.array([test[i][1] for i in range(len(test))])
+    sc = StandardScaler().fit(xtr)
+    clf = LogisticRegression(max_iter=5000, random_state=3).fit(sc.transform(xtr), ytr)
+    assert res["test_acc"] == pytest.approx(clf.score(sc.transform(xte), yte), abs=1e-9)
+
+
+def test_batch_mean_accuracy_weighs_each_batch_once():
+    """Two batches, 3 of 4 right then 0 of 1: per image 3/5, the paper's batch mean (3/4 + 0) / 2."""
+    import torch.nn.functional as F
+
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0], [0.0, 2.0], [1.0, 0.0]])
+    y = torch.tensor([0, 1, 0, 0, 1])
+    loader = [(logits[:4], y[:4]), (logits[4:], y[4:])]
+    per_image = engine.evaluate(torch.nn.Identity(), loader, torch.device("cpu"))
+    batch_mean = engine.evaluate(torch.nn.Identity(), loader, torch.device("cpu"), batch_mean=True)
+    assert per_image["acc"] == pytest.approx(3 / 5) and batch_mean["acc"] == pytest.approx((3 / 4 + 0) / 2)
+    losses = [F.cross_entropy(x, t).item() for x, t in loader]
+    assert batch_mean["loss"] == pytest.approx(sum(losses) / 2)
+    assert per_image["loss"] == pytest.approx(F.cross_entropy(logits, y).item())
+
+
+@pytest.mark.gpu
+def test_fp32_precision_evaluates_without_autocast():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    seen = []
+    model = torch.nn.Linear(4, 2).cuda()
+    model.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    loader = [(torch.randn(3, 4), torch.tensor([0, 1, 0]))]
+    engine.evaluate(model, loader, torch.device("cuda"), amp=True)
+    engine.evaluate(model, loader, torch.device("cuda"), amp=False)
+    assert seen == [torch.bfloat16, torch.float32]
