@@ -1,0 +1,81 @@
+"""paper.yaml against the reference code's settings (github.com/ambroiseodt/vit-plasticity, commit
+268c240), written here from that code, each with the file and line it comes from, so that an edit
+of the space that drifts from the paper fails here rather than silently in a user's numbers."""
+
+import pytest
+
+from raystudy import spaces
+
+REPO = "github.com/ambroiseodt/vit-plasticity@268c240"
+
+# (config key, the reference's value, where the reference sets it): the same for every dataset
+COMMON = [
+    ("optimizer", "sgd", "apps/vit/configs/cifar10.yaml:23"),
+    ("momentum", 0.9, "apps/vit/configs/cifar10.yaml:25"),
+    ("weight_decay", 0.0, "src/vitef/optim.py:48"),
+    ("batch_size", 512, "apps/vit/configs/cifar10.yaml:13"),
+    ("clip_grad", 1.0, "apps/vit/configs/cifar10.yaml:20"),
+    ("warmup_steps", 2000, "src/vitef/optim.py:113"),
+    ("normalization", "imagenet", "src/vitef/data/images/utils.py:337"),
+    ("probe_pairing", "sequential", "apps/vit/analysis.py:197-206 (unshuffled loaders, cycled)"),
+    ("probe_batch_size", 64, "apps/vit/scripts/analysis.sh:11"),
+    ("linear_probe_data", "augmented", "apps/vit/linear_probing.py:279 (build_train_val_loader: train transform)"),
+]
+SEEDS = ([0, 42, 3407], "apps/vit/scripts/finetuning.sh:27-30")
+LRS = ([1e-3, 3e-3, 1e-2, 3e-2], "apps/vit/scripts/finetuning.sh:32-36")
+LRS_DOMAINNET = ([3e-3, 1e-2, 3e-2, 6e-2], "apps/vit/scripts/finetuning.sh:311-315")
+# dataset -> (steps, evaluation period, where)
+PER_DATASET = {
+    "cifar10": (10_000, 500, "apps/vit/configs/cifar10.yaml:17,31"),
+    "cifar100": (10_000, 500, "apps/vit/configs/cifar100.yaml:17,31"),
+    **{f"cifar10c_{c}": (10_000, 350, "apps/vit/configs/cifar10_c.yaml:17,31")
+       for c in ("contrast", "gaussian_noise", "motion_blur", "snow", "speckle_noise")},
+    "domainnet_clipart": (20_000, 500, "apps/vit/configs/domainnet.yaml:17,31"),
+    "domainnet_sketch": (20_000, 500, "apps/vit/configs/domainnet.yaml:17,31"),
+    "flowers102": (5_000, 250, "apps/vit/configs/flowers102.yaml:17,31"),
+    "pets": (4_000, 200, "apps/vit/configs/pet.yaml:17,31"),
+}
+# the AdamW ablation: lr = the SGD grid / 100 (apps/vit/scripts/ablation/adam.sh:49), betas and
+# weight decay from src/vitef/optim.py:48-49
+ADAMW = {"lr_scale": 0.01, "betas": (0.9, 0.999), "weight_decay": 0.0}
+# ViT-L and ViT-H probe in batches of 32 (apps/vit/scripts/analysis.sh:52,95)
+PROBE_BATCH_LARGE = 32
+
+
+@pytest.fixture(scope="module")
+def main_grid():
+    return spaces.expand(spaces.load_grid("paper"), "vit_base")
+
+
+@pytest.mark.parametrize("key,value,where", COMMON, ids=[c[0] for c in COMMON])
+def test_every_trial_has_the_references_setting(main_grid, key, value, where):
+    assert {t.config[key] for t in main_grid} == {value}, f"{key} differs from {REPO} {where}"
+
+
+def test_seeds_lrs_steps_and_evaluation_cadence_are_the_references(main_grid):
+    assert sorted({t.config["seed"] for t in main_grid}) == SEEDS[0], SEEDS[1]
+    for name, (steps, every, where) in PER_DATASET.items():
+        trials = [t for t in main_grid if t.config["dataset"] == name]
+        assert trials, f"{name} missing from the paper's grid"
+        assert {t.config["steps"] for t in trials} == {steps}, f"{name} steps: {REPO} {where}"
+        assert {t.config["eval_every"] for t in trials} == {every}, f"{name} eval_every: {REPO} {where}"
+        lrs, lr_where = LRS_DOMAINNET if name.startswith("domainnet") else LRS
+        tuned = [t for t in trials if t.config["condition"] != "linear_probe"]
+        assert sorted({t.config["lr"] for t in tuned}) == lrs, f"{name} lrs: {REPO} {lr_where}"
+    assert set(PER_DATASET) == {t.config["dataset"] for t in main_grid}
+
+
+def test_the_adamw_ablation_and_the_larger_models_are_the_references():
+    space = spaces.load_grid("paper")
+    adamw = spaces.expand(space, "vit_base", datasets=["cifar100"], optimizers=["adamw"])
+    sgd = spaces.expand(space, "vit_base", datasets=["cifar100"], optimizers=["sgd"])
+    assert sorted({t.config["lr"] for t in adamw if t.config["condition"] != "linear_probe"}) == pytest.approx(
+        [lr * ADAMW["lr_scale"] for lr in LRS[0]])
+    assert {tuple(t.config["betas"]) for t in adamw} == {ADAMW["betas"]}
+    assert {t.config["weight_decay"] for t in adamw} == {ADAMW["weight_decay"]}
+    assert len(adamw) == len(sgd)
+    for model in ("vit_large", "vit_huge"):
+        trials = spaces.expand(space, model, datasets=["domainnet_clipart"])
+        assert {t.config["probe_batch_size"] for t in trials} == {PROBE_BATCH_LARGE}
+        # the effective batch stays the reference's 512 (apps/vit/scripts/ablation/model_size.sh:27-29,66-68)
+        assert {t.config["batch_size"] for t in trials} == {512}
