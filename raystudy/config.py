@@ -22,13 +22,13 @@ from typing import Any
 
 import yaml
 
+from raystudy.components import PAIRINGS
 from raystudy.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adamw")
 DEVICES = ("auto", "cpu", "cuda")
 LOW_DATA_SPLITS = ("vtab1k", "per_class")
 NORMALIZATIONS = ("checkpoint", "imagenet")
-PAIRINGS = ("random", "sequential")
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
@@ -239,10 +239,10 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     datasets.check_dataset(cfg.dataset)
     datasets.resolve_data_path(cfg.data_path, cfg.dataset)
     models.check_model(cfg.model)
-    if models.takes_tokens(cfg.model) != datasets.check_dataset(cfg.dataset).tokens:
-        kind = "token ids" if models.takes_tokens(cfg.model) else "images"
-        fits = [n for n, i in datasets.DATASETS.items() if i.tokens == models.takes_tokens(cfg.model)]
-        raise ConfigError(f"model {cfg.model!r} reads {kind}, dataset {cfg.dataset!r} does not; "
+    arch = models.architecture(cfg.model)
+    if arch.tokens != datasets.check_dataset(cfg.dataset).tokens:
+        fits = [n for n, i in datasets.DATASETS.items() if i.tokens == arch.tokens]
+        raise ConfigError(f"model {cfg.model!r} reads {arch.inputs}, dataset {cfg.dataset!r} does not; "
                           f"datasets for it: {', '.join(fits)}")
     models.normalization(cfg.model, cfg.normalization)
     if cfg.weights is not None:

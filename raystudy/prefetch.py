@@ -83,7 +83,8 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
             return (f"local   {name}: {state} from data that ships offline "
                     f"({models.weights_file(full)}); nothing to download")
         return f"ready   {name}: {pretrain.ensure_weights(full, log=None)}"
-    if models.takes_tokens(full) and models.hf_hub_id(full) is None:
+    arch = models.architecture(full)
+    if arch.hubless_is_random_init and models.hf_hub_id(full) is None:
         return f"local   {name}: random init (no pretrained weights exist for it); nothing to download"
     cached = models.cached_weights(full)
     if cached is not None:
@@ -102,8 +103,8 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
     t0 = time.time()
     for fname in WEIGHT_FILES:
         try:
-            if models.takes_tokens(full):  # transformers' from_pretrained reads the config too
-                hf_hub_download(repo, "config.json")
+            for extra in arch.hub_extra_files:  # e.g. the config transformers' from_pretrained reads
+                hf_hub_download(repo, extra)
             path = hf_hub_download(repo, fname)
             break
         except EntryNotFoundError:
