@@ -1,4 +1,5 @@
-"""Study components as data over timm's ViT parameter names and Hugging Face GPT-2's.
+"""Study components as data over timm's ViT parameter names and Hugging Face GPT-2's (each
+family's patterns are in its ``raystudy.architectures`` record).
 
 A *component* is a named set of parameters (``MHA`` = every block's ``attn.qkv`` and
 ``attn.proj``, weights and biases). A *condition* is the set of components that train; the new
@@ -125,7 +126,7 @@ def partition(names: Iterable[str] | nn.Module) -> dict[str, list[str]]:
         if ambiguous:
             msg.append(f"{len(ambiguous)} parameter(s) belong to several: {_head(ambiguous)}")
         raise PartitionError("; ".join(msg) + " (has timm renamed something? extend "
-                             "raystudy.components.COMPONENTS)")
+                             "the family's patterns in raystudy.architectures)")
     return groups
 
 
@@ -200,6 +201,7 @@ def condition_counts(model: nn.Module, conditions: Iterable[str]) -> dict[str, i
 
 
 def build_parser():
+    """The components CLI's argument parser (one-line errors, exit status 2)."""
     from raystudy.errors import OneLineParser
 
     ap = OneLineParser(prog="python -m raystudy.components", description=(
@@ -213,6 +215,7 @@ def build_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print ``--model``'s parameter counts per component and per condition; returns the exit status."""
     args = build_parser().parse_args(argv)
     from raystudy import models
     from raystudy.errors import ConfigError

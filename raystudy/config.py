@@ -78,11 +78,13 @@ class FinetuneConfig:
                                         # the device) | auto (cache for the demo, else torchvision)
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain data (``betas`` a list), as YAML and MLflow take it."""
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)
         return d
 
     def replace(self, **changes: Any) -> "FinetuneConfig":
+        """A copy with ``changes`` applied, checked as ``from_dict`` checks a config."""
         return from_dict({**self.to_dict(), **changes})
 
 
@@ -189,6 +191,7 @@ def from_dict(d: dict[str, Any]) -> FinetuneConfig:
 
 
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping in a YAML file ({} for an empty one); ConfigError for a missing, binary or invalid file."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")

@@ -7,8 +7,8 @@ is ``raystudy.gpt2``).
 file its pretraining recipe builds once (``python -m raystudy.prefetch --models NAME``). With no
 network and no weights it raises ``WeightsUnavailable`` naming the command that gets them,
 instead of a stack trace from deep inside a download. Everything downstream asks this module
-about a model (input size, normalisation, the dataset its probes draw x from); none of it
-knows a model by name.
+about a model (input size, normalisation, the dataset its probes draw x from, its family's
+record in ``raystudy.architectures``); none of it knows a model by name.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ class WeightsUnavailable(RuntimeError):
 
 
 def resolve_name(name: str) -> str:
+    """The full model name of ``name``: an alias's timm name, any other name unchanged."""
     return ALIASES.get(name, name)
 
 
@@ -258,6 +259,7 @@ def cached_weights(full: str) -> str | None:
 
 
 def hub_cache_dir() -> str:
+    """The Hugging Face hub cache folder timm and transformers read ($HF_HUB_CACHE)."""
     from huggingface_hub import constants
 
     return constants.HF_HUB_CACHE
@@ -321,6 +323,7 @@ WEIGHTS_BUILDER = "raystudy-pretrain-2"   # 2: weights carry a manifest (size, S
 
 
 def weights_manifest(path: Path) -> Path:
+    """The manifest file (size, SHA-256, builder) written beside a built weights file."""
     return path.with_name(path.name + ".manifest.json")
 
 

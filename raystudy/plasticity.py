@@ -254,6 +254,7 @@ class Scratch:
         self.max_buffers = max_buffers
 
     def like(self, t: torch.Tensor) -> torch.Tensor:
+        """An uninitialised buffer of ``t``'s shape, dtype and device, reused across calls."""
         key = (tuple(t.shape), t.dtype, t.device)
         buf = self._bufs.get(key)
         if buf is None:
@@ -297,10 +298,12 @@ class InputStats:
         self.n = 0
 
     def update_sigma(self, t: torch.Tensor, scratch: "Scratch | None" = None) -> None:
+        """Fold the smallest per-token sqrt(var + eps) of ``t`` into ``sigma_min``."""
         sigma = token_sigma_min(t, self.eps, scratch)
         self.sigma_min = torch.minimum(self.sigma_min, sigma.to(self.sigma_min))
 
     def update_radius(self, t: torch.Tensor) -> None:
+        """Add ``t``'s squared norm and token count to the RMS token norm; record its sequence length."""
         # the norm in the activation's own precision (at least fp32), the running sum in float64:
         # no float64 copy of a large activation
         t = t.detach()
@@ -311,6 +314,7 @@ class InputStats:
 
     @property
     def r(self) -> float:
+        """RMS token norm of everything seen (NaN before any update)."""
         return math.sqrt(self.sq_sum.item() / self.tokens) if self.tokens else float("nan")
 
 
@@ -492,6 +496,7 @@ class _Probe:
 
     # -- in situ: one forward over cat([x, y]); hooks measure what really enters each component
     def in_situ(self, xy: torch.Tensor, b: int) -> None:
+        """Every component on the tensor that really enters it in one forward over ``xy``, for one batch."""
         handles = [mod.register_forward_hook(self._hook(i, c, b))
                    for i, mods in enumerate(self.mods) for c, mod in mods.items()]
         try:
@@ -527,6 +532,7 @@ class _Probe:
         return hook
 
     def rows(self) -> list[dict]:
+        """One row per (mode, layer, component): the running statistics and the theoretical bound."""
         linear = {}
         out = []
         for (m, i, c), site in self.sites.items():
