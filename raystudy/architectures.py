@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
-    import torch.nn as nn
+    from torch import nn
 
 # peft wraps an adapted layer and moves its weight to ``<name>.base_layer.weight``.
 _BASE = r"(\.base_layer)?"
@@ -86,8 +86,7 @@ def _vit_embed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _no_mask(n: int, dtype: torch.dtype, device: torch.device) -> None:
-    """ViT attention sees every token: no mask."""
-    return None
+    """ViT attention sees every token: no mask (None)."""
 
 
 def _vit_attend(attn: nn.Module, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -104,7 +103,7 @@ def _is_vit(module: nn.Module) -> bool:
 
 def _is_linear(module: nn.Module) -> bool:
     """Whether ``module`` is a torch Linear layer (timm's attention linears)."""
-    import torch.nn as nn
+    from torch import nn
 
     return isinstance(module, nn.Linear)
 
