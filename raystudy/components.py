@@ -1,4 +1,5 @@
-"""Study components as data over timm's ViT parameter names and Hugging Face GPT-2's.
+"""Study components as data over timm's ViT parameter names and Hugging Face GPT-2's (each
+family's patterns are in its ``raystudy.architectures`` record).
 
 A *component* is a named set of parameters (``MHA`` = every block's ``attn.qkv`` and
 ``attn.proj``, weights and biases). A *condition* is the set of components that train; the new
@@ -16,37 +17,15 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from raystudy import architectures
+
 if TYPE_CHECKING:  # torch is imported where a model is, not here: cheap names for the analysis
     import torch.nn as nn
 
 
-# peft wraps an adapted Linear and moves its weight to ``<name>.base_layer.weight``.
-_BASE = r"(\.base_layer)?"
-# Hugging Face GPT-2 (raystudy.gpt2): its own names, under ``transformer.`` in the classifier.
-# Its Conv1D layers (c_attn, c_proj, c_fc) hold their weights as (in, out), nn.Linear's transpose.
-_H = r"(transformer\.)?h\.\d+"
-
-# Ordered: the order tables and condition names are printed in.
-COMPONENTS: dict[str, tuple[str, ...]] = {
-    "LN1": (r"blocks\.\d+\.norm1\.(weight|bias)", rf"{_H}\.ln_1\.(weight|bias)"),
-    # LayerScale's ls1 scales the attention branch's output, ls2 the MLP's: each trains with the
-    # component whose output it scales (MHA, FC2). EVA's separate q/v biases belong to MHA.
-    "MHA": (rf"blocks\.\d+\.attn\.(qkv|proj){_BASE}\.(weight|bias)", r"blocks\.\d+\.attn\.(q_bias|v_bias)",
-            r"blocks\.\d+\.ls1\.gamma", rf"{_H}\.attn\.(c_attn|c_proj){_BASE}\.(weight|bias)"),
-    "LN2": (r"blocks\.\d+\.norm2\.(weight|bias)", rf"{_H}\.ln_2\.(weight|bias)"),
-    "FC1": (r"blocks\.\d+\.mlp\.fc1\.(weight|bias)", rf"{_H}\.mlp\.c_fc\.(weight|bias)"),
-    "FC2": (r"blocks\.\d+\.mlp\.fc2\.(weight|bias)", r"blocks\.\d+\.ls2\.gamma",
-            rf"{_H}\.mlp\.c_proj\.(weight|bias)"),
-    # Register tokens (DINOv2, DeiT-III style) and CLIP's pre-norm are part of the embedding stage;
-    # GPT-2's token and position embeddings too.
-    "EMBED": (r"cls_token", r"reg_token", r"pos_embed", r"patch_embed\.proj\.(weight|bias)",
-              r"norm_pre\.(weight|bias)", r"(transformer\.)?(wte|wpe)\.weight"),
-    # GPT-2's final norm ln_f sits before the pooled head, as timm's norm does.
-    "HEAD": (r"head\.(weight|bias)", r"norm\.(weight|bias)", r"fc_norm\.(weight|bias)",
-             r"(transformer\.)?ln_f\.(weight|bias)"),
-    "LORA": (r"blocks\.\d+\.attn\.(qkv|proj)\.lora_[AB]\.[\w]+\.weight",
-             rf"{_H}\.attn\.(c_attn|c_proj)\.lora_[AB]\.[\w]+\.weight"),
-}
+# Ordered: the order tables and condition names are printed in. Every family's patterns
+# (raystudy.architectures) in one table, so any model's parameters (or a bare list of names) partition.
+COMPONENTS: dict[str, tuple[str, ...]] = architectures.component_patterns()
 
 # The components a study condition may name (HEAD always trains; LORA comes with ``lora``).
 STUDY_COMPONENTS = ("LN1", "MHA", "LN2", "FC1", "FC2", "EMBED")
@@ -61,9 +40,9 @@ CLOSED_FORM = frozenset({"linear_probe"})
 # The paper's seven conditions, in the order its tables use.
 PAPER_CONDITIONS = ("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe")
 
-# LoRA as in the study: rank 8, alpha 16 on the attention linears (GPT-2's are Conv1D).
-LORA_TARGETS = ("attn.qkv", "attn.proj")
-LORA_TARGETS_GPT2 = ("attn.c_attn", "attn.c_proj")
+# How the plasticity probe pairs x with y (a config key, the probe CLI's flag and the probe
+# itself read it): kept here, where no torch is imported.
+PAIRINGS = ("random", "sequential")
 
 _COMPILED = {name: [re.compile(p) for p in pats] for name, pats in COMPONENTS.items()}
 
@@ -147,7 +126,7 @@ def partition(names: Iterable[str] | nn.Module) -> dict[str, list[str]]:
         if ambiguous:
             msg.append(f"{len(ambiguous)} parameter(s) belong to several: {_head(ambiguous)}")
         raise PartitionError("; ".join(msg) + " (has timm renamed something? extend "
-                             "raystudy.components.COMPONENTS)")
+                             "the family's patterns in raystudy.architectures)")
     return groups
 
 
@@ -161,20 +140,20 @@ def trainable_components(condition: str) -> frozenset[str]:
 
 
 def add_lora(model: nn.Module, rank: int = 8, alpha: int = 16) -> nn.Module:
-    """Inject peft LoRA adapters into the attention linears, in place (keeps timm's names)."""
-    import torch.nn as nn
+    """Inject peft LoRA adapters into the attention linears, in place (keeps the model's names);
+    returns the model. The study's: rank 8, alpha 16, on the layers the model's family names
+    (``architectures.Architecture.lora_targets``: timm's Linear, GPT-2's Conv1D)."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    targets = [n for n, m in model.named_modules()
-               if isinstance(m, nn.Linear) and n.endswith(LORA_TARGETS)]
-    conv1d = [n for n, m in model.named_modules()
-              if type(m).__name__ == "Conv1D" and n.endswith(LORA_TARGETS_GPT2)]
-    if not targets and not conv1d:
-        raise PartitionError("model has no attention linears (attn.qkv / attn.proj, or GPT-2's "
-                             "attn.c_attn / attn.c_proj) for LoRA")
-    # Conv1D stores (in, out): peft needs fan_in_fan_out to read it so.
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets or conv1d,
-                        fan_in_fan_out=bool(conv1d) and not targets)
+    for arch in architectures.ARCHITECTURES.values():
+        targets = [n for n, m in model.named_modules() if arch.is_lora_layer(m) and n.endswith(arch.lora_targets)]
+        if targets:
+            break
+    else:
+        raise PartitionError("model has no attention linears for LoRA (" + "; ".join(
+            f"{a.title}: {' / '.join(a.lora_targets)}" for a in architectures.ARCHITECTURES.values()) + ")")
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets,
+                        fan_in_fan_out=arch.lora_fan_in_fan_out)
     return inject_adapter_in_model(config, model)
 
 
@@ -222,6 +201,7 @@ def condition_counts(model: nn.Module, conditions: Iterable[str]) -> dict[str, i
 
 
 def build_parser():
+    """The components CLI's argument parser (one-line errors, exit status 2)."""
     from raystudy.errors import OneLineParser
 
     ap = OneLineParser(prog="python -m raystudy.components", description=(
@@ -235,6 +215,7 @@ def build_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print ``--model``'s parameter counts per component and per condition; returns the exit status."""
     args = build_parser().parse_args(argv)
     from raystudy import models
     from raystudy.errors import ConfigError
@@ -250,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     total = sum(per_comp.values())
+    head_input = models.architecture(args.model).head_input
     print(f"{args.model}: {total:,} parameters (head for 100 classes"
-          + (", mean-pooled last hidden state)" if models.takes_tokens(args.model) else ")"))
+          + (f", {head_input})" if head_input else ")"))
     print(f"{'component':<14}{'parameters':>14}")
     for c, n in per_comp.items():
         print(f"{c:<14}{n:>14,}")

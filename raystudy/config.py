@@ -22,13 +22,13 @@ from typing import Any
 
 import yaml
 
+from raystudy.components import PAIRINGS
 from raystudy.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adamw")
 DEVICES = ("auto", "cpu", "cuda")
 LOW_DATA_SPLITS = ("vtab1k", "per_class")
 NORMALIZATIONS = ("checkpoint", "imagenet")
-PAIRINGS = ("random", "sequential")
 PRECISIONS = ("bf16", "fp32")
 ACCURACY_COUNTS = ("per_image", "batch_mean")
 LINEAR_PROBE_DATA = ("clean", "augmented")
@@ -90,11 +90,13 @@ class FinetuneConfig:
                                         # the device) | auto (cache for the demo, else torchvision)
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain data (``betas`` a list), as YAML and MLflow take it."""
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)
         return d
 
     def replace(self, **changes: Any) -> "FinetuneConfig":
+        """A copy with ``changes`` applied, checked as ``from_dict`` checks a config."""
         return from_dict({**self.to_dict(), **changes})
 
 
@@ -207,6 +209,7 @@ def from_dict(d: dict[str, Any]) -> FinetuneConfig:
 
 
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping in a YAML file ({} for an empty one); ConfigError for a missing, binary or invalid file."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
@@ -258,10 +261,10 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     datasets.check_dataset(cfg.dataset)
     datasets.resolve_data_path(cfg.data_path, cfg.dataset)
     models.check_model(cfg.model)
-    if models.takes_tokens(cfg.model) != datasets.check_dataset(cfg.dataset).tokens:
-        kind = "token ids" if models.takes_tokens(cfg.model) else "images"
-        fits = [n for n, i in datasets.DATASETS.items() if i.tokens == models.takes_tokens(cfg.model)]
-        raise ConfigError(f"model {cfg.model!r} reads {kind}, dataset {cfg.dataset!r} does not; "
+    arch = models.architecture(cfg.model)
+    if arch.tokens != datasets.check_dataset(cfg.dataset).tokens:
+        fits = [n for n, i in datasets.DATASETS.items() if i.tokens == arch.tokens]
+        raise ConfigError(f"model {cfg.model!r} reads {arch.inputs}, dataset {cfg.dataset!r} does not; "
                           f"datasets for it: {', '.join(fits)}")
     models.normalization(cfg.model, cfg.normalization)
     if cfg.weights is not None:

@@ -3,10 +3,10 @@ token files.
 
 ``GPT2Classifier`` keeps Hugging Face's own parameter names under ``transformer.``
 (``transformer.h.{i}.ln_1``, ``attn.c_attn``, ``attn.c_proj``, ``ln_2``, ``mlp.c_fc``,
-``mlp.c_proj``, ``wte``, ``wpe``, ``ln_f``), so ``raystudy.components`` maps them onto LN1, MHA,
-LN2, FC1, FC2, EMBED and HEAD as it does timm's. The last hidden state (after ``ln_f``) is
-mean-pooled over tokens into a fresh linear ``head``. Like timm's ViTs it exposes ``blocks`` and
-``forward_features``, which the probes and the linear probe use.
+``mlp.c_proj``, ``wte``, ``wpe``, ``ln_f``), which its ``raystudy.architectures`` record maps
+onto LN1, MHA, LN2, FC1, FC2, EMBED and HEAD as timm's record does timm's. The last hidden
+state (after ``ln_f``) is mean-pooled over tokens into a fresh linear ``head``. Like timm's ViTs
+it exposes ``blocks`` and ``forward_features``, which the probes and the linear probe use.
 
 The registry of sizes lives in ``raystudy.models`` (``GPT2_SIZES``), which loads without torch;
 ``transformers`` is imported when a model is built, not with this module.
@@ -50,10 +50,12 @@ class GPT2Classifier(nn.Module):
         return self.transformer(input_ids=input_ids).last_hidden_state
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits (batch, classes) of token ids (batch, tokens)."""
         return self.head(self.forward_features(input_ids).mean(1))
 
 
 def is_gpt2(module: nn.Module) -> bool:
+    """Whether ``module`` is raystudy's GPT-2 classifier (``raystudy.architectures.GPT2`` asks this)."""
     return isinstance(module, GPT2Classifier)
 
 

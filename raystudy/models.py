@@ -7,8 +7,8 @@ is ``raystudy.gpt2``).
 file its pretraining recipe builds once (``python -m raystudy.prefetch --models NAME``). With no
 network and no weights it raises ``WeightsUnavailable`` naming the command that gets them,
 instead of a stack trace from deep inside a download. Everything downstream asks this module
-about a model (input size, normalisation, the dataset its probes draw x from); none of it
-knows a model by name.
+about a model (input size, normalisation, the dataset its probes draw x from, its family's
+record in ``raystudy.architectures``); none of it knows a model by name.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raystudy import paths
+from raystudy import architectures, paths
 from raystudy.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported when a model is built, not with the registry
@@ -53,11 +53,6 @@ GPT2_SIZES: dict[str, dict] = {
                       bos_token_id=255, eos_token_id=255),
 }
 GPT2_HUB_IDS = {"gpt2": "gpt2"}   # the hub id most caches already hold it under
-# GPT-2's stand-in for it: uniform random tokens (the probe CLI's --tokens FILE gives real text).
-TOKEN_SOURCE = "tokens_random"
-GPT2_PLASTICITY_NOTE = (
-    "x are uniform random tokens unless a token file of pretraining-like text is given "
-    "(--tokens); GPT-2's attention is causal, which the MHA bound does not cover (none is given).")
 GPT2_NOTES = {
     "gpt2_tiny": "gpt2_tiny is a random-init GPT-2 (no pretrained weights exist for it); it shows "
                  "the machinery, not the study's claims.",
@@ -106,6 +101,7 @@ class WeightsUnavailable(RuntimeError):
 
 
 def resolve_name(name: str) -> str:
+    """The full model name of ``name``: an alias's timm name, any other name unchanged."""
     return ALIASES.get(name, name)
 
 
@@ -225,9 +221,15 @@ def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool,
     return gpt2.create(arch, num_classes, body=body)
 
 
+def architecture(name: str) -> architectures.Architecture:
+    """The family record of model ``name`` (``raystudy.architectures``): GPT-2 for the names in
+    ``GPT2_SIZES``, a timm ViT for every other (aliases, local models, timm names)."""
+    return architectures.GPT2 if resolve_name(name) in GPT2_SIZES else architectures.VIT
+
+
 def takes_tokens(name: str) -> bool:
     """Whether ``name`` reads token ids (GPT-2) rather than images."""
-    return resolve_name(name) in GPT2_SIZES
+    return architecture(name).tokens
 
 
 def hf_hub_id(full: str) -> str | None:
@@ -247,8 +249,8 @@ def cached_weights(full: str) -> str | None:
     repo = hf_hub_id(full)
     if not repo:
         return None
-    if full in GPT2_SIZES and not isinstance(try_to_load_from_cache(repo, "config.json"), str):
-        return None  # from_pretrained needs the config beside the weights
+    if not all(isinstance(try_to_load_from_cache(repo, f), str) for f in architecture(full).hub_extra_files):
+        return None  # the loader needs these beside the weights
     for fname in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
         hit = try_to_load_from_cache(repo, fname)
         if isinstance(hit, str):
@@ -257,6 +259,7 @@ def cached_weights(full: str) -> str | None:
 
 
 def hub_cache_dir() -> str:
+    """The Hugging Face hub cache folder timm and transformers read ($HF_HUB_CACHE)."""
     from huggingface_hub import constants
 
     return constants.HF_HUB_CACHE
@@ -320,6 +323,7 @@ WEIGHTS_BUILDER = "raystudy-pretrain-2"   # 2: weights carry a manifest (size, S
 
 
 def weights_manifest(path: Path) -> Path:
+    """The manifest file (size, SHA-256, builder) written beside a built weights file."""
     return path.with_name(path.name + ".manifest.json")
 
 
@@ -346,8 +350,9 @@ def pretrain_recipe(name: str) -> dict | None:
 
 def source_dataset(name: str) -> str:
     """The dataset ``name`` was pretrained on, where plasticity probes draw x from."""
-    if takes_tokens(name):
-        return TOKEN_SOURCE
+    family = architecture(name).probe_source
+    if family is not None:
+        return family
     spec = LOCAL_MODELS.get(resolve_name(name))
     return spec.source if spec else HUB_SOURCE
 
@@ -374,8 +379,9 @@ def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...
 
 def plasticity_note(name: str) -> str:
     """What a reader of ``name``'s plasticity measurements should know (empty for hub models)."""
-    if takes_tokens(name):
-        return GPT2_PLASTICITY_NOTE
+    family = architecture(name).plasticity_note
+    if family:
+        return family
     spec = LOCAL_MODELS.get(resolve_name(name))
     return spec.plasticity_note if spec else ""
 

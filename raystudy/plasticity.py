@@ -32,16 +32,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from raystudy import components as _components
-from raystudy import gpt2
+from raystudy import architectures
+from raystudy.architectures import PROBE_COMPONENTS
+from raystudy.components import PAIRINGS
 
 MODES = ("shared", "in_situ")
-PAIRINGS = ("random", "sequential")
-# Component name -> module path inside every timm block; names are raystudy.components'.
-MODULE_PATHS = {"LN1": "norm1", "MHA": "attn", "LN2": "norm2", "FC1": "mlp.fc1", "FC2": "mlp.fc2"}
-# The same inside every GPT-2 block (transformer.h.{i}); its linears are Conv1D.
-MODULE_PATHS_GPT2 = {"LN1": "ln_1", "MHA": "attn", "LN2": "ln_2", "FC1": "mlp.c_fc", "FC2": "mlp.c_proj"}
-PROBE_COMPONENTS = tuple(c for c in _components.COMPONENTS if c in MODULE_PATHS)
 COLUMNS = ("model", "dataset", "mode", "layer", "component", "mean", "std", "n",
            "ci_low", "ci_high", "bound", "pairing")
 
@@ -78,7 +73,7 @@ def check_components(names: str | Iterable[str]) -> tuple[str, ...]:
     out = set()
     for c in items:
         key = str(c).strip().upper()
-        if key not in MODULE_PATHS:
+        if key not in PROBE_COMPONENTS:
             raise ProbeError(f"unknown component {str(c).strip()!r}; valid: {', '.join(PROBE_COMPONENTS)}")
         out.add(key)
     if not out:
@@ -87,10 +82,8 @@ def check_components(names: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def unwrap_vit(model: nn.Module) -> nn.Module:
-    """The timm VisionTransformer or GPT-2 classifier inside ``model`` (DDP and torch.compile
-    wrappers removed)."""
-    from timm.models.vision_transformer import VisionTransformer
-
+    """The model of a known family (``raystudy.architectures``: a timm VisionTransformer or
+    raystudy's GPT-2 classifier) inside ``model``, DDP and torch.compile wrappers removed."""
     inner = model
     for _ in range(4):  # DDP(compile(model)) and the like
         wrapped = [getattr(inner, a, None) for a in ("module", "_orig_mod")]
@@ -98,21 +91,17 @@ def unwrap_vit(model: nn.Module) -> nn.Module:
         if not wrapped:
             break
         inner = wrapped[0]
-    if not isinstance(inner, VisionTransformer) and not gpt2.is_gpt2(inner):
-        raise ProbeError(f"the plasticity probe needs a timm VisionTransformer, got "
-                         f"{type(inner).__name__} (or raystudy's GPT-2 classifier); its components are "
-                         "blocks.*.norm1, attn, norm2, mlp.fc1, mlp.fc2 (GPT-2: transformer.h.*.ln_1, "
-                         "attn, ln_2, mlp.c_fc, mlp.c_proj)")
+    if architectures.of_model(inner) is None:
+        first, *others = architectures.ARCHITECTURES.values()
+        raise ProbeError(f"the plasticity probe needs {first.title}, got {type(inner).__name__} (or "
+                         + ", ".join(a.title for a in others) + "); its components are "
+                         + "; ".join(f"{a.blocks}.*.{', '.join(a.module_paths.values())}"
+                                     for a in architectures.ARCHITECTURES.values()))
     return inner
 
 
-def module_paths(model: nn.Module) -> dict[str, str]:
-    """Component -> module path inside a block of ``model`` (an unwrapped ViT or GPT-2)."""
-    return MODULE_PATHS_GPT2 if gpt2.is_gpt2(model) else MODULE_PATHS
-
-
-def block_module(block: nn.Module, component: str, paths: dict[str, str] = MODULE_PATHS) -> nn.Module:
-    """The module of ``component`` in a block (``MHA`` -> ``block.attn``)."""
+def block_module(block: nn.Module, component: str, paths: dict[str, str]) -> nn.Module:
+    """The module of ``component`` in a block, by the family's ``paths`` (``MHA`` -> ``block.attn``)."""
     mod = block
     for part in paths[component].split("."):
         mod = getattr(mod, part, None)
@@ -265,6 +254,7 @@ class Scratch:
         self.max_buffers = max_buffers
 
     def like(self, t: torch.Tensor) -> torch.Tensor:
+        """An uninitialised buffer of ``t``'s shape, dtype and device, reused across calls."""
         key = (tuple(t.shape), t.dtype, t.device)
         buf = self._bufs.get(key)
         if buf is None:
@@ -308,10 +298,12 @@ class InputStats:
         self.n = 0
 
     def update_sigma(self, t: torch.Tensor, scratch: "Scratch | None" = None) -> None:
+        """Fold the smallest per-token sqrt(var + eps) of ``t`` into ``sigma_min``."""
         sigma = token_sigma_min(t, self.eps, scratch)
         self.sigma_min = torch.minimum(self.sigma_min, sigma.to(self.sigma_min))
 
     def update_radius(self, t: torch.Tensor) -> None:
+        """Add ``t``'s squared norm and token count to the RMS token norm; record its sequence length."""
         # the norm in the activation's own precision (at least fp32), the running sum in float64:
         # no float64 copy of a large activation
         t = t.detach()
@@ -322,6 +314,7 @@ class InputStats:
 
     @property
     def r(self) -> float:
+        """RMS token norm of everything seen (NaN before any update)."""
         return math.sqrt(self.sq_sum.item() / self.tokens) if self.tokens else float("nan")
 
 
@@ -431,25 +424,9 @@ def mha_bound(attn: nn.Module, n: int, r: float) -> float:
 # ---------------------------------------------------------------- the probe
 
 def embed(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """E(x): the tokens that enter the first block (patches, prefix tokens, positions), by timm's
-    own steps; for GPT-2, token plus position embeddings (its dropout is off in eval mode)."""
-    if gpt2.is_gpt2(vit):
-        t = vit.transformer
-        return t.drop(t.wte(x) + t.wpe(torch.arange(x.shape[1], device=x.device)))
-    x = vit.patch_embed(x)
-    x = vit._pos_embed(x)
-    x = vit.patch_drop(x)
-    return vit.norm_pre(x)
-
-
-def causal_mask(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Additive (1, 1, n, n) mask: token i attends to tokens j <= i, as GPT-2 does in its forward.
-
-    Given explicitly because a GPT-2 attention called alone is causal only under some attention
-    implementations (sdpa infers it from a missing mask, eager does not).
-    """
-    m = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
-    return m[None, None]
+    """E(x): the tokens that enter the first block of an unwrapped ViT or GPT-2, by its family's
+    record (ViT: patches, prefix tokens, positions; GPT-2: token plus position embeddings)."""
+    return architectures.of_model(vit).embed(vit, x)
 
 
 def _width(mod: nn.Module) -> int | None:
@@ -475,8 +452,8 @@ class _Probe:
 
     def __init__(self, vit: nn.Module, modes: tuple[str, ...], comps: tuple[str, ...], device):
         self.vit, self.modes, self.comps, self.device = vit, modes, comps, device
-        self.paths = module_paths(vit)
-        self.causal = gpt2.is_gpt2(vit)
+        self.arch = architectures.of_model(vit)
+        self.paths = self.arch.module_paths
         self.mods = [{c: block_module(b, c, self.paths) for c in comps} for b in vit.blocks]
         self.sites = {(m, i, c): _Site(device, getattr(mods[c], "eps", 0.0))
                       for m in modes for i, mods in enumerate(self.mods) for c in comps}
@@ -486,12 +463,13 @@ class _Probe:
 
     # -- shared: every component of every block on E(x) and E(y), as one batch of 2B
     def shared(self, xy: torch.Tensor, b: int) -> None:
-        e = embed(self.vit, xy)
+        """Every component of every block on E(x) and E(y) (the paper's mode), for one batch."""
+        e = self.arch.embed(self.vit, xy)
         den = self.scratch.diff_norms(e, b)
         self.shared_inputs.update_radius(e)
         padded: dict[int, torch.Tensor] = {}   # E zero-padded to FC2's width, once per batch
         sigma: dict[float, torch.Tensor] = {}  # σ_min of E depends only on the LayerNorm's eps
-        mask = causal_mask(e.shape[1], e.dtype, e.device) if self.causal else None
+        mask = self.arch.attention_mask(e.shape[1], e.dtype, e.device)  # once per batch
         for i, mods in enumerate(self.mods):
             for c, mod in mods.items():
                 site = self.sites[("shared", i, c)]
@@ -503,8 +481,8 @@ class _Probe:
                     if width not in padded:
                         padded[width] = F.pad(e, (0, width - e.shape[-1]))
                     out = mod(padded[width])
-                elif c == "MHA" and mask is not None:
-                    out = _tensor(mod(e, attention_mask=mask))
+                elif c == "MHA":
+                    out = self.arch.attend(mod, e, mask)
                 else:
                     out = mod(e)
                 site.stats.update(ratios(self.scratch.diff_norms(out, b), den))
@@ -518,6 +496,7 @@ class _Probe:
 
     # -- in situ: one forward over cat([x, y]); hooks measure what really enters each component
     def in_situ(self, xy: torch.Tensor, b: int) -> None:
+        """Every component on the tensor that really enters it in one forward over ``xy``, for one batch."""
         handles = [mod.register_forward_hook(self._hook(i, c, b))
                    for i, mods in enumerate(self.mods) for c, mod in mods.items()]
         try:
@@ -553,6 +532,7 @@ class _Probe:
         return hook
 
     def rows(self) -> list[dict]:
+        """One row per (mode, layer, component): the running statistics and the theoretical bound."""
         linear = {}
         out = []
         for (m, i, c), site in self.sites.items():

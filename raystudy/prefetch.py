@@ -43,6 +43,7 @@ class Unfetchable(RuntimeError):
 
 
 def parse_models(value: str | None) -> list[str]:
+    """The model names of a comma-separated ``--models`` value, each checked (ConfigError)."""
     from raystudy import models
 
     names = [v.strip() for v in (value or "").split(",") if v.strip()]
@@ -54,6 +55,8 @@ def parse_models(value: str | None) -> list[str]:
 
 
 def parse_datasets(value: str | None) -> list[str]:
+    """The dataset names of a comma-separated ``--datasets`` value (``study``: the 11 benchmarks),
+    each checked, without repeats (ConfigError)."""
     from raystudy import datasets
 
     names = []
@@ -83,7 +86,8 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
             return (f"local   {name}: {state} from data that ships offline "
                     f"({models.weights_file(full)}); nothing to download")
         return f"ready   {name}: {pretrain.ensure_weights(full, log=None)}"
-    if models.takes_tokens(full) and models.hf_hub_id(full) is None:
+    arch = models.architecture(full)
+    if arch.hubless_is_random_init and models.hf_hub_id(full) is None:
         return f"local   {name}: random init (no pretrained weights exist for it); nothing to download"
     cached = models.cached_weights(full)
     if cached is not None:
@@ -102,8 +106,8 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
     t0 = time.time()
     for fname in WEIGHT_FILES:
         try:
-            if models.takes_tokens(full):  # transformers' from_pretrained reads the config too
-                hf_hub_download(repo, "config.json")
+            for extra in arch.hub_extra_files:  # e.g. the config transformers' from_pretrained reads
+                hf_hub_download(repo, extra)
             path = hf_hub_download(repo, fname)
             break
         except EntryNotFoundError:
@@ -164,6 +168,7 @@ def prefetch(model_names: list[str], dataset_names: list[str], root: Path, *,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The prefetch CLI's argument parser."""
     from raystudy import cli
 
     ap = cli.Parser("python -m raystudy.prefetch", __doc__)
@@ -177,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Fetch what the flags name; returns 0 (all in place), 1 (something missing) or 2 (bad input)."""
     from raystudy import cli
 
     args = build_parser().parse_args(argv)

@@ -25,10 +25,12 @@ import sys
 from pathlib import Path
 
 from raystudy import cli
+from raystudy.architectures import PROBE_COMPONENTS
+from raystudy.components import PAIRINGS
 from raystudy.errors import ConfigError
 
-# Spelled out so that `--help` needs no torch; plasticity.check_components and probe_model check them.
-COMPONENTS, PAIRINGS = "LN1,MHA,LN2,FC1,FC2", ("random", "sequential")
+# From the torch-free registries, so that `--help` needs no torch.
+COMPONENTS = ",".join(PROBE_COMPONENTS)
 
 
 
@@ -154,13 +156,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--seed must be >= 0, got {args.seed}")
         full = models.check_model(args.model)
         source = args.source or models.source_dataset(full)
-        tokens = models.takes_tokens(full)
+        arch = models.architecture(full)
+        tokens = arch.tokens
         args.dataset = args.dataset or ("tokens_rule" if tokens else "digits_c")
         for name in (args.dataset, source):
             if datasets.check_dataset(name).tokens != tokens:
                 fits = [n for n, i in datasets.DATASETS.items() if i.tokens == tokens]
                 raise ConfigError(f"dataset {name!r} does not fit model {args.model!r}, which reads "
-                                  f"{'token ids' if tokens else 'images'}; valid: {', '.join(fits)}")
+                                  f"{arch.inputs}; valid: {', '.join(fits)}")
         if args.weights is not None:
             models.check_weights_file(args.weights)
         cli.check_folder("--out", args.out)

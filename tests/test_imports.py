@@ -18,7 +18,8 @@ LAYERS = [
     # leaves: errors, paths, the packages themselves (analysis holds AnalysisError)
     {"raystudy", "raystudy.errors", "raystudy.paths", "analysis"},
     # the study's core: what trains, on what, and what is measured
-    {"raystudy.augment", "raystudy.batches", "raystudy.components", "raystudy.models", "raystudy.gpt2",
+    {"raystudy.architectures", "raystudy.augment", "raystudy.batches", "raystudy.components", "raystudy.models",
+     "raystudy.gpt2",
      "raystudy.datasets", "raystudy.plasticity", "raystudy.costs", "raystudy.adaptive"},
     {"raystudy.config"},
     # the loop, the run record, the spaces (no Ray, no MLflow)
