@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import AnalysisError
+from analysis import AnalysisError, stats
 from raystudy import tracking
 
 RUN_COLUMNS = ["run_id", "model", "optimizer", "low_data", "dataset", "condition", "lr", "seed",
@@ -54,6 +54,7 @@ REQUIRED_RUN_CSV = ["dataset", "condition", "lr", "seed", "test_acc"]
 REQUIRED_SUMMARY_CSV = ["dataset", "condition", "mean"]
 PLASTICITY_COLUMNS = ["model", "dataset", "mode", "layer", "component", "mean", "std", "n",
                       "ci_low", "ci_high", "bound"]
+INTERVAL = ["ci_low", "ci_high"]     # computed from n, mean and std where a table lacks them
 
 
 # ---------------------------------------------------------------- one run → one row
@@ -186,7 +187,8 @@ def step_metrics(runs: pd.DataFrame, keys: Iterable[str],
 
 def plasticity(runs: pd.DataFrame, which: str = "before",
                tracking_uri: str | None = None) -> pd.DataFrame:
-    """The ``plasticity_{which}.csv`` artifacts of ``runs``, stacked, with run_id, condition, seed.
+    """The ``plasticity_{which}.csv`` artifacts of ``runs``, stacked, with run_id, condition, seed,
+    and the 95% t interval of each mean (``stats.t_interval``) where an artifact lacks it.
 
     Runs that did not probe (``probe_pairs=0``) have no such artifact and are not asked.
     """
@@ -197,7 +199,7 @@ def plasticity(runs: pd.DataFrame, which: str = "before",
         text = read_artifact(run.run_id, f"plasticity_{which}.csv", tracking_uri)
         if text is None:
             continue
-        df = pd.read_csv(io.StringIO(text))
+        df = _with_interval(pd.read_csv(io.StringIO(text)))
         frames.append(df.assign(run_id=run.run_id, condition=run.condition, seed=run.seed))
     if not frames:
         return pd.DataFrame(columns=PLASTICITY_COLUMNS + ["run_id", "condition", "seed"])
@@ -344,11 +346,17 @@ def wide_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
 
 
 def read_plasticity(path: str | os.PathLike) -> pd.DataFrame:
-    """A tidy plasticity CSV (``PLASTICITY_COLUMNS``; ``bound`` optional)."""
+    """A tidy plasticity CSV (``PLASTICITY_COLUMNS``; ``bound`` optional, the interval computed
+    from n, mean and std where the file lacks it)."""
     p = Path(path)
     df = _read_table(p, "plasticity CSV")
-    _require(df, [c for c in PLASTICITY_COLUMNS if c != "bound"], str(p), "plasticity")
-    return df
+    _require(df, [c for c in PLASTICITY_COLUMNS if c != "bound" and c not in INTERVAL], str(p), "plasticity")
+    return _with_interval(df)
+
+
+def _with_interval(df: pd.DataFrame) -> pd.DataFrame:
+    """A table the probe wrote (n, mean, std) with its interval; one written with it, as it is."""
+    return df if all(c in df for c in INTERVAL) else stats.t_interval(df)
 
 
 def settings(runs: pd.DataFrame) -> list[tuple]:

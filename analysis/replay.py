@@ -1,7 +1,7 @@
 """Replay a finished grid under an allocation policy, without training: what it would have cost
 and whether the study would have concluded the same.
 
-    python -m analysis.replay --experiment raystudy-demo_adaptive-vit_demo --policy halving+seeds
+    python -m analysis.replay --experiment raystudy-demo_adaptive-vit_demo --policy race
     python -m analysis.replay --experiment NAME --policy all --out replay_out    # every policy
 
 From what MLflow holds of each trial (validation accuracy by step, the test accuracy of the
@@ -159,6 +159,8 @@ def replay(grid: dict[str, Any], policy: adaptive.Policy, reference: str = "MHA"
 
 
 def summary_line(r: dict[str, Any]) -> str:
+    """One line of a ``replay`` result: trials stopped, steps and device-hours spent against the
+    full grid, and how its conclusions compare (lr choice, ranking, significance calls)."""
     if "error" in r:
         return f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; no conclusions: {r['error']}"
     return (f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; steps "
@@ -185,6 +187,9 @@ def write(out: Path, results: list[dict[str, Any]]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Replay a recorded grid under ``--policy`` (or every policy) and print a summary line per
+    policy; writes ``replay.json`` and the decisions with ``--out``. Returns the exit status: 0,
+    or 2 with one ``error:`` line for bad input."""
     from raystudy import cli
     from raystudy.errors import ConfigError
 

@@ -603,6 +603,25 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
 PLASTICITY_GROUP = ["model", "dataset", "mode", "layer", "component"]
 
 
+def t_interval(df: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """``df`` (columns n, mean, std, one measurement per row) with ``ci_low`` and ``ci_high`` after
+    ``n``: the Student-t interval of the mean, mean ± t_{n-1}(level) std / sqrt(n); NaN where n < 2
+    or std is not finite. At the paper's 12,800 pairs this is the normal 1.96 interval; the t
+    quantile keeps it honest for the small n of tests and quick runs."""
+    from scipy import stats as st
+
+    n = df["n"].to_numpy(float)
+    mean, std = df["mean"].to_numpy(float), df["std"].to_numpy(float)
+    ok = (n >= 2) & np.isfinite(std)
+    df1 = np.where(ok, n - 1, 1.0)     # any valid degrees of freedom where the row has no interval
+    half = np.where(ok, st.t.ppf(0.5 + level / 2, df1) * std / np.sqrt(df1 + 1), np.nan)
+    out = df.drop(columns=["ci_low", "ci_high"], errors="ignore")
+    at = list(out.columns).index("n") + 1
+    out.insert(at, "ci_low", mean - half)
+    out.insert(at + 1, "ci_high", mean + half)
+    return out
+
+
 def pool_plasticity(df: pd.DataFrame, z: float = 1.959964) -> pd.DataFrame:
     """Pool plasticity measurements of the same (model, dataset, mode, layer, component).
 

@@ -16,18 +16,11 @@ Shapes (plain Python, no pandas: the live scheduler calls this on every result):
 Rules. A *cell* is (dataset, condition, optimizer); its lrs × seeds are its trials.
 
 - ``halving``: successive halving over the lr axis of each cell, decided on the cell's first
-  seed (``halving2``: on the mean of its first two, judged together). At each milestone (a fraction of the steps, rounded up to an evaluation), once every lr
+  seed. At each milestone (a fraction of the steps, rounded up to an evaluation), once every lr
   still alive has reached it (or ended), the lrs are ranked by the best validation accuracy up
   to the milestone and the best ``max(keep_min, ceil(alive / eta))`` are kept. A dropped lr is
-  dropped for every seed (paired comparisons): the judging seeds' trials stop at the milestone,
+  dropped for every seed (paired comparisons): the first seed's trial stops at the milestone,
   the other seeds' trials are not started (step 0).
-- ``seeds``: after ``min_seeds`` seeds, a cell stops adding seeds once its choice is settled:
-  its chosen lr (highest mean best validation accuracy over its seeds, ties to the smaller lr)
-  and its rank among the conditions of its dataset and optimizer (by that mean) are the same
-  with its first k seeds as with its first k - 1, and the chosen lr leads the next one by at
-  least ``margin`` standard errors of a k-seed mean (seed variance pooled over the cell's lrs).
-  Decided for seed k when every running trial of seeds before k on that dataset and optimizer
-  has ended.
 - ``race``: a cell's lrs race over its seeds, one seed after another, and an lr leaves the race
   only when it trails by more than noise can explain. Within a seed, at each milestone (once every
   lr still in the race has reached it), an lr whose best validation accuracy so far trails that
@@ -49,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from raystudy.errors import ConfigError
 
@@ -65,10 +58,6 @@ class Policy:
     eta: int = 2                               # keep 1/eta of the lrs at each milestone
     keep_min: int = 2                          # lrs that always run to the end
     milestones: tuple[float, ...] = (0.25,)    # fractions of the trial's steps
-    decide_seeds: int = 1                      # halving judges the mean of the first seeds
-    seeds: bool = False
-    min_seeds: int = 2                         # seeds every cell runs
-    margin: float = 2.0                        # the chosen lr's lead, in standard errors of a seed mean
     race: bool = False
     gap: float = 0.1                           # race: val-acc points an lr may trail at a milestone
     swing: float = 0.01                        # race: the spread of one seed's paired lr difference
@@ -77,10 +66,6 @@ class Policy:
 POLICIES = {
     "identity": Policy("identity"),
     "halving": Policy("halving", halving=True),
-    "halving2": Policy("halving2", halving=True, decide_seeds=2),
-    "seeds": Policy("seeds", seeds=True),
-    "halving+seeds": Policy("halving+seeds", halving=True, seeds=True),
-    "halving2+seeds": Policy("halving2+seeds", halving=True, decide_seeds=2, seeds=True),
     "race": Policy("race", race=True, milestones=(0.125, 0.25)),
 }
 
@@ -100,11 +85,6 @@ class Stop:
 
     step: int
     rule: str
-
-
-@dataclass
-class _Cell:
-    trials: list = field(default_factory=list)
 
 
 def policy(name: str, flag: str = "--adaptive") -> Policy:
@@ -150,58 +130,41 @@ def _cells(trials: Sequence[Mapping]) -> dict[tuple, list[Mapping]]:
 def decide(p: Policy, trials: Sequence[Mapping], seen: Mapping[str, Seen]) -> dict[str, Stop]:
     """Trial key -> ``Stop`` for every trial the policy stops, given what has been ``seen``."""
     stops: dict[str, Stop] = {}
-    cells = _cells(trials)
-    if p.halving:
-        for members in cells.values():
+    for members in _cells(trials).values():
+        if p.halving:
             stops.update(_halving(p, members, seen))
-    if p.race:
-        for members in cells.values():
+        if p.race:
             stops.update(_race(p, members, seen))
-    if p.seeds:
-        by_group: dict[tuple, dict[tuple, list[Mapping]]] = {}
-        for cell, members in cells.items():
-            by_group.setdefault((cell[0], cell[2]), {})[cell] = members
-        for group in by_group.values():
-            stops.update(_seeds(p, group, seen, stops))
     return stops
 
 
-def tier(p: Policy, seed_index: int) -> int:
-    """The order seeds run in: the seeds halving judges together first, then one by one."""
-    return max(0, seed_index - (p.decide_seeds - 1)) if p.halving else seed_index
-
-
 def _halving(p: Policy, members: list[Mapping], seen: Mapping[str, Seen]) -> dict[str, Stop]:
+    """The ``halving`` rule on one cell's trials (see the module docstring)."""
     lrs = sorted({t["lr"] for t in members})
     if len(lrs) <= p.keep_min:
         return {}
-    judges = sorted({t["seed"] for t in members})[:p.decide_seeds]
-    first = {}
-    for t in members:
-        if t["seed"] in judges:
-            first.setdefault(t["lr"], []).append(t)
-    steps = max(t["steps"] for ts in first.values() for t in ts)
-    every = min(t["eval_every"] for ts in first.values() for t in ts)
+    judge = min(t["seed"] for t in members)
+    first = {t["lr"]: t for t in members if t["seed"] == judge}
+    steps = max(t["steps"] for t in first.values())
+    every = min(t["eval_every"] for t in first.values())
     alive, out = [lr for lr in lrs if lr in first], {}
-
-    def score(lr, m):   # mean over the judging seeds of the best validation accuracy up to m
-        return sum(_score(seen.get(t["key"]), m) for t in first[lr]) / len(first[lr])
-
     for m in milestone_steps(p, steps, every):
         if len(alive) <= p.keep_min:
             break
-        if not all(_reached(seen.get(t["key"]), m) for lr in alive for t in first[lr]):
+        if not all(_reached(seen.get(first[lr]["key"]), m) for lr in alive):
             break  # the rung is incomplete: decide when it is
-        ranked = sorted(alive, key=lambda lr: (-score(lr, m), lr))
+        score = {lr: _score(seen.get(first[lr]["key"]), m) for lr in alive}
+        ranked = sorted(alive, key=lambda lr: (-score[lr], lr))
         kept = ranked[:max(p.keep_min, math.ceil(len(alive) / p.eta))]
         for t in members:
             if t["lr"] in alive and t["lr"] not in kept:
-                out[t["key"]] = Stop(m if t["seed"] in judges else 0, f"halving@{m}")
+                out[t["key"]] = Stop(m if t["seed"] == judge else 0, f"halving@{m}")
         alive = kept
     return out
 
 
 def _race(p: Policy, members: list[Mapping], seen: Mapping[str, Seen]) -> dict[str, Stop]:
+    """The ``race`` rule on one cell's trials (see the module docstring)."""
     seeds = sorted({t["seed"] for t in members})
     alive = sorted({t["lr"] for t in members})
     if len(alive) < 2:
@@ -245,81 +208,11 @@ def _race(p: Policy, members: list[Mapping], seen: Mapping[str, Seen]) -> dict[s
     return out
 
 
-def _choice(members: list[Mapping], seeds: list, seen: Mapping[str, Seen],
-            stops: Mapping[str, Stop]) -> tuple[float, float, float]:
-    """(chosen lr, its mean best validation accuracy, its lead over the next lr in standard
-    errors of a seed mean) of a cell over ``seeds``; lrs any of whose trials was stopped are out.
-    The lead is infinite with one lr, NaN with one seed."""
-    by_lr: dict[float, list[float]] = {}
-    out_lrs = {t["lr"] for t in members if t["key"] in stops and t["seed"] in seeds}
-    for t in members:
-        if t["seed"] in seeds and t["lr"] not in out_lrs:
-            by_lr.setdefault(t["lr"], []).append(_score(seen.get(t["key"])))
-    means = {lr: sum(v) / len(v) for lr, v in by_lr.items() if v}
-    if not means:
-        return math.nan, -math.inf, math.nan
-    lr = min(means, key=lambda x: (-means[x], x))
-    others = [m for x, m in means.items() if x != lr]
-    if not others:
-        return lr, means[lr], math.inf
-    n = min(len(v) for v in by_lr.values())
-    if n < 2:
-        return lr, means[lr], math.nan
-    # pooled seed variance over the cell's lrs (seeds of one lr vary alike)
-    var = sum(sum((x - means[k]) ** 2 for x in v) for k, v in by_lr.items()) / sum(len(v) - 1 for v in by_lr.values())
-    se = math.sqrt(var / n)
-    gap = means[lr] - max(others)
-    return lr, means[lr], (gap / se if se > 0 else math.inf)
-
-
-def _ranks(values: Mapping[tuple, float]) -> dict[tuple, float]:
-    """Rank 1 = highest; ties share the average rank."""
-    out = {}
-    for c, v in values.items():
-        above = sum(1 for w in values.values() if w > v)
-        ties = sum(1 for w in values.values() if w == v)
-        out[c] = above + (ties + 1) / 2
-    return out
-
-
-def _seeds(p: Policy, group: dict[tuple, list[Mapping]], seen: Mapping[str, Seen],
-           stops: Mapping[str, Stop]) -> dict[str, Stop]:
-    out: dict[str, Stop] = {}
-    seed_lists = {c: sorted({t["seed"] for t in m}) for c, m in group.items()}
-    settled: dict[tuple, int] = {}     # cell -> number of seeds it keeps
-    for k in range(max(1, p.min_seeds), max(len(s) for s in seed_lists.values())):
-        # every trial of seeds before k that runs (is not stopped) must have ended
-        for c, members in group.items():
-            if c in settled:
-                continue
-            for t in members:
-                if t["seed"] in seed_lists[c][:k] and t["key"] not in stops and \
-                        not (seen.get(t["key"]) and seen[t["key"]].ended):
-                    return out
-        before, now = {}, {}
-        for c, members in group.items():
-            n = settled.get(c, k)
-            before[c] = _choice(members, seed_lists[c][:min(n, k - 1)], seen, stops)
-            now[c] = _choice(members, seed_lists[c][:n], seen, stops)
-        rank_before = _ranks({c: v[1] for c, v in before.items()})
-        rank_now = _ranks({c: v[1] for c, v in now.items()})
-        for c, members in group.items():
-            if c in settled or k >= len(seed_lists[c]):
-                continue
-            lead = now[c][2]
-            if before[c][0] == now[c][0] and rank_before[c] == rank_now[c] and not lead < p.margin:
-                settled[c] = k
-                for t in members:
-                    if t["seed"] in seed_lists[c][k:] and t["key"] not in stops:
-                        out[t["key"]] = Stop(0, f"seeds@{k}")
-    return out
-
-
 def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -> dict[str, int]:
     """Steps each trial runs under ``p`` when no trial diverges, from the grid's shape alone:
-    halving's cost is fixed by the lrs and milestones; the seed rule's and the race's depend on
-    the data, so ``settled`` says whether every cell settles at ``min_seeds`` (the best case) or
-    none does, and for the race whether one lr per cell is left at the first milestone or all."""
+    halving's cost is fixed by the lrs and milestones; the race's depends on the data, so
+    ``settled`` says whether one lr per cell is left at the first milestone (the best case) or all
+    stay in the race."""
     out = {t["key"]: t["steps"] for t in trials}
     for members in _cells(trials).values():
         seeds = sorted({t["seed"] for t in members})
@@ -329,30 +222,31 @@ def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -
             for t in members:   # the smallest lr stays (which one is the data's; the cost is not)
                 if t["lr"] != lrs[0]:
                     out[t["key"]] = (ms[0] if ms else t["steps"]) if t["seed"] == seeds[0] else 0
-        if p.seeds and settled:
-            for t in members:
-                if t["seed"] in seeds[max(1, p.min_seeds):]:
-                    out[t["key"]] = 0
-        if not p.halving or len(lrs) <= p.keep_min:
-            continue
-        judges = seeds[:p.decide_seeds]
-        first = [t for t in members if t["seed"] in judges]
-        alive = len(lrs)
-        stop_at: list[int] = []     # the milestone each dropped lr (by rank) stops at
-        for m in milestone_steps(p, max(t["steps"] for t in first), min(t["eval_every"] for t in first)):
-            if alive <= p.keep_min:
-                break
-            kept = max(p.keep_min, math.ceil(alive / p.eta))
-            stop_at += [m] * (alive - kept)
-            alive = kept
-        # which lr drops is the data's; how many and when is not: price the dropped ones by rank
-        order = sorted(members, key=lambda t: (t["seed"] not in judges, t["lr"]))
-        by_seed: dict = {}
-        for t in order:
-            by_seed.setdefault(t["seed"], []).append(t)
-        for seed, ts in by_seed.items():
-            for t, m in zip(ts[len(ts) - len(stop_at):], stop_at):
-                out[t["key"]] = min(out[t["key"]], m if seed in judges else 0)
+        if p.halving and len(lrs) > p.keep_min:
+            for key, step in _halving_plan(p, members, seeds[0]).items():
+                out[key] = min(out[key], step)
+    return out
+
+
+def _halving_plan(p: Policy, members: list[Mapping], judge) -> dict[str, int]:
+    """Trial key -> the step halving stops it at, for as many lrs of a cell as it drops, priced by
+    rank: which lr drops is the data's; how many and when is not."""
+    first = [t for t in members if t["seed"] == judge]
+    alive = len({t["lr"] for t in members})
+    stop_at: list[int] = []     # the milestone each dropped lr (by rank) stops at
+    for m in milestone_steps(p, max(t["steps"] for t in first), min(t["eval_every"] for t in first)):
+        if alive <= p.keep_min:
+            break
+        kept = max(p.keep_min, math.ceil(alive / p.eta))
+        stop_at += [m] * (alive - kept)
+        alive = kept
+    by_seed: dict = {}
+    for t in sorted(members, key=lambda t: (t["seed"] != judge, t["lr"])):
+        by_seed.setdefault(t["seed"], []).append(t)
+    out = {}
+    for seed, ts in by_seed.items():
+        for t, m in zip(ts[len(ts) - len(stop_at):], stop_at):
+            out[t["key"]] = m if seed == judge else 0
     return out
 
 

@@ -6,7 +6,7 @@
     python -m raystudy.grid --space paper --datasets cifar10,pets --conditions MHA,LN1 --optimizers sgd,adamw
     python -m raystudy.grid --address auto                   # on the cluster started by `ray up cluster.yaml`
     python -m raystudy.grid --space demo_adaptive --adaptive race   # stop trials the study does not need
-    python -m raystudy.grid --model vit_base --dry-run --adaptive halving+seeds  # what that saves on the paper grid
+    python -m raystudy.grid --model vit_base --dry-run --adaptive halving        # what that saves on the paper grid
 
 Rerunning the same command after a crash, a kill or Ctrl-C resumes the unfinished trials (from
 their last checkpoint) and skips the finished ones; MLflow keeps exactly one run per trial config.
@@ -80,20 +80,17 @@ def _lrs(condition: str, chosen) -> str:
 
 def projection(policy, space, model: str, trials: list) -> str:
     """What ``policy`` would spend of the grid: halving's share is fixed by the grid's shape, the
-    seed rule's and the race's by the data, so both ends (no cell settles early, every cell does;
-    every lr stays in the race, one per cell is left at the first milestone) are given, priced
-    like the full grid (measured step times, else the space's estimate)."""
+    race's by the data, so both ends (every lr stays in the race, one per cell is left at the
+    first milestone) are given, priced like the full grid (measured step times, else the space's
+    estimate)."""
     view = [adaptive.trial_of(t.key, t.config) for t in trials]
     full = spaces.gpu_hours(space, model, trials)
     lines = [f"adaptive {policy.name} (replay a finished grid to measure it: python -m analysis.replay):"]
-    ends = ((False, "no cell settles its seeds early"),
-            (True, f"every cell settles at {policy.min_seeds} seeds"))
+    ends = ((False, "from the grid's shape"),)
     if policy.race:
         ends = ((False, "every lr stays in the race"),
                 (True, "one lr per cell is left at the first milestone"))
     for settled, what in ends:
-        if settled and not (policy.seeds or policy.race):
-            continue
         steps = adaptive.planned_steps(policy, view, settled)
         items = [spaces.trial_cost({**t.config, "steps": steps[t.key]}, t.gpu, t.workers) for t in trials]
         hours = spaces.gpu_hours(space, model, items)

@@ -16,14 +16,13 @@ Hugging Face GPT-2 (``raystudy.gpt2``; x and y are then token-id sequences), in 
   those inputs.
 
 Pairs stream in batches and every statistic is a running one, so memory does not grow with the
-number of pairs. Rows come back per (mode, layer, component) with mean, std, n, the 95%
-interval of the mean and the theoretical bound; ``to_frame``, ``aggregate``, ``save_table`` and
-``plot`` turn them into the tidy table and the figure.
+number of pairs. Rows come back per (mode, layer, component) with mean, std, n and the
+theoretical bound; ``to_frame`` turns them into the tidy table. The interval of the mean is the
+analysis's (``analysis.stats.t_interval``), from mean, std and n: a worker needs no scipy.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -37,8 +36,7 @@ from raystudy.architectures import PROBE_COMPONENTS
 from raystudy.components import PAIRINGS
 
 MODES = ("shared", "in_situ")
-COLUMNS = ("model", "dataset", "mode", "layer", "component", "mean", "std", "n",
-           "ci_low", "ci_high", "bound", "pairing")
+COLUMNS = ("model", "dataset", "mode", "layer", "component", "mean", "std", "n", "bound", "pairing")
 
 
 class ProbeError(ValueError):
@@ -124,85 +122,6 @@ def ratios(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), float("nan"))
 
 
-def t_interval(mean: float, std: float, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Student-t interval of the mean: mean ± t_{n-1}(level) std / sqrt(n); NaN for n < 2.
-
-    At the paper's 12,800 pairs this is the normal 1.96 interval; the t quantile keeps it honest
-    for the small N of tests and quick runs.
-    """
-    if n < 2 or not math.isfinite(std):
-        return float("nan"), float("nan")
-    half = t_quantile(0.5 + level / 2, n - 1) * std / math.sqrt(n)
-    return mean - half, mean + half
-
-
-@functools.lru_cache(maxsize=256)
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (0 < p < 1): within 1e-10
-    relative up to 10^5 degrees of freedom, 1e-9 at 10^6 (where lgamma's rounding shows).
-
-    scipy.stats gives the same, but importing it is a large part of every trial worker's start-up
-    (benchmarks/bench_startup.py), and this is the only statistic a worker needs. Newton's method
-    on the exact tail, from the normal quantile: t's tails are heavier, so the start lies on the
-    root's near side, where the convex tail's tangents climb to the root without overshooting it.
-    """
-    if not 0 < p < 1 or df < 1:
-        raise ValueError(f"t_quantile needs 0 < p < 1 and df >= 1, got p={p}, df={df}")
-    if p == 0.5:
-        return 0.0
-    if p < 0.5:
-        return -t_quantile(1 - p, df)
-    import statistics
-
-    q, t = 1 - p, statistics.NormalDist().inv_cdf(p)
-    log_pdf0 = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    for _ in range(200):
-        pdf = math.exp(log_pdf0 - (df + 1) / 2 * math.log1p(t * t / df))
-        step = (_t_tail(t, df) - q) / pdf
-        t += step
-        if abs(step) <= 1e-13 * t:
-            break
-    return t
-
-
-def _t_tail(t: float, df: int) -> float:
-    """P(T > t) for t >= 0: half the regularized incomplete beta I_x(df/2, 1/2) at
-    x = df / (df + t^2) (1 - x passed as itself, not as a difference)."""
-    return 0.5 * _betainc(df / 2, 0.5, df / (df + t * t), t * t / (df + t * t))
-
-
-def _betainc(a: float, b: float, x: float, one_minus_x: float) -> float:
-    """Regularized incomplete beta I_x(a, b) by its continued fraction (modified Lentz), taken
-    on the side where it converges fast."""
-    if x <= 0.0:
-        return 0.0
-    if one_minus_x <= 0.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
-                     + b * math.log(one_minus_x))
-    if x < (a + 1) / (a + b + 2):
-        return front * _beta_fraction(a, b, x) / a
-    return 1.0 - front * _beta_fraction(b, a, one_minus_x) / b
-
-
-def _beta_fraction(a: float, b: float, x: float) -> float:
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 100_000):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-16:
-            break
-    return h
-
-
 class RunningStats:
     """Count, mean and M2 of a stream of values, in float64 on the values' device.
 
@@ -233,12 +152,11 @@ class RunningStats:
         self.count = n
 
     def result(self) -> dict[str, float]:
-        """mean, std (ddof 1), n and the 95% t interval of the mean (NaN where undefined)."""
+        """mean, std (ddof 1) and n (NaN where undefined): what an interval of the mean needs."""
         n = int(self.count.item())
         mean = self.mean.item() if n else float("nan")
         std = math.sqrt(max(self.m2.item(), 0.0) / (n - 1)) if n > 1 else float("nan")
-        lo, hi = t_interval(mean, std, n)
-        return {"mean": mean, "std": std, "n": n, "ci_low": lo, "ci_high": hi}
+        return {"mean": mean, "std": std, "n": n}
 
 
 class Scratch:
@@ -562,8 +480,8 @@ def probe(model: nn.Module, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
     dtype (the engine keeps fp32 weights), on its own device; its training flag is restored.
 
     Returns one row per (mode, layer, component), layers numbered like ``blocks.{i}``: mean, std,
-    n (pairs with x != y), ci_low, ci_high (95% t interval of the mean) and bound (the
-    theoretical bound, computed from the weights and the data that entered the component).
+    n (pairs with x != y) and bound (the theoretical bound, computed from the weights and the
+    data that entered the component).
     """
     modes, comps = check_modes(mode), check_components(components)
     vit = unwrap_vit(model)

@@ -31,6 +31,7 @@ from raystudy.errors import ConfigError
 
 # From the torch-free registries, so that `--help` needs no torch.
 COMPONENTS = ",".join(PROBE_COMPONENTS)
+INTERVAL = ("ci_low", "ci_high")   # the 95% t interval of each mean, which the table and figure show
 
 
 
@@ -43,7 +44,7 @@ def aggregate(df):
     from raystudy import plasticity
 
     keys = [k for k in ("model", "dataset", "mode") if k in df]
-    extra = [c for c in df.columns if c not in plasticity.COLUMNS and df[c].nunique(dropna=False) > 1]
+    extra = [c for c in df.columns if c not in (*plasticity.COLUMNS, *INTERVAL) and df[c].nunique(dropna=False) > 1]
     keys += extra
     agg = (df.groupby(keys + ["component"], sort=False)
              .agg(plasticity=("mean", "mean"), layer_min=("mean", "min"), layer_max=("mean", "max"),
@@ -72,7 +73,15 @@ def save_figure(df, path_stem: str | Path) -> list[Path]:
     from analysis import figures
 
     comps = [c for c in plasticity.PROBE_COMPONENTS if c in set(df["component"])]
-    return figures.plasticity_layers(df, comps, path_stem, modes=list(plasticity.MODES))
+    return figures.plasticity_layers(with_interval(df), comps, path_stem, modes=list(plasticity.MODES))
+
+
+def with_interval(df):
+    """``df`` with the 95% t interval of each mean (``analysis.stats.t_interval``, scipy's t
+    quantile) after its n, unless it has one: the probe measures n, mean and std."""
+    from analysis import stats
+
+    return df if all(c in df for c in INTERVAL) else stats.t_interval(df)
 
 
 def format_tables(df) -> list[str]:
@@ -233,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out or Path("runs") / "probe" / f"{args.model}_{args.dataset}")
     stem = out / "plasticity"
+    df = with_interval(df)  # the table shows each mean's interval, as the report does
     written = save_table(df, stem) + save_figure(df, stem)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

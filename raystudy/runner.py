@@ -232,7 +232,7 @@ def _run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str,
         if tuner is None:
             scheduler = None
             if policy is not None:  # earlier seeds first: decisions on them come before later seeds start
-                pending = sorted(pending, key=_seed_major(trials, policy))
+                pending = sorted(pending, key=_seed_major(trials))
                 scheduler = AdaptiveScheduler(policy, trials, tracking_uri, exp_id)
             kept, pruner = keep_checkpoints()
             tuner = tune.Tuner(
@@ -394,16 +394,15 @@ def _set_aside(path, storage, name: str):
     return f"{str(storage).rstrip('/')}/{name}-{stamp}"
 
 
-def _seed_major(trials: list[Trial], policy: adaptive.Policy):
-    """Sort key: a trial's seed's tier in its cell (``adaptive.tier``), then its cell and lr."""
+def _seed_major(trials: list[Trial]):
+    """Sort key: a trial's seed's index in its cell, then its cell and lr."""
     seeds: dict[tuple, list] = {}
     for t in trials:
         seeds.setdefault(tuple(t.config[c] for c in adaptive.CELL), []).append(t.config["seed"])
 
     def key(t: Trial):
         cell = tuple(t.config[c] for c in adaptive.CELL)
-        return (adaptive.tier(policy, sorted(set(seeds[cell])).index(t.config["seed"])), *map(str, cell),
-                t.config["lr"])
+        return (sorted(set(seeds[cell])).index(t.config["seed"]), *map(str, cell), t.config["lr"])
     return key
 
 

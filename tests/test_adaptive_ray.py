@@ -29,7 +29,7 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
     from raystudy import adaptive
 
     tmp, ray = work
-    cmd = grid_cmd(write_space(tmp, SPACE), ray, "--adaptive", "halving+seeds")
+    cmd = grid_cmd(write_space(tmp, SPACE), ray, "--adaptive", "halving")
     proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
     try:
         wait_for(lambda: count_status(tmp / "mlflow.db", "finished", "stopped") >= 4, proc, timeout=400)
@@ -57,7 +57,7 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
 
     # the replay of the policy on what MLflow recorded decides exactly what the live grid did
     grid = replay.recorded("raystudy-t-vit_demo", uri)
-    decided = adaptive.decide(adaptive.policy("halving+seeds"), grid["trials"], grid["seen"])
+    decided = adaptive.decide(adaptive.policy("halving"), grid["trials"], grid["seen"])
     assert set(decided) == set(stopped["tags.raystudy.key"])
     halved = {k for k, s in decided.items() if s.rule.startswith("halving")}
     assert len(halved) == 2 * 3                      # one lr of each condition, all three seeds

@@ -78,5 +78,17 @@ def test_bad_csv(tmp_path, text, needle):
 def test_read_plasticity(tmp_path):
     p = tmp_path / "p.csv"
     p.write_text("model,dataset,mode,layer,component,mean\nm,d,shared,0,MHA,1.0\n")
-    with pytest.raises(AnalysisError, match=r"missing column\(s\) std, n, ci_low, ci_high"):
+    with pytest.raises(AnalysisError, match=r"missing column\(s\) std, n for plasticity"):
         load.read_plasticity(p)
+    # as a trial or finetune --out writes it (n, mean, std): the interval is computed; given, kept
+    from scipy import stats
+
+    p.write_text("model,dataset,mode,layer,component,mean,std,n,bound\nm,d,shared,0,MHA,1.0,0.5,20,3.0\n"
+                 "m,d,shared,1,MHA,1.0,,1,3.0\n")
+    df = load.read_plasticity(p)
+    half = stats.t.ppf(0.975, 19) * 0.5 / math.sqrt(20)
+    assert list(df.columns) == load.PLASTICITY_COLUMNS
+    assert (df.loc[0, "ci_low"], df.loc[0, "ci_high"]) == pytest.approx((1.0 - half, 1.0 + half), rel=1e-12)
+    assert df.loc[1, ["ci_low", "ci_high"]].isna().all()
+    p.write_text("model,dataset,mode,layer,component,mean,std,n,ci_low,ci_high\nm,d,shared,0,MHA,1.0,0.5,20,0.9,1.1\n")
+    assert load.read_plasticity(p).loc[0, "ci_low"] == 0.9

@@ -8,6 +8,7 @@ every run with package and git versions), the module ~25 s: marked slow.
 """
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -60,12 +61,10 @@ def log_trial(c, exp_id, parent, cfg, status, val=None, test=None, artifacts=Tru
                f"trainable_params/{cfg['condition']}": TRAINABLE[cfg["condition"]]}
     if status == "finished":
         results.update(best_val_acc=val, test_acc=test, best_step=60)
-    if artifacts and cfg["probe_pairs"]:
+    if artifacts and cfg["probe_pairs"]:  # what the probe measures: n, mean and std, no interval
         results["plasticity_before"] = [
             {"model": "vit_demo", "dataset": cfg["dataset"], "mode": mode, "layer": layer,
-             "component": comp, "mean": (5 - k) * (1 + 0.1 * layer), "std": 0.1, "n": 64,
-             "ci_low": (5 - k) * (1 + 0.1 * layer) - 0.05,
-             "ci_high": (5 - k) * (1 + 0.1 * layer) + 0.05, "bound": 100.0}
+             "component": comp, "mean": (5 - k) * (1 + 0.1 * layer), "std": 0.1, "n": 64, "bound": 100.0}
             for mode in ("shared", "in_situ") for layer in range(4) for k, comp in enumerate(COMPONENTS)]
     tracking.finish_trial(c, rid, results)
     return rid
@@ -131,6 +130,11 @@ def test_step_metrics_and_plasticity_artifacts(store):
     assert set(bands["condition"]) == set(CONDITIONS) and (bands["n"] == 1).all()
     plast = load.plasticity(two, "before", store["uri"])
     assert len(plast) == 3 * 2 * 4 * 5 and set(plast["condition"]) == set(CONDITIONS)
+    from scipy import stats as st
+
+    half = st.t.ppf(0.975, 63) * 0.1 / 8   # the interval the report shows, from n, mean and std alone
+    assert np.allclose(plast["ci_low"], plast["mean"] - half, rtol=1e-12, atol=0)
+    assert np.allclose(plast["ci_high"], plast["mean"] + half, rtol=1e-12, atol=0)
     assert load.plasticity(two, "after", store["uri"]).empty   # no such artifact: nothing, no error
 
 

@@ -137,7 +137,11 @@ def test_stopped_runs_are_left_out_of_means_and_counted(study, tmp_path):
 def test_policy_all_and_bad_policy_on_the_command_line(capsys):
     assert replay.main(["--experiment", "x", "--policy", "asha"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: --policy 'asha': unknown policy; valid: identity, halving, halving2, seeds, halving+seeds, halving2+seeds, race"
+    assert err == "error: --policy 'asha': unknown policy; valid: identity, halving, race"
+    for gone in ("seeds", "halving2", "halving+seeds", "halving2+seeds"):   # the policies removed
+        assert replay.main(["--experiment", "x", "--policy", gone]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: --policy {gone!r}: unknown policy; valid: identity, halving, race"
 
 
 @pytest.mark.slow
@@ -183,4 +187,6 @@ def test_replay_from_an_mlflow_store(tmp_path, capsys):
     # seed 0 (bound 0.01): seed 0 runs 3 x 100 + 25, seed 1 only lr 0.01
     race = next(ln for ln in lines if ln.startswith("race:"))
     assert race.startswith("race: 24 of 32 trials stopped; steps 1,700 of 3,200 (53.1%)") and "same lr in 4 of 4" in race
-    assert (tmp_path / "o" / "replay.json").is_file() and (tmp_path / "o" / "decisions_seeds.csv").is_file()
+    assert (tmp_path / "o" / "replay.json").is_file() and (tmp_path / "o" / "decisions_race.csv").is_file()
+    assert {p.name for p in (tmp_path / "o").iterdir()} == {"replay.json", "decisions_identity.csv",
+                                                            "decisions_halving.csv", "decisions_race.csv"}

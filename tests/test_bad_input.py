@@ -79,6 +79,8 @@ CASES = [
     ("grid", GS, G(models={"vit_demo": {"workers": 0}}), "workers must be an integer >= 1"),
     ("grid", GS, G(models={"vit_demo": {"cpu": -1}}), "cpu must be a number >= 0"),
     ("grid", ["--adaptive", "asha", "--dry-run"], {}, "--adaptive 'asha': unknown policy; valid: identity"),
+    ("grid", ["--adaptive", "seeds", "--dry-run"], {},
+     "--adaptive 'seeds': unknown policy; valid: identity, halving, race"),
     ("grid", GS, G(models={"vit_demo": {"gpu": "a"}}), "gpu must be a number >= 0"),
     ("grid", GS, G(models={"vit_demo": {"cpu": 1, "step_seconds": -2}}), "step_seconds must be"),
     ("grid", GS, G(models={"vit_demo": []}), "must be a mapping"),

@@ -1,6 +1,7 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn as nn
@@ -11,6 +12,7 @@ from scipy import stats
 from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer
 
+from analysis import stats as astats
 from raystudy import plasticity as P
 
 PROPERTY = settings(max_examples=40, deadline=None)
@@ -47,6 +49,11 @@ def batches(x, y, size):
 
 def by_key(rows):
     return {(r["mode"], r["layer"], r["component"]): r for r in rows}
+
+
+def shown(rows):
+    """The probe's rows as the analysis shows them: with the 95% t interval of each mean."""
+    return astats.t_interval(pd.DataFrame(rows)).to_dict("records")
 
 
 # ---------------------------------------------------------------- independent references
@@ -146,7 +153,7 @@ def summary(values):
 
 
 def assert_rows_match(rows, ref):
-    got = by_key(rows)
+    got = by_key(shown(rows))
     assert set(ref) <= set(got)
     for key, values in ref.items():
         want = summary(values)
@@ -312,7 +319,7 @@ def test_running_stats_match_numpy_over_chunks_with_nans():
     for ch in chunks:
         s.update(torch.tensor(np.concatenate([ch, [np.nan]])))
     s.update(torch.full((3,), float("nan")))
-    got = s.result()
+    got = shown([s.result()])[0]
     want = summary(values)
     for k in ("mean", "std", "ci_low", "ci_high"):
         assert got[k] == pytest.approx(want[k], rel=1e-12)
@@ -324,7 +331,7 @@ def test_running_stats_of_one_or_no_value():
     assert s.result()["n"] == 0 and math.isnan(s.result()["mean"])
     s.update(torch.tensor([4.0]))
     r = s.result()
-    assert r["mean"] == 4.0 and math.isnan(r["std"]) and math.isnan(r["ci_low"])
+    assert r["mean"] == 4.0 and math.isnan(r["std"]) and math.isnan(shown([r])[0]["ci_low"])
 
 
 # ---------------------------------------------------------------- the probe against references
@@ -363,8 +370,8 @@ def test_bounds_hold_for_every_layer_and_mode_and_depend_on_the_mode():
 def test_streaming_in_batches_equals_one_big_batch():
     vit = tiny_vit()
     x, y = images(13, 5), images(13, 6, shift=0.3)
-    one = by_key(P.probe(vit, [(x, y)], mode="both"))
-    streamed = by_key(P.probe(vit, batches(x, y, 3), mode="both"))  # 3, 3, 3, 3, 1
+    one = by_key(shown(P.probe(vit, [(x, y)], mode="both")))
+    streamed = by_key(shown(P.probe(vit, batches(x, y, 3), mode="both")))  # 3, 3, 3, 3, 1
     assert one.keys() == streamed.keys()
     for key in one:
         for k in ("mean", "std", "n", "ci_low", "ci_high", "bound"):
@@ -482,23 +489,31 @@ def test_probe_runs_on_timm_vits_and_stays_under_the_bounds(name, kw):
         assert r["mean"] <= r["bound"], r
 
 
-@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 31, 102, 1000, 12799, 10**6])
-def test_t_quantile_is_scipys(df):
-    for p in (0.55, 0.75, 0.9, 0.95, 0.975, 0.99, 0.999, 0.9999):
-        assert P.t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-8, abs=1e-12), p
-        assert P.t_quantile(1 - p, df) == -P.t_quantile(p, df)
-    assert P.t_quantile(0.5, df) == 0.0
-
-
-def test_t_quantile_refuses_what_has_none():
-    for p, df in ((0.0, 3), (1.0, 3), (0.975, 0)):
-        with pytest.raises(ValueError, match="0 < p < 1 and df >= 1"):
-            P.t_quantile(p, df)
+def test_the_interval_shown_is_the_t_interval_of_n_mean_and_std():
+    # the probe's table, as the report, the figures and the probe command line show it; the
+    # interval computed here from each row's n, mean and std alone
+    rows = P.probe(tiny_vit(), batches(images(9, 1), images(9, 2, shift=0.7), 4), mode="both")
+    table = P.to_frame(rows + [dict(rows[0], layer=7, n=1, std=math.nan), dict(rows[0], layer=8, n=0)],
+                       model="m", dataset="d")
+    got = astats.t_interval(table)
+    cols = list(P.COLUMNS)
+    assert list(got.columns) == cols[:cols.index("n") + 1] + ["ci_low", "ci_high"] + cols[cols.index("n") + 1:]
+    for r in got.itertuples():
+        if r.n < 2:
+            assert math.isnan(r.ci_low) and math.isnan(r.ci_high)
+            continue
+        half = stats.t.ppf(0.975, r.n - 1) * r.std / math.sqrt(r.n)
+        assert (r.ci_low, r.ci_high) == pytest.approx((r.mean - half, r.mean + half), rel=1e-12), r
+    big = pd.DataFrame({"n": [12800, 10**6], "mean": [2.0, 2.0], "std": [1.0, 1.0]})
+    want = [2.0 + stats.t.ppf(0.975, n - 1) / math.sqrt(n) for n in (12800, 10**6)]
+    assert astats.t_interval(big)["ci_high"].tolist() == pytest.approx(want, rel=1e-12)
+    ninety = 2.0 + stats.t.ppf(0.95, 12799) / math.sqrt(12800)
+    assert astats.t_interval(big, level=0.9)["ci_high"][0] == pytest.approx(ninety, rel=1e-12)
 
 
 def test_the_probe_runs_without_scipy(monkeypatch):
-    # scipy.stats costs every trial worker ~2 s of CPU to import; a probe's only statistic is the
-    # t interval. Any scipy import during the probe fails here.
+    # scipy.stats costs every trial worker ~2 s of CPU to import; the probe measures n, mean and
+    # std and leaves the interval to the analysis. Any scipy import during the probe fails here.
     import importlib.abc
     import sys
 
@@ -511,7 +526,9 @@ def test_the_probe_runs_without_scipy(monkeypatch):
         monkeypatch.delitem(sys.modules, m)
     monkeypatch.setattr(sys, "meta_path", [NoScipy(), *sys.meta_path])
     rows = P.probe(tiny_vit(), batches(images(10, 1), images(10, 2, shift=0.7), 4), mode="both")
-    assert len(rows) == 2 * 2 * 5 and all(r["ci_low"] < r["mean"] < r["ci_high"] for r in rows)
+    assert len(rows) == 2 * 2 * 5 and all(r["n"] == 10 and r["std"] > 0 for r in rows)
+    monkeypatch.undo()
+    assert all(r["ci_low"] < r["mean"] < r["ci_high"] for r in shown(rows))
 
 
 def _reference_pairs(n_source, n_target, batch_size, n_steps):

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy import stats
 
 from raystudy import datasets, plasticity, probe
 
@@ -24,11 +25,15 @@ def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp
     assert files == {"plasticity.csv", "plasticity.parquet", "plasticity.png", "plasticity.pdf"}
 
     df = pd.read_parquet(out / "plasticity.parquet")
-    assert list(df.columns) == list(plasticity.COLUMNS)
+    cols = list(plasticity.COLUMNS)   # with the interval of each mean after n, as the report shows it
+    assert list(df.columns) == cols[:cols.index("n") + 1] + ["ci_low", "ci_high"] + cols[cols.index("n") + 1:]
     assert len(df) == 2 * 4 * 5 and (df["n"] == 96).all()  # modes x blocks x components
     assert set(df["model"]) == {"vit_demo"} and set(df["dataset"]) == {"digits_c"}
     assert (df["mean"] <= df["bound"]).all()
     assert (df["ci_low"] < df["mean"]).all() and (df["mean"] < df["ci_high"]).all()
+    half = stats.t.ppf(0.975, df["n"] - 1) * df["std"] / np.sqrt(df["n"])   # from n, mean and std alone
+    assert np.allclose(df["ci_low"], df["mean"] - half, rtol=1e-12, atol=0)
+    assert np.allclose(df["ci_high"], df["mean"] + half, rtol=1e-12, atol=0)
     assert pd.read_csv(out / "plasticity.csv").shape == df.shape
     # the ranking printed is the aggregate's
     agg = probe.aggregate(df)
@@ -120,8 +125,7 @@ def test_table_aggregate_ranking_and_files(tmp_path):
                             "in_situ": {"LN1": (9, 9), "MHA": (1, 1), "FC1": (5, 3)}}.items():
         for c, means in per_layer.items():
             for layer, m in enumerate(means):
-                rows.append(dict(mode=mode, layer=layer, component=c, mean=float(m), std=0.5, n=10,
-                                 ci_low=m - 0.3, ci_high=m + 0.3, bound=10.0))
+                rows.append(dict(mode=mode, layer=layer, component=c, mean=float(m), std=0.5, n=10, bound=10.0))
     df = plasticity.to_frame(rows, model="vit_base_patch16_224.orig_in21k", dataset="cifar100")
     assert list(df.columns) == list(plasticity.COLUMNS)
     agg = probe.aggregate(df)
@@ -134,6 +138,7 @@ def test_table_aggregate_ranking_and_files(tmp_path):
     assert ranking("shared") == ["MHA", "LN1", "FC1"]  # LN1 2.0 ties FC1 2.0: table order
     assert ranking("in_situ") == ["LN1", "FC1", "MHA"]
     assert shared.loc["FC1", "rank"] == shared.loc["LN1", "rank"] == 2
+    assert probe.aggregate(probe.with_interval(df)).equals(agg)   # the interval is no key of the table
 
     files = probe.save_table(df, tmp_path / "t")
     import pandas as pd
