@@ -32,15 +32,15 @@ Input: per-run results, a per-dataset summary (``dataset, condition, mean[, std]
 paper's table shape (``dataset`` plus one column per condition, cells ``mean`` or ``mean ±
 std``); see ``analysis.load``.
 
-Past the p-values (``analysis.trust``, over every condition analysed): effect sizes beside every test (Hodges-Lehmann shift with
-its interval, rank-biserial r); stratified-bootstrap intervals of each condition's mean and IQM,
-of every pairwise difference and of the probability of improvement (``--bootstrap-reps``,
-``--bootstrap-seed``, ``--bootstrap-over``); Bayesian signed-rank and hierarchical tests with a
-region of practical equivalence (``--rope`` accuracy points, ``--no-hierarchical``); the CD
-diagram's bars from Nemenyi or from the Wilcoxon-Holm tests (``--cd-cliques``); the expected best
-accuracy against the number of lrs tried and lrs chosen at the edge of their grid; the split of
-the runs' variance into dataset, lr and seed; rank correlations of plasticity and gradient norm
-with accuracy, with bootstrap intervals.
+Past the p-values (``analysis.trust``, over every condition analysed): effect sizes beside every
+test (Hodges-Lehmann shift with its interval, rank-biserial r); stratified-bootstrap intervals of
+each condition's mean and IQM, of every pairwise difference and of the probability of improvement
+(``--bootstrap-reps``, ``--bootstrap-seed``, ``--bootstrap-over``); Bayesian signed-rank and
+hierarchical tests with a region of practical equivalence (``--rope`` accuracy points,
+``--no-hierarchical``); the CD diagram's bars from Nemenyi or from the Wilcoxon-Holm tests
+(``--cd-cliques``); the expected best accuracy against the number of lrs tried and lrs chosen at
+the edge of their grid; the split of the runs' variance into dataset, lr and seed; rank
+correlations of plasticity and gradient norm with accuracy, with bootstrap intervals.
 
 Everything goes to ``--out`` (tables as .md/.csv/.tex, figures as .png/.pdf unless
 ``--no-figures``, ``report.md``); the report is printed. Read from MLflow, the folder is also
@@ -60,7 +60,7 @@ import pandas as pd
 
 from analysis import AnalysisError, figures, load, output, sections, stats, study, tables, trust
 from analysis.sections import CURVE_KEYS
-from analysis.study import paper_order
+from analysis.study import paper_order  # noqa: F401 - callers use analysis.report.paper_order
 
 # The paper's own comparison: the five single components (--paper-comparison).
 PAPER_COMPARISON = ("LN1", "MHA", "LN2", "FC1", "FC2")
@@ -262,6 +262,7 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def build_parser():
+    """The command line of ``python -m analysis.report``."""
     from raystudy import cli
 
     ap = cli.Parser("python -m analysis.report", __doc__)
@@ -306,6 +307,8 @@ def build_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write the report of an MLflow experiment or a CSV and print it; returns the exit status:
+    0, or 2 with one ``error:`` line on bad input (nothing written then)."""
     from raystudy import cli
     from raystudy.errors import ConfigError
 
