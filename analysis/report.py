@@ -96,7 +96,7 @@ def analyse(out_dir: str | Path, *, draw_figures: bool = True, **study_args) -> 
     are over (default: linear_probe if present, else ``reference``); also ``select_on``,
     ``reference``, ``conditions``, ``datasets``, ``ddof``, ``title``. ``draw_figures``: off, the
     tables and tests alone. Every section is computed before anything is written: bad input
-    raises AnalysisError and leaves no ``out_dir``.
+    raises AnalysisError and writes nothing.
     """
     parts = sections.of(study.build(**study_args))
     return Report(text=output.text(parts), files=output.write(out_dir, parts, draw_figures))
