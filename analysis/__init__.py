@@ -9,6 +9,10 @@
     synthetic a made-up study in the runs-table layout, for tests and benchmarks
     tables    Markdown, CSV and LaTeX writers
     figures   matplotlib figures as PNG and PDF
+    study     the study a report describes, built and checked once (frozen)
+    sections  the report's sections: each a function of the study, returning Markdown, tables
+              and figures and writing nothing
+    output    a section's outputs as data, and the one writer that puts them on disk
     report    ``python -m analysis.report``: everything above into one folder (and MLflow)
     export_best  ``python -m analysis.export_best``: the best config of each condition as YAML
 

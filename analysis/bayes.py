@@ -19,15 +19,16 @@ probable (``baycomp.Posterior.probs``).
   httpstan and a C++ toolchain compiling the model at first use (minutes); here a Gibbs sampler
   in numpy (the t as a scale mixture of normals; nu, and its Gamma prior's parameters, by
   Metropolis steps) runs all pairs at once, with nothing to compile (8 chains × 500 draws after 300
-  of burn-in; on a fixed case it agrees with baycomp's Stan fit within Monte Carlo error). One difference from baycomp: its
-  noise correlation rho = 1/folds is for overlapping cross-validation training sets; seeds are
-  independent trainings, so rho = 0 here.
+  of burn-in; on a fixed case it agrees with baycomp's Stan fit within Monte Carlo error). One
+  difference from baycomp: its noise correlation rho = 1/folds is for overlapping
+  cross-validation training sets; seeds are independent trainings, so rho = 0 here.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import special as sp
@@ -169,8 +170,115 @@ def hierarchical_stats(x: np.ndarray, y: np.ndarray, rope: float, random_state: 
     mean = np.array([r.mean() for r in out])
     ss = np.array([((r - r.mean()) ** 2).sum() for r in out])
     std_within = float(np.mean([np.std(r) for r in out]))
-    return {"n": n, "mean": mean, "ss": ss, "rope": rope_s, "scale": std_diff, "max_abs": float(max(np.abs(r).max() for r in out)),
-            "std_within": std_within, "std_among": float(np.std(mean))}
+    return {"n": n, "mean": mean, "ss": ss, "rope": rope_s, "scale": std_diff,
+            "max_abs": float(max(np.abs(r).max() for r in out)), "std_within": std_within,
+            "std_among": float(np.std(mean))}
+
+
+@dataclass
+class _Data:
+    """All pairs' sufficient statistics, padded to (chains × pairs, datasets) arrays (datasets a
+    pair lacks masked out), with per-chain counts and the priors' bounds."""
+
+    mask: np.ndarray
+    n: np.ndarray
+    xbar: np.ndarray
+    ss: np.ndarray
+    q: np.ndarray
+    d_hi: np.ndarray
+    s_hi: np.ndarray
+    s0_hi: np.ndarray
+    std_among: np.ndarray
+    std_within: np.ndarray
+
+
+def _padded(data: list[dict], chains: int, upper_sigma: float) -> _Data:
+    """``hierarchical_stats`` results tiled ``chains`` times, padded to the most datasets."""
+    P, Q = len(data), max(len(t["n"]) for t in data)
+
+    def pad(key, fill):
+        a = np.full((P, Q), fill, float)
+        for p, t in enumerate(data):
+            a[p, :len(t[key])] = t[key]
+        return np.tile(a, (chains, 1))
+
+    per = lambda key: np.tile(np.array([t[key] for t in data], float), chains)  # noqa: E731
+    mask = pad("n", 0.0) > 0
+    q = mask.sum(axis=1).astype(float)
+    s0_hi = np.where(q > 1, per("std_among"), per("std_within")) * upper_sigma
+    return _Data(mask=mask, n=np.where(mask, pad("n", 2.0), 2.0), xbar=pad("mean", 0.0),
+                 ss=np.where(mask, pad("ss", 1.0), 1.0), q=q, d_hi=per("max_abs"),
+                 s_hi=per("std_within") * upper_sigma, s0_hi=np.maximum(s0_hi, 1e-12),
+                 std_among=per("std_among"), std_within=per("std_within"))
+
+
+@dataclass
+class _Chains:
+    """The Gibbs sampler's state, one row per chain."""
+
+    delta: np.ndarray
+    delta0: np.ndarray
+    std0: np.ndarray
+    sigma2: np.ndarray
+    lam: np.ndarray
+    nu_m1: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+
+
+def _start(m: _Data) -> _Chains:
+    """delta_i at the dataset means, delta0 at their mean, std0 and sigma_i at the spreads."""
+    B, Q = m.xbar.shape
+    return _Chains(delta=m.xbar.copy(),
+                   delta0=np.clip((m.xbar * m.mask).sum(axis=1) / m.q, -m.d_hi, m.d_hi),
+                   std0=np.maximum(m.std_among, 0.1 * m.std_within) + 1e-6,
+                   sigma2=np.where(m.mask, m.ss / np.maximum(m.n - 1, 1), 1.0) + 1e-12,
+                   lam=np.ones((B, Q)), nu_m1=np.full(B, 5.0), alpha=np.full(B, 1.5),
+                   beta=np.full(B, 0.05))
+
+
+def _step_means(c: _Chains, m: _Data, rng) -> None:
+    """One Gibbs sweep over delta_i, sigma_i, lambda_i, delta0 and std0, in place."""
+    mask, n, xbar = m.mask, m.n, m.xbar
+    # delta_i | rest: normal, data precision n/sigma^2 and prior precision lambda/std0^2
+    prior_prec = c.lam / c.std0[:, None] ** 2
+    prec = np.where(mask, n / c.sigma2, 0.0) + prior_prec
+    mu = (np.where(mask, n * xbar / c.sigma2, 0.0) + prior_prec * c.delta0[:, None]) / prec
+    c.delta = mu + rng.standard_normal(xbar.shape) / np.sqrt(prec)
+    # sigma_i^2 | rest: 1/sigma^2 ~ Gamma((n-1)/2, S/2), sigma uniform on (0, s_hi)
+    s_i = m.ss + n * (xbar - c.delta) ** 2
+    tau = _gamma_above((n - 1) / 2, s_i / 2, 1 / m.s_hi[:, None] ** 2, rng)
+    c.sigma2 = np.where(mask, 1 / tau, 1.0)
+    # lambda_i | rest: the t's mixing weights
+    z2 = (c.delta - c.delta0[:, None]) ** 2 / c.std0[:, None] ** 2
+    c.lam = rng.gamma((c.nu_m1[:, None] + 2) / 2) / ((c.nu_m1[:, None] + 1 + z2) / 2)
+    # delta0 | rest: normal truncated to (−max|x|, max|x|), uniform prior
+    wsum = (c.lam * mask).sum(axis=1)
+    c.delta0 = _trunc_normal((c.lam * c.delta * mask).sum(axis=1) / wsum, c.std0 / np.sqrt(wsum),
+                             -m.d_hi, m.d_hi, rng)
+    # std0 | rest: 1/std0^2 ~ Gamma((q-1)/2, sum lambda (delta-delta0)^2 / 2), std0 uniform
+    s0 = (c.lam * (c.delta - c.delta0[:, None]) ** 2 * mask).sum(axis=1)
+    tau0 = _gamma_above(np.maximum(m.q - 1, 0.5) / 2, s0 / 2, 1 / m.s0_hi ** 2, rng)
+    c.std0 = 1 / np.sqrt(tau0)
+
+
+def _step_nu(c: _Chains, m: _Data, rng, alpha_range, beta_range) -> None:
+    """One Metropolis-within-Gibbs sweep over nu and its Gamma prior's alpha and beta, in place."""
+    B = len(c.nu_m1)
+    # nu − 1 | lambda, alpha, beta: random-walk Metropolis on its log (+ u: the Jacobian)
+    u = np.log(c.nu_m1)
+    prop = u + 0.5 * rng.standard_normal(B)
+    sl, sv = (np.log(c.lam) * m.mask).sum(axis=1), (c.lam * m.mask).sum(axis=1)
+    cur = _nu_logpost(c.nu_m1, c.alpha, c.beta, m.q, sl, sv) + u
+    new = _nu_logpost(np.exp(prop), c.alpha, c.beta, m.q, sl, sv) + prop
+    accept = np.log(rng.random(B)) < new - cur
+    c.nu_m1 = np.where(accept, np.exp(prop), c.nu_m1)
+    # alpha | nu, beta: independence Metropolis from its uniform prior
+    prop_a = rng.uniform(*alpha_range, B)
+    la = lambda a: a * np.log(c.beta) + (a - 1) * np.log(c.nu_m1) - sp.gammaln(a)  # noqa: E731
+    c.alpha = np.where(np.log(rng.random(B)) < la(prop_a) - la(c.alpha), prop_a, c.alpha)
+    # beta | alpha, nu: Gamma(alpha + 1, nu − 1) truncated to its prior's range
+    c.beta = _trunc_gamma(c.alpha + 1, c.nu_m1, np.full(B, beta_range[0]), np.full(B, beta_range[1]), rng)
 
 
 def hierarchical_samples(data: list[dict], draws: int = 500, burn: int = 300, chains: int = 8,
@@ -183,73 +291,17 @@ def hierarchical_samples(data: list[dict], draws: int = 500, burn: int = 300, ch
     arrays of shape (pairs, chains × draws) for ``delta0``, ``std0`` and ``nu``.
     """
     rng = np.random.default_rng(random_state)
-    P, Q = len(data), max(len(t["n"]) for t in data)
-    B = chains * P
-
-    def pad(key, fill):
-        a = np.full((P, Q), fill, float)
-        for p, t in enumerate(data):
-            a[p, :len(t[key])] = t[key]
-        return np.tile(a, (chains, 1))
-
-    mask = pad("n", 0.0) > 0
-    n = np.where(mask, pad("n", 2.0), 2.0)
-    xbar, ss = pad("mean", 0.0), np.where(mask, pad("ss", 1.0), 1.0)
-    per = lambda key: np.tile(np.array([t[key] for t in data], float), chains)  # noqa: E731
-    q = mask.sum(axis=1).astype(float)
-    d_hi = per("max_abs")
-    s_hi = per("std_within") * upper_sigma
-    s0_hi = np.where(q > 1, per("std_among"), per("std_within")) * upper_sigma
-    s0_hi = np.maximum(s0_hi, 1e-12)
-
-    # start: delta_i at the dataset means, delta0 at their mean, std0 and sigma_i at the spreads
-    delta = xbar.copy()
-    delta0 = np.clip((xbar * mask).sum(axis=1) / q, -d_hi, d_hi)
-    std0 = np.maximum(per("std_among"), 0.1 * per("std_within")) + 1e-6
-    sigma2 = np.where(mask, ss / np.maximum(n - 1, 1), 1.0) + 1e-12
-    lam = np.ones((B, Q))
-    nu_m1 = np.full(B, 5.0)
-    alpha, beta = np.full(B, 1.5), np.full(B, 0.05)
-    keep = {k: np.empty((B, draws)) for k in ("delta0", "std0", "nu")}
+    P = len(data)
+    m = _padded(data, chains, upper_sigma)
+    c = _start(m)
+    keep = {k: np.empty((chains * P, draws)) for k in ("delta0", "std0", "nu")}
     for it in range(burn + draws):
-        # delta_i | rest: normal, data precision n/sigma^2 and prior precision lambda/std0^2
-        prior_prec = lam / std0[:, None] ** 2
-        prec = np.where(mask, n / sigma2, 0.0) + prior_prec
-        mu = (np.where(mask, n * xbar / sigma2, 0.0) + prior_prec * delta0[:, None]) / prec
-        delta = mu + rng.standard_normal((B, Q)) / np.sqrt(prec)
-        # sigma_i^2 | rest: 1/sigma^2 ~ Gamma((n-1)/2, S/2), sigma uniform on (0, s_hi)
-        s_i = ss + n * (xbar - delta) ** 2
-        tau = _gamma_above((n - 1) / 2, s_i / 2, 1 / s_hi[:, None] ** 2, rng)
-        sigma2 = np.where(mask, 1 / tau, 1.0)
-        # lambda_i | rest: the t's mixing weights
-        z2 = (delta - delta0[:, None]) ** 2 / std0[:, None] ** 2
-        lam = rng.gamma((nu_m1[:, None] + 2) / 2) / ((nu_m1[:, None] + 1 + z2) / 2)
-        # delta0 | rest: normal truncated to (−max|x|, max|x|), uniform prior
-        wsum = (lam * mask).sum(axis=1)
-        delta0 = _trunc_normal((lam * delta * mask).sum(axis=1) / wsum, std0 / np.sqrt(wsum),
-                               -d_hi, d_hi, rng)
-        # std0 | rest: 1/std0^2 ~ Gamma((q-1)/2, sum lambda (delta-delta0)^2 / 2), std0 uniform
-        s0 = (lam * (delta - delta0[:, None]) ** 2 * mask).sum(axis=1)
-        tau0 = _gamma_above(np.maximum(q - 1, 0.5) / 2, s0 / 2, 1 / s0_hi ** 2, rng)
-        std0 = 1 / np.sqrt(tau0)
-        # nu − 1 | lambda, alpha, beta: random-walk Metropolis on its log (+ u: the Jacobian)
-        u = np.log(nu_m1)
-        prop = u + 0.5 * rng.standard_normal(B)
-        sl, sv = (np.log(lam) * mask).sum(axis=1), (lam * mask).sum(axis=1)
-        cur = _nu_logpost(nu_m1, alpha, beta, q, sl, sv) + u
-        new = _nu_logpost(np.exp(prop), alpha, beta, q, sl, sv) + prop
-        accept = np.log(rng.random(B)) < new - cur
-        nu_m1 = np.where(accept, np.exp(prop), nu_m1)
-        # alpha | nu, beta: independence Metropolis from its uniform prior
-        prop_a = rng.uniform(*alpha_range, B)
-        la = lambda a: a * np.log(beta) + (a - 1) * np.log(nu_m1) - sp.gammaln(a)  # noqa: E731
-        alpha = np.where(np.log(rng.random(B)) < la(prop_a) - la(alpha), prop_a, alpha)
-        # beta | alpha, nu: Gamma(alpha + 1, nu − 1) truncated to its prior's range
-        beta = _trunc_gamma(alpha + 1, nu_m1, np.full(B, beta_range[0]), np.full(B, beta_range[1]), rng)
+        _step_means(c, m, rng)
+        _step_nu(c, m, rng, alpha_range, beta_range)
         if it >= burn:
-            keep["delta0"][:, it - burn] = delta0
-            keep["std0"][:, it - burn] = std0
-            keep["nu"][:, it - burn] = nu_m1 + 1
+            keep["delta0"][:, it - burn] = c.delta0
+            keep["std0"][:, it - burn] = c.std0
+            keep["nu"][:, it - burn] = c.nu_m1 + 1
     # (chains × pairs, draws) → (pairs, chains × draws)
     return {k: v.reshape(chains, P, draws).transpose(1, 0, 2).reshape(P, chains * draws)
             for k, v in keep.items()}

@@ -179,6 +179,7 @@ def check(paths: list[Path]) -> list[str]:
 
 
 def build_parser():
+    """The command line of ``python -m analysis.export_best``."""
     from raystudy import cli
 
     ap = cli.Parser("python -m analysis.export_best", __doc__)
@@ -195,6 +196,8 @@ def build_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Export the best config of each condition (or dataset and condition) as YAML; returns the
+    exit status: 0, or 2 with one ``error:`` line on bad input."""
     from raystudy import cli
 
     args = build_parser().parse_args(argv)

@@ -48,6 +48,7 @@ class Outputs(list):
         self.draw = draw
 
     def add(self, fig_fn, *args, **kw) -> None:
+        """Draw ``fig_fn(*args, **kw)`` and keep the files it returns, when drawing is on."""
         if self.draw:
             self.extend(fig_fn(*args, **kw))
 
@@ -89,11 +90,13 @@ class _LogLabels:
         self.minor = minor
 
     def formatter(self, axis):
+        """A matplotlib tick formatter of ``axis`` giving ``label``'s text."""
         from matplotlib.ticker import FuncFormatter
 
         return FuncFormatter(lambda x, pos: self.label(x, axis.get_view_interval()))
 
     def label(self, x: float, view) -> str:
+        """The label of tick ``x`` on an axis showing ``view`` (low, high); empty: no label."""
         if not (x > 0 and math.isfinite(x)):
             return ""
         lo, hi = sorted(float(v) for v in view)

@@ -81,6 +81,7 @@ def dedupe(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 # ---------------------------------------------------------------- MLflow
 
 def client(tracking_uri: str | None = None):
+    """An MLflow client of ``tracking_uri`` (``raystudy.tracking.client``)."""
     return tracking.client(tracking_uri)
 
 
@@ -140,6 +141,7 @@ def grid_runs(experiment: str, tracking_uri: str | None = None) -> list[str]:
 
 
 def run_params(run_id: str, tracking_uri: str | None = None) -> dict[str, str]:
+    """The params a run logged, as strings."""
     return dict(client(tracking_uri).get_run(run_id).data.params)
 
 

@@ -45,6 +45,7 @@ def fmt_p(p: float) -> str:
 
 
 def fmt_lr(lr: float) -> str:
+    """A learning rate as ``%g`` (``0.001``, ``3e-05``); NaN and None as a dash."""
     return DASH if lr is None or math.isnan(lr) else f"{lr:g}"
 
 
@@ -77,6 +78,7 @@ def markdown(df: pd.DataFrame, index: bool = True) -> str:
 
 
 def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped, and ±, the dash and − as LaTeX writes them."""
     return "".join(_LATEX.get(ch, ch) for ch in text)
 
 
@@ -256,6 +258,8 @@ def _effect_columns(df: pd.DataFrame, scale: float, digits: int) -> dict[str, li
 
 
 def posthoc_table(pairs: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.DataFrame:
+    """``stats.pairwise_wilcoxon`` formatted: one row per pair, raw and Holm-corrected p, whether
+    significant, and the effect sizes where present."""
     shown = pd.DataFrame({
         "pair": [f"{a} vs {b}" for a, b in zip(pairs["a"], pairs["b"])],
         "n": pairs["n"].astype(int).astype(str),

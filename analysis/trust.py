@@ -1,23 +1,24 @@
 """The report's sections past p-values: intervals, equivalence, tuning budget, variance.
 
-Each ``*_section`` takes what ``analysis.report.analyse`` has computed, writes its tables
-(``tables.write_table``) and figures into ``out``, appends the paths to ``files`` and returns
-the section's Markdown. Where the data cannot support a statistic (one dataset, one seed, one
-lr) the section says so in one line instead. The statistics are in ``analysis.stats``,
+Each ``*_section`` takes what ``analysis.study.Study`` holds and returns an
+``analysis.output.Section`` (its Markdown, tables and figures) without writing anything. Where
+the data cannot support a statistic (one dataset, one seed, one lr) the section says so in one
+line instead. The statistics are in ``analysis.stats``,
 ``analysis.intervals`` and ``analysis.bayes``.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from analysis import AnalysisError, bayes, figures, intervals, stats, tables
+from analysis.output import Figure, Section, Table, section
 
 BOOTSTRAP_OVER = ("datasets+seeds", "seeds")
 CD_CLIQUES = ("nemenyi", "wilcoxon")
@@ -41,10 +42,6 @@ class Options:
     over: str = "datasets+seeds"
     hierarchical: bool = True
     cd_cliques: str = "nemenyi"
-
-
-def _section(title: str, body: str) -> str:
-    return f"## {title}\n\n{body.rstrip()}\n"
 
 
 def pair_list(order: list[str], reference: str | None) -> list[tuple[str, str]]:
@@ -82,16 +79,16 @@ def _shape_note(scores: np.ndarray) -> str | None:
 # ---------------------------------------------------------------- 1. intervals
 
 def intervals_section(scores: np.ndarray, order: list[str], reference: str, scale: float,
-                      opts: Options, out: Path, files: list) -> tuple[str, pd.DataFrame | None]:
+                      opts: Options) -> Section:
     """Bootstrap intervals of each condition's mean and IQM, of every pairwise difference, and
-    the probability of improvement. Returns the section and the pairwise frame."""
+    the probability of improvement."""
     note = _shape_note(scores)
     title = "Interval estimates (stratified bootstrap)"
     fixed = opts.over == "seeds" or scores.shape[1] == 1
     if fixed and int((~np.isnan(scores)).sum(axis=-1).max()) == 1:
         note = ("One run per dataset and condition, and datasets fixed (--bootstrap-over seeds): "
                 "no interval can be estimated." if scores.shape[1] > 1 else note)
-        return _section(title, note), None
+        return section(title, note)
     boot = intervals.resample(scores, opts.reps, opts.seed, datasets=not fixed)
     agg = intervals.aggregate_intervals(scores, order, boot=boot)
     pairs = intervals.pairwise_intervals(scores, order, boot=boot, pairs=pair_list(order, reference))
@@ -103,7 +100,6 @@ def intervals_section(scores: np.ndarray, order: list[str], reference: str, scal
         f"IQM{unit} [95% CI]": [tables.interval(wide.loc[c, ("estimate", "iqm")], wide.loc[c, ("low", "iqm")],
                                                 wide.loc[c, ("high", "iqm")], 2, scale) for c in order],
     }, index=pd.Index(order, name="condition"))
-    files += tables.write_table(out, "intervals", shown, agg)
     pshown = pd.DataFrame({
         "pair": [f"{a} − {b}" for a, b in zip(pairs["a"], pairs["b"])],
         "mean diff [95% CI]": [tables.interval(*r, 2, scale) for r in
@@ -116,9 +112,6 @@ def intervals_section(scores: np.ndarray, order: list[str], reference: str, scal
                                    zip(pairs["cliffs_delta"], pairs["cliffs_delta_low"],
                                        pairs["cliffs_delta_high"])],
     }).set_index("pair")
-    files += tables.write_table(out, "intervals_pairwise", pshown, pairs)
-    files.add(figures.intervals, agg, order, out / "figures" / "intervals", scale)
-    files.add(figures.improvement, pairs, out / "figures" / "probability_of_improvement")
     over = "seeds within each dataset" if fixed else "datasets, and seeds within each drawn dataset"
     lines = [f"{opts.reps} bootstrap replicates (seed {opts.seed}) resampling {over}; percentile "
              "95% intervals. Mean: the average over datasets of the seed means (the accuracy "
@@ -132,57 +125,28 @@ def intervals_section(scores: np.ndarray, order: list[str], reference: str, scal
     if note:
         lines.append(note)
     lines += ["", tables.markdown(shown).rstrip(), "", tables.markdown(pshown).rstrip()]
-    return _section(title, "\n".join(lines)), pairs
+    return section(title, "\n".join(lines),
+                   (Table("intervals", shown, agg), Table("intervals_pairwise", pshown, pairs)),
+                   (Figure("intervals", functools.partial(figures.intervals, agg, order, scale=scale)),
+                    Figure("probability_of_improvement", functools.partial(figures.improvement, pairs))))
 
 
 # ---------------------------------------------------------------- 2. equivalence
 
 def rope_section(table: pd.DataFrame, scores: np.ndarray, order: list[str], reference: str,
-                 scale: float, opts: Options, out: Path, files: list) -> str:
+                 scale: float, opts: Options) -> Section:
     """Bayesian signed-rank and hierarchical tests with a ROPE for every pair."""
     title = f"Practical equivalence (ROPE ±{opts.rope:g} accuracy points)"
     n_d = table.shape[0]
     if n_d < 2:
-        return _section(title, f"One dataset ({table.index[0]}): the Bayesian tests compare "
-                               "conditions over datasets; nothing to test.")
+        return section(title, f"One dataset ({table.index[0]}): the Bayesian tests compare "
+                              "conditions over datasets; nothing to test.")
     width = opts.rope / scale if scale == 100 else opts.rope
     pairs = pair_list(order, reference)
-    rows = []
-    for a, b in pairs:
-        r = bayes.signed_rank(table[a].to_numpy(float), table[b].to_numpy(float), width,
-                              random_state=opts.seed)
-        rows.append({"a": a, "b": b, "datasets": r["n"], "signed_rank_p_a": r["p_a"],
-                     "signed_rank_p_rope": r["p_rope"], "signed_rank_p_b": r["p_b"]})
-    df = pd.DataFrame(rows)
-    hier_note = None
-    if opts.hierarchical:
-        idx = {c: i for i, c in enumerate(order)}
-        h = bayes.hierarchical([(scores[idx[a]], scores[idx[b]]) for a, b in pairs], width,
-                               random_state=opts.seed)
-        df["hierarchical_p_a"] = [r["p_a"] for r in h]
-        df["hierarchical_p_rope"] = [r["p_rope"] for r in h]
-        df["hierarchical_p_b"] = [r["p_b"] for r in h]
-        # delta0 is the mean of b − a; reported as a − b like every other difference
-        df["hierarchical_mean_diff"] = [-r["delta0"] for r in h]
-        if df["hierarchical_p_rope"].isna().all():
-            hier_note = ("Hierarchical test: needs two or more datasets with two or more paired "
-                         "seeds (seeds finished for both conditions at their chosen lrs).")
-    else:
-        hier_note = "Hierarchical test: off (--no-hierarchical)."
+    df = _signed_rank_frame(table, pairs, width, opts.seed)
+    hier_note = _add_hierarchical(df, scores, order, pairs, width, opts)
     has_h = "hierarchical_p_rope" in df and df["hierarchical_p_rope"].notna().any()
-    f = lambda v: tables.fmt(v, 3)  # noqa: E731
-    shown = pd.DataFrame({
-        "pair (a vs b)": [f"{a} vs {b}" for a, b in pairs],
-        "P(a better)": df["signed_rank_p_a"].map(f), "P(equivalent)": df["signed_rank_p_rope"].map(f),
-        "P(b better)": df["signed_rank_p_b"].map(f),
-    })
-    if has_h:
-        shown["hier. P(a better)"] = df["hierarchical_p_a"].map(f)
-        shown["hier. P(equivalent)"] = df["hierarchical_p_rope"].map(f)
-        shown["hier. P(b better)"] = df["hierarchical_p_b"].map(f)
-    shown = shown.set_index("pair (a vs b)")
-    files += tables.write_table(out, "rope", shown, df)
-    files.add(figures.rope_bars, df, out / "figures" / "rope", opts.rope)
+    shown = _rope_shown(df, pairs, has_h)
     lines = [f"For each pair, the posterior probability that a new dataset's difference is "
              f"most probably in favour of a by more than {opts.rope:g} points (P(a better)), "
              "within that margin (P(equivalent)), or in favour of b. Bayesian signed-rank test "
@@ -193,7 +157,62 @@ def rope_section(table: pd.DataFrame, scores: np.ndarray, order: list[str], refe
              + "."]
     if hier_note:
         lines.append(hier_note)
-    lines.append("")
+    lines += ["", *_verdicts(df, pairs, order, reference, has_h), "", tables.markdown(shown).rstrip()]
+    return section(title, "\n".join(lines), (Table("rope", shown, df),),
+                   (Figure("rope", functools.partial(figures.rope_bars, df, width=opts.rope)),))
+
+
+def _signed_rank_frame(table: pd.DataFrame, pairs: list[tuple[str, str]], width: float,
+                       seed: int) -> pd.DataFrame:
+    """One row per pair: the Bayesian signed-rank test over the per-dataset means."""
+    rows = []
+    for a, b in pairs:
+        r = bayes.signed_rank(table[a].to_numpy(float), table[b].to_numpy(float), width,
+                              random_state=seed)
+        rows.append({"a": a, "b": b, "datasets": r["n"], "signed_rank_p_a": r["p_a"],
+                     "signed_rank_p_rope": r["p_rope"], "signed_rank_p_b": r["p_b"]})
+    return pd.DataFrame(rows)
+
+
+def _add_hierarchical(df: pd.DataFrame, scores: np.ndarray, order: list[str],
+                      pairs: list[tuple[str, str]], width: float, opts: Options) -> str | None:
+    """The hierarchical test's columns added to ``df`` (``opts.hierarchical`` on); returns a
+    note where it could not run or was off."""
+    if not opts.hierarchical:
+        return "Hierarchical test: off (--no-hierarchical)."
+    idx = {c: i for i, c in enumerate(order)}
+    h = bayes.hierarchical([(scores[idx[a]], scores[idx[b]]) for a, b in pairs], width,
+                           random_state=opts.seed)
+    df["hierarchical_p_a"] = [r["p_a"] for r in h]
+    df["hierarchical_p_rope"] = [r["p_rope"] for r in h]
+    df["hierarchical_p_b"] = [r["p_b"] for r in h]
+    # delta0 is the mean of b − a; reported as a − b like every other difference
+    df["hierarchical_mean_diff"] = [-r["delta0"] for r in h]
+    if df["hierarchical_p_rope"].isna().all():
+        return ("Hierarchical test: needs two or more datasets with two or more paired "
+                "seeds (seeds finished for both conditions at their chosen lrs).")
+    return None
+
+
+def _rope_shown(df: pd.DataFrame, pairs: list[tuple[str, str]], has_h: bool) -> pd.DataFrame:
+    """The ROPE table as shown: the three probabilities of each test, per pair."""
+    f = lambda v: tables.fmt(v, 3)  # noqa: E731
+    shown = pd.DataFrame({
+        "pair (a vs b)": [f"{a} vs {b}" for a, b in pairs],
+        "P(a better)": df["signed_rank_p_a"].map(f), "P(equivalent)": df["signed_rank_p_rope"].map(f),
+        "P(b better)": df["signed_rank_p_b"].map(f),
+    })
+    if has_h:
+        shown["hier. P(a better)"] = df["hierarchical_p_a"].map(f)
+        shown["hier. P(equivalent)"] = df["hierarchical_p_rope"].map(f)
+        shown["hier. P(b better)"] = df["hierarchical_p_b"].map(f)
+    return shown.set_index("pair (a vs b)")
+
+
+def _verdicts(df: pd.DataFrame, pairs: list[tuple[str, str]], order: list[str], reference: str,
+              has_h: bool) -> list[str]:
+    """One line per pair of the reference (every pair without one): each test's verdict."""
+    lines = []
     for (a, b), r in zip(pairs, df.itertuples()):
         if a != reference and reference in order:
             continue
@@ -203,8 +222,7 @@ def rope_section(table: pd.DataFrame, scores: np.ndarray, order: list[str], refe
             text += "; hierarchical: " + _verdict(a, b, r.hierarchical_p_a, r.hierarchical_p_rope,
                                                   r.hierarchical_p_b)
         lines.append(text + ".")
-    lines += ["", tables.markdown(shown).rstrip()]
-    return _section(title, "\n".join(lines))
+    return lines
 
 
 def _verdict(a: str, b: str, pa: float, pe: float, pb: float) -> str:
@@ -219,13 +237,13 @@ def _verdict(a: str, b: str, pa: float, pe: float, pb: float) -> str:
 
 # ---------------------------------------------------------------- 5. tuning budget
 
-def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str], scale: float,
-                   out: Path, files: list) -> str:
+def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str],
+                   scale: float) -> Section:
     """Expected best validation (and its test accuracy) against lrs tried; lrs at grid edges."""
     title = "Tuning budget and the lr grid"
     budget = stats.tuning_budget(means)
     edges = stats.lr_edges(means, best)
-    lines = []
+    lines, written, figs = [], [], ()
     top = int(budget["n_lrs"].max()) if len(budget) else 0
     if top < 2:
         lines.append("One lr per cell: no tuning budget to trace.")
@@ -236,8 +254,8 @@ def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str], sc
                 f"{tables.fmt(t.loc[c, ('expected_val', n)] * scale, 2)} / "
                 f"{tables.fmt(t.loc[c, ('expected_test', n)] * scale, 2)}" if c in t.index else tables.DASH
                 for c in order] for n in range(1, top + 1)}, index=pd.Index(order, name="condition"))
-        files += tables.write_table(out, "tuning_budget", shown, budget, index=True)
-        files.add(figures.tuning_budget, budget, order, out / "figures" / "tuning_budget", scale)
+        written.append(Table("tuning_budget", shown, budget, index=True))
+        figs = (Figure("tuning_budget", functools.partial(figures.tuning_budget, budget, order, scale=scale)),)
         lines += ["Expected best validation accuracy / the test accuracy at that lr, when n of the "
                   "grid's lrs are drawn at random (with replacement) and the best on validation "
                   "kept (Dodge et al., 2019), averaged over datasets. A curve still rising at the "
@@ -251,7 +269,7 @@ def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str], sc
         "grid sizes": [", ".join(map(str, sorted(set(edges.loc[edges['condition'] == c, 'grid_size'].dropna()
                                                      .astype(int))))) for c in order],
     }, index=pd.Index(order, name="condition"))
-    files += tables.write_table(out, "lr_edges", shown_e, edges, index=True)
+    written.append(Table("lr_edges", shown_e, edges, index=True))
     flagged = [(c, e) for c in order for e in ("high", "low")
                if counts.loc[c].get(e, 0) > 0 and c in counts.index]
     if flagged:
@@ -267,13 +285,12 @@ def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str], sc
     else:
         lines.append("No chosen lr sits at an edge of its grid.")
     lines += ["", tables.markdown(shown_e).rstrip()]
-    return _section(title, "\n".join(lines))
+    return section(title, "\n".join(lines), tuple(written), figs)
 
 
 # ---------------------------------------------------------------- 6. variance
 
-def variance_section(runs: pd.DataFrame, order: list[str], scale: float, out: Path,
-                     files: list) -> str:
+def variance_section(runs: pd.DataFrame, order: list[str], scale: float) -> Section:
     """How the spread of finished runs splits into dataset, lr and seed, per condition."""
     v = stats.variance_decomposition(runs).set_index("condition").reindex(order)
     unit = " (%)" if scale == 100 else ""
@@ -288,7 +305,6 @@ def variance_section(runs: pd.DataFrame, order: list[str], scale: float, out: Pa
         "seed share within datasets": [pct(s / (s + l)) if s + l > 0 else tables.DASH
                                        for s, l in zip(v["var_seed"], v["var_lr"])],
     }, index=pd.Index(order, name="condition"))
-    files += tables.write_table(out, "variance", shown, v.reset_index(), index=True)
     body = ("Finished runs of each condition, all lrs: the variance splits exactly into between "
             "datasets, between lrs within a dataset and between seeds at one (dataset, lr) (law "
             "of total variance, ddof 0). Cells: standard deviation of that part (share of the "
@@ -296,33 +312,34 @@ def variance_section(runs: pd.DataFrame, order: list[str], scale: float, out: Pa
             "are accounted for (seed against lr).")
     if runs["seed"].nunique() < 2:
         body += " One seed: the seed part is zero by construction."
-    return _section("Where the spread comes from", body + "\n\n" + tables.markdown(shown))
+    return section("Where the spread comes from", body + "\n\n" + tables.markdown(shown),
+                   (Table("variance", shown, v.reset_index(), index=True),))
 
 
 # ---------------------------------------------------------------- 7. rank correlations
 
-def correlation_text(name: str, measure: pd.DataFrame, scores: np.ndarray, order: list[str],
-                     datasets: list[str], opts: Options, out: Path, files: list,
-                     slug: str) -> str:
-    """Spearman rho between ``measure`` (datasets × components) and accuracy, with intervals."""
+def correlation(name: str, measure: pd.DataFrame, scores: np.ndarray, order: list[str],
+                datasets: list[str], opts: Options, slug: str) -> Section:
+    """Spearman rho between ``measure`` (datasets × components) and accuracy, with intervals:
+    a paragraph (no heading) and its table ``SLUG_correlation_ci``."""
     try:
         corr = intervals.correlation_intervals(measure, scores, order, datasets, opts.reps, opts.seed)
     except AnalysisError as e:
-        return f"{name}: {e}."
+        return Section(f"{name}: {e}.")
     shown = corr.set_index("dataset")
     shown = pd.DataFrame({"rho [95% CI]": [tables.interval(r, lo, hi, 2) for r, lo, hi in
                                           zip(corr["rho"], corr["low"], corr["high"])]},
                          index=shown.index)
-    files += tables.write_table(out, f"{slug}_correlation_ci", shown, corr, index=True)
     m = corr.set_index("dataset").loc["mean"]
     comps = [c for c in measure.columns if c in order]
     rank = measure[comps].mean().sort_values(ascending=False)
     tie = (" A dash: no spread to rank (the measure or the accuracy ties across components)."
            if corr["rho"].isna().any() else "")
-    return (f"{name} (highest first): {' > '.join(rank.index)}. Spearman rho with accuracy "
-            f"across components, per dataset with a seed-bootstrap interval, and the mean over "
-            f"datasets: {tables.interval(m['rho'], m['low'], m['high'], 2)} (datasets and seeds "
-            f"resampled).{tie}\n\n" + tables.markdown(shown))
+    return Section(f"{name} (highest first): {' > '.join(rank.index)}. Spearman rho with accuracy "
+                   f"across components, per dataset with a seed-bootstrap interval, and the mean over "
+                   f"datasets: {tables.interval(m['rho'], m['low'], m['high'], 2)} (datasets and seeds "
+                   f"resampled).{tie}\n\n" + tables.markdown(shown),
+                   (Table(f"{slug}_correlation_ci", shown, corr, index=True),))
 
 
 def grad_norms(bands: pd.DataFrame) -> pd.DataFrame:
@@ -335,4 +352,4 @@ def grad_norms(bands: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["Options", "BOOTSTRAP_OVER", "CD_CLIQUES", "pair_list", "scores_of", "intervals_section",
-           "rope_section", "budget_section", "variance_section", "correlation_text", "grad_norms"]
+           "rope_section", "budget_section", "variance_section", "correlation", "grad_norms"]

@@ -26,6 +26,7 @@ DEMO = yaml.safe_load((REPO / "search_spaces" / "demo.yaml").read_text())
 OPTIMISER = yaml.safe_load((REPO / "search_spaces" / "optuna" / "optimiser.yaml").read_text())
 FAST = ["--set", "steps=2", "--set", "warmup_steps=1", "--set", "eval_every=1"]  # if it trains anyway
 BINARY = b"\x00\xff\xfe\x89PNG\r\n\x1a\n\x00\x00\xc3\x28"
+RUN_HEADER = "dataset,condition,lr,seed,val_acc,test_acc\n"  # a per-run CSV's columns (no status: finished)
 
 
 def _changed(space: dict, changes: dict) -> str:
@@ -249,6 +250,29 @@ CASES = [
     ("report", ["--experiment", "x", "--tracking-uri", "ftp://x"], {}, "unsupported tracking URI"),
     ("report", ["--experiment", "x"], {}, "no MLflow store at"),  # and no empty mlflow.db made
     ("report", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/none.db"], {}, "no MLflow store at"),
+    # refused once the runs are read, still before the output folder (the default, analysis_out) exists
+    ("report", ["--csv", "{in}/r.csv", "--reference", "XYZ"], {"r.csv": "RUNS"},
+     "reference condition 'XYZ' is not among the conditions: MHA, FC1"),
+    ("report", ["--csv", "{in}/r.csv", "--gain-reference", "XYZ"], {"r.csv": "RUNS"},
+     "gain reference 'XYZ' is not among the conditions: MHA, FC1"),
+    ("report", ["--csv", "{in}/r.csv", "--conditions", "MHA,XYZ"], {"r.csv": "RUNS"}, "no condition 'XYZ'"),
+    ("report", ["--csv", "{in}/r.csv", "--datasets", "ds00,nope"], {"r.csv": "RUNS"}, "no dataset 'nope'"),
+    ("report", ["--csv", "{in}/r.csv", "--paper-comparison"], {"r.csv": "RUNS"},
+     "the compared condition(s) LN1, LN2, FC2 are not among the conditions analysed"),
+    ("report", ["--csv", "{in}/s.csv"],
+     {"s.csv": "dataset,condition,mean\nA,MHA,0.9\nA,FC1,\nB,MHA,0.8\nB,FC1,0.7\n"},
+     "condition 'FC1' has no usable finished run on A"),
+    ("report", ["--csv", "{in}/w.csv"], {"w.csv": "dataset,MHA,FC1\nA,90.1,\nB,80.0,79.0\n"},
+     "condition 'FC1' has no usable finished run on A"),
+    ("report", ["--csv", "{in}/r.csv"],
+     {"r.csv": RUN_HEADER + "A,MHA,0.1,0,0.8,0.7\nA,FC1,0.1,0,0.8,0.6\nB,MHA,0.1,0,0.8,0.7\n"},
+     "condition 'FC1' has no runs on 1 of 2 datasets: B"),
+    ("report", ["--csv", "{in}/r.csv"], {"r.csv": RUN_HEADER + "A,MHA,0.1,0,,0.7\nA,FC1,0.1,0,,0.6\n"},
+     "no validation accuracies (val_acc) to choose the lr on"),
+    # the first setting (model a) is fine, the second (model b) lacks FC1: neither is written
+    ("report", ["--csv", "{in}/r.csv", "--conditions", "MHA,FC1"],
+     {"r.csv": "model," + RUN_HEADER + "a,A,MHA,0.1,0,0.8,0.7\na,A,FC1,0.1,0,0.8,0.6\n"
+               "b,A,MHA,0.1,0,0.8,0.7\nb,A,LN1,0.1,0,0.8,0.6\n"}, "no condition 'FC1'"),
     # ------------------------------------------------------------------ analysis.export_best
     ("export_best", [], {}, "the following arguments are required"),
     ("export_best", ["--experiment", "x", "--out", "{in}/o", "--bogus"], {}, "unrecognized arguments: --bogus"),

@@ -28,7 +28,8 @@ LAYERS = [
     {"raystudy.trial", "raystudy.pretrain"},
     # the runner (Ray + driver-side MLflow) and its console, the analysis library, the CLI toolkit
     {"raystudy.runner", "raystudy.console", "raystudy.cli", "analysis.load", "analysis.stats", "analysis.tables",
-     "analysis.figures", "analysis.intervals", "analysis.bayes", "analysis.trust", "analysis.synthetic"},
+     "analysis.figures", "analysis.intervals", "analysis.bayes", "analysis.output", "analysis.trust",
+     "analysis.synthetic", "analysis.study", "analysis.sections"},
     # command lines
     {"raystudy.grid", "raystudy.search", "raystudy.finetune", "raystudy.probe", "raystudy.prefetch",
      "analysis.report", "analysis.export_best", "analysis.replay"},
