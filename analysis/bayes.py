@@ -138,6 +138,23 @@ def _nu_logpost(nu_m1, alpha, beta, q, sum_log_lam, sum_lam):
     return (alpha - 1) * np.log(nu_m1) - beta * nu_m1 + lik
 
 
+NO_DATASETS = ("needs two or more datasets with two or more paired seeds (seeds finished for both "
+               "conditions at their chosen lrs)")
+NO_SPREAD = "not run: the paired seed differences have no spread (each dataset's seeds differ by the same amount)"
+
+
+def hierarchical_skip(x: np.ndarray, y: np.ndarray) -> str | None:
+    """Why the hierarchical test cannot run on paired seed scores x, y (D, S), or None if it can."""
+    d = np.asarray(y, float) - np.asarray(x, float)
+    rows = [r[~np.isnan(r)] for r in d]
+    rows = [r for r in rows if len(r) >= 2]
+    if len(rows) < 2:
+        return NO_DATASETS
+    if float(np.mean([np.std(r) for r in rows])) == 0:
+        return NO_SPREAD
+    return None
+
+
 def hierarchical_stats(x: np.ndarray, y: np.ndarray, rope: float, random_state: int = 0):
     """Scaled sufficient statistics of paired seed scores x, y of shape (D, S) for one pair.
 
@@ -145,17 +162,15 @@ def hierarchical_stats(x: np.ndarray, y: np.ndarray, rope: float, random_state: 
     priors are on one scale whatever the accuracy unit). A dataset whose paired differences
     are all equal gets them replaced by ±uniform(−rope, rope) pairs, as baycomp does to avoid a
     zero variance. Datasets with fewer than two paired seeds are left out. Returns None when
-    fewer than two datasets remain or the differences have no spread at all.
+    fewer than two datasets remain or the differences have no spread at all (``hierarchical_skip``).
     """
+    if hierarchical_skip(x, y) is not None:
+        return None
     rng = np.random.RandomState(random_state)
     d = np.asarray(y, float) - np.asarray(x, float)
     rows = [r[~np.isnan(r)] for r in d]
     rows = [r for r in rows if len(r) >= 2]
-    if len(rows) < 2:
-        return None
     std_diff = float(np.mean([np.std(r) for r in rows]))
-    if std_diff == 0:
-        return None
     rope_s = rope / std_diff
     out = []
     for r in rows:
@@ -314,14 +329,15 @@ def hierarchical(pairs: list[tuple[np.ndarray, np.ndarray]], rope: float, draws:
     Returns per pair P(x better), P(rope), P(y better) (``p_a``, ``p_rope``, ``p_b``), the
     posterior mean of the mean difference y − x in the input's unit (``delta0``), and
     ``datasets``, how many had two or more paired seeds; NaN where the pair has fewer than two
-    such datasets or no spread.
+    such datasets or no spread, with ``skipped`` saying which (empty where it ran).
     """
     if rope < 0:
         raise AnalysisError(f"the ROPE half-width must be >= 0, got {rope}")
     prepared = [hierarchical_stats(x, y, rope, random_state) for x, y in pairs]
     ok = [i for i, t in enumerate(prepared) if t is not None]
     out = [{"p_a": math.nan, "p_rope": math.nan, "p_b": math.nan, "delta0": math.nan,
-            "datasets": 0 if t is None else len(t["n"])} for t in prepared]
+            "datasets": 0 if t is None else len(t["n"]), "skipped": "" if t is not None else hierarchical_skip(x, y)}
+           for t, (x, y) in zip(prepared, pairs)]
     if not ok:
         return out
     data = [prepared[i] for i in ok]

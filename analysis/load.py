@@ -63,6 +63,9 @@ INTERVAL = ["ci_low", "ci_high"]     # computed from n, mean and std where a tab
 run_row = tracking.run_row
 
 
+NO_TEST_ACC = "finished without a test_acc value"
+
+
 def dedupe(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """One row per trial key: a rerun of the same trial replaces the earlier try.
 
@@ -274,6 +277,11 @@ def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
                             f"{bad['condition'].iloc[0]!r})")
     for col in ("parent_run_id", "key", "error"):
         out[col] = df[col].fillna("").astype(str) if col in df else ""
+    # a run that says it finished but has no test accuracy is no finished run: counted as failed,
+    # with the reason, as the MLflow reader counts it (tracking.run_status_of)
+    empty = (out["status"] == "finished") & out["test_acc"].isna()
+    out.loc[empty, "status"] = "failed"
+    out.loc[empty, "error"] = NO_TEST_ACC
     out["probe_pairs"], out["start_time"] = -1, 0
     out["trainable_params"] = (pd.to_numeric(df["trainable_params"], errors="coerce").astype(float)
                                if "trainable_params" in df else np.nan)

@@ -144,6 +144,13 @@ def robustness(s: Study) -> Section | None:
     if (status["finished"] < status["runs"]).any():
         body += ("\nRuns by status (not finished: kept, left out of the means):\n\n"
                  + tables.markdown(status))
+    errors = s.runs["error"] if "error" in s.runs else pd.Series("", index=s.runs.index)
+    empty = errors.astype(str).str.startswith("finished without a test_acc")
+    if empty.any():
+        first = s.runs[empty].iloc[0]
+        body += (f"\n{int(empty.sum())} run(s) recorded as finished have no test accuracy: counted as failed, "
+                 f"not averaged (first: {first['condition']} on {first['dataset']}, lr {first['lr']}, "
+                 f"seed {first['seed']}).\n")
     return section("Learning-rate robustness", body,
                    (Table("lr_robustness", tables.number_table(gaps, s.order, robust, "mean", s.scale, 2), gaps),
                     Table("run_status", status), Csv("runs", s.runs[cols])))
@@ -245,8 +252,8 @@ def _tests(s: Study, table: pd.DataFrame) -> Section:
             else "bars: Nemenyi, mean ranks within CD")
     cd_figure = functools.partial(figures.cd_diagram, s.avg_rank, cd, cliques, n_datasets=n_d,
                                   title=f"Mean-rank based: average ranks over {n_d} datasets; {bars} (5%)")
-    lines = _tests_text(s, tests, n_d) + _omnibus_text(fr, k, n_d, pairs, cd, nemenyi_groups,
-                                                       cliques if wilcoxon else None)
+    lines = _tests_text(s, tests, n_d) + _omnibus_text(fr, stats.friedman_skip(table), k, n_d, pairs, cd,
+                                                       nemenyi_groups, cliques if wilcoxon else None)
     return section("Significance", "\n".join(lines),
                    (Table("tests", tables.tests_table(tests, s.scale), tests),
                     Table("posthoc", tables.posthoc_table(pairs, s.scale), pairs), Csv("omnibus", omnibus)),
@@ -264,11 +271,11 @@ def _tests_text(s: Study, tests: pd.DataFrame, n_d: int) -> list[str]:
             tables.markdown(tables.tests_table(tests, s.scale)).rstrip(), ""]
 
 
-def _omnibus_text(fr: dict, k: int, n_d: int, pairs: pd.DataFrame, cd: float,
+def _omnibus_text(fr: dict, skip: str | None, k: int, n_d: int, pairs: pd.DataFrame, cd: float,
                   nemenyi_groups: list, wilcoxon_cliques: list | None) -> list[str]:
     """Friedman, the Holm-corrected pairs and the Nemenyi CD, a line each, and how to read them."""
-    if math.isnan(fr["p"]):
-        lines = [f"Friedman test: needs at least 3 conditions and 2 datasets (have {k}, {n_d})."]
+    if skip is not None or math.isnan(fr["p"]):
+        lines = [f"Friedman test: not run: {skip or 'scipy gave no p-value'}."]
     else:
         lines = [f"Friedman test over {k} conditions and {n_d} datasets: chi2 = "
                  f"{fr['statistic']:.3f}, {_p(fr['p'])}."]
@@ -287,6 +294,9 @@ def _omnibus_text(fr: dict, k: int, n_d: int, pairs: pd.DataFrame, cd: float,
                  "which others are in the study (Benavoli, Corani and Mangili, 2016). Effect "
                  "sizes: the Hodges-Lehmann shift (median of Walsh averages of the per-dataset "
                  "differences) with its exact 95% interval, and the rank-biserial r.")
+    if (pairs["hl"].notna() & pairs["hl_low"].isna()).any():
+        lines.append(f"A shift marked '{tables.HL_NO_INTERVAL}' has no interval: the exact 95% interval "
+                     "inverts the signed-rank test, which cannot reach 5% with fewer than 6 datasets.")
     return lines
 
 

@@ -352,14 +352,27 @@ def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greate
     return pd.DataFrame(rows)
 
 
+def friedman_skip(table: pd.DataFrame) -> str | None:
+    """Why the Friedman test cannot run on ``table`` (conditions as columns), or None if it can."""
+    k, n = table.shape[1], table.shape[0]
+    if k < 3:
+        return f"needs at least 3 conditions (have {k})"
+    if n < 2:
+        return f"needs at least 2 datasets (have {n})"
+    if (table.nunique(axis=1) <= 1).all():
+        return (f"all {k} conditions have the same accuracy on every dataset "
+                "(every dataset ties them): there is no order to test")
+    return None
+
+
 def friedman(table: pd.DataFrame) -> dict[str, float]:
     """Friedman test over all conditions (columns), datasets as blocks (rows).
 
-    Returns statistic, p, k conditions and n datasets; NaN statistic and p when k < 3 or n < 2
-    (scipy needs at least three conditions).
+    Returns statistic, p, k conditions and n datasets; NaN statistic and p where
+    ``friedman_skip`` gives a reason (scipy needs at least three conditions and some order).
     """
     k, n = table.shape[1], table.shape[0]
-    if k < 3 or n < 2:
+    if friedman_skip(table) is not None:
         return {"statistic": math.nan, "p": math.nan, "k": k, "n": n}
     from scipy import stats as st
     res = st.friedmanchisquare(*[table[c].to_numpy(float) for c in table.columns])

@@ -248,11 +248,22 @@ def efficiency_table(eff: pd.DataFrame, scale: float = 1.0, digits: int = 1) -> 
     }, index=eff.index)
 
 
+HL_NO_INTERVAL = "no CI: n < 6"
+
+
+def _hl_cell(est: float, low: float, high: float, digits: int, scale: float) -> str:
+    """The Hodges-Lehmann shift with its interval, or with the reason it has none (too few pairs)."""
+    shown = interval(est, low, high, digits, scale)
+    if not math.isnan(est) and (math.isnan(low) or math.isnan(high)):
+        return f"{shown} ({HL_NO_INTERVAL})"
+    return shown
+
+
 def _effect_columns(df: pd.DataFrame, scale: float, digits: int) -> dict[str, list[str]]:
     """Hodges-Lehmann shift [95% interval] and rank-biserial r, where ``df`` has them."""
     if "hl" not in df:
         return {}
-    return {"HL shift [95% CI]": [interval(e, lo, hi, digits, scale)
+    return {"HL shift [95% CI]": [_hl_cell(e, lo, hi, digits, scale)
                                   for e, lo, hi in zip(df["hl"], df["hl_low"], df["hl_high"])],
             "rank-biserial r": [fmt(v, 2) for v in df["rank_biserial"]]}
 

@@ -188,10 +188,12 @@ def _add_hierarchical(df: pd.DataFrame, scores: np.ndarray, order: list[str],
     df["hierarchical_p_b"] = [r["p_b"] for r in h]
     # delta0 is the mean of b − a; reported as a − b like every other difference
     df["hierarchical_mean_diff"] = [-r["delta0"] for r in h]
-    if df["hierarchical_p_rope"].isna().all():
-        return ("Hierarchical test: needs two or more datasets with two or more paired "
-                "seeds (seeds finished for both conditions at their chosen lrs).")
-    return None
+    skipped = {(a, b): r["skipped"] for (a, b), r in zip(pairs, h) if r["skipped"]}
+    if not skipped:
+        return None
+    if len(skipped) == len(pairs) and len(set(skipped.values())) == 1:
+        return f"Hierarchical test: {next(iter(skipped.values()))}."
+    return "Hierarchical test: " + "; ".join(f"{a} vs {b} {why}" for (a, b), why in skipped.items()) + "."
 
 
 def _rope_shown(df: pd.DataFrame, pairs: list[tuple[str, str]], has_h: bool) -> pd.DataFrame:

@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as st
@@ -281,3 +282,61 @@ def test_unusable_tracking_uri_exits_2(tmp_path, capsys, uri, needle):
         assert main(["--experiment", "x", "--tracking-uri", uri, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
+
+
+# ---------------------------------------------------------------- the reason each skipped test gives
+
+def _summary(tmp_path, table: pd.DataFrame):
+    p = tmp_path / "summary.csv"
+    table.to_csv(p, index_label="dataset")
+    return p
+
+
+@pytest.mark.parametrize("k", [4, 6])
+def test_friedman_skip_names_identical_conditions_not_their_number(tmp_path, capsys, k):
+    table = pd.DataFrame({f"C{i}": [80.0, 70.0, 90.0] for i in range(k)}, index=["a", "b", "c"])
+    assert stats.friedman_skip(table) == (f"all {k} conditions have the same accuracy on every dataset "
+                                          "(every dataset ties them): there is no order to test")
+    assert stats.friedman_skip(table.iloc[:, :2]) == "needs at least 3 conditions (have 2)"
+    assert stats.friedman_skip(table.iloc[:1]) == "needs at least 2 datasets (have 1)"
+    assert report.main(["--csv", str(_summary(tmp_path, table)), "--out", str(tmp_path / "o"), "--reference", "C0",
+                        "--no-figures", "--bootstrap-reps", "50", "--no-hierarchical"]) == 0
+    out, err = capsys.readouterr()
+    assert f"Friedman test: not run: all {k} conditions have the same accuracy on every dataset" in out
+    assert "needs at least 3 conditions" not in out and "Warning" not in err
+
+
+def test_hierarchical_skip_says_the_differences_have_no_spread():
+    from analysis import bayes
+
+    x = np.array([[0.8, 0.7], [0.6, 0.9]])
+    assert bayes.hierarchical_skip(x, x + 0.05) == bayes.NO_SPREAD
+    assert bayes.hierarchical_skip(x[:1], x[:1] + [[0.1, 0.2]]) == bayes.NO_DATASETS
+    assert bayes.hierarchical_skip(x, x + [[0.1, 0.0], [0.0, 0.2]]) is None
+    (r,) = bayes.hierarchical([(x, x + 0.05)], rope=0.01)
+    assert math.isnan(r["p_rope"]) and r["skipped"] == bayes.NO_SPREAD
+
+
+def test_a_shift_without_its_interval_says_why(tmp_path, capsys):
+    # four datasets: the exact 95% Hodges-Lehmann interval needs six
+    table = pd.DataFrame({"A": [80.0, 70.0, 90.0, 60.0], "B": [78.0, 71.0, 85.0, 59.0],
+                          "C": [70.0, 65.0, 80.0, 50.0]}, index=["a", "b", "c", "d"])
+    assert report.main(["--csv", str(_summary(tmp_path, table)), "--out", str(tmp_path / "o"), "--reference", "A",
+                        "--no-figures", "--bootstrap-reps", "50", "--no-hierarchical"]) == 0
+    out = capsys.readouterr().out
+    assert "(no CI: n < 6)" in (tmp_path / "o" / "posthoc.md").read_text()
+    assert "has no interval: the exact 95% interval inverts the signed-rank test" in out
+
+
+def test_a_finished_run_without_a_test_accuracy_is_counted_as_failed_with_a_line(tmp_path, capsys):
+    p = tmp_path / "runs.csv"
+    p.write_text(RUNS_CSV.replace("A,X,0.1,1,0.82,0.72,finished", "A,X,0.1,1,0.82,,finished"))
+    kind, runs = load.read_csv(p)
+    assert kind == "runs"
+    row = runs[(runs["dataset"] == "A") & (runs["condition"] == "X") & (runs["lr"] == 0.1) & (runs["seed"] == 1)]
+    assert row["status"].tolist() == ["failed"] and row["error"].tolist() == [load.NO_TEST_ACC]
+    assert report.main(["--csv", str(p), "--out", str(tmp_path / "o"), "--no-figures", "--reference", "X",
+                        "--bootstrap-reps", "50"]) == 0
+    out = capsys.readouterr().out
+    assert ("1 run(s) recorded as finished have no test accuracy: counted as failed, not averaged "
+            "(first: X on A, lr 0.1, seed 1)") in out
