@@ -48,7 +48,8 @@ from raystudy import tracking
 
 RUN_COLUMNS = ["run_id", "model", "optimizer", "low_data", "dataset", "condition", "lr", "seed",
                "val_acc", "test_acc", "status"]
-EXTRA_COLUMNS = ["parent_run_id", "key", "error", "probe_pairs", "start_time", "trainable_params"]
+EXTRA_COLUMNS = ["parent_run_id", "key", "error", "probe_pairs", "start_time", "trainable_params", "accuracy",
+                 "linear_probe_data"]
 SETTING = ["model", "optimizer", "low_data"]          # runs that share these are one study
 REQUIRED_RUN_CSV = ["dataset", "condition", "lr", "seed", "test_acc"]
 REQUIRED_SUMMARY_CSV = ["dataset", "condition", "mean"]
@@ -277,6 +278,9 @@ def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
                             f"{bad['condition'].iloc[0]!r})")
     for col in ("parent_run_id", "key", "error"):
         out[col] = df[col].fillna("").astype(str) if col in df else ""
+    for col, default in (("accuracy", "per_image"), ("linear_probe_data", "clean")):
+        if col in df:  # how the runs counted accuracy and fitted the linear probe, where the file says
+            out[col] = df[col].fillna(default).astype(str).str.strip()
     # a run that says it finished but has no test accuracy is no finished run: counted as failed,
     # with the reason, as the MLflow reader counts it (tracking.run_status_of)
     empty = (out["status"] == "finished") & out["test_acc"].isna()

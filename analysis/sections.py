@@ -30,6 +30,28 @@ def _status_line(runs: pd.DataFrame) -> str:
     return f"{len(runs)} runs ({', '.join(parts)})"
 
 
+ACCURACY_LABELS = {"per_image": "each test image counted once",
+                   "batch_mean": "the mean of per-batch accuracies, as the paper's code counts"}
+PROBE_FIT_LABELS = {"clean": "fitted on clean (eval-transform) features of every training image",
+                    "augmented": "fitted on one augmented pass of training batches, as the paper's code"}
+
+
+def _protocol_lines(s: Study) -> list[str]:
+    """How the runs counted accuracy and fitted the linear probe, where the runs say."""
+    lines = []
+    if s.runs is None:
+        return lines
+    for col, labels, what in (("accuracy", ACCURACY_LABELS, "Accuracy"),
+                              ("linear_probe_data", PROBE_FIT_LABELS, "Linear probe")):
+        if col not in s.runs or (col == "linear_probe_data" and "linear_probe" not in s.order):
+            continue
+        runs = s.runs[s.runs["condition"] == "linear_probe"] if col == "linear_probe_data" else s.runs
+        seen = sorted(set(runs[col].astype(str)))
+        lines.append(f"{what}: " + "; ".join(f"{labels.get(v, v)} ({col}: {v})" for v in seen)
+                     + (" -- mixed across runs" if len(seen) > 1 else ""))
+    return lines
+
+
 def _p(p: float) -> str:
     text = tables.fmt_p(p)
     return f"p {text}" if text.startswith("<") else f"p = {text}"
@@ -45,6 +67,7 @@ def head(s: Study) -> Section:
                                       " (per-dataset summary)"),
              f"{k} condition{'s' * (k != 1)} on {n_d} dataset{'s' * (n_d != 1)}"
              + (f"; lr chosen on {s.chosen} accuracy" if s.chosen else "")]
+    lines += _protocol_lines(s)
     if s.compared != s.order:
         lines.append(f"Ranks, paired tests, Friedman and the CD diagram over {len(s.compared)} of "
                      f"them: {', '.join(s.compared)}")

@@ -552,6 +552,9 @@ def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str
         "key": tags.get(KEY, ""),
         "error": error,
         "probe_pairs": -1 if math.isnan(probes) else int(probes),
+        # how accuracy was counted and the linear probe fitted (runs before these keys: the defaults)
+        "accuracy": params.get("accuracy", "per_image"),
+        "linear_probe_data": params.get("linear_probe_data", "clean"),
         # logged by finished and diverged runs alike: the count does not depend on the outcome
         "trainable_params": _num(metrics.get("trainable_params")),
     }

@@ -340,3 +340,23 @@ def test_a_finished_run_without_a_test_accuracy_is_counted_as_failed_with_a_line
     out = capsys.readouterr().out
     assert ("1 run(s) recorded as finished have no test accuracy: counted as failed, not averaged "
             "(first: X on A, lr 0.1, seed 1)") in out
+
+
+def test_the_report_says_how_accuracy_was_counted_and_the_probe_fitted(tmp_path, capsys):
+    lines = RUNS_CSV.strip().splitlines()
+    csv = "\n".join([lines[0] + ",accuracy,linear_probe_data"]
+                    + [ln + ",batch_mean,augmented" for ln in lines[1:]]).replace(",Z,", ",linear_probe,")
+    p = tmp_path / "runs.csv"
+    p.write_text(csv + "\n")
+    assert report.main(["--csv", str(p), "--out", str(tmp_path / "o"), "--no-figures", "--reference", "X",
+                        "--bootstrap-reps", "50"]) == 0
+    out = capsys.readouterr().out
+    assert ("Accuracy: the mean of per-batch accuracies, as the paper's code counts (accuracy: batch_mean)"
+            in out)
+    assert ("Linear probe: fitted on one augmented pass of training batches, as the paper's code "
+            "(linear_probe_data: augmented)") in out
+    from raystudy import tracking
+
+    row = tracking.run_row("r", "FINISHED", {"raystudy.status": "finished"}, {"lr": "0.1", "seed": "0"},
+                           {"test_acc": 0.5})
+    assert (row["accuracy"], row["linear_probe_data"]) == ("per_image", "clean")  # runs before the keys
