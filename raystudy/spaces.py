@@ -209,11 +209,12 @@ def _map(file: str, path: tuple, value: Any, key: Key) -> dict:
     return {name: check(file, path + (name,), v, key.each) for name, v in given.items()}
 
 
-NUMBERS = {"int": "an integer", "number": "a number", "finite": "a finite number"}  # all three refuse nan, inf
+# What an error calls each kind of number; all three refuse nan and inf.
+NUMBERS = {"int": "an integer", "number": "a number", "finite": "a finite number"}
 
 
 def _number(file: str, path: tuple, value: Any, key: Key) -> Any:
-    """A resource, budget or option value: of the right type, finite, and above ``key.low``."""
+    """A resource, budget or option value: of the right type, finite, at least ``key.low``."""
     if value is None and key.none:
         return None
     ok = isinstance(value, int) if key.type == "int" else isinstance(value, (int, float))
@@ -233,7 +234,7 @@ def _path(file: str, path: tuple, value: Any, key: Key) -> str | None:
 
 
 def _conditions(file: str, path: tuple, value: Any, key: Key) -> list:
-    """A list of conditions (named as the loader reads them: a searched ``components`` leaves them unused)."""
+    """A list of conditions (the loader reads each, unless the search's ``components`` is the condition)."""
     if not isinstance(value, list):
         raise ConfigError(f"{_at(file, path[:-1])}: {path[-1]} must be a list of conditions, got {value!r}")
     return value
@@ -261,8 +262,7 @@ def _grid_values(where: str, value: Any) -> list:
 
 
 def _params(file: str, path: tuple, value: Any, key: Key) -> tuple:
-    """A search's parameters, each ``{distribution: args}`` and optionally ``when`` another's
-    value; ordered so that a parameter comes after those its ``when`` depends on."""
+    """A search's parameters, each ``{distribution: args}`` and optionally ``when`` another's value."""
     if not isinstance(value, dict):
         return ()  # refused as empty, with what ``params`` must hold
     params = tuple(_param(_at(file, path), name, spec) for name, spec in value.items())
@@ -343,10 +343,10 @@ CHECKS = {
 }
 
 
-def read_space(path: Path, schema: dict[str, Key], **defaults: Any) -> dict[str, Any]:
-    """A space file's keys, each checked against ``schema``, every key there (defaults filled;
-    ``defaults``: those that depend on the file)."""
-    keys = {k: replace(key, default=defaults[k]) if k in defaults else key for k, key in schema.items()}
+def read_space(path: Path, schema: dict[str, Key], **file_defaults: Any) -> dict[str, Any]:
+    """A space file's keys, each checked against ``schema``, every one of them there (defaults
+    filled in; ``file_defaults``: those that depend on the file, such as its study's name)."""
+    keys = {k: replace(key, default=file_defaults[k]) if k in file_defaults else key for k, key in schema.items()}
     return check(path.name, (), read_yaml(path), Key("section", keys=keys, fill=True))
 
 
@@ -585,7 +585,6 @@ class SearchSpace:
         return [(c, c) for c in (conditions or self.conditions)]
 
 
-
 def load_search(name_or_path: str) -> SearchSpace:
     """Read and check an Optuna space; every error is one line naming the bad key or value."""
     path = space_path(name_or_path, SEARCH_DIR)
@@ -602,8 +601,6 @@ def load_search(name_or_path: str) -> SearchSpace:
         num_samples=budget["num_samples"], time_budget_s=budget["time_budget_s"],
         grace_period=sched["grace_period"], reduction_factor=sched["reduction_factor"], seed=f["seed"],
         test_seeds=tuple(f["test_seeds"]), models=f["models"], tune=f["tune"])
-
-
 
 
 class Sampler:

@@ -104,7 +104,7 @@ def _with(raw: dict, path: tuple, value) -> dict:
 
 @pytest.mark.parametrize("kind,path,value,ok", list(cases()))
 def test_every_schema_key_takes_valid_values_and_refuses_invalid_ones(tmp_path, kind, path, value, ok):
-    file, schema, load = FILES[kind]
+    file, _, load = FILES[kind]
     raw = yaml.safe_load((spaces.SPACES_DIR / file).read_text())
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump(_with(raw, path, value)))
