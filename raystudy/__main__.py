@@ -31,6 +31,7 @@ COMMANDS = {
 
 
 def usage() -> str:
+    """The top-level help: the usage line and one line per command."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
     return ("usage: raystudy [--version] [--help] COMMAND [ARGS...]\n\n"

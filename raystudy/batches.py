@@ -83,6 +83,7 @@ class _Resumable:
         return self
 
     def state_dict(self) -> dict:
+        """The position in the batch order (epoch's RNG state and batch index), to resume from."""
         if self.perm is None:
             return {"order": self.g_idx.get_state(), "k": 0}
         return {"order": self.epoch_state, "k": self.k}
@@ -117,6 +118,7 @@ class LoaderBatches(_Resumable):
 
 def eval_loader(ds: Dataset, batch_size: int, num_workers: int = 0,
                 pin_memory: bool = False) -> DataLoader:
+    """A DataLoader over ``ds`` in order (no shuffling), for evaluation."""
     return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers,
                       pin_memory=pin_memory)
 
@@ -143,6 +145,7 @@ class TensorPool:
         return len(self.labels)
 
     def to(self, device: torch.device | str) -> "TensorPool":
+        """The same pool with its tensors on ``device``."""
         return TensorPool(self.images.to(device), self.sizes.to(device), self.labels.to(device),
                           self.value_range, self.path)
 
@@ -364,6 +367,7 @@ class DeviceBatches(_Resumable):
         return self.view.batch(idx, self.g_aug, self.device)
 
     def state_dict(self) -> dict:
+        """The position in the batch order and the augmentation RNG's state, to resume from."""
         return {**super().state_dict(), "aug": self.g_aug.get_state()}
 
 
@@ -406,6 +410,7 @@ class _OnDevice:
         return x.to(self.device, non_blocking=pin), y.to(self.device, non_blocking=pin)
 
     def state_dict(self) -> dict:
+        """The wrapped stream's state, to resume from."""
         return self.stream.state_dict()
 
 

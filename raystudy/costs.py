@@ -63,6 +63,7 @@ class StepTimes:
     path: str | None = None
 
     def describe(self) -> str:
+        """Where the step times come from, in one phrase: the GPU, the date and the file."""
         where = f"; {shown(self.path)}" if self.path else ""
         return f"{self.gpu}, {self.date[:10]}{where}"
 

@@ -52,6 +52,8 @@ class Pool:
 
 @dataclass(frozen=True)
 class Source:
+    """A dataset's raw pools: training, test, and its official validation split if it has one."""
+
     train_pool: Pool
     test: Pool
     val: Pool | None = None      # an official validation split, if the dataset has one
@@ -59,6 +61,8 @@ class Source:
 
 @dataclass(frozen=True)
 class DatasetInfo:
+    """One entry of the dataset registry: its name, classes, loader and where its files come from."""
+
     name: str
     num_classes: int
     load: Callable[[Path, bool], Source]
@@ -71,6 +75,8 @@ class DatasetInfo:
 
 @dataclass(frozen=True)
 class Splits:
+    """The train, validation and test datasets of a run, and the number of classes."""
+
     train: Dataset
     val: Dataset
     test: Dataset
@@ -434,6 +440,7 @@ STUDY_DATASETS = ("cifar10", "cifar100", *(f"cifar10c_{c}" for c in CIFAR10C_COR
 
 
 def check_dataset(name: str) -> DatasetInfo:
+    """The registry entry of dataset ``name``, or ConfigError naming the valid ones."""
     if name not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
     return DATASETS[name]
@@ -477,6 +484,7 @@ def split_pool(labels: np.ndarray, seed: int, low_data: bool = False,
 
 def subsample_per_class(labels: np.ndarray, idx: np.ndarray, k: int,
                         rng: np.random.Generator) -> np.ndarray:
+    """At most ``k`` of ``idx`` per class (drawn by ``rng``), sorted."""
     keep = []
     for c in np.unique(labels[idx]):
         members = idx[labels[idx] == c]
@@ -549,6 +557,7 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
 
 
 def build_parser():
+    """The argument parser of ``python -m raystudy.datasets``."""
     from raystudy.errors import OneLineParser
 
     return OneLineParser(prog="python -m raystudy.datasets",
@@ -556,6 +565,7 @@ def build_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the dataset registry, the data root and the tensor cache; returns the exit status."""
     build_parser().parse_args(argv)
     root = paths.data_root()
     print(f"data root: {root}  (set RAYSTUDY_DATA or data_root to change)")

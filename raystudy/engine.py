@@ -45,6 +45,7 @@ def get_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int) -> fl
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device for a config's ``device`` (``auto``: CUDA if available, else CPU)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -192,6 +193,7 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- building
 
 def build_model(cfg: FinetuneConfig, num_classes: int) -> nn.Module:
+    """The config's model with a ``num_classes`` head, pretrained or from ``cfg.weights``."""
     return models.create_model(cfg.model, num_classes, pretrained=cfg.pretrained, weights=cfg.weights)
 
 
@@ -228,6 +230,7 @@ def seeded(seed: int, device: torch.device | None = None):
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """The global RNG states (CPU, and ``device``'s if a GPU), for a checkpoint."""
     out = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
         out["cuda"] = torch.cuda.get_rng_state(device)
@@ -235,6 +238,7 @@ def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Put back the global RNG states ``rng_state`` took."""
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)

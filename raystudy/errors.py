@@ -15,6 +15,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line (``error: ...``, exit 2), not a usage block."""
 
     def error(self, message: str):
+        """Exit with status 2 after one line: ``error: <message> (see <prog> --help)``."""
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 

@@ -33,6 +33,7 @@ def tensor_cache(root: str | os.PathLike | None = None) -> Path:
 # truncated, zeroed or edited file is found before a trial uses it, and named.
 
 def digest(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, as hex."""
     import hashlib
 
     h = hashlib.sha256()

@@ -7,17 +7,19 @@ Two kinds of space live under ``search_spaces/``:
 - a *search* (``optuna/*.yaml``): base config, distributions (Ray's names: ``choice``,
   ``loguniform``, ...), optionally conditional on another parameter; ``Sampler`` is the
   define-by-run space Optuna samples trials from.
-Every error is one ``ConfigError`` line naming the file, the key and what is allowed.
+What each file may hold is data (``GRID``, ``SEARCH``: one ``Key`` per key), which one checker
+(``check``) walks. Every error is one ``ConfigError`` line naming the file, the key and what is allowed.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +29,9 @@ from raystudy.errors import ConfigError
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 SEARCH_DIR = SPACES_DIR / "optuna"
-GRID_KEYS = ("study", "description", "base", "grid", "datasets", "optimizers", "models", "tune",
-             "step_times")
-MODEL_KEYS = ("gpu", "cpu", "workers", "step_seconds", "config")
-TUNE_KEYS = ("max_failures", "max_concurrent", "threads_per_trial", "checkpoint_every_s")
-TUNE_DEFAULTS = {"max_failures": 2, "max_concurrent": None, "threads_per_trial": 1, "checkpoint_every_s": 60.0}
 SAMPLERS = ("choice", "uniform", "loguniform", "quniform", "qloguniform", "randint", "lograndint",
             "randn", "sample_from")
-SEARCH_KEYS = ("study", "description", "base", "conditions", "params", "budget", "scheduler", "seed",
-               "test_seeds", "models", "tune")
-DISTRIBUTIONS = ("choice", "uniform", "loguniform", "randint", "lograndint", "subset_of")
 PSEUDO_KEYS = ("beta1", "beta2", "components")  # mapped onto config keys (betas, condition)
-BUDGET_KEYS = ("num_samples", "time_budget_s")
-SCHEDULER_KEYS = ("grace_period", "reduction_factor")
 CONFIG_KEYS = tuple(FinetuneConfig.__dataclass_fields__)
 
 
@@ -92,64 +84,286 @@ def canonical_condition(c: Any) -> str:
         raise ConfigError(str(e)) from None
 
 
-def _number(where: str, key: str, value: Any, *, integer: bool, low: float, strict_low: bool = False,
-            none_ok: bool = False) -> Any:
-    """A resource or budget value: of the right type, finite and above ``low``."""
-    if value is None and none_ok:
-        return None
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    ok = ok and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if strict_low else value >= low)
-    if not ok:
-        kind = "an integer" if integer else "a finite number" if strict_low else "a number"
-        raise ConfigError(f"{where}: {key} must be {kind} {'>' if strict_low else '>='} {low:g}, got {value!r}")
+# ---------------------------------------------------------------- what a space file may hold
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a space file: its value's ``type`` (a name in ``CHECKS``), the bounds and
+    default of that value, and for a section the keys it holds."""
+
+    type: str
+    low: float | None = None       # int, number, finite, seeds: the least value allowed
+    above: bool = False            # the value must exceed ``low``, not merely reach it
+    none: bool = False             # None is allowed too
+    default: Any = None            # the value where the file leaves the key out
+    empty: bool = False            # an empty value (None, "", [], {}, 0) means the default as well
+    required: str = ""             # the value may not be empty: it must ``required``
+    keys: dict[str, Key] = field(default_factory=dict)  # section: its keys; config: those besides the config keys
+    each: Key | None = None        # map: each entry's value; config: each config key's value
+    fill: bool = False             # section: the loaded section holds every key, defaults filled in
+
+
+# Per-model resources (the grid's and the search's ``models.<model>``); ``model_options`` fills the defaults.
+MODEL = {
+    "gpu": Key("number", low=0, default=0),
+    "cpu": Key("number", low=0, default=1),
+    "workers": Key("int", low=1, default=1),
+    "step_seconds": Key("finite", low=0, above=True, none=True),  # None: no FLOP-based estimate
+    "config": Key("config", default={}),
+}
+# Ray Tune's options (``tune``); ``tune_options`` fills the defaults.
+TUNE = {
+    "max_failures": Key("int", low=0, default=2),
+    "max_concurrent": Key("int", low=1, none=True),  # None: as many as the resources allow
+    "threads_per_trial": Key("int", low=1, default=1),
+    "checkpoint_every_s": Key("finite", low=0, default=60.0),
+}
+# A grid file (``search_spaces/*.yaml``).
+GRID = {
+    "study": Key("name", empty=True),  # default: the file's name
+    "description": Key("text", empty=True, default=""),
+    "base": Key("config"),
+    "grid": Key("config", each=Key("axis")),
+    "datasets": Key("map", each=Key("config"), required="list at least one dataset"),
+    "optimizers": Key("map", empty=True, default={"sgd": {}},
+                      each=Key("config", keys={"lr_scale": Key("finite", low=0, above=True, default=1.0)})),
+    "models": Key("map", each=Key("section", keys=MODEL)),
+    "tune": Key("section", keys=TUNE),
+    "step_times": Key("path", none=True),  # measured step times (raystudy.costs), relative to the file
+}
+# A search file (``search_spaces/optuna/*.yaml``).
+SEARCH = {
+    "study": Key("name", empty=True),  # default: search-<the file's name>
+    "description": Key("text", empty=True, default=""),
+    "base": Key("config"),
+    "conditions": Key("conditions", empty=True, default=["MHA"]),
+    "params": Key("params", required="map at least one parameter to a distribution"),
+    "budget": Key("section", fill=True, keys={"num_samples": Key("int", low=1, default=16),
+                                              "time_budget_s": Key("finite", low=0, above=True, none=True)}),
+    "scheduler": Key("section", fill=True, keys={"grace_period": Key("int", low=1, default=1),
+                                                 "reduction_factor": Key("int", low=2, default=3)}),
+    "seed": Key("int", low=0, default=0),
+    "test_seeds": Key("seeds", low=0, default=[100, 101, 102]),
+    "models": Key("map", each=Key("section", keys=MODEL)),
+    "tune": Key("section", keys=TUNE),
+}
+
+
+@dataclass(frozen=True)
+class Dist:
+    """What a search distribution takes: ``[low, high]`` bounds (``integer``, ``log``: of which
+    kind), or a non-empty list of values (``among``: those allowed, for the parameter ``only``)."""
+
+    bounds: bool = True
+    integer: bool = False
+    log: bool = False              # a log scale: the lower bound must be positive
+    among: tuple = ()
+    only: str = ""
+
+
+DISTS = {
+    "choice": Dist(bounds=False),
+    "uniform": Dist(),
+    "loguniform": Dist(log=True),
+    "randint": Dist(integer=True),  # Ray's convention: upper bound excluded
+    "lograndint": Dist(integer=True, log=True),
+    "subset_of": Dist(bounds=False, among=components.STUDY_COMPONENTS, only="components"),  # one yes/no each
+}
+DISTRIBUTIONS = tuple(DISTS)
+
+
+# ---------------------------------------------------------------- the checker
+
+def check(file: str, path: tuple, value: Any, key: Key) -> Any:
+    """``value``, found at ``path`` in ``file``, checked against ``key`` and returned as loaded
+    (a section: a dict; the grid's axes: lists; params: a tuple of ``Param``)."""
+    value = CHECKS[key.type](file, path, value, key)
+    if key.required and not value:
+        raise ConfigError(f"{_at(file, path[:-1])}: {path[-1]!r} must {key.required}")
     return value
 
 
-def check_models(where: str, section: Any, cfg_keys: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """A space's per-model resources, each checked: gpu/cpu >= 0, workers >= 1, step_seconds > 0."""
-    out = {}
-    for m, over in strict(f"{where}: models", section, tuple(section or ()) if isinstance(section, dict) else ()).items():
-        over = dict(strict(f"{where}: models.{m}", over, MODEL_KEYS))
-        w = f"{where}: models.{m}"
-        for key in ("gpu", "cpu"):
-            if key in over:
-                _number(w, key, over[key], integer=False, low=0)
-        if "workers" in over:
-            _number(w, "workers", over["workers"], integer=True, low=1)
-        if "step_seconds" in over:
-            _number(w, "step_seconds", over["step_seconds"], integer=False, low=0, strict_low=True, none_ok=True)
-        strict(f"{w}.config", over.get("config"), cfg_keys)
-        out[str(m)] = over
+def _at(file: str, path: tuple) -> str:
+    """Where ``path`` is, for an error: ``demo.yaml: models.vit_demo``."""
+    return f"{file}: {'.'.join(map(str, path))}" if path else file
+
+
+def _section(file: str, path: tuple, value: Any, key: Key) -> dict:
+    """A mapping of ``key.keys`` (a config section: of the config keys as well), each checked."""
+    allowed = tuple(key.keys) if key.type == "section" else CONFIG_KEYS + tuple(key.keys)
+    given = strict(_at(file, path) if path else f"search space {file}", value, allowed)
+    out = dict(given)
+    for k, sub in key.keys.items():  # in the schema's order: the first error does not depend on the file's
+        if k in given and not (sub.empty and not given[k]):
+            out[k] = check(file, path + (k,), given[k], sub)
+        elif key.fill:
+            out[k] = check(file, path + (k,), copy.deepcopy(sub.default), sub)
+    if key.each is not None:
+        out = {k: v if k in key.keys else check(file, path + (k,), v, key.each) for k, v in out.items()}
     return out
 
 
-def check_tune(where: str, section: Any) -> dict[str, Any]:
-    """A space's ``tune`` options, each checked."""
-    t = strict(f"{where}: tune", section, TUNE_KEYS)
-    w = f"{where}: tune"
-    if "max_failures" in t:
-        _number(w, "max_failures", t["max_failures"], integer=True, low=0)
-    if "max_concurrent" in t:
-        _number(w, "max_concurrent", t["max_concurrent"], integer=True, low=1, none_ok=True)
-    if "threads_per_trial" in t:
-        _number(w, "threads_per_trial", t["threads_per_trial"], integer=True, low=1)
-    if "checkpoint_every_s" in t:
-        v = t["checkpoint_every_s"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ConfigError(f"{w}: checkpoint_every_s must be a finite number >= 0, got {v!r}")
-    return t
+def _map(file: str, path: tuple, value: Any, key: Key) -> dict:
+    """A mapping of names of the file's choosing (datasets, models), each value checked."""
+    given = strict(_at(file, path), value, tuple(value) if isinstance(value, dict) else ())
+    return {name: check(file, path + (name,), v, key.each) for name, v in given.items()}
+
+
+# What an error calls each kind of number; all three refuse nan and inf.
+NUMBERS = {"int": "an integer", "number": "a number", "finite": "a finite number"}
+
+
+def _number(file: str, path: tuple, value: Any, key: Key) -> Any:
+    """A resource, budget or option value: of the right type, finite, at least ``key.low``."""
+    if value is None and key.none:
+        return None
+    ok = isinstance(value, int) if key.type == "int" else isinstance(value, (int, float))
+    ok = ok and not isinstance(value, bool) and (isinstance(value, int) or math.isfinite(value))
+    ok = ok and (value > key.low if key.above else value >= key.low)
+    if not ok:
+        raise ConfigError(f"{_at(file, path[:-1])}: {path[-1]} must be {NUMBERS[key.type]} "
+                          f"{'>' if key.above else '>='} {key.low:g}, got {value!r}")
+    return value
+
+
+def _path(file: str, path: tuple, value: Any, key: Key) -> str | None:
+    """A file path: a non-blank string."""
+    if not (value is None and key.none) and not (isinstance(value, str) and value.strip()):
+        raise ConfigError(f"{_at(file, path[:-1])}: {path[-1]} must be a file path, got {value!r}")
+    return value
+
+
+def _conditions(file: str, path: tuple, value: Any, key: Key) -> list:
+    """A list of conditions (the loader reads each, unless the search's ``components`` is the condition)."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{_at(file, path[:-1])}: {path[-1]} must be a list of conditions, got {value!r}")
+    return value
+
+
+def _seeds(file: str, path: tuple, value: Any, key: Key) -> list:
+    """A non-empty list of integers >= ``key.low``."""
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= key.low for t in value)):
+        raise ConfigError(f"{_at(file, path[:-1])}: {path[-1]} must be a list of integers >= {key.low:g}, "
+                          f"got {value!r}")
+    return value
+
+
+def _grid_values(where: str, value: Any) -> list:
+    """A grid axis: ``{grid_search: [...]}`` or one constant (Ray's own names)."""
+    if isinstance(value, dict):
+        if set(value) == {"grid_search"} and isinstance(value["grid_search"], list) and value["grid_search"]:
+            return list(value["grid_search"])
+        if len(value) == 1 and next(iter(value)) in SAMPLERS:
+            raise ConfigError(f"{where}: {next(iter(value))!r} is a sampling distribution; a grid takes "
+                              "grid_search lists (sampled spaces run with python -m raystudy.search)")
+        raise ConfigError(f"{where}: expected {{grid_search: [values]}} or a constant, got {value!r}")
+    return [value]
+
+
+def _params(file: str, path: tuple, value: Any, key: Key) -> tuple:
+    """A search's parameters, each ``{distribution: args}`` and optionally ``when`` another's value."""
+    if not isinstance(value, dict):
+        return ()  # refused as empty, with what ``params`` must hold
+    params = tuple(_param(_at(file, path), name, spec) for name, spec in value.items())
+    _check_when(file, params)
+    # Suggest a parameter only after those its `when` depends on (YAML order is not a promise).
+    return tuple(sorted(params, key=lambda p: bool(p.when)))
+
+
+def _param(where: str, name: str, spec: Any) -> Param:
+    """One parameter's ``{distribution: args, when: {param: value or [values]}}``."""
+    if name not in CONFIG_KEYS and name not in PSEUDO_KEYS:
+        raise ConfigError(f"{where}: unknown parameter {name!r}; valid: config keys or {', '.join(PSEUDO_KEYS)}")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}.{name}: expected {{distribution: args}}, got {spec!r}")
+    spec = dict(spec)
+    when = spec.pop("when", {}) or {}
+    if len(spec) != 1:
+        raise ConfigError(f"{where}.{name}: give exactly one distribution of {', '.join(DISTRIBUTIONS)}")
+    kind, args = next(iter(spec.items()))
+    if kind not in DISTS:
+        raise ConfigError(f"{where}.{name}: unknown distribution {kind!r}; valid: {', '.join(DISTRIBUTIONS)}")
+    _dist_args(f"{where}.{name}", name, kind, args)
+    if not isinstance(when, dict):
+        raise ConfigError(f"{where}.{name}.when: expected {{param: value or [values]}}, got {when!r}")
+    when = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in when.items()}
+    return Param(name, kind, tuple(args), when)
+
+
+def _dist_args(where: str, name: str, kind: str, args: Any) -> None:
+    """A distribution's arguments, as ``DISTS[kind]`` says."""
+    d = DISTS[kind]
+    if not d.bounds:
+        if not isinstance(args, list) or not args:
+            raise ConfigError(f"{where}: {kind} takes a non-empty list")
+        if d.among and (name != d.only or any(a not in d.among for a in args)):
+            raise ConfigError(f"{where}: {kind} is for {d.only!r} over {', '.join(d.among)}; got {args!r}")
+        return
+    if not (isinstance(args, list) and len(args) == 2
+            and all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in args)):
+        raise ConfigError(f"{where}: {kind} takes [low, high], two finite numbers, got {args!r}")
+    lo, hi = args
+    if lo >= hi:
+        raise ConfigError(f"{where}: lower bound {lo} is not below upper bound {hi}")
+    if d.log and lo <= 0:
+        raise ConfigError(f"{where}: {kind} needs a positive lower bound, got {lo}")
+    if d.integer and not all(isinstance(a, int) for a in args):
+        raise ConfigError(f"{where}: {kind} takes integer bounds, got {args!r}")
+
+
+def _check_when(file: str, params: tuple) -> None:
+    """Each ``when`` names another parameter, itself unconditional, a choice among its values."""
+    names = {p.name for p in params}
+    for p in params:
+        for dep, values in p.when.items():
+            if dep not in names:
+                raise ConfigError(f"{file}: params.{p.name}.when names unknown parameter {dep!r}; "
+                                  f"valid: {', '.join(sorted(names - {p.name}))}")
+            src = next(q for q in params if q.name == dep)
+            if src.when:
+                raise ConfigError(f"{file}: params.{p.name}.when depends on {dep!r}, itself conditional; "
+                                  "conditions do not chain")
+            if src.kind != "choice" or not set(values) <= set(src.args):
+                raise ConfigError(f"{file}: params.{p.name}.when: {dep} must be a choice among "
+                                  f"{list(src.args)}, got {list(values)}")
+
+
+CHECKS = {
+    "int": _number, "number": _number, "finite": _number,
+    "name": lambda file, path, value, key: study_name(_at(file, path[:-1]), value),
+    "text": lambda file, path, value, key: str(value),
+    "path": _path,
+    "conditions": _conditions,
+    "seeds": _seeds,
+    "axis": lambda file, path, value, key: _grid_values(_at(file, path), value),
+    "params": _params,
+    "section": _section, "config": _section,
+    "map": _map,
+}
+
+
+def read_space(path: Path, schema: dict[str, Key], **file_defaults: Any) -> dict[str, Any]:
+    """A space file's keys, each checked against ``schema``, every one of them there (defaults
+    filled in; ``file_defaults``: those that depend on the file, such as its study's name)."""
+    keys = {k: replace(key, default=file_defaults[k]) if k in file_defaults else key for k, key in schema.items()}
+    return check(path.name, (), read_yaml(path), Key("section", keys=keys, fill=True))
+
+
+def defaults(keys: dict[str, Key]) -> dict[str, Any]:
+    """Each key's default: what a section means where the file leaves the key out."""
+    return {k: copy.deepcopy(key.default) for k, key in keys.items()}
 
 
 def model_options(section: dict[str, dict[str, Any]], model: str) -> dict[str, Any]:
     """A space's per-model ``section`` entry for ``model`` (by alias or full name), defaults filled."""
     opts = section.get(model) or section.get(models.resolve_name(model)) or {}
-    return {"gpu": 0, "cpu": 1, "workers": 1, "step_seconds": None, "config": {}, **opts}
+    return {**defaults(MODEL), **opts}
 
 
 def tune_options(space) -> dict[str, Any]:
     """A space's ``tune`` section over the defaults."""
-    return {**TUNE_DEFAULTS, **space.tune}
+    return {**defaults(TUNE), **space.tune}
 
 
 # ---------------------------------------------------------------- grids
@@ -170,62 +384,23 @@ class Space:
     step_times: Path | None = None  # measured step times (raystudy.costs), if the space names a file
 
 
-def _grid_values(where: str, value: Any) -> list:
-    """A grid axis: ``{grid_search: [...]}`` or one constant (Ray's own names)."""
-    if isinstance(value, dict):
-        if set(value) == {"grid_search"} and isinstance(value["grid_search"], list) and value["grid_search"]:
-            return list(value["grid_search"])
-        if len(value) == 1 and next(iter(value)) in SAMPLERS:
-            raise ConfigError(f"{where}: {next(iter(value))!r} is a sampling distribution; a grid takes "
-                              "grid_search lists (sampled spaces run with python -m raystudy.search)")
-        raise ConfigError(f"{where}: expected {{grid_search: [values]}} or a constant, got {value!r}")
-    return [value]
-
-
 def load_grid(name_or_path: str) -> Space:
     """Read and check a grid space; every error is one line naming the bad key or value."""
     path = space_path(name_or_path)
-    raw = read_yaml(path)
-    strict(f"search space {path.name}", raw, GRID_KEYS)
-    cfg_keys = CONFIG_KEYS
-    base = strict(f"{path.name}: base", raw.get("base"), cfg_keys)
-    grid_raw = strict(f"{path.name}: grid", raw.get("grid"), cfg_keys)
-    grid = {k: _grid_values(f"{path.name}: grid.{k}", v) for k, v in grid_raw.items()}
-    datasets = {}
-    ds_raw = raw.get("datasets")
-    for ds, over in strict(f"{path.name}: datasets", ds_raw,
-                            tuple(ds_raw) if isinstance(ds_raw, dict) else ()).items():
-        over = strict(f"{path.name}: datasets.{ds}", over, cfg_keys)
-        datasets[ds] = over
-    if not datasets:
-        raise ConfigError(f"{path.name}: 'datasets' must list at least one dataset")
-    optimizers = {}
-    opts_raw = raw.get("optimizers") or {"sgd": {}}
-    for opt, over in strict(f"{path.name}: optimizers", opts_raw,
-                            tuple(opts_raw) if isinstance(opts_raw, dict) else ()).items():
-        over = dict(strict(f"{path.name}: optimizers.{opt}", over, cfg_keys + ("lr_scale",)))
-        if "lr_scale" in over:
-            _number(f"{path.name}: optimizers.{opt}", "lr_scale", over["lr_scale"], integer=False,
-                    low=0, strict_low=True)
-        optimizers[opt] = over
-    per_model = check_models(path.name, raw.get("models"), cfg_keys)
-    tune_opts = check_tune(path.name, raw.get("tune"))
+    f = read_space(path, GRID, study=path.stem)
     # Constants are typed here even where an axis overrides them (base lr: .nan is a mistake).
-    for where, section in ([("base", base)] + [(f"optimizers.{o}", {k: v for k, v in over.items() if k != "lr_scale"})
-                                               for o, over in optimizers.items()]
-                           + [(f"models.{m}.config", o.get("config") or {}) for m, o in per_model.items()]):
+    typed = [("base", f["base"])]
+    typed += [(f"optimizers.{o}", {k: v for k, v in over.items() if k != "lr_scale"})
+              for o, over in f["optimizers"].items()]
+    typed += [(f"models.{m}.config", o.get("config") or {}) for m, o in f["models"].items()]
+    for where, section in typed:
         try:
             from_dict(section)
         except ConfigError as e:
             raise ConfigError(f"{path.name}: {where}: {e}") from None
-    step_times = raw.get("step_times")
-    if step_times is not None and not (isinstance(step_times, str) and step_times.strip()):
-        raise ConfigError(f"{path.name}: step_times must be a file path, got {step_times!r}")
-    space = Space(name=path.stem, study=study_name(path.name, raw.get("study") or path.stem), base=base, grid=grid,
-                  datasets=datasets, optimizers=optimizers, models=per_model, tune=tune_opts,
-                  description=str(raw.get("description") or ""),
-                  step_times=path.parent / step_times if step_times else None)
-    return space
+    return Space(name=path.stem, study=f["study"], base=f["base"], grid=f["grid"], datasets=f["datasets"],
+                 optimizers=f["optimizers"], models=f["models"], tune=f["tune"], description=f["description"],
+                 step_times=path.parent / f["step_times"] if f["step_times"] else None)
 
 
 @dataclass(frozen=True)
@@ -265,7 +440,7 @@ def _cells(space: Space, model: str | None, datasets: list[str] | None, conditio
                 raise ConfigError(f"optimizer {opt!r} has no section in the space's 'optimizers'; "
                                   f"valid: {', '.join(space.optimizers)}")
             oover = dict(space.optimizers[opt])
-            lr_scale = float(oover.pop("lr_scale", 1.0))
+            lr_scale = float(oover.pop("lr_scale", GRID["optimizers"].each.keys["lr_scale"].default))
             axes = {**space.grid, **{k: _grid_values(f"datasets.{ds}.{k}", v) for k, v in dover.items()}}
             axes.pop("optimizer", None)
             if conditions is not None:
@@ -345,6 +520,7 @@ def expand(space: Space, model: str | None = None, datasets: list[str] | None = 
 
 
 def grid_key(trials: list[Trial]) -> str:
+    """A short key of a set of trials (their keys, in any order)."""
     return hashlib.sha256(json.dumps(sorted(t.key for t in trials)).encode()).hexdigest()[:12]
 
 
@@ -369,6 +545,9 @@ def gpu_hours(space: Space, model: str, trials: list) -> costs.Estimate:
 
 @dataclass(frozen=True)
 class Param:
+    """A searched parameter: its distribution (``kind``, a name in ``DISTS``) and ``args``, and
+    ``when``: the values of other parameters it is sampled under (none: always)."""
+
     name: str
     kind: str
     args: tuple
@@ -377,6 +556,9 @@ class Param:
 
 @dataclass(frozen=True)
 class SearchSpace:
+    """An Optuna search as data: base config, fixed conditions, parameters, budget, ASHA's
+    schedule, the sampler's seed and the test seeds the best configs are re-run with."""
+
     name: str
     study: str
     base: dict[str, Any]
@@ -403,101 +585,22 @@ class SearchSpace:
         return [(c, c) for c in (conditions or self.conditions)]
 
 
-def _param(where: str, name: str, spec: Any, cfg_keys: tuple[str, ...]) -> Param:
-    if name not in cfg_keys and name not in PSEUDO_KEYS:
-        raise ConfigError(f"{where}: unknown parameter {name!r}; valid: config keys or {', '.join(PSEUDO_KEYS)}")
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{where}.{name}: expected {{distribution: args}}, got {spec!r}")
-    spec = dict(spec)
-    when = spec.pop("when", {}) or {}
-    if len(spec) != 1:
-        raise ConfigError(f"{where}.{name}: give exactly one distribution of {', '.join(DISTRIBUTIONS)}")
-    kind, args = next(iter(spec.items()))
-    if kind not in DISTRIBUTIONS:
-        raise ConfigError(f"{where}.{name}: unknown distribution {kind!r}; valid: {', '.join(DISTRIBUTIONS)}")
-    if kind in ("choice", "subset_of"):
-        if not isinstance(args, list) or not args:
-            raise ConfigError(f"{where}.{name}: {kind} takes a non-empty list")
-        if kind == "subset_of":
-            bad = [c for c in args if c not in components.STUDY_COMPONENTS]
-            if bad or name != "components":
-                raise ConfigError(f"{where}.{name}: subset_of is for 'components' over "
-                                  f"{', '.join(components.STUDY_COMPONENTS)}; got {args!r}")
-    else:
-        if not (isinstance(args, list) and len(args) == 2
-                and all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in args)):
-            raise ConfigError(f"{where}.{name}: {kind} takes [low, high], two finite numbers, got {args!r}")
-        lo, hi = args
-        if lo >= hi:
-            raise ConfigError(f"{where}.{name}: lower bound {lo} is not below upper bound {hi}")
-        if kind.startswith("log") and lo <= 0:
-            raise ConfigError(f"{where}.{name}: {kind} needs a positive lower bound, got {lo}")
-        if kind in ("randint", "lograndint") and not all(isinstance(a, int) for a in args):
-            raise ConfigError(f"{where}.{name}: {kind} takes integer bounds, got {args!r}")
-    if not isinstance(when, dict):
-        raise ConfigError(f"{where}.{name}.when: expected {{param: value or [values]}}, got {when!r}")
-    when = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in when.items()}
-    return Param(name, kind, tuple(args), when)
-
-
 def load_search(name_or_path: str) -> SearchSpace:
     """Read and check an Optuna space; every error is one line naming the bad key or value."""
     path = space_path(name_or_path, SEARCH_DIR)
-    raw = read_yaml(path)
-    where = path.name
-    strict(f"search space {where}", raw, SEARCH_KEYS)
-    cfg_keys = CONFIG_KEYS
-    base = strict(f"{where}: base", raw.get("base"), cfg_keys)
-    params_raw = raw.get("params")
-    if not isinstance(params_raw, dict) or not params_raw:
-        raise ConfigError(f"{where}: 'params' must map at least one parameter to a distribution")
-    params = tuple(_param(f"{where}: params", n, s, cfg_keys) for n, s in params_raw.items())
-    names = {p.name for p in params}
-    for p in params:
-        for dep, values in p.when.items():
-            if dep not in names:
-                raise ConfigError(f"{where}: params.{p.name}.when names unknown parameter {dep!r}; "
-                                  f"valid: {', '.join(sorted(names - {p.name}))}")
-            src = next(q for q in params if q.name == dep)
-            if src.when:
-                raise ConfigError(f"{where}: params.{p.name}.when depends on {dep!r}, itself conditional; "
-                                  "conditions do not chain")
-            if src.kind != "choice" or not set(values) <= set(src.args):
-                raise ConfigError(f"{where}: params.{p.name}.when: {dep} must be a choice among "
-                                  f"{list(src.args)}, got {list(values)}")
-    # Suggest a parameter only after those its `when` depends on (YAML order is not a promise).
-    params = tuple(sorted(params, key=lambda p: bool(p.when)))
-    conds = raw.get("conditions") or ["MHA"]
-    if not isinstance(conds, list):
-        raise ConfigError(f"{where}: conditions must be a list of conditions, got {conds!r}")
-    if "components" in names:
-        conds = []  # the condition itself is searched: no fixed condition
-    else:
+    f = read_space(path, SEARCH, study=f"search-{path.stem}")
+    conds = []  # a search over ``components`` searches the condition itself: no fixed condition
+    if not any(p.name == "components" for p in f["params"]):
         try:
-            conds = [canonical_condition(c) for c in conds]
+            conds = [canonical_condition(c) for c in f["conditions"]]
         except ConfigError as e:
-            raise ConfigError(f"{where}: conditions: {e}") from None
-    budget = strict(f"{where}: budget", raw.get("budget"), BUDGET_KEYS)
-    sched = strict(f"{where}: scheduler", raw.get("scheduler"), SCHEDULER_KEYS)
-    per_model = check_models(where, raw.get("models"), cfg_keys)
-    tune_opts = check_tune(where, raw.get("tune"))
-    num_samples = _number(f"{where}: budget", "num_samples", budget.get("num_samples", 16), integer=True, low=1)
-    time_budget = _number(f"{where}: budget", "time_budget_s", budget.get("time_budget_s"), integer=False,
-                          low=0, strict_low=True, none_ok=True)
-    grace = _number(f"{where}: scheduler", "grace_period", sched.get("grace_period", 1), integer=True, low=1)
-    factor = _number(f"{where}: scheduler", "reduction_factor", sched.get("reduction_factor", 3), integer=True, low=2)
-    seed = raw.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"{where}: seed must be an integer >= 0, got {seed!r}")
-    test_seeds = raw.get("test_seeds", [100, 101, 102])
-    if (not isinstance(test_seeds, list) or not test_seeds
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in test_seeds)):
-        raise ConfigError(f"{where}: test_seeds must be a list of integers >= 0, got {test_seeds!r}")
+            raise ConfigError(f"{path.name}: conditions: {e}") from None
+    budget, sched = f["budget"], f["scheduler"]
     return SearchSpace(
-        name=path.stem, study=study_name(where, raw.get("study") or f"search-{path.stem}"), base=base,
-        conditions=tuple(conds), params=params, num_samples=num_samples, time_budget_s=time_budget,
-        grace_period=grace, reduction_factor=factor, seed=seed, test_seeds=tuple(test_seeds),
-        models=per_model, tune=tune_opts)
+        name=path.stem, study=f["study"], base=f["base"], conditions=tuple(conds), params=f["params"],
+        num_samples=budget["num_samples"], time_budget_s=budget["time_budget_s"],
+        grace_period=sched["grace_period"], reduction_factor=sched["reduction_factor"], seed=f["seed"],
+        test_seeds=tuple(f["test_seeds"]), models=f["models"], tune=f["tune"])
 
 
 class Sampler:
@@ -510,6 +613,7 @@ class Sampler:
         self.space, self.condition, self.base, self.resources = space, condition, base, resources
 
     def __call__(self, ot_trial) -> dict[str, Any]:
+        """``{"trial": ...}``: the sampled trial as a grid gives it, with a readable name."""
         values: dict[str, Any] = {}
         for p in self.space.params:
             if any(values.get(dep) not in allowed for dep, allowed in p.when.items()):
@@ -537,19 +641,15 @@ def search_trial_name(condition: str, values: dict[str, Any]) -> str:
 
 
 def suggest(ot_trial, p: Param) -> Any:
-    lo_hi = p.args
-    if p.kind == "choice":
+    """A value of ``p`` drawn by the Optuna trial ``ot_trial`` (Ray's ranges: randint's upper bound excluded)."""
+    d = DISTS[p.kind]
+    if p.kind == "subset_of":  # one yes/no per component
+        return [c for c in p.args if ot_trial.suggest_categorical(f"train_{c}", [True, False])]
+    if not d.bounds:
         return ot_trial.suggest_categorical(p.name, list(p.args))
-    if p.kind == "uniform":
-        return ot_trial.suggest_float(p.name, *lo_hi)
-    if p.kind == "loguniform":
-        return ot_trial.suggest_float(p.name, *lo_hi, log=True)
-    if p.kind == "randint":  # Ray's convention: upper bound excluded
-        return ot_trial.suggest_int(p.name, lo_hi[0], lo_hi[1] - 1)
-    if p.kind == "lograndint":
-        return ot_trial.suggest_int(p.name, lo_hi[0], lo_hi[1] - 1, log=True)
-    # subset_of: one yes/no per component
-    return [c for c in p.args if ot_trial.suggest_categorical(f"train_{c}", [True, False])]
+    if d.integer:
+        return ot_trial.suggest_int(p.name, p.args[0], p.args[1] - 1, log=d.log)
+    return ot_trial.suggest_float(p.name, *p.args, log=d.log)
 
 
 def make_trial(base: dict[str, Any], condition: str | None, values: dict[str, Any],

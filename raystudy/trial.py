@@ -68,6 +68,8 @@ class Reporter:
         self.last, self.best, self.pending = time.monotonic(), 0.0, []
 
     def __call__(self, metrics: dict[str, Any], state: dict | None) -> None:
+        """Report ``metrics`` (held back until a state or a divergence comes), with a checkpoint of
+        ``state`` when the interval has passed or a preemption asks for one."""
         self.best = max(self.best, metrics.get("val_acc", 0.0))
         if state is None and not metrics.get("diverged"):
             self.pending.append(metrics)
@@ -88,6 +90,7 @@ class Reporter:
             self.report_fn(out, checkpoint=self.checkpoint_cls.from_directory(d))
 
     def final(self, results: dict[str, Any]) -> None:
+        """Report the trial's final results, with the metrics still held back."""
         self.report_fn({**results, "final": 1, "step": results["steps_done"],
                         "score": results.get("best_val_acc", self.best), "history": self.pending})
         self.pending = []
@@ -111,6 +114,7 @@ class _Notice:
     current step and stop (``engine.train``'s ``stop``), instead of Ray's immediate exit."""
 
     def setup(self, config):
+        """Install the SIGTERM handler (main thread only), then set the trainable up."""
         global _ray_handler
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not _on_sigterm:
             _ray_handler = signal.signal(signal.SIGTERM, _on_sigterm)
