@@ -35,7 +35,8 @@ def parse_seeds(text: str) -> list[int]:
     except ValueError:
         seeds = []
     if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0, such as 100,101,102")
+        raise ConfigError(f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0, "
+                          "such as 100,101,102")
     return seeds
 
 
