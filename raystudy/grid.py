@@ -29,6 +29,7 @@ from raystudy.errors import ConfigError
 
 
 def build_parser() -> cli.Parser:
+    """The grid's command line flags."""
     ap = cli.Parser("python -m raystudy.grid", __doc__)
     ap.add_argument("--space", help="grid YAML file or name under search_spaces/ (default: demo, "
                                     "or paper when --model is given)")

@@ -41,6 +41,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def build_parser() -> cli.Parser:
+    """The search's command line flags."""
     ap = cli.Parser("python -m raystudy.search", __doc__)
     ap.add_argument("--space", default="optimiser", help="YAML file or name under search_spaces/optuna/")
     ap.add_argument("--model", help="model (default: the space's base model)")

@@ -43,6 +43,7 @@ def seed_major(trials: list[Trial], policy: adaptive.Policy):
         seeds.setdefault(tuple(t.config[c] for c in adaptive.CELL), []).append(t.config["seed"])
 
     def key(t: Trial):
+        """(tier, cell, lr) of ``t``."""
         cell = tuple(t.config[c] for c in adaptive.CELL)
         return (adaptive.tier(policy, sorted(set(seeds[cell])).index(t.config["seed"])), *map(str, cell),
                 t.config["lr"])
