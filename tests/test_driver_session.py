@@ -24,9 +24,8 @@ def test_a_parent_run_ends_finished_with_its_status_or_interrupted(mlflow_uri):
         parent.status = "incomplete"
     run = cl.get_run(parent.run_id)
     assert run.info.status == "FINISHED" and run.data.tags[tracking.STATUS] == "incomplete"
-    with pytest.raises(KeyboardInterrupt):
-        with session.parent_run(cl, exp, "g1", "grid-a", {"trials": 2}, "grid") as again:
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), session.parent_run(cl, exp, "g1", "grid-a", {"trials": 2}, "grid") as again:
+        raise KeyboardInterrupt
     assert again.run_id == parent.run_id  # found by its key, not created twice
     run = cl.get_run(parent.run_id)
     assert run.info.status == "FINISHED" and run.data.tags[tracking.STATUS] == "interrupted"

@@ -65,8 +65,7 @@ def grid_lock(storage: Path | str, name: str, log=print):
 def _locked(path: Path, name: str, log):
     """The lock file at ``path`` flocked and naming this process, emptied again on release."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")
-    try:
+    with open(path, "a+") as f:  # closing it drops the flock
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -90,8 +89,6 @@ def _locked(path: Path, name: str, log):
             f.seek(0)
             f.truncate()  # an empty file: released cleanly
             f.flush()
-    finally:
-        f.close()  # drops the flock
 
 
 def _holder(text: str) -> dict:

@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from raystudy import tracking
 from raystudy.driver import local_ray, lock
@@ -37,7 +37,7 @@ class Session:
         self.started: float | None = None
         self._held = contextlib.ExitStack()
 
-    def __enter__(self) -> Session:
+    def __enter__(self) -> Self:
         from raystudy import pretrain
 
         pretrain.ensure_weights(self.model, log=self.weights_log)  # trials load finished files, never build them
