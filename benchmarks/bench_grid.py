@@ -72,12 +72,14 @@ def startup(workers: int, steps: int = 8) -> tuple[float, float]:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("MLFLOW_TRACKING_URI", None)
     code = (
-        "import time, sys; from pathlib import Path; from raystudy import runner, spaces; import ray\n"
+        "import time, sys; from pathlib import Path; from raystudy import spaces; import ray\n"
+        "from raystudy.driver import grid_run, local_ray\n"
         f"s = spaces.load_grid({str(f)!r}); trials = spaces.expand(s)\n"
-        f"runner.start_ray(None, 2, {str(work / 'r')!r}, dashboard={workers > 1})\n"
+        f"local_ray.start_ray(None, 2, {str(work / 'r')!r}, dashboard={workers > 1})\n"
         "t0 = time.perf_counter()\n"
-        f"runner.run_grid(trials, label='bench', model='vit_demo', tracking_uri='sqlite:///{work}/m.db', experiment='b',\n"
-        f"              storage=Path({str(work / 'st')!r}), max_failures=0, max_concurrent=1, threads=1, verbose=0)\n"
+        f"grid_run.run_grid(trials, label='bench', model='vit_demo', tracking_uri='sqlite:///{work}/m.db',\n"
+        f"                  experiment='b', storage=Path({str(work / 'st')!r}), max_failures=0, max_concurrent=1,\n"
+        "                  threads=1, verbose=0)\n"
         "print('WALL', time.perf_counter() - t0); ray.shutdown()\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
     shutil.rmtree(work, ignore_errors=True)

@@ -125,6 +125,7 @@ class ConsoleTrials(tune.Callback):
         return [t for t in trials if t is not trial and t.status == "RUNNING"]
 
     def on_trial_start(self, iteration, trials, trial, **info):
+        """Notes when ``trial`` started, and how many trials run at once."""
         self.started.setdefault(trial.trial_id, self.clock())
         self.slots = max(self.slots, len(self._running(trials, trial)) + 1)
 
@@ -145,14 +146,17 @@ class ConsoleTrials(tune.Callback):
             self.log(trial_line(self.done, self.total, what, how, took, len(running), pending, left))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        """The line of a trial that ended: finished, diverged or stopped."""
         result = trial.last_result or {}
         how = outcome(result)
         self._ended(trials, trial, how, problem=result.get("status") == "diverged" or not result.get("final"))
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        """The line of a trial that failed for good, with its error's last line."""
         self._ended(trials, trial, outcome(None, error_line(_error_text(trial))), problem=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
+        """The line of a failed attempt that Tune retries."""
         what = describe(trial.config["trial"]["finetune"], self.shown)
         self.log(f"retrying {what}: {error_line(_error_text(trial))}")
 

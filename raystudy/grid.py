@@ -15,17 +15,21 @@ A grid MLflow already holds in full answers with its ranking, without starting R
 
 from __future__ import annotations
 
-import contextlib
+import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from raystudy import adaptive, cli, components, models, spaces, tracking
 from raystudy.config import FinetuneConfig
+from raystudy.driver import local_ray, lock
 from raystudy.errors import ConfigError
 
 
 def build_parser() -> cli.Parser:
+    """The grid's command line flags."""
     ap = cli.Parser("python -m raystudy.grid", __doc__)
     ap.add_argument("--space", help="grid YAML file or name under search_spaces/ (default: demo, "
                                     "or paper when --model is given)")
@@ -103,124 +107,145 @@ def projection(policy, space, model: str, trials: list) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The grid command: 0 when every trial finished, 1 when some failed, 2 on bad input, 130 when stopped."""
     args = build_parser().parse_args(argv)
     try:
-        space = spaces.load_grid(args.space or ("paper" if args.model else "demo"))
-        model = args.model or space.base.get("model", FinetuneConfig.model)
-        models.check_model(model)
-        conds = cli.parse_list("--conditions", args.conditions,
-                               [spaces.canonical_condition(c) for c in space.grid.get("condition", [])]
-                               or list(components.PAPER_CONDITIONS), spaces.canonical_condition)
-        datasets = cli.parse_list("--datasets", args.datasets, list(space.datasets))
-        optimizers = cli.parse_list("--optimizers", args.optimizers, list(space.optimizers))
-        overrides = cli.parse_set(args.set or [])
-        plan = spaces.plan(space, model, datasets, conds, optimizers, overrides)
-        mopts = spaces.model_options(space.models, model)
-        hours = spaces.gpu_hours(space, model, plan["costs"])
-        tuning = spaces.tune_options(space)
-        max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
-        if max_failures < 0:
-            raise ConfigError(f"--max-failures must be >= 0, got {max_failures}")
-        cli.check_count("--max-concurrent", args.max_concurrent)
-        policy = adaptive.policy(args.adaptive) if args.adaptive else None
-        cli.check_count("--num-cpus", args.num_cpus)
-        cli.check_folder("--storage", args.storage or "runs/ray")
-        cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
-        uri = args.tracking_uri or tracking.default_uri()
-        tracking.check_uri(uri)
-        experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
-        known = tracking.known_statuses(uri, experiment)
-        # Only a store that knows some of the study's trials is matched against the grid's keys:
-        # a dry run of a huge new grid stays a count.
-        trials = spaces.expand(space, model, datasets, conds, optimizers, overrides) if known or not args.dry_run else []
-        done = [t for t in trials if known.get(t.key) in tracking.TERMINAL]
-        if not args.dry_run and len(done) < len(trials):  # Ray only when there is something to run
-            from raystudy import runner
-
-            runner.check_address(args.address)
+        job = prepare(args)
     except ConfigError as e:
         return cli.fail(e)
+    return run(job)
 
-    ds_seen = plan["datasets"]
+
+@dataclasses.dataclass
+class Job:
+    """A grid command, checked: the space, its trials, where they are recorded, what MLflow already holds."""
+
+    args: argparse.Namespace
+    space: spaces.Space
+    model: str
+    grid: tuple[list[str], list[str], list[str], dict]  # datasets, conditions, optimizers, overrides
+    plan: dict
+    mopts: dict
+    hours: Any  # costs.Estimate
+    tuning: dict
+    max_failures: int
+    policy: adaptive.Policy | None
+    uri: str
+    experiment: str
+    known: dict[str, str]
+    trials: list
+    done: list
+
+
+def prepare(args) -> Job:
+    """The grid ``args`` ask for, every flag checked; raises ``ConfigError`` naming what is wrong."""
+    space = spaces.load_grid(args.space or ("paper" if args.model else "demo"))
+    model = args.model or space.base.get("model", FinetuneConfig.model)
+    models.check_model(model)
+    conds = cli.parse_list("--conditions", args.conditions,
+                           [spaces.canonical_condition(c) for c in space.grid.get("condition", [])]
+                           or list(components.PAPER_CONDITIONS), spaces.canonical_condition)
+    datasets = cli.parse_list("--datasets", args.datasets, list(space.datasets))
+    optimizers = cli.parse_list("--optimizers", args.optimizers, list(space.optimizers))
+    overrides = cli.parse_set(args.set or [])
+    plan = spaces.plan(space, model, datasets, conds, optimizers, overrides)
+    mopts = spaces.model_options(space.models, model)
+    hours = spaces.gpu_hours(space, model, plan["costs"])
+    tuning = spaces.tune_options(space)
+    max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
+    if max_failures < 0:
+        raise ConfigError(f"--max-failures must be >= 0, got {max_failures}")
+    cli.check_count("--max-concurrent", args.max_concurrent)
+    policy = adaptive.policy(args.adaptive) if args.adaptive else None
+    cli.check_count("--num-cpus", args.num_cpus)
+    cli.check_folder("--storage", args.storage or "runs/ray")
+    cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
+    uri = args.tracking_uri or tracking.default_uri()
+    tracking.check_uri(uri)
+    experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
+    known = tracking.known_statuses(uri, experiment)
+    # Only a store that knows some of the study's trials is matched against the grid's keys:
+    # a dry run of a huge new grid stays a count.
+    trials = spaces.expand(space, model, datasets, conds, optimizers, overrides) if known or not args.dry_run else []
+    done = [t for t in trials if known.get(t.key) in tracking.TERMINAL]
+    if not args.dry_run and len(done) < len(trials):  # Ray only when there is something to run
+        local_ray.check_address(args.address)
+    return Job(args, space, model, (datasets, conds, optimizers, overrides), plan, mopts, hours, tuning,
+               max_failures, policy, uri, experiment, known, trials, done)
+
+
+def run(job: Job) -> int:
+    """The grid's plan, then its dry run, its ranking if MLflow holds it all, or its run; the exit status."""
+    plan, mopts, hours = job.plan, job.mopts, job.hours
     gpus = mopts["gpu"] * mopts["workers"] if mopts["workers"] > 1 else mopts["gpu"]
-    print(f"grid {space.name} for {model}: {plan['trials']:,} trials = {len(ds_seen)} datasets × "
+    print(f"grid {job.space.name} for {job.model}: {plan['trials']:,} trials = {len(plan['datasets'])} datasets × "
           f"{len(plan['conditions'])} conditions × {len(plan['optimizers'])} optimizers × lrs × seeds")
-    print(f"  datasets: {', '.join(ds_seen)}")
+    print(f"  datasets: {', '.join(plan['datasets'])}")
     print(f"  GPUs per trial: {gpus:g}" + (f" ({mopts['workers']} DDP workers)" if mopts["workers"] > 1 else "")
           + f"; {hours.describe()}")
     if hours.measured:  # per condition: frozen components cost less
         print("  GPU-hours per condition: " + ", ".join(f"{c} {h:,.0f}" for c, h in hours.by_condition.items()))
-    if args.dry_run:
-        if done:
-            left = spaces.gpu_hours(space, model, [t for t in trials if known.get(t.key) not in tracking.TERMINAL])
-            print(f"  already done (in MLflow): {len(done):,} of {plan['trials']:,} trials; "
-                  f"{plan['trials'] - len(done):,} to run"
-                  + (f", {left.hours:,.0f} GPU-hours" if left.hours is not None and hours.hours is not None else ""))
-        else:
-            print(f"  already done (in MLflow): none of {plan['trials']:,} trials")
-        if policy is not None:
-            print(projection(policy, space, model, spaces.expand(space, model, datasets, conds, optimizers, overrides)))
-        print("dry run: nothing started")
+    if job.args.dry_run:
+        return dry_run(job)
+    if len(job.done) == len(job.trials):  # nothing to run: the answer is in MLflow
+        print(f"all {len(job.trials)} trials are already done (MLflow: {job.uri}); nothing to run")
+        cl = tracking.client(job.uri)
+        show_results(cl, cl.get_experiment_by_name(job.experiment).experiment_id, job.trials, job.model, job.uri)
         return 0
-    if len(done) == len(trials):  # nothing to run: the answer is in MLflow
-        print(f"all {len(trials)} trials are already done (MLflow: {uri}); nothing to run")
-        cl = tracking.client(uri)
-        show_results(cl, cl.get_experiment_by_name(experiment).experiment_id, trials, model, uri)
-        return 0
+    return drive(job)
 
-    from raystudy import pretrain, runner
 
-    try:
-        # trials load finished files, never build them; flushed: a minute's work says so as it starts
-        pretrain.ensure_weights(model, log=lambda line: print(line, flush=True))
+def dry_run(job: Job) -> int:
+    """What MLflow already holds of the grid and, with ``--adaptive``, what the policy would spend; starts nothing."""
+    total = job.plan["trials"]
+    if job.done:
+        left = spaces.gpu_hours(job.space, job.model, [t for t in job.trials
+                                                       if job.known.get(t.key) not in tracking.TERMINAL])
+        print(f"  already done (in MLflow): {len(job.done):,} of {total:,} trials; "
+              f"{total - len(job.done):,} to run"
+              + (f", {left.hours:,.0f} GPU-hours" if left.hours is not None and job.hours.hours is not None else ""))
+    else:
+        print(f"  already done (in MLflow): none of {total:,} trials")
+    if job.policy is not None:
+        print(projection(job.policy, job.space, job.model, spaces.expand(job.space, job.model, *job.grid)))
+    print("dry run: nothing started")
+    return 0
+
+
+def drive(job: Job) -> int:
+    """Run the grid's unfinished trials on Ray (``driver.session``); its summary and ranking, the exit status."""
+    from raystudy.driver import grid_run, session
+
+    args, trials, uri = job.args, job.trials, job.uri
+    storage = (Path(args.storage or "runs/ray").resolve() if not (args.storage or "").startswith(("s3://", "gs://"))
+               else args.storage)
+    label = f"{job.space.study}-{job.model}"
+    try:  # one driver per grid: a second one refuses before starting anything
+        with session.Session(storage, lock.grid_name(trials, label), job.model, address=args.address,
+                             num_cpus=args.num_cpus, temp_dir=args.ray_temp_dir,
+                             dashboard=any(t.workers > 1 for t in trials),
+                             banner=f"MLflow: {uri} (experiment {job.experiment!r}); checkpoints: {storage}",
+                             weights_log=lambda line: print(line, flush=True)) as s:
+            print(f"running {len(trials) - len(job.done)} of {len(trials)} trials"
+                  + (f" ({len(job.done)} already done)" if job.done else "") + "; one line as each ends", flush=True)
+            counts = grid_run.run_grid(
+                trials, label=label, model=job.model, tracking_uri=uri, experiment=job.experiment, storage=storage,
+                max_failures=job.max_failures, threads=int(job.tuning["threads_per_trial"]),
+                max_concurrent=grid_run.concurrency(args.max_concurrent or job.tuning["max_concurrent"],
+                                                    job.mopts["workers"], job.mopts["gpu"]),
+                checkpoint_every_s=float(job.tuning["checkpoint_every_s"]),
+                verbose=1 if args.tune_output else 0, quiet=args.quiet, policy=job.policy)
     except (ConfigError, models.WeightsUnavailable) as e:
         return cli.fail(e)
-    except KeyboardInterrupt:  # the file appears atomically: a half-built one is never left
-        return stopped(uri, experiment, trials, model)
-
-    storage = Path(args.storage or "runs/ray").resolve() if not (args.storage or "").startswith(("s3://", "gs://")) else args.storage
-    label = f"{space.study}-{model}"
-    with contextlib.ExitStack() as held:
-        try:  # one driver per grid: a second one refuses before starting anything
-            held.enter_context(runner.grid_lock(storage, runner.grid_name(trials, label)))
-        except ConfigError as e:
-            return cli.fail(e)
-        print(f"MLflow: {uri} (experiment {experiment!r}); checkpoints: {storage}", flush=True)
-        t0 = time.time()
-        try:
-            runner.start_ray(args.address, args.num_cpus, args.ray_temp_dir,
-                             dashboard=any(t.workers > 1 for t in trials))
-        except ConfigError as e:
-            return cli.fail(e)
-        except KeyboardInterrupt:
-            return stopped(uri, experiment, trials, model)
-        import ray
-
-        print(f"running {len(trials) - len(done)} of {len(trials)} trials"
-              + (f" ({len(done)} already done)" if done else "") + "; one line as each ends", flush=True)
-        try:
-            max_conc = args.max_concurrent or tuning["max_concurrent"]
-            if max_conc is None and mopts["workers"] > 1:  # nested TorchTrainers: one per free set of devices
-                total = ray.cluster_resources().get("GPU" if mopts["gpu"] else "CPU", 0)
-                # An autoscaling cluster may have no GPU node yet: then its max_workers is the cap.
-                max_conc = max(1, int(total // max(1, mopts["workers"]))) if total else None
-            counts = runner.run_grid(trials, label=label, model=model, tracking_uri=uri, experiment=experiment,
-                                     storage=Path(storage) if isinstance(storage, Path) else storage,
-                                     max_failures=max_failures, max_concurrent=max_conc,
-                                     threads=int(tuning["threads_per_trial"]),
-                                     checkpoint_every_s=float(tuning["checkpoint_every_s"]),
-                                     verbose=1 if args.tune_output else 0, quiet=args.quiet, policy=policy)
-        except KeyboardInterrupt:  # Ctrl-C: the first once Tune has stopped (runner.Stopped), or a second
-            return stopped(uri, experiment, trials, model)
-        finally:
-            ray.shutdown()
+    except KeyboardInterrupt:  # Ctrl-C: the first once Tune has stopped (tune_glue.Stopped), or a second
+        return stopped(uri, job.experiment, trials, job.model)
     if counts["unfinished"]:  # trials Tune left unfinished unasked: the rerun goes on with them too
-        return stopped(uri, experiment, trials, model)
-    print(f"\ndone in {time.time() - t0:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
+        return stopped(uri, job.experiment, trials, job.model)
+    print(f"\ndone in {time.time() - s.started:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
           f"{counts['failed']} failed, {counts['unfinished']} unfinished"
-          + (f", {counts['stopped']} stopped by the policy" if policy is not None else "") + " "
+          + (f", {counts['stopped']} stopped by the policy" if job.policy is not None else "") + " "
           f"({counts['already_done']} were already done)")
-    show_results(tracking.client(uri), counts["experiment_id"], trials, model, uri)
+    show_results(tracking.client(uri), counts["experiment_id"], trials, job.model, uri)
     return 0 if counts["unfinished"] == 0 and counts["failed"] == 0 else 1
 
 

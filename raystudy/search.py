@@ -14,14 +14,17 @@ chosen on validation accuracy and re-evaluated on test with fresh seeds.
 
 from __future__ import annotations
 
-import contextlib
+import argparse
+import dataclasses
 import math
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from raystudy import cli, models, spaces, tracking
 from raystudy.config import FinetuneConfig, from_dict, trial_key, validate
+from raystudy.driver import local_ray
 from raystudy.errors import ConfigError
 
 
@@ -32,11 +35,13 @@ def parse_seeds(text: str) -> list[int]:
     except ValueError:
         seeds = []
     if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0, such as 100,101,102")
+        raise ConfigError(f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0, "
+                          "such as 100,101,102")
     return seeds
 
 
 def build_parser() -> cli.Parser:
+    """The search's command line flags."""
     ap = cli.Parser("python -m raystudy.search", __doc__)
     ap.add_argument("--space", default="optimiser", help="YAML file or name under search_spaces/optuna/")
     ap.add_argument("--model", help="model (default: the space's base model)")
@@ -70,121 +75,153 @@ def browse_lines(uri: str, experiment: str, optuna_db: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The search command: 0 when done, 2 on bad input, 130 when stopped (the rerun resumes it)."""
     args = build_parser().parse_args(argv)
+    try:
+        job = prepare(args)
+    except (ConfigError, models.WeightsUnavailable) as e:
+        return cli.fail(e)
+    return 0 if job is None else run(job)
+
+
+@dataclasses.dataclass
+class Job:
+    """A search command, checked: the space, its studies, the trials' resources and tuning, where they are recorded."""
+
+    args: argparse.Namespace
+    space: spaces.SearchSpace
+    base: dict[str, Any]
+    model: str
+    dataset: str
+    conditions: list[str]
+    studies: list[tuple[str, str | None]]
+    resources: dict[str, Any]
+    num_samples: int
+    time_budget: float | None
+    test_seeds: list[int]
+    tuning: dict[str, Any]
+    uri: str
+    experiment: str
+
+
+def prepare(args) -> Job | None:
+    """The search ``args`` ask for, checked and stated; None for a dry run. Raises ``ConfigError``."""
     import optuna
 
     from raystudy import datasets
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        space = spaces.load_search(args.space)
-        base = {**space.base, **cli.parse_set(args.set or [])}
-        if args.model:
-            base["model"] = args.model
-        if args.dataset:
-            base["dataset"] = args.dataset
-        model = base.get("model", FinetuneConfig.model)
-        dataset = base.get("dataset", FinetuneConfig.dataset)
-        models.check_model(model)
-        datasets.check_dataset(dataset)
-        conditions = list(space.conditions)
-        if args.conditions:
-            if space.searches_components:
-                raise ConfigError("--conditions: this space searches the trained components themselves")
-            conditions = cli.parse_list("--conditions", args.conditions, conditions, spaces.canonical_condition)
-        studies = space.studies(conditions)
-        validate(from_dict(base))
-        mopts = spaces.model_options(space.models, model)
-        if mopts["workers"] > 1:
-            raise ConfigError("searches run single-worker trials; use the grid for DDP models")
-        resources = {"gpu": float(mopts["gpu"]), "cpu": float(mopts["cpu"]), "workers": 1}
-        cli.check_count("--num-samples", args.num_samples)
-        cli.check_seconds("--time-budget", args.time_budget)
-        cli.check_count("--num-cpus", args.num_cpus)
-        cli.check_folder("--storage", args.storage or "runs/search")
-        cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
-        num_samples = args.num_samples if args.num_samples is not None else space.num_samples
-        time_budget = args.time_budget if args.time_budget is not None else space.time_budget_s
-        test_seeds = parse_seeds(args.test_seeds) if args.test_seeds is not None else list(space.test_seeds)
-        tuning = {**spaces.tune_options(space), "max_failures": space.tune.get("max_failures", 1)}
-        # a dry sample through the sampler catches configs the space can produce but validate refuses
-        probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-        for _ in range(8):
-            for _, cond in studies:
-                validate(from_dict(spaces.Sampler(space, cond, base, resources)(probe.ask())["trial"]["finetune"]))
-        uri = args.tracking_uri or tracking.default_uri()
-        experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
-        print(f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
-              f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}")
-        print(budget_line(time_budget, len(studies), num_samples))
-        tracking.check_uri(uri)
-        if args.dry_run:
-            print("dry run: nothing started")
-            return 0
-        from raystudy import pretrain, runner
+    space = spaces.load_search(args.space)
+    base = {**space.base, **cli.parse_set(args.set or [])}
+    if args.model:
+        base["model"] = args.model
+    if args.dataset:
+        base["dataset"] = args.dataset
+    model = base.get("model", FinetuneConfig.model)
+    dataset = base.get("dataset", FinetuneConfig.dataset)
+    models.check_model(model)
+    datasets.check_dataset(dataset)
+    conditions = list(space.conditions)
+    if args.conditions:
+        if space.searches_components:
+            raise ConfigError("--conditions: this space searches the trained components themselves")
+        conditions = cli.parse_list("--conditions", args.conditions, conditions, spaces.canonical_condition)
+    studies = space.studies(conditions)
+    validate(from_dict(base))
+    mopts = spaces.model_options(space.models, model)
+    if mopts["workers"] > 1:
+        raise ConfigError("searches run single-worker trials; use the grid for DDP models")
+    resources = {"gpu": float(mopts["gpu"]), "cpu": float(mopts["cpu"]), "workers": 1}
+    cli.check_count("--num-samples", args.num_samples)
+    cli.check_seconds("--time-budget", args.time_budget)
+    cli.check_count("--num-cpus", args.num_cpus)
+    cli.check_folder("--storage", args.storage or "runs/search")
+    cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
+    num_samples = args.num_samples if args.num_samples is not None else space.num_samples
+    time_budget = args.time_budget if args.time_budget is not None else space.time_budget_s
+    test_seeds = parse_seeds(args.test_seeds) if args.test_seeds is not None else list(space.test_seeds)
+    tuning = {**spaces.tune_options(space), "max_failures": space.tune.get("max_failures", 1)}
+    check_samples(space, studies, base, resources)
+    uri = args.tracking_uri or tracking.default_uri()
+    experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
+    print(f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
+          f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}")
+    print(budget_line(time_budget, len(studies), num_samples))
+    tracking.check_uri(uri)
+    if args.dry_run:
+        print("dry run: nothing started")
+        return None
+    local_ray.check_address(args.address)
+    return Job(args, space, base, model, dataset, conditions, studies, resources, num_samples, time_budget,
+               test_seeds, tuning, uri, experiment)
 
-        runner.check_address(args.address)
-        pretrain.ensure_weights(model)  # trials load finished files, never build them
+
+def check_samples(space: spaces.SearchSpace, studies: list, base: dict[str, Any], resources: dict[str, Any]) -> None:
+    """A dry sample through the sampler: catches configs the space can produce but ``validate`` refuses."""
+    import optuna
+
+    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(8):
+        for _, cond in studies:
+            validate(from_dict(spaces.Sampler(space, cond, base, resources)(probe.ask())["trial"]["finetune"]))
+
+
+def run(job: Job) -> int:
+    """Every study of the search on Ray (``driver.session``), then the best config per condition; the exit status."""
+    from raystudy.driver import session
+
+    args = job.args
+    storage = Path(args.storage or "runs/search").resolve()
+    skey = trial_key({"space": job.space.name, "model": job.model, "dataset": job.dataset, "base": job.base,
+                      "conditions": job.conditions})
+    try:  # one driver per search: a second one refuses before starting anything
+        with session.Session(storage, f"search-{job.space.study}-{skey}", job.model, address=args.address,
+                             num_cpus=args.num_cpus, temp_dir=args.ray_temp_dir):
+            cl, exp_id = session.experiment(job.uri, job.experiment)
+            with session.parent_run(cl, exp_id, skey, f"search-{job.space.name}-{job.model}-{job.dataset}",
+                                    {"space": job.space.name, "model": job.model, "dataset": job.dataset,
+                                     "num_samples": job.num_samples}, role="search") as parent:
+                summary = [study(job, label, cond, storage, cl, exp_id, parent.run_id) for label, cond in job.studies]
     except (ConfigError, models.WeightsUnavailable) as e:
         return cli.fail(e)
-
-    storage = Path(args.storage or "runs/search").resolve()
-    skey = trial_key({"space": space.name, "model": model, "dataset": dataset, "base": base,
-                      "conditions": conditions})
-    held = contextlib.ExitStack()
-    try:  # one driver per search: a second one refuses before starting anything
-        held.enter_context(runner.grid_lock(storage, f"search-{space.study}-{skey}"))
-    except ConfigError as e:
-        return cli.fail(e)
-    runner.start_ray(args.address, args.num_cpus, args.ray_temp_dir, dashboard=False)
-    import ray
-
-    cl = tracking.client(uri)
-    exp_id = tracking.experiment_id(cl, experiment, tracking.default_artifact_location(uri))
-    parent = tracking.parent_run(cl, exp_id, skey, f"search-{space.name}-{model}-{dataset}",
-                                 {"space": space.name, "model": model, "dataset": dataset,
-                                  "num_samples": num_samples}, role="search")
-    summary, stopped = [], False
-    try:
-        for label, cond in studies:
-            best = runner.search_condition(space, label, cond, model=model, dataset=dataset, base=base, tracking_uri=uri,
-                                    exp_id=exp_id, parent=parent, storage=storage, num_samples=num_samples,
-                                    time_budget_s=time_budget, resources=resources, tuning=tuning,
-                                    verbose=0 if args.quiet else 1)
-            if "config" not in best:
-                print(f"[{label}] no trial finished: nothing to evaluate on test")
-                summary.append({"condition": label, **best})
-                continue
-            trials = [spaces.Trial(trial_key(c), c, resources["gpu"], resources["cpu"], 1)
-                      for c in ({**best["config"], "seed": s} for s in test_seeds)]
-            counts = runner.run_grid(trials, label=f"{best['study']}-test", model=model, tracking_uri=uri,
-                                   experiment=experiment, storage=storage, max_failures=int(tuning["max_failures"]),
-                                   max_concurrent=tuning["max_concurrent"], threads=int(tuning["threads_per_trial"]),
-                                   checkpoint_every_s=float(tuning["checkpoint_every_s"]),
-                                   verbose=0, role="search-test")
-            keys = {t.key for t in trials}
-            rows = [r for r in tracking.rows(tracking.find_runs(cl, exp_id, raystudy__role="trial"))
-                    if r["key"] in keys and r["status"] == "finished"]
-            acc = [r["test_acc"] for r in rows]
-            summary.append({"condition": best["config"]["condition"], **best,
-                            "test_acc": sum(acc) / len(acc) if acc else math.nan,
-                            "test_std": statistics.stdev(acc) if len(acc) > 1 else math.nan,
-                            "test_runs": counts["finished"]})
-    except BaseException as e:
-        cl.set_tag(parent, tracking.STATUS, "interrupted")
-        if not isinstance(e, KeyboardInterrupt):
-            raise
-        stopped = True
-    else:
-        cl.set_tag(parent, tracking.STATUS, "finished")
-    finally:
-        with runner.uninterrupted():
-            cl.set_terminated(parent, status="FINISHED")
-            ray.shutdown()
-            held.close()
-    if stopped:  # Ctrl-C: Optuna's studies and MLflow keep what is done; the rerun goes on from there
+    except KeyboardInterrupt:  # Ctrl-C: Optuna's studies and MLflow keep what is done; the rerun goes on from there
         print("\nsearch stopped; run the same command to resume it", flush=True)
         return 130
+    print_summary(summary)
+    print("\n" + browse_lines(job.uri, job.experiment, storage / "optuna" / "optuna.db"))
+    return 0
+
+
+def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str, parent: str) -> dict[str, Any]:
+    """One condition's Optuna study, then its best config re-run on test with fresh seeds; its summary."""
+    from raystudy.driver import grid_run, optuna_search
+
+    tuning = job.tuning
+    best = optuna_search.search_condition(
+        job.space, label, cond, model=job.model, dataset=job.dataset, base=job.base, tracking_uri=job.uri,
+        exp_id=exp_id, parent=parent, storage=storage, num_samples=job.num_samples, time_budget_s=job.time_budget,
+        resources=job.resources, tuning=tuning, verbose=0 if job.args.quiet else 1)
+    if "config" not in best:
+        print(f"[{label}] no trial finished: nothing to evaluate on test")
+        return {"condition": label, **best}
+    trials = [spaces.Trial(trial_key(c), c, job.resources["gpu"], job.resources["cpu"], 1)
+              for c in ({**best["config"], "seed": s} for s in job.test_seeds)]
+    counts = grid_run.run_grid(trials, label=f"{best['study']}-test", model=job.model, tracking_uri=job.uri,
+                               experiment=job.experiment, storage=storage, max_failures=int(tuning["max_failures"]),
+                               max_concurrent=tuning["max_concurrent"], threads=int(tuning["threads_per_trial"]),
+                               checkpoint_every_s=float(tuning["checkpoint_every_s"]), verbose=0, role="search-test")
+    keys = {t.key for t in trials}
+    rows = [r for r in tracking.rows(tracking.find_runs(cl, exp_id, raystudy__role="trial"))
+            if r["key"] in keys and r["status"] == "finished"]
+    acc = [r["test_acc"] for r in rows]
+    return {"condition": best["config"]["condition"], **best,
+            "test_acc": sum(acc) / len(acc) if acc else math.nan,
+            "test_std": statistics.stdev(acc) if len(acc) > 1 else math.nan,
+            "test_runs": counts["finished"]}
+
+
+def print_summary(summary: list[dict[str, Any]]) -> None:
+    """The best configuration per condition: validation and test accuracy, its knobs, the trial counts."""
     print("\nbest configuration per condition (chosen on validation, tested with fresh seeds):")
     for s in summary:
         if "config" not in s:
@@ -196,9 +233,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {s['condition']:<16} val {s['val_acc']:.4f}  test {s['test_acc']:.4f} ± {s['test_std']:.4f} "
               f"({s['test_runs']} seeds)  [{knobs}]  trials: {s['finished']} finished, "
               f"{s['stopped']} stopped early by ASHA")
-    print("\n" + browse_lines(uri, experiment, storage / "optuna" / "optuna.db"))
-    return 0
-
 
 
 if __name__ == "__main__":

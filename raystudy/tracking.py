@@ -479,6 +479,7 @@ def close_stale(cl, exp_id: str, **tags: str) -> int:
 
 
 def fail_trial(cl, run_id: str, error: str) -> None:
+    """End a trial's run FAILED, status ``failed``, with the last of ``error``."""
     from mlflow.entities import RunTag
 
     cl.log_batch(run_id, tags=[RunTag(STATUS, "failed"), RunTag(ERROR, error[-5000:])])

@@ -31,7 +31,7 @@ SPACE = {
 @pytest.fixture()
 def work(tmp_path, demo_weights, mlflow_uri, shared_ray):
     # The driver's default store (./mlflow.db) starts as a copy of an empty one: creating a store
-    # is seconds of migrations, tested once in test_runner. The drivers join this test process's
+    # is seconds of migrations, tested once in test_tracking. The drivers join this test process's
     # shared Ray: what these tests check is the driver's.
     return tmp_path, shared_ray
 
@@ -280,10 +280,11 @@ def test_retried_trial_resumes_from_its_checkpoint_and_logs_each_step_once(work)
 
 
 def _grid_name(space_file, model="vit_demo"):
-    from raystudy import runner, spaces
+    from raystudy import spaces
+    from raystudy.driver import lock
 
     space = spaces.load_grid(str(space_file))
-    return runner.grid_name(spaces.expand(space, model, None, None, None, {}), f"{space.study}-{model}")
+    return lock.grid_name(spaces.expand(space, model, None, None, None, {}), f"{space.study}-{model}")
 
 
 def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):

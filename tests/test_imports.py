@@ -26,10 +26,13 @@ LAYERS = [
     {"raystudy.engine", "raystudy.tracking", "raystudy.spaces"},
     # what runs on a worker; weights raystudy builds itself
     {"raystudy.trial", "raystudy.pretrain"},
-    # the runner (Ray + driver-side MLflow) and its console, the analysis library, the CLI toolkit
-    {"raystudy.runner", "raystudy.console", "raystudy.cli", "analysis.load", "analysis.stats", "analysis.tables",
-     "analysis.figures", "analysis.intervals", "analysis.bayes", "analysis.output", "analysis.trust",
-     "analysis.synthetic", "analysis.study", "analysis.sections"},
+    # the driver (Ray + driver-side MLflow) and its console, the analysis library, the CLI toolkit
+    {"raystudy.driver", "raystudy.driver.local_ray", "raystudy.driver.lock", "raystudy.driver.tune_glue",
+     "raystudy.driver.checkpoints", "raystudy.driver.records", "raystudy.driver.scheduler",
+     "raystudy.driver.session", "raystudy.driver.grid_run", "raystudy.driver.optuna_search",
+     "raystudy.console", "raystudy.cli", "analysis.load", "analysis.stats", "analysis.tables", "analysis.figures",
+     "analysis.intervals", "analysis.bayes", "analysis.output", "analysis.trust", "analysis.synthetic",
+     "analysis.study", "analysis.sections"},
     # command lines
     {"raystudy.grid", "raystudy.search", "raystudy.finetune", "raystudy.probe", "raystudy.prefetch",
      "analysis.report", "analysis.export_best", "analysis.replay"},
@@ -41,10 +44,12 @@ CLIS = LAYERS[-2]
 
 
 def modules() -> dict[str, Path]:
+    """Every module of the packages, subpackages included (``raystudy.driver.lock``), by dotted name."""
     out = {}
     for pkg in PACKAGES:
-        for f in sorted((ROOT / pkg).glob("*.py")):
-            out[pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"] = f
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return out
 
 
@@ -133,7 +138,8 @@ def test_the_analysis_and_the_registries_load_without_torch():
 def test_a_driver_loads_no_torch(demo_weights):  # the file built: checking it is what every CLI does
     # The driver validates every trial's config (so do --dry-run and the bad-input checks) and
     # hands Tune the trainable: torch's import is seconds of CPU there, and only the trials use it.
-    code = ("import sys; from raystudy import datasets, pretrain, runner, search, spaces\n"
+    code = ("import sys; from raystudy import datasets, pretrain, search, spaces\n"
+            "from raystudy.driver import grid_run, optuna_search, session\n"
             "trials = spaces.expand(spaces.load_grid('demo'), 'vit_demo', None, None, None, {})\n"
             "assert pretrain.ensure_weights('vit_demo', log=None).is_file()\n"
             "assert len({t.config['dataset'] for t in trials}) > 1 and datasets.check_dataset('cifar10')\n"

@@ -1,3 +1,7 @@
+import subprocess
+import sys
+import time
+
 import pytest
 
 from raystudy import tracking
@@ -217,3 +221,20 @@ def test_the_policys_view_of_a_run_reads_its_status_as_the_runs_table_does(store
     row = tracking.rows([cl.get_run(runs[1])])[0]
     assert row["status"] == "failed" and view[1].ended and view[1].best != view[1].best  # NaN: no result to rank
     assert view[2].points == view[0].points and not view[2].ended  # still running
+
+
+def _open_store_at(uri, at):
+    code = ("import time, sys; from raystudy import tracking; time.sleep(max(0, %r - time.time())); "
+            "tracking.experiment_id(tracking.client(%r), 'e')" % (at, uri))
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_drivers_creating_a_new_store_at_once_leave_it_usable(tmp_path):
+    # Two drivers creating the SQLite schema at once must not leave a broken store.
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    at = time.time() + 8  # after every interpreter has imported MLflow
+    procs = [_open_store_at(uri, at) for _ in range(3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-1500:] for o in outs)
+    assert tracking.experiment_id(tracking.client(uri), "e")

@@ -1,0 +1,138 @@
+"""A list of trials (a grid, or a search's test re-evaluation) run on Ray exactly once each,
+resuming an interrupted run of the same trials; MLflow knows which are done."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from raystudy import adaptive, console, tracking
+from raystudy.driver import checkpoints, records, scheduler, session, tune_glue
+from raystudy.driver.lock import grid_lock, grid_name
+from raystudy.spaces import Trial, grid_key
+from raystudy.trial import run_trial
+
+ENDS = ("finished", "diverged", "failed", "stopped")
+
+
+def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
+             storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
+             checkpoint_every_s: float = 0.0, verbose: int = 0, quiet: bool = False,
+             role: str = "grid", policy: adaptive.Policy | None = None) -> dict[str, Any]:
+    """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
+
+    ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder. Raises
+    ``GridBusy`` if another driver runs the same grid, ``tune_glue.Stopped`` if the user stopped
+    it. One line per trial that ends (``console.ConsoleTrials``; ``quiet``: only those that did
+    not finish); ``verbose`` > 0 brings back Tune's own tables and its result files (JSON, CSV,
+    TensorBoard). ``policy`` (``raystudy.adaptive``) stops trials the study does not need
+    (``scheduler.AdaptiveScheduler``); they are recorded ``stopped``.
+    """
+    settings = {"model": model, "tracking_uri": tracking_uri, "storage": storage, "max_failures": max_failures,
+                "max_concurrent": max_concurrent, "threads": threads, "checkpoint_every_s": checkpoint_every_s,
+                "verbose": verbose, "quiet": quiet, "policy": policy}
+    with grid_lock(storage, grid_name(trials, label)):
+        cl, exp_id = session.experiment(tracking_uri, experiment)
+        with session.parent_run(cl, exp_id, grid_key(trials), f"{role}-{label}",
+                                {"label": label, "model": model, "trials": len(trials)}, role) as parent:
+            counts = _drive(trials, label, settings, cl, exp_id, parent)
+    counts.update(experiment_id=exp_id, parent_run_id=parent.run_id)
+    return counts
+
+
+def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, parent) -> dict[str, Any]:
+    """Run the trials MLflow does not hold as done, count how all of them ended, tag the parent."""
+    known = tracking.statuses(cl, exp_id)
+    done = {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
+    pending = [t for t in trials if t.key not in done]
+    counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
+    asked_to_stop = False
+    if pending:
+        tuner = _tuner(trials, pending, done, label, s, exp_id, parent.run_id)
+
+        def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
+            counts["interrupted"] = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent.run_id)
+        asked_to_stop = tune_glue.fit(tuner, s["verbose"], close)
+    if s["policy"] is not None:
+        late = scheduler.stop_late(cl, exp_id, trials, s["policy"])
+        if late:
+            print(f"{late} trial(s) ended before the policy's decision to stop them; recorded stopped", flush=True)
+    known = tracking.statuses(cl, exp_id)
+    statuses = [known.get(t.key) for t in trials]
+    for end in ENDS:
+        counts[end] = statuses.count(end)
+    counts["unfinished"] = len(trials) - sum(counts[end] for end in ENDS)
+    if counts["interrupted"] and not counts["unfinished"]:  # Tune ended them, yet MLflow had no end
+        print(f"{counts['interrupted']} trial run(s) had no end from Tune; marked interrupted", flush=True)
+    stopped = asked_to_stop and counts["unfinished"]
+    parent.status = "interrupted" if stopped else "incomplete" if counts["unfinished"] else "finished"
+    if stopped:
+        raise tune_glue.Stopped(f"{counts['unfinished']} of {len(trials)} trials unfinished")
+    return counts
+
+
+def _tuner(trials: list[Trial], pending: list[Trial], done: set[str], label: str, s: dict[str, Any],
+           exp_id: str, parent_id: str):
+    """The Tuner of the pending trials: the interrupted run's, restored, or a new one."""
+    storage, name = s["storage"], grid_name(trials, label)
+    path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
+    trainable = tune.with_resources(run_trial, _resources)
+    lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s["quiet"])
+    if tune.Tuner.can_restore(str(path)):
+        with tune_glue.tune_output(s["verbose"]):  # restoring reads the trials' results back, and warns too
+            tuner, why = tune_glue.restore(path, trainable)
+        if tuner is not None:
+            print(f"resuming {path}: {len(pending)} of {len(trials)} trials unfinished", flush=True)
+            tune_glue.set_console(tuner, lines, s["verbose"])
+            return tuner
+        print(f"could not restore the interrupted run's Tune state at {path} ({why}); "
+              f"starting afresh over the {len(pending)} unfinished trials (MLflow knows which are done)",
+              flush=True)
+        path = tune_glue.set_aside(path, storage, name)
+    return _new_tuner(trainable, trials, pending, lines, Path(str(path)).name, s, exp_id, parent_id)
+
+
+def _new_tuner(trainable, trials: list[Trial], pending: list[Trial], lines, name: str, s: dict[str, Any],
+               exp_id: str, parent_id: str):
+    """A Tuner over a grid search of the pending trials, with the driver's callbacks."""
+    policy, adaptive_scheduler = s["policy"], None
+    if policy is not None:  # earlier seeds first: decisions on them come before later seeds start
+        pending = sorted(pending, key=scheduler.seed_major(trials))
+        adaptive_scheduler = scheduler.AdaptiveScheduler(policy, trials, s["tracking_uri"], exp_id)
+    kept, pruner = checkpoints.keep_checkpoints()
+    base = {"storage_path": str(s["storage"]), "threads": s["threads"], "checkpoint_every_s": s["checkpoint_every_s"]}
+    return tune.Tuner(
+        trainable,
+        param_space={**base, "trial": tune.grid_search([t.as_dict() for t in pending])},
+        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=s["max_concurrent"],
+                                    scheduler=adaptive_scheduler, trial_name_creator=tune_glue.trial_name,
+                                    trial_dirname_creator=tune_glue.trial_name),
+        run_config=tune.RunConfig(
+            name=name, storage_path=str(s["storage"]), verbose=s["verbose"],
+            callbacks=[records.MlflowTrials(s["tracking_uri"], exp_id, parent_id), lines, pruner,
+                       *tune_glue.result_files(s["verbose"])],
+            failure_config=tune.FailureConfig(max_failures=s["max_failures"]),
+            checkpoint_config=kept),
+    )
+
+
+def _resources(config):
+    """A trial's Ray resources; a multi-worker trial only drives its TorchTrainer, whose workers hold the devices."""
+    t = config["trial"]
+    if t["workers"] > 1:
+        return tune.PlacementGroupFactory([{"CPU": 0.01}])
+    return tune.PlacementGroupFactory([{"CPU": t["cpu"], "GPU": t["gpu"]}])
+
+
+def concurrency(cap: int | None, workers: int, gpu: float) -> int | None:
+    """The cap on concurrent trials: ``cap`` if given; for multi-worker trials (nested
+    TorchTrainers), one per free set of devices in the connected Ray; else None (by resources)."""
+    if cap is not None or workers <= 1:
+        return cap
+    import ray
+
+    total = ray.cluster_resources().get("GPU" if gpu else "CPU", 0)
+    # An autoscaling cluster may have no GPU node yet: then its max_workers is the cap.
+    return max(1, int(total // max(1, workers))) if total else None

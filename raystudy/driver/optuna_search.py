@@ -1,0 +1,131 @@
+"""One Optuna study on Ray Tune: ``OptunaSearch`` (TPE, seeded, persisted in SQLite) proposes
+configs, ASHA stops weak trials early, ``records.MlflowTrials`` records each trial once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from raystudy import tracking
+from raystudy.config import FinetuneConfig
+from raystudy.driver import tune_glue
+from raystudy.spaces import Sampler, SearchSpace
+
+
+def optuna_storage(folder: Path):
+    """The Optuna storage of a search: ``optuna.db`` (SQLite) in ``folder``, created if missing."""
+    import optuna
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.RDBStorage(f"sqlite:///{folder / 'optuna.db'}")
+
+
+def completed_trials(storage, study_name: str) -> int:
+    """Trials of the persisted study that finished; stale RUNNING ones (a killed search) are failed."""
+    import optuna
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return 0
+    done = 0
+    for t in study.get_trials(deepcopy=False):
+        if t.state == optuna.trial.TrialState.RUNNING:
+            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        elif t.state == optuna.trial.TrialState.COMPLETE:
+            done += 1
+    return done
+
+
+def make_searcher(space: SearchSpace, condition: str | None, base: dict[str, Any], resources: dict[str, Any],
+                  storage, study_name: str):
+    """Ray's OptunaSearch over the persisted study ``study_name``, resumed with its history.
+
+    The sampler's seed is the space's plus the number of trials the study already holds: a
+    resumed search draws on from there instead of replaying the first session's draws
+    (TPE's random start-up trials), and the same history still gives the same suggestions.
+    """
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    try:
+        held = len(optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False))
+    except KeyError:
+        held = 0
+    seed = None if space.seed is None else space.seed + held
+    return OptunaSearch(space=Sampler(space, condition, base, resources), metric="score", mode="max",
+                        sampler=optuna.samplers.TPESampler(seed=seed), storage=storage, study_name=study_name)
+
+
+def search_condition(space: SearchSpace, label: str, condition: str | None, *, model: str, dataset: str,
+                     base: dict[str, Any], tracking_uri: str, exp_id: str, parent: str, storage: Path,
+                     num_samples: int, time_budget_s: float | None, resources: dict[str, Any],
+                     tuning: dict[str, Any], verbose: int) -> dict[str, Any]:
+    """One Optuna study (``label``: a condition, or ``components`` when the condition itself is
+    searched); returns the best finished trial's config and score (``best_of``). Raises
+    ``tune_glue.Stopped`` if the user stopped it before its budget."""
+    study_name = f"{space.study}-{model}-{dataset}-{label}"
+    cl = tracking.client(tracking_uri)
+    # Runs a killed search left RUNNING: their configs are not resampled, so close them.
+    tracking.close_stale(cl, exp_id, raystudy__search=study_name)
+    ostore = optuna_storage(storage / "optuna")
+    done = completed_trials(ostore, study_name)
+    remaining = num_samples - done
+    print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {max(remaining, 0)} to run", flush=True)
+    if remaining > 0:
+        searcher = make_searcher(space, condition, base, resources, ostore, study_name)
+        tuner = _tuner(searcher, study_name, remaining, time_budget_s, storage, base, space, resources, tuning,
+                       verbose, (tracking_uri, exp_id, parent))
+
+        def close():  # every trial of this session has ended, or the driver is going down: none stays RUNNING
+            stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
+            if stale:
+                print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+        if tune_glue.fit(tuner, verbose, close) and completed_trials(ostore, study_name) < num_samples:
+            raise tune_glue.Stopped(f"study {study_name!r} stopped before its budget")
+    return best_of(cl, exp_id, study_name)
+
+
+def _tuner(searcher, study_name: str, num_samples: int, time_budget_s: float | None, storage: Path,
+           base: dict[str, Any], space: SearchSpace, resources: dict[str, Any], tuning: dict[str, Any], verbose: int,
+           mlflow: tuple[str, str, str]):
+    """The Tuner of one study's session: ``num_samples`` trials from ``searcher`` under ASHA."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from raystudy.driver import checkpoints, records
+    from raystudy.trial import run_trial
+
+    steps = int(base.get("steps", FinetuneConfig.steps))
+    # max_t past the last step: a trial that reaches the end finishes itself (and is tested)
+    asha = ASHAScheduler(time_attr="step", metric="score", mode="max", max_t=steps + 1,
+                         grace_period=min(space.grace_period, steps), reduction_factor=space.reduction_factor)
+    kept, pruner = checkpoints.keep_checkpoints()
+    return tune.Tuner(
+        tune.with_resources(run_trial, {"cpu": resources["cpu"], "gpu": resources["gpu"]}),
+        param_space={"storage_path": str(storage), "threads": int(tuning["threads_per_trial"]),
+                     "checkpoint_every_s": float(tuning["checkpoint_every_s"])},
+        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=asha, num_samples=num_samples,
+                                    time_budget_s=time_budget_s, reuse_actors=True,
+                                    max_concurrent_trials=tuning["max_concurrent"]),
+        run_config=tune.RunConfig(
+            name=f"{study_name}-{int(time.time())}", storage_path=str(storage), verbose=verbose,
+            callbacks=[records.MlflowTrials(*mlflow, {"raystudy.search": study_name}), pruner],
+            failure_config=tune.FailureConfig(max_failures=int(tuning["max_failures"])),
+            checkpoint_config=kept),
+    )
+
+
+def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
+    """The finished trial of ``study_name`` with the best validation accuracy, and the counts."""
+    runs = tracking.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name)
+    status = [r.data.tags.get(tracking.STATUS) for r in runs]
+    finished = [r for r, s in zip(runs, status) if s == "finished" and "best_val_acc" in r.data.metrics]
+    out = {"study": study_name, "trials": len(runs), "stopped": status.count("stopped"),
+           "finished": len(finished), "diverged": status.count("diverged"), "failed": status.count("failed")}
+    if finished:
+        best = max(finished, key=lambda r: r.data.metrics["best_val_acc"])
+        out.update(best_run=best.info.run_id, val_acc=best.data.metrics["best_val_acc"],
+                   config=tracking.run_config(best.data.params))
+    return out

@@ -1,0 +1,116 @@
+"""Study-level early stopping on Tune: ``raystudy.adaptive``'s policy decides, Tune stops."""
+
+from __future__ import annotations
+
+from ray.tune.experiment import Trial as TuneTrial
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from raystudy import adaptive, tracking
+from raystudy.driver import records
+from raystudy.spaces import Trial
+
+
+def recorded_view(cl, exp_id: str, trials: list[Trial]) -> dict[str, adaptive.Seen]:
+    """What MLflow holds of ``trials``, as the policy sees it (a resumed driver starts from it)."""
+    keys = {t.key for t in trials}
+    seen = {}
+    for run in tracking.find_runs(cl, exp_id, raystudy__role="trial"):
+        key, status = run.data.tags.get(tracking.KEY), run.data.tags.get(tracking.STATUS)
+        if key in keys and (key not in seen or status in tracking.TERMINAL):
+            seen[key] = tracking.policy_view(cl, run)
+    return seen
+
+
+def stop_late(cl, exp_id: str, trials: list[Trial], policy: adaptive.Policy) -> int:
+    """Runs the policy stops that finished before its decision came (their rung completed after
+    they ended): recorded ``stopped`` too, so the analysis sees what the policy decided. Returns how many."""
+    decisions = adaptive.decide(policy, [adaptive.trial_of(t.key, t.config) for t in trials],
+                                recorded_view(cl, exp_id, trials))
+    n = 0
+    for key, stop in decisions.items():
+        status, run = tracking.trial_status(cl, exp_id, key)
+        if status == "finished":
+            records.mark_stopped_late(cl, run.info.run_id, stop.step, stop.rule)
+            n += 1
+    return n
+
+
+def seed_major(trials: list[Trial]):
+    """A sort key for ``trials``: a trial's seed's index in its cell, then its cell and lr;
+    earlier seeds first, so decisions on them come before later seeds start."""
+    seeds: dict[tuple, list] = {}
+    for t in trials:
+        seeds.setdefault(tuple(t.config[c] for c in adaptive.CELL), []).append(t.config["seed"])
+
+    def key(t: Trial):
+        """(seed index, cell, lr) of ``t``."""
+        cell = tuple(t.config[c] for c in adaptive.CELL)
+        return (sorted(set(seeds[cell])).index(t.config["seed"]), *map(str, cell), t.config["lr"])
+    return key
+
+
+class AdaptiveScheduler(FIFOScheduler):
+    """Tune's side of ``raystudy.adaptive``: on every result, the policy over everything seen of
+    the grid; a running trial it stops ends there, a pending one it stops never starts.
+
+    What it has seen lives in MLflow too (the driver logs every evaluation), so a restored
+    driver rebuilds it from there instead of from Tune's pickle.
+    """
+
+    def __init__(self, policy: adaptive.Policy, trials: list[Trial], tracking_uri: str, experiment_id: str):
+        super().__init__()
+        self.policy, self.tracking_uri, self.experiment_id = policy, tracking_uri, experiment_id
+        self.trials = [adaptive.trial_of(t.key, t.config) for t in trials]
+        self._grid = trials
+        self._seen: dict[str, adaptive.Seen] | None = None
+        self.decisions: dict[str, adaptive.Stop] = {}
+
+    def __getstate__(self):
+        return {**self.__dict__, "_seen": None}
+
+    @property
+    def seen(self) -> dict[str, adaptive.Seen]:
+        """What the policy has seen of each trial key, read from MLflow on first use."""
+        if self._seen is None:
+            self._seen = recorded_view(tracking.client(self.tracking_uri), self.experiment_id, self._grid)
+        return self._seen
+
+    def _observe(self, key: str, result: dict) -> None:
+        s = self.seen.get(key, adaptive.Seen())
+        points = s.points
+        if "val_acc" in result and not result.get("final"):
+            points = tuple(p for p in points if p[0] != int(result["step"])) + (
+                (int(result["step"]), float(result["val_acc"])),)
+        ended = s.ended or bool(result.get("final"))
+        best = float(result.get("best_val_acc", float("nan"))) if result.get("final") and \
+            result.get("status", "finished") == "finished" else s.best
+        self.seen[key] = adaptive.Seen(tuple(sorted(points)), ended, best)
+        self.decisions = adaptive.decide(self.policy, self.trials, self.seen)
+
+    def on_trial_result(self, tune_controller, trial, result):
+        """STOP for a running trial the policy has decided to stop, else CONTINUE."""
+        key = trial.config["trial"]["key"]
+        self._observe(key, result)
+        return TrialScheduler.STOP if key in self.decisions and not result.get("final") else TrialScheduler.CONTINUE
+
+    def on_trial_complete(self, tune_controller, trial, result):
+        """A trial's end, seen by the policy."""
+        if result:
+            self._observe(trial.config["trial"]["key"], result)
+
+    def on_trial_error(self, tune_controller, trial):
+        """Failed for good: it has ended, so decisions waiting for it (the seed rule) can come.
+        Tune calls this for a retried failure too, after marking the trial ERROR: not an end."""
+        if trial.status != TuneTrial.ERROR:
+            self._observe(trial.config["trial"]["key"], {"final": 1, "status": "failed"})
+
+    def choose_trial_to_run(self, tune_controller):
+        """Tune's next trial to start; pending trials the policy has stopped never start."""
+        for trial in list(tune_controller.get_trials()):
+            if trial.status == TuneTrial.PENDING and trial.config["trial"]["key"] in self.decisions:
+                tune_controller.stop_trial(trial)   # recorded stopped at step 0; never started
+        return super().choose_trial_to_run(tune_controller)
+
+    def debug_string(self) -> str:
+        """Tune's status line for the scheduler."""
+        return f"raystudy.adaptive policy {self.policy.name}: {len(self.decisions)} trials stopped"

@@ -1,0 +1,90 @@
+"""A driver's session: what a grid or a search holds while it runs, and its parent run.
+
+``Session`` makes sure of the weights its trials load, takes the grid's lock (one driver per
+grid or search), starts or joins Ray, and on leaving shuts Ray down and releases the lock,
+Ctrl-C ignored. ``parent_run`` drives the MLflow parent run of a grid or search: running while
+driven, its status at the end, ``interrupted`` if the driver goes down, never left RUNNING.
+Importing this module imports neither Ray nor MLflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Self
+
+from raystudy import tracking
+from raystudy.driver import local_ray, lock
+from raystudy.driver.tune_glue import uninterrupted
+
+
+class Session:
+    """``with Session(...)``: weights, then the lock named ``name`` under ``storage``, then Ray.
+
+    ``banner`` is printed once the lock is held, before Ray starts; ``started`` is the time then.
+    Raises ``ConfigError`` (another driver holds the lock, Ray cannot be joined) or
+    ``models.WeightsUnavailable`` before anything runs; ``KeyboardInterrupt`` passes through.
+    """
+
+    def __init__(self, storage: Path | str, name: str, model: str, *, address: str | None, num_cpus: int | None,
+                 temp_dir: str | None, dashboard: bool = False, banner: str | None = None,
+                 weights_log: Callable[[str], None] | None = print):
+        self.storage, self.name, self.model = storage, name, model
+        self.ray_args = (address, num_cpus, temp_dir, dashboard)
+        self.banner, self.weights_log = banner, weights_log
+        self.started: float | None = None
+        self._held = contextlib.ExitStack()
+
+    def __enter__(self) -> Self:
+        from raystudy import pretrain
+
+        pretrain.ensure_weights(self.model, log=self.weights_log)  # trials load finished files, never build them
+        with contextlib.ExitStack() as held:
+            held.enter_context(lock.grid_lock(self.storage, self.name))
+            if self.banner:
+                print(self.banner, flush=True)
+            self.started = time.time()
+            local_ray.start_ray(*self.ray_args)
+            self._held = held.pop_all()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import ray
+
+        with uninterrupted():
+            ray.shutdown()
+            self._held.close()
+
+
+def experiment(uri: str, name: str) -> tuple[Any, str]:
+    """(an MLflow client of ``uri``, the id of experiment ``name``, created if missing)."""
+    cl = tracking.client(uri)
+    return cl, tracking.experiment_id(cl, name, tracking.default_artifact_location(uri))
+
+
+class Parent:
+    """A parent run being driven: its ``run_id``, and the ``status`` it is tagged with at the end."""
+
+    def __init__(self, run_id: str):
+        self.run_id, self.status = run_id, "finished"
+
+
+@contextlib.contextmanager
+def parent_run(cl, exp_id: str, key: str, name: str, params: dict[str, Any], role: str):
+    """Yields the ``Parent`` of a grid or search (``tracking.parent_run``: found by ``key``, created
+    once), tagged ``running`` while driven; at the end tagged with its ``status``, or
+    ``interrupted`` if the driver goes down, and ended FINISHED either way."""
+    parent = Parent(tracking.parent_run(cl, exp_id, key, name, params, role=role))
+    cl.set_tag(parent.run_id, tracking.STATUS, "running")
+    try:
+        yield parent
+    except BaseException:  # a crash or an interrupt of the driver: the parent says so
+        cl.set_tag(parent.run_id, tracking.STATUS, "interrupted")
+        raise
+    else:
+        cl.set_tag(parent.run_id, tracking.STATUS, parent.status)
+    finally:
+        with uninterrupted():
+            cl.set_terminated(parent.run_id, status="FINISHED")

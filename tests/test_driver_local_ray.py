@@ -1,0 +1,61 @@
+"""driver.local_ray: a local Ray on loopback with token auth; an address that does not answer is refused."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from raystudy.driver import local_ray
+from raystudy.errors import ConfigError
+
+CODE = r"""
+import json, sys
+import psutil
+from raystudy.driver import local_ray
+local_ray.start_ray(None, 1, sys.argv[1], dashboard=True)
+import ray
+from ray._raylet import AuthenticationMode, get_authentication_mode
+me = psutil.Process()
+socks = []
+for p in [me] + me.children(recursive=True):
+    try:
+        socks += [(p.name(), c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="tcp")
+                  if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        pass
+raylet = [p for p in me.children(recursive=True) if p.name() == "raylet"]
+print(json.dumps({"socks": socks, "token": get_authentication_mode() == AuthenticationMode.TOKEN,
+                  "raylet_auth": raylet[0].environ().get("RAY_AUTH_MODE") if raylet else None}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_local_ray_listens_on_loopback_only_with_token_auth(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    env.update(HOME=str(home), OMP_NUM_THREADS="1")
+    temp = tempfile.mkdtemp(prefix="rlb", dir="/tmp")  # Ray's socket paths must stay short
+    p = subprocess.run([sys.executable, "-c", CODE, temp], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    names = {name for name, _, _ in got["socks"]}
+    assert {"gcs_server", "raylet"} <= names, got["socks"]
+    exposed = [s for s in got["socks"] if s[1] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    assert not exposed, exposed
+    assert got["token"] and got["raylet_auth"] == "token"
+    token = home / ".ray" / "auth_token"
+    assert token.is_file() and token.stat().st_mode & 0o077 == 0  # the token: its owner's alone
+
+
+@pytest.mark.parametrize("address,needle", [("nohost", "expected auto, local or HOST:PORT"),
+                                            ("127.0.0.1:9", "no Ray cluster answers there")])
+def test_an_address_that_cannot_be_joined_is_refused_before_ray_starts(address, needle):
+    with pytest.raises(ConfigError, match=needle):
+        local_ray.check_address(address)
+    local_ray.check_address("auto")  # Ray finds it itself

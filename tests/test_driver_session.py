@@ -1,0 +1,31 @@
+"""driver.session: importing it starts nothing; a parent run is never left RUNNING, and says how it ended."""
+
+import subprocess
+import sys
+
+import pytest
+
+from raystudy import tracking
+from raystudy.driver import session
+
+
+def test_importing_the_session_loads_no_ray_mlflow_or_torch():
+    # the command lines import it for their --help and --dry-run, which need none of them
+    code = ("import sys, raystudy.driver.session, raystudy.driver.lock, raystudy.driver.local_ray; "
+            "print(sorted(m for m in ('ray', 'mlflow', 'torch', 'optuna') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_parent_run_ends_finished_with_its_status_or_interrupted(mlflow_uri):
+    cl, exp = session.experiment(mlflow_uri, "s")
+    with session.parent_run(cl, exp, "g1", "grid-a", {"trials": 2}, "grid") as parent:
+        assert cl.get_run(parent.run_id).data.tags[tracking.STATUS] == "running"
+        parent.status = "incomplete"
+    run = cl.get_run(parent.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[tracking.STATUS] == "incomplete"
+    with pytest.raises(KeyboardInterrupt), session.parent_run(cl, exp, "g1", "grid-a", {"trials": 2}, "grid") as again:
+        raise KeyboardInterrupt
+    assert again.run_id == parent.run_id  # found by its key, not created twice
+    run = cl.get_run(parent.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[tracking.STATUS] == "interrupted"
