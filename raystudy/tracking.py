@@ -34,6 +34,7 @@ from raystudy.errors import ConfigError
 # Tag names of the run record.
 ROLE, KEY, STATUS, ERROR, ATTEMPTS = "raystudy.role", "raystudy.key", "raystudy.status", "raystudy.error", "raystudy.attempts"
 STOPPED_AT = "raystudy.stopped_at"  # the step an adaptive policy stopped the trial at
+WORKER, RESUMED_FROM, LAST_ERROR = "raystudy.worker", "raystudy.resumed_from", "raystudy.last_error"
 
 # Final results logged as metrics.
 FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_done", "wall_s",
@@ -484,6 +485,47 @@ def fail_trial(cl, run_id: str, error: str) -> None:
 
     cl.log_batch(run_id, tags=[RunTag(STATUS, "failed"), RunTag(ERROR, error[-5000:])])
     cl.set_terminated(run_id, status="FAILED")
+
+
+def note_worker(cl, run_id: str, where: str) -> None:
+    """Tag the node and process (``ip:pid``) that runs the trial, for debugging."""
+    cl.set_tag(run_id, WORKER, where)
+
+
+def note_stopped(cl, run_id: str, step: int) -> None:
+    """Tag the step a scheduler stopped the trial at (its results follow in ``finish_trial``)."""
+    cl.set_tag(run_id, STOPPED_AT, str(step))
+
+
+def note_resumed(cl, run_id: str, step: int) -> None:
+    """Tag the checkpoint step a resumed trial continued from."""
+    cl.set_tag(run_id, RESUMED_FROM, str(int(step)))
+
+
+def note_retry(cl, run_id: str, error: str) -> None:
+    """Count one more attempt of a trial that Tune retries, and keep the failed attempt's error."""
+    attempts = int(cl.get_run(run_id).data.tags.get(ATTEMPTS, "1")) + 1
+    cl.set_tag(run_id, ATTEMPTS, str(attempts))
+    cl.set_tag(run_id, LAST_ERROR, error[-5000:])
+
+
+def mark_stopped_late(cl, run_id: str, step: int, rule: str) -> None:
+    """Record a finished run as ``stopped`` at ``step`` by the policy's ``rule``: the policy's
+    decision came after the trial ended."""
+    from mlflow.entities import RunTag
+
+    cl.log_batch(run_id, tags=[RunTag(STATUS, "stopped"), RunTag(STOPPED_AT, str(step)),
+                               RunTag("raystudy.stopped_late", "1"), RunTag("raystudy.stop_rule", rule)])
+
+
+def tag_parent(cl, run_id: str, status: str) -> None:
+    """Tag a grid's or search's parent run with its status (running, finished, interrupted, ...)."""
+    cl.set_tag(run_id, STATUS, status)
+
+
+def end_run(cl, run_id: str) -> None:
+    """End a parent run FINISHED (its outcome is its status tag)."""
+    cl.set_terminated(run_id, status="FINISHED")
 
 
 def _yaml(d: dict[str, Any]) -> str:

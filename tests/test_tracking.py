@@ -238,3 +238,21 @@ def test_drivers_creating_a_new_store_at_once_leave_it_usable(tmp_path):
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-1500:] for o in outs)
     assert tracking.experiment_id(tracking.client(uri), "e")
+
+
+def test_a_trial_the_policy_stopped_after_it_finished_is_recorded_stopped_late(mlflow_uri):
+    from raystudy.config import trial_key
+
+    cl = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(cl, "r")
+    run = tracking.open_trial(cl, exp, None, trial_key(_STOPPED_CFG), _STOPPED_CFG)
+    tracking.finish_trial(cl, run, {"status": "finished", "final": 1, "best_val_acc": 0.5, "test_acc": 0.5})
+    tracking.mark_stopped_late(cl, run, 20, "race")
+    tags = cl.get_run(run).data.tags
+    assert tags[tracking.STATUS] == "stopped" and tags[tracking.STOPPED_AT] == "20"
+    assert tags["raystudy.stopped_late"] == "1" and tags["raystudy.stop_rule"] == "race"
+    assert tracking.statuses(cl, exp) == {trial_key(_STOPPED_CFG): "stopped"}
+
+
+_STOPPED_CFG = {"model": "vit_demo", "dataset": "digits_c", "condition": "MHA", "optimizer": "sgd", "lr": 0.1,
+                "seed": 0, "steps": 10, "device": "auto"}

@@ -1,8 +1,9 @@
-"""The trial runs' MLflow records, written from the driver only.
+"""When the driver writes a Tune trial's MLflow run: the Tune callback.
 
-``MlflowTrials`` is the one writer of a Tune trial's run: one writer, so a SQLite store never
-sees "database is locked", and runs are found by trial key (``tracking.open_trial``), so a
-rerun never duplicates one. The run record's layout and its read side are ``raystudy.tracking``.
+``MlflowTrials`` is the one process that writes a grid's trial runs: one writer, so a SQLite store
+never sees "database is locked", and runs are found by trial key (``tracking.open_trial``), so a
+rerun never duplicates one. *What* it writes, the run record itself, is ``raystudy.tracking``'s:
+every write of a run goes through a function there.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ from pathlib import Path
 from ray import tune
 
 from raystudy import tracking
-
-WORKER, RESUMED_FROM, LAST_ERROR = "raystudy.worker", "raystudy.resumed_from", "raystudy.last_error"
-
 
 class MlflowTrials(tune.Callback):
     """Writes every trial to MLflow from the driver, exactly once per trial key."""
@@ -65,7 +63,7 @@ class MlflowTrials(tune.Callback):
         where = f"{result.get('node_ip')}:{result.get('pid')}"
         if self._where.get(trial.trial_id) != where:  # which node and process run it (debugging)
             self._where[trial.trial_id] = where
-            self.cl.set_tag(run_id, WORKER, where)
+            tracking.note_worker(self.cl, run_id, where)
         steps = list(result.get("history") or [])
         if not result.get("final"):
             steps.append(result)
@@ -81,10 +79,10 @@ class MlflowTrials(tune.Callback):
             return
         if not last.get("final"):  # a scheduler stopped it early (or before it started): no test accuracy
             last = {**last, "status": "stopped", "steps_done": int(last.get("step", 0))}
-            self.cl.set_tag(run_id, tracking.STOPPED_AT, str(last["steps_done"]))
+            tracking.note_stopped(self.cl, run_id, last["steps_done"])
         tracking.finish_trial(self.cl, run_id, last)
         if last.get("resumed_from"):
-            self.cl.set_tag(run_id, RESUMED_FROM, str(int(last["resumed_from"])))
+            tracking.note_resumed(self.cl, run_id, last["resumed_from"])
         self._runs.pop(trial.trial_id, None)
         self._upto.pop(run_id, None)
 
@@ -92,9 +90,7 @@ class MlflowTrials(tune.Callback):
         """A failed attempt that Tune retries: count it and keep its error."""
         run_id = self._run(trial)
         if run_id is not None:
-            attempts = int(self.cl.get_run(run_id).data.tags.get(tracking.ATTEMPTS, "1")) + 1
-            self.cl.set_tag(run_id, tracking.ATTEMPTS, str(attempts))
-            self.cl.set_tag(run_id, LAST_ERROR, error_text(trial)[-5000:])
+            tracking.note_retry(self.cl, run_id, error_text(trial))
 
     def on_trial_error(self, iteration, trials, trial, **info):
         """A trial failed for good: its run ends ``failed`` with the error."""
@@ -111,11 +107,3 @@ def error_text(trial) -> str:
         return Path(path).read_text().strip()
     return "trial failed (no error file)"
 
-
-def mark_stopped_late(cl, run_id: str, step: int, rule: str) -> None:
-    """Record a finished run as ``stopped`` at ``step`` by the policy's ``rule``: the policy's
-    decision came after the trial ended."""
-    from mlflow.entities import RunTag
-
-    cl.log_batch(run_id, tags=[RunTag(tracking.STATUS, "stopped"), RunTag(tracking.STOPPED_AT, str(step)),
-                               RunTag("raystudy.stopped_late", "1"), RunTag("raystudy.stop_rule", rule)])

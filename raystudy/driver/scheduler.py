@@ -6,7 +6,6 @@ from ray.tune.experiment import Trial as TuneTrial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from raystudy import adaptive, tracking
-from raystudy.driver import records
 from raystudy.spaces import Trial
 
 
@@ -30,7 +29,7 @@ def stop_late(cl, exp_id: str, trials: list[Trial], policy: adaptive.Policy) -> 
     for key, stop in decisions.items():
         status, run = tracking.trial_status(cl, exp_id, key)
         if status == "finished":
-            records.mark_stopped_late(cl, run.info.run_id, stop.step, stop.rule)
+            tracking.mark_stopped_late(cl, run.info.run_id, stop.step, stop.rule)
             n += 1
     return n
 

@@ -77,14 +77,14 @@ def parent_run(cl, exp_id: str, key: str, name: str, params: dict[str, Any], rol
     once), tagged ``running`` while driven; at the end tagged with its ``status``, or
     ``interrupted`` if the driver goes down, and ended FINISHED either way."""
     parent = Parent(tracking.parent_run(cl, exp_id, key, name, params, role=role))
-    cl.set_tag(parent.run_id, tracking.STATUS, "running")
+    tracking.tag_parent(cl, parent.run_id, "running")
     try:
         yield parent
     except BaseException:  # a crash or an interrupt of the driver: the parent says so
-        cl.set_tag(parent.run_id, tracking.STATUS, "interrupted")
+        tracking.tag_parent(cl, parent.run_id, "interrupted")
         raise
     else:
-        cl.set_tag(parent.run_id, tracking.STATUS, parent.status)
+        tracking.tag_parent(cl, parent.run_id, parent.status)
     finally:
         with uninterrupted():
-            cl.set_terminated(parent.run_id, status="FINISHED")
+            tracking.end_run(cl, parent.run_id)
