@@ -23,7 +23,7 @@ from typing import Any
 
 from raystudy import components, costs, models
 from raystudy.config import FinetuneConfig, check_value, from_dict, read_yaml, trial_key, validate
-from raystudy.errors import ConfigError
+from raystudy.errors import ConfigError, check_input_file
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 SEARCH_DIR = SPACES_DIR / "optuna"
@@ -49,9 +49,7 @@ def space_path(name_or_path: str, folder: Path = SPACES_DIR) -> Path:
     """A space YAML given by path, or by name under ``folder``."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.is_file():
-            raise ConfigError(f"search space file {str(p)!r} does not exist")
-        return p
+        return check_input_file("search space file", p)
     cand = folder / f"{name_or_path}.yaml"
     if not cand.is_file():
         known = sorted(q.stem for q in folder.glob("*.yaml"))
@@ -185,7 +183,7 @@ def _grid_values(where: str, value: Any) -> list:
 def load_grid(name_or_path: str) -> Space:
     """Read and check a grid space; every error is one line naming the bad key or value."""
     path = space_path(name_or_path)
-    raw = read_yaml(path)
+    raw = read_yaml(path, "search space file")
     strict(f"search space {path.name}", raw, GRID_KEYS)
     cfg_keys = CONFIG_KEYS
     base = strict(f"{path.name}: base", raw.get("base"), cfg_keys)
@@ -443,7 +441,7 @@ def _param(where: str, name: str, spec: Any, cfg_keys: tuple[str, ...]) -> Param
 def load_search(name_or_path: str) -> SearchSpace:
     """Read and check an Optuna space; every error is one line naming the bad key or value."""
     path = space_path(name_or_path, SEARCH_DIR)
-    raw = read_yaml(path)
+    raw = read_yaml(path, "search space file")
     where = path.name
     strict(f"search space {where}", raw, SEARCH_KEYS)
     cfg_keys = CONFIG_KEYS

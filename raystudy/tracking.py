@@ -18,6 +18,7 @@ Layout (read back by ``analysis/``):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -118,11 +119,43 @@ def _check_sqlite(uri: str, path: Path) -> None:
                 raise TrackingUnavailable(f"tracking URI {uri!r}: {path} is not an SQLite database")
             with open(path, "ab"):  # opened for writing, nothing written
                 pass
+            if head:
+                _check_intact(path, path.stat().st_size, path.stat().st_mtime_ns)
         else:
             with tempfile.TemporaryFile(dir=path.parent):  # anonymous: never seen in the folder
                 pass
     except OSError as e:
         raise TrackingUnavailable(f"tracking URI {uri!r}: cannot write {path} ({e.strerror or e})") from None
+
+
+# SQLite's primary result codes for a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
+_DAMAGED = (11, 26)
+
+
+@functools.lru_cache(maxsize=16)
+def _check_intact(path: Path, size: int, mtime_ns: int) -> None:
+    """A store whose every page SQLite reads back intact (``PRAGMA quick_check``, a pass over the
+    file at disk speed), opened read only: a damaged store is refused before any work, the file
+    untouched, where MLflow would fail midway through. Once per file version (size, mtime)."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            found = con.execute("PRAGMA quick_check(1)").fetchone()
+        finally:
+            con.close()
+        problem = None if found == ("ok",) else str(found[0] if found else "no answer to quick_check")
+    except sqlite3.DatabaseError as e:
+        if (getattr(e, "sqlite_errorcode", 0) & 0xFF) not in _DAMAGED:
+            return  # busy, locked or unreadable here: MLflow's own error says more
+        problem = str(e)
+    if problem is not None:
+        rescued = path.with_name(f"{path.stem}-recovered{path.suffix}")
+        raise TrackingUnavailable(
+            f"MLflow store {path} is damaged (SQLite: {' '.join(problem.split())[:160]}); it was left as it is. "
+            f"Recover what it holds with: sqlite3 {path} .recover | sqlite3 {rescued}, then pass "
+            f"--tracking-uri sqlite:///{rescued}; or restore a snapshot of it")
 
 
 _READY: set[str] = set()
