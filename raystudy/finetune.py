@@ -45,6 +45,7 @@ def make_config(args: argparse.Namespace) -> FinetuneConfig:
 def printer(cfg: FinetuneConfig):
     """A report callback that prints progress lines."""
     def report(m: dict[str, Any], state) -> None:
+        """Print one report: an evaluation line or a training line with the gradient norms."""
         if "val_acc" in m:
             print(f"  step {m['step']:>6}/{cfg.steps}  val acc {m['val_acc']:.4f}  "
                   f"val loss {m['val_loss']:.4f}  best {m['best_val_acc']:.4f}", flush=True)
@@ -210,6 +211,7 @@ def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[s
     show = None if quiet else printer(cfg)
 
     def report(m: dict[str, Any], state) -> None:
+        """Hand one report of the loop to the recorder and the printer."""
         if recorder:
             recorder.report(m)
         if show:
