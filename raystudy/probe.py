@@ -14,9 +14,9 @@ the model's eval transform. For GPT-2 x and y are token-id sequences: x from ``-
 ``--target-tokens FILE`` or the dataset's test split. Prints a table per mode and the model-level ranking, and writes the
 tidy table (CSV and Parquet) and a figure (PNG and PDF) to --out.
 
-Bad input (unknown mode, component, model or dataset, pairs < 1, image sizes that differ,
-missing dataset files or weights) exits with status 2 and one line naming the bad value and the
-valid choices, before any model is built.
+Bad input (unknown mode, component, model or dataset, a count or seed outside its bound (see
+--help), image sizes that differ, missing dataset files or weights) exits with status 2 and one
+line naming the bad value and the valid choices, before any model is built.
 """
 
 from __future__ import annotations

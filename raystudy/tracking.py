@@ -136,26 +136,38 @@ _DAMAGED = (11, 26)
 def _check_intact(path: Path, size: int, mtime_ns: int) -> None:
     """A store whose every page SQLite reads back intact (``PRAGMA quick_check``, a pass over the
     file at disk speed), opened read only: a damaged store is refused before any work, the file
-    untouched, where MLflow would fail midway through. Once per file version (size, mtime)."""
-    import sqlite3
+    untouched, where MLflow would fail midway through. Once per file version (size, mtime).
 
-    try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
-        try:
-            found = con.execute("PRAGMA quick_check(1)").fetchone()
-        finally:
-            con.close()
-        problem = None if found == ("ok",) else str(found[0] if found else "no answer to quick_check")
-    except sqlite3.DatabaseError as e:
-        if (getattr(e, "sqlite_errorcode", 0) & 0xFF) not in _DAMAGED:
-            return  # busy, locked or unreadable here: MLflow's own error says more
-        problem = str(e)
+    The first pass takes no lock, so a driver writing to the store meanwhile never waits on it;
+    only what looks damaged then is read again under a shared lock, past any write in flight."""
+    problem = _quick_check(path, locked=False)
+    if problem is not None:
+        problem = _quick_check(path, locked=True)
     if problem is not None:
         rescued = path.with_name(f"{path.stem}-recovered{path.suffix}")
         raise TrackingUnavailable(
             f"MLflow store {path} is damaged (SQLite: {' '.join(problem.split())[:160]}); it was left as it is. "
             f"Recover what it holds with: sqlite3 {path} .recover | sqlite3 {rescued}, then pass "
             f"--tracking-uri sqlite:///{rescued}; or restore a snapshot of it")
+
+
+def _quick_check(path: Path, locked: bool) -> str | None:
+    """What SQLite's quick_check finds wrong with ``path`` (None: intact, or not readable here,
+    which MLflow's own error then says better); read only, without a lock unless ``locked``."""
+    import sqlite3
+
+    mode = "mode=ro" if locked else "mode=ro&immutable=1"
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, timeout=30)
+        try:
+            found = con.execute("PRAGMA quick_check(1)").fetchone()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        return str(e) if (getattr(e, "sqlite_errorcode", 0) & 0xFF) in _DAMAGED else None
+    if found == ("ok",):
+        return None
+    return str(found[0]).replace("*** in database main ***", "") if found else "no answer to quick_check"
 
 
 _READY: set[str] = set()
