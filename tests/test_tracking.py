@@ -70,6 +70,37 @@ def test_check_uri(tmp_path):
         tracking.check_uri("file:///tmp/mlruns")
 
 
+def test_a_store_being_written_is_checked_without_waiting_for_the_writer(store):
+    import sqlite3
+    import time
+
+    uri, cl, exp = store
+    tracking.open_trial(cl, exp, None, trial_key(CFG), CFG)
+    writer = sqlite3.connect(str(tracking.sqlite_path(uri)), isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")  # another driver in the middle of a write
+    try:
+        t0 = time.monotonic()
+        tracking.check_uri(uri)
+        assert time.monotonic() - t0 < 5
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
+def test_a_damaged_store_is_refused_and_left_as_it_is(store):
+    uri, cl, exp = store
+    tracking.open_trial(cl, exp, None, trial_key(CFG), CFG)
+    path = tracking.sqlite_path(uri)
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 4096 // 2 * 4096
+    data[middle:middle + 8 * 4096] = b"\xde\xad\xbe\xef" * 8 * 1024
+    path.write_bytes(bytes(data))
+    before = sorted(path.parent.iterdir())
+    with pytest.raises(tracking.TrackingUnavailable, match=r"is damaged \(SQLite: .*\.recover"):
+        tracking.check_uri(uri)
+    assert path.read_bytes() == bytes(data) and sorted(path.parent.iterdir()) == before
+
+
 def test_default_uri_is_sqlite_in_cwd(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
