@@ -45,6 +45,7 @@ import pandas as pd
 
 from analysis import AnalysisError, stats
 from raystudy import tracking
+from raystudy.errors import check_input_file
 
 RUN_COLUMNS = ["run_id", "model", "optimizer", "low_data", "dataset", "condition", "lr", "seed",
                "val_acc", "test_acc", "status"]
@@ -216,8 +217,7 @@ def plasticity(runs: pd.DataFrame, which: str = "before",
 
 def _read_table(p: Path, what: str) -> pd.DataFrame:
     """A CSV file as a table, or AnalysisError in one line (missing, binary, empty, malformed)."""
-    if not p.is_file():
-        raise AnalysisError(f"{what} {str(p)!r} does not exist")
+    check_input_file(what, p, AnalysisError)
     try:
         with open(p, "rb") as f:
             if b"\x00" in f.read(8192):

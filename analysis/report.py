@@ -291,9 +291,10 @@ def build_parser():
                     help="half-width of the region of practical equivalence, in accuracy points (0.5)")
     ap.add_argument("--cd-cliques", choices=trust.CD_CLIQUES, default="nemenyi",
                     help="bars of the CD diagram: Nemenyi mean ranks (default) or Wilcoxon-Holm pairs")
-    ap.add_argument("--bootstrap-reps", type=int, default=2000, help="bootstrap replicates (2000)")
+    ap.add_argument("--bootstrap-reps", type=int, default=2000,
+                    help=f"bootstrap replicates (2000; {cli.bound('--bootstrap-reps')})")
     ap.add_argument("--bootstrap-seed", type=int, default=0,
-                    help="seed of the bootstrap and the Bayesian tests' sampling (0)")
+                    help="seed of the bootstrap and the Bayesian tests' sampling (0; 0 <= seed < 2**32)")
     ap.add_argument("--bootstrap-over", choices=trust.BOOTSTRAP_OVER, default="datasets+seeds",
                     help="resample datasets and seeds (default) or seeds within fixed datasets")
     ap.add_argument("--no-hierarchical", action="store_true",
@@ -317,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         if not (math.isfinite(args.rope) and args.rope >= 0):
             raise AnalysisError(f"--rope must be a finite number >= 0, got {args.rope}")
         cli.check_count("--bootstrap-reps", args.bootstrap_reps)
+        cli.check_seed("--bootstrap-seed", args.bootstrap_seed)
+        cli.check_unused("--csv", args.csv is not None, {"--tracking-uri": args.tracking_uri,
+                                                         "--no-curves": args.no_curves, "--no-log": args.no_log})
+        cli.check_unused("--experiment", args.experiment is not None, {"--plasticity": args.plasticity})
         cli.check_folder("--out", args.out)
     except (AnalysisError, ConfigError) as e:
         return cli.fail(e)

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from raystudy.config import parse_value
+from raystudy.config import (MAX_BATCH, MAX_CPUS, MAX_PAIRS, MAX_WORKERS, PAIRS_WHY, SEED_END, SEED_WHY,
+                             parse_value)
 from raystudy.errors import ConfigError, OneLineParser
 
 
@@ -57,16 +58,67 @@ def parse_list(flag: str, value: str | None, allowed: list[str],
     return items
 
 
+# The upper bound of each count a command line takes, from what the count sizes: a count past
+# it is a typo or a unit mistake that would exhaust memory or never end. ``check_count`` and
+# ``check_seconds`` apply them; each flag's help states its bound (``bound``).
+BOUNDS: dict[str, tuple[float, str]] = {
+    "--num-cpus": (MAX_CPUS, "a local Ray's CPUs are one machine's"),
+    "--threads": (MAX_CPUS, "threads of one process"),
+    "--num-workers": (MAX_WORKERS, "data loading processes"),
+    "--max-concurrent": (100_000, "trials at once, a process each"),
+    "--max-failures": (100, "retries of one trial, each a rerun from its checkpoint"),
+    "--num-samples": (100_000, "trials per study, each a finetuning run"),
+    "--time-budget": (366 * 86_400, "seconds: a year"),
+    "--pairs": (MAX_PAIRS, PAIRS_WHY),
+    "--batch-size": (MAX_BATCH, "memory: a batch is held at once"),
+    "--bootstrap-reps": (100_000, "memory: each replicate holds a score per condition, dataset and seed"),
+}
+
+
+def bound(flag: str) -> str:
+    """The help text's statement of ``flag``'s upper bound: ``at most N (why)``."""
+    high, why = BOUNDS[flag]
+    return f"at most {high:,} ({why})"
+
+
+def _check_bound(flag: str, value: float) -> None:
+    if flag in BOUNDS and value > BOUNDS[flag][0]:
+        high, why = BOUNDS[flag]
+        raise ConfigError(f"{flag} must be <= {high:,} ({why}), got {value:,}")
+
+
 def check_count(flag: str, value: int | None, low: int = 1) -> None:
-    """An integer flag that must be at least ``low`` (unset: its default)."""
-    if value is not None and value < low:
+    """An integer flag that must be at least ``low`` and at most its bound in ``BOUNDS`` (unset:
+    its default)."""
+    if value is None:
+        return
+    if value < low:
         raise ConfigError(f"{flag} must be >= {low}, got {value}")
+    _check_bound(flag, value)
+
+
+def check_seed(flag: str, value: int | None) -> None:
+    """A seed flag: ``0 <= seed < 2**32``, the seeds numpy takes (unset: its default)."""
+    if value is not None and not 0 <= value < SEED_END:
+        raise ConfigError(f"{flag} must be >= 0 and < 2**32 ({SEED_END:,}: {SEED_WHY}), got {value}")
 
 
 def check_seconds(flag: str, value: float | None) -> None:
-    """A duration flag: a finite number > 0 (unset: its default)."""
+    """A duration flag: a finite number > 0, at most its bound in ``BOUNDS`` (unset: its default)."""
     if value is not None and not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
+    if value is not None:
+        _check_bound(flag, value)
+
+
+def check_unused(switch: str, on: bool, given: dict[str, Any]) -> None:
+    """Refuse flags that ``switch`` (when ``on``) leaves unused, such as ``--out`` with
+    ``--no-save``: ``given`` maps each such flag to its value (None or False: not given). A flag
+    dropped without a word would surprise later."""
+    named = [flag for flag, value in given.items() if value not in (None, False)]
+    if on and named:
+        it = "them" if len(named) > 1 else "it"
+        raise ConfigError(f"{' and '.join(named)} with {switch}: {switch} leaves {it} unused; drop one or the other")
 
 
 def check_folder(flag: str, path: str | os.PathLike | None) -> None:
@@ -112,5 +164,5 @@ def add_ray_args(ap: argparse.ArgumentParser, storage_default: str) -> None:
     ap.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
                     help="Ray cluster: auto, HOST:PORT (default: $RAY_ADDRESS, else a local Ray)")
     ap.add_argument("--storage", help=f"Ray storage path for checkpoints (default: {storage_default})")
-    ap.add_argument("--num-cpus", type=int, help="CPUs of a local Ray (default: all)")
+    ap.add_argument("--num-cpus", type=int, help=f"CPUs of a local Ray (default: all; {bound('--num-cpus')})")
     ap.add_argument("--ray-temp-dir", help="temp dir of a local Ray (default: Ray's)")

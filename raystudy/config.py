@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from raystudy.components import PAIRINGS
-from raystudy.errors import ConfigError
+from raystudy.errors import ConfigError, check_input_file
 
 OPTIMIZERS = ("sgd", "adamw")
 DEVICES = ("auto", "cpu", "cuda")
@@ -33,6 +33,27 @@ PRECISIONS = ("bf16", "fp32")
 ACCURACY_COUNTS = ("per_image", "batch_mean")
 LINEAR_PROBE_DATA = ("clean", "augmented")
 CONFIG_DIR = Path(__file__).parent / "configs"
+
+# Bounds of the counts a run takes, each from what it sizes; ``validate`` checks them before any
+# work, and the command lines that take the same counts share them (``cli.BOUNDS``).
+SEED_END = 2 ** 32  # seeds are 0 <= seed < 2**32
+SEED_WHY = "the seeds numpy's legacy seeding and scikit-learn take"
+MAX_STEPS = 10_000_000
+MAX_BATCH = 65_536
+MAX_PAIRS = 1_000_000
+PAIRS_WHY = "time: each pair is a forward pass per component and probe mode; the paper measures 12,800"
+MAX_WORKERS = 256
+MAX_CPUS = 1024
+LIMITS: dict[str, tuple[int, str]] = {
+    "steps": (MAX_STEPS, "time: a thousand times the paper's longest run"),
+    "eval_every": (MAX_STEPS, "steps"),
+    "log_every": (MAX_STEPS, "steps"),
+    "batch_size": (MAX_BATCH, "memory: a batch's images are held at once"),
+    "eval_batch_size": (MAX_BATCH, "memory: a batch's images are held at once"),
+    "lora_rank": (4096, "a rank above a layer's width adds nothing"),
+    "probe_pairs": (MAX_PAIRS, PAIRS_WHY),
+    "num_workers": (MAX_WORKERS, "data loading processes"),
+}
 
 
 @dataclass(frozen=True)
@@ -106,8 +127,11 @@ def _field_types() -> dict[str, Any]:
 
 
 def check_value(key: str, value: Any) -> Any:
-    """One config value, typed and checked as ``from_dict`` would (a grid axis value)."""
-    return _coerce(key, value, _field_types()[key])
+    """One config value, typed and checked as ``from_dict`` would, and within its bound if it
+    has one (``LIMITS``, the seed's range): a grid axis value."""
+    value = _coerce(key, value, _field_types()[key])
+    _check_limit(key, value)
+    return value
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
@@ -208,22 +232,26 @@ def from_dict(d: dict[str, Any]) -> FinetuneConfig:
     return FinetuneConfig(**{k: _coerce(k, v, types_[k]) for k, v in d.items()})
 
 
-def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """The mapping in a YAML file ({} for an empty one); ConfigError for a missing, binary or invalid file."""
+def read_yaml(path: str | os.PathLike, what: str = "config file") -> dict[str, Any]:
+    """The YAML document of a config or space file; ConfigError in one line if it is missing, a
+    folder, unreadable, not YAML, or says nothing (empty, comments only, ``{}``): a file that
+    says nothing is more likely a mistake than a choice of every default."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+    check_input_file(what, p)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {str(p)!r} is not a readable text file ({type(e).__name__})") from None
+        raise ConfigError(f"{what} {str(p)!r} is not a readable text file ({type(e).__name__})") from None
     if "\x00" in text:
-        raise ConfigError(f"config file {str(p)!r} is not a readable text file (binary)")
+        raise ConfigError(f"{what} {str(p)!r} is not a readable text file (binary)")
     try:
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # C: big grids
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
-    return {} if data is None else data
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None or data == {}:
+        raise ConfigError(f"{what} {str(p)!r} is empty: give at least one key (an empty file would run "
+                          "every default)")
+    return data
 
 
 def load_config(source: str | os.PathLike | dict | None = None, **overrides: Any) -> FinetuneConfig:
@@ -239,6 +267,27 @@ def load_config(source: str | os.PathLike | dict | None = None, **overrides: Any
     if not isinstance(base, dict):
         raise ConfigError(f"config {str(source)!r} must be a mapping of keys to values")
     return from_dict({**base, **overrides})
+
+
+def limit_help(key: str) -> str:
+    """A config key's bound as help text states it ("" for a key without one)."""
+    if key == "seed":
+        return "0 <= seed < 2**32"
+    return f"at most {LIMITS[key][0]:,}" if key in LIMITS else ""
+
+
+def _check_limit(key: str, value: Any) -> None:
+    if key == "seed" and not 0 <= value < SEED_END:
+        raise ConfigError(f"config key 'seed' must be >= 0 and < 2**32 ({SEED_END:,}: {SEED_WHY}), got {value}")
+    if key in LIMITS and value > LIMITS[key][0]:
+        high, why = LIMITS[key]
+        raise ConfigError(f"config key {key!r} must be <= {high:,} ({why}), got {value:,}")
+
+
+def check_limits(cfg: FinetuneConfig) -> None:
+    """The seed and every count of ``cfg`` within its bound (``LIMITS``); ConfigError naming it."""
+    for key in ("seed", *LIMITS):
+        _check_limit(key, getattr(cfg, key))
 
 
 def validate(cfg: FinetuneConfig) -> FinetuneConfig:
@@ -278,6 +327,7 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
                 "num_workers"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)!r}")
+    check_limits(cfg)
     if cfg.batch_size % cfg.grad_accum:
         raise ConfigError(f"batch_size {cfg.batch_size} must be divisible by grad_accum {cfg.grad_accum}")
     if cfg.warmup_steps >= cfg.steps:

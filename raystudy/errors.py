@@ -1,7 +1,10 @@
 """The error every layer may raise for bad user input, and the argument parser every CLI uses to
-report its own errors the same way; a leaf module that imports nothing of raystudy."""
+report its own errors the same way, and the check every reader of an input file makes first; a leaf
+module that imports nothing of raystudy."""
 
 import argparse
+import os
+from pathlib import Path
 
 
 class ConfigError(ValueError):
@@ -21,3 +24,13 @@ class OneLineParser(argparse.ArgumentParser):
 
 class Preempted(RuntimeError):
     """The node got notice (SIGTERM): the trial checkpointed its last step and stops, to be retried."""
+
+
+def check_input_file(what: str, path: str | os.PathLike, error: type[Exception] = ConfigError) -> Path:
+    """``path`` as a file to read, else ``error`` in one line: it does not exist, or it is a folder."""
+    p = Path(path)
+    if p.is_dir():
+        raise error(f"{what} {str(path)!r} is a folder, not a file")
+    if not p.is_file():
+        raise error(f"{what} {str(path)!r} does not exist")
+    return p

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from raystudy import cli, components, tracking
-from raystudy.config import FinetuneConfig, load_config, parse_value, validate
+from raystudy.config import FinetuneConfig, limit_help, load_config, parse_value, validate
 from raystudy.errors import ConfigError
 
 # Flags for the keys people change most; any other key goes through --set key=value.
@@ -34,6 +34,7 @@ FLAGS = ("model", "weights", "dataset", "data_root", "condition", "optimizer", "
 
 
 def make_config(args: argparse.Namespace) -> FinetuneConfig:
+    """The run's config: the config file (or the demo), then the flags, then ``--set``, validated."""
     overrides = {k: parse_value(k, getattr(args, k)) for k in FLAGS if getattr(args, k) is not None}
     if args.download:
         overrides["download"] = True
@@ -44,6 +45,7 @@ def make_config(args: argparse.Namespace) -> FinetuneConfig:
 def printer(cfg: FinetuneConfig):
     """A report callback that prints progress lines."""
     def report(m: dict[str, Any], state) -> None:
+        """Print one report: an evaluation line or a training line with the gradient norms."""
         if "val_acc" in m:
             print(f"  step {m['step']:>6}/{cfg.steps}  val acc {m['val_acc']:.4f}  "
                   f"val loss {m['val_loss']:.4f}  best {m['best_val_acc']:.4f}", flush=True)
@@ -56,27 +58,33 @@ def printer(cfg: FinetuneConfig):
 
 
 def build_parser() -> cli.Parser:
+    """The command line's flags: the config file, a flag per common config key, outputs, MLflow."""
     ap = cli.Parser("python -m raystudy.finetune", __doc__)
     ap.add_argument("--config", help="YAML config file or bundled name (default: demo)")
     types_ = FinetuneConfig.__annotations__
     for key in FLAGS:  # typed by the config itself (config.parse_value), one parser for every flag
+        limit = limit_help(key)
         ap.add_argument("--" + key.replace("_", "-"), dest=key, metavar=key.upper(),
-                        help=f"config key {key} ({types_[key]}; default: the config's)")
+                        help=f"config key {key} ({types_[key]}; default: the config's"
+                             + (f"; {limit})" if limit else ")"))
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config key (repeatable)")
     ap.add_argument("--out", help="folder for config.yaml, results.json and the plasticity tables "
                                   "(default: runs/finetune/<condition>-<dataset>-<optimizer>-lr<lr>-s<seed>)")
-    ap.add_argument("--no-save", action="store_true", help="write no files (MLflow still records the run)")
+    ap.add_argument("--no-save", action="store_true", help="write no files (MLflow still records the run); "
+                                                           "refused with --out")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1, as the grid's threads_per_trial: on a "
-                         "shared machine more threads are often slower)")
+                         f"shared machine more threads are often slower; {cli.bound('--threads')})")
     cli.add_tracking_args(ap)
-    ap.add_argument("--no-mlflow", action="store_true", help="do not record the run in MLflow")
+    ap.add_argument("--no-mlflow", action="store_true", help="do not record the run in MLflow; refused with "
+                                                             "--tracking-uri or --experiment")
     ap.add_argument("--quiet", action="store_true", help="print only the results")
     return ap
 
 
 def run_name(cfg: FinetuneConfig) -> str:
+    """The run's folder name: ``<condition>-<dataset>-<optimizer>-lr<lr>-s<seed>``."""
     return (f"{components.canonical_condition(cfg.condition)}-{cfg.dataset}-{cfg.optimizer}-"
             f"lr{cfg.lr:g}-s{cfg.seed}")
 
@@ -116,6 +124,7 @@ class Recorder:
         self.pending: list[dict[str, Any]] = []
 
     def open(self) -> None:
+        """Find or create the run (once); its step metrics logged so far are not logged again."""
         from raystudy.config import trial_key
 
         if self.run_id is not None:
@@ -127,21 +136,25 @@ class Recorder:
         self.upto = tracking.logged_upto(self.cl, self.run_id)  # a rerun of the same config logs no point twice
 
     def report(self, m: dict[str, Any]) -> None:
+        """Keep one report of the loop; written to MLflow at each evaluation."""
         self.open()
         self.pending.append(dict(m))
         if "val_acc" in m:  # flush at evaluations: few writes, curves visible while it runs
             self.flush()
 
     def flush(self) -> None:
+        """Log the reports kept since the last write."""
         tracking.log_steps(self.cl, self.run_id, self.pending, self.upto)
         self.pending = []
 
     def finish(self, results: dict[str, Any]) -> None:
+        """Log the final results and close the run as finished."""
         self.open()
         self.flush()
         tracking.finish_trial(self.cl, self.run_id, results)
 
     def fail(self, error: str, status: str = "failed") -> None:
+        """Close the run as ``status`` (failed, with ``error``; or interrupted); no-op if none opened."""
         if self.run_id is None:
             return  # it failed before measuring anything: nothing was recorded
         self.flush()
@@ -168,47 +181,48 @@ def save(out: Path, cfg: FinetuneConfig, results: dict[str, Any]) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str | None, str]:
+    """Every check of the command line, before any weights or data: (config, output folder or
+    None, tracking URI or None, experiment). Raises ConfigError or WeightsUnavailable (one line)."""
+    from raystudy import models, pretrain
 
-    from raystudy import datasets, engine, models, pretrain
+    cli.check_unused("--no-save", args.no_save, {"--out": args.out})
+    cli.check_unused("--no-mlflow", args.no_mlflow, {"--tracking-uri": args.tracking_uri,
+                                                     "--experiment": args.experiment})
+    cfg = make_config(args)
+    cli.check_device("--device", cfg.device)
+    cli.check_count("--threads", args.threads)
+    out = None if args.no_save else Path(args.out or Path("runs/finetune") / run_name(cfg))
+    cli.check_folder("--out", out)
+    uri = None if args.no_mlflow else (args.tracking_uri or tracking.default_uri())
+    if uri:
+        tracking.check_uri(uri)
+    experiment = args.experiment or f"raystudy-finetune-{models.resolve_name(cfg.model).split('.')[0]}"
+    if cfg.weights is None and cfg.pretrained:
+        pretrain.ensure_weights(cfg.model)
+    return cfg, out, uri, experiment
 
-    try:
-        cfg = make_config(args)
-        cli.check_device("--device", cfg.device)
-        cli.check_count("--threads", args.threads)
-        out = None if args.no_save else Path(args.out or Path("runs/finetune") / run_name(cfg))
-        cli.check_folder("--out", out)
-        uri = None if args.no_mlflow else (args.tracking_uri or tracking.default_uri())
-        if uri:
-            tracking.check_uri(uri)
-        experiment = args.experiment or f"raystudy-finetune-{models.resolve_name(cfg.model).split('.')[0]}"
-        if cfg.weights is None and cfg.pretrained:
-            pretrain.ensure_weights(cfg.model)
-    except (ConfigError, models.WeightsUnavailable) as e:
-        return cli.fail(e)
 
-    import torch
+def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[str, Any]:
+    """``engine.train`` with each report recorded (``recorder``) and printed (unless ``quiet``);
+    a run that fails or is interrupted is marked so in MLflow, and the exception goes on."""
+    from raystudy import datasets, engine, models
 
-    torch.set_num_threads(args.threads)  # as a grid trial: the same thread count gives the same numbers
-    print(f"raystudy finetune: {cfg.model} on {cfg.dataset}, condition "
-          f"{components.canonical_condition(cfg.condition)}, {cfg.optimizer} lr {cfg.lr:g}, "
-          f"{cfg.steps} steps, seed {cfg.seed}, {args.threads} thread(s)", flush=True)
-    recorder = Recorder(uri, experiment, cfg) if uri else None
-    show = None if args.quiet else printer(cfg)
+    show = None if quiet else printer(cfg)
 
     def report(m: dict[str, Any], state) -> None:
+        """Hand one report of the loop to the recorder and the printer."""
         if recorder:
             recorder.report(m)
         if show:
             show(m, state)
 
     try:
-        results = engine.train(cfg, report=report)
+        return engine.train(cfg, report=report)
     except (models.WeightsUnavailable, datasets.DatasetUnavailable) as e:
         if recorder:
             recorder.fail(str(e))
-        return cli.fail(e)
+        raise
     except KeyboardInterrupt:
         if recorder:
             recorder.fail("", status="interrupted")
@@ -219,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
 
             recorder.fail(traceback.format_exc())
         raise
-    if recorder:
-        recorder.finish(results)
 
+
+def print_results(results: dict[str, Any]) -> None:
+    """The run's outcome: trainable parameters, accuracies (or where it diverged), plasticity."""
     counts = {k.split("/")[1]: v for k, v in results.items() if k.startswith("trainable_params/")}
     print(f"trainable parameters: {results['trainable_params']:,} "
           f"({', '.join(f'{k} {v:,}' for k, v in counts.items())})")
@@ -233,6 +248,33 @@ def main(argv: list[str] | None = None) -> int:
     summary = plasticity_summary(results)
     if summary:
         print(summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one finetuning from the command line; the exit status (2: bad input, 1: not finished)."""
+    args = build_parser().parse_args(argv)
+
+    from raystudy import datasets, models
+
+    try:
+        cfg, out, uri, experiment = prepare(args)
+    except (ConfigError, models.WeightsUnavailable) as e:
+        return cli.fail(e)
+
+    import torch
+
+    torch.set_num_threads(args.threads)  # as a grid trial: the same thread count gives the same numbers
+    print(f"raystudy finetune: {cfg.model} on {cfg.dataset}, condition "
+          f"{components.canonical_condition(cfg.condition)}, {cfg.optimizer} lr {cfg.lr:g}, "
+          f"{cfg.steps} steps, seed {cfg.seed}, {args.threads} thread(s)", flush=True)
+    recorder = Recorder(uri, experiment, cfg) if uri else None
+    try:
+        results = train(cfg, recorder, args.quiet)
+    except (models.WeightsUnavailable, datasets.DatasetUnavailable) as e:
+        return cli.fail(e)
+    if recorder:
+        recorder.finish(results)
+    print_results(results)
     if out is not None:
         print("wrote " + ", ".join(str(p) for p in save(out, cfg, results)))
     if recorder:

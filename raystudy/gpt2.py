@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from raystudy.errors import ConfigError
+from raystudy.errors import ConfigError, check_input_file
 
 
 def gpt2_config(arch: dict):
@@ -93,8 +93,7 @@ def load_tokens(path: str | Path, vocab_size: int, max_len: int) -> torch.Tensor
     """Token ids (sequences, tokens) from a ``.npy`` or ``.pt`` file, checked against the model:
     a 2-D integer array, ids in [0, vocab_size), at most ``max_len`` tokens a sequence."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"token file {str(path)!r} does not exist")
+    check_input_file("token file", path)
     try:
         if p.suffix == ".npy":
             arr = torch.from_numpy(np.load(p, allow_pickle=False))

@@ -43,8 +43,10 @@ def build_parser() -> cli.Parser:
                     help=f"stop trials the study's answer does not need: {', '.join(adaptive.POLICIES)}")
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/ray")
-    ap.add_argument("--max-failures", type=int, help="retries of a failing trial (default: the space's, or 2)")
-    ap.add_argument("--max-concurrent", type=int, help="cap on concurrent trials (default: by resources)")
+    ap.add_argument("--max-failures", type=int, help="retries of a failing trial (default: the space's, or 2; "
+                                                      f"{cli.bound('--max-failures')})")
+    ap.add_argument("--max-concurrent", type=int, help="cap on concurrent trials (default: by resources; "
+                                                        f"{cli.bound('--max-concurrent')})")
     ap.add_argument("--quiet", action="store_true", help="print only the trials that did not finish "
                                                          "(failed, diverged, retried), not one line per trial")
     ap.add_argument("--tune-output", action="store_true", help="Ray Tune's own progress tables and result "
@@ -152,6 +154,7 @@ def prepare(args) -> Job:
     mopts = spaces.model_options(space.models, model)
     hours = spaces.gpu_hours(space, model, plan["costs"])
     tuning = spaces.tune_options(space)
+    cli.check_count("--max-failures", args.max_failures, 0)
     max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
     if max_failures < 0:
         raise ConfigError(f"--max-failures must be >= 0, got {max_failures}")

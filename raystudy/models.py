@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raystudy import architectures, paths
-from raystudy.errors import ConfigError
+from raystudy.errors import ConfigError, check_input_file
 
 if TYPE_CHECKING:  # torch is imported when a model is built, not with the registry
     import torch.nn as nn
@@ -292,8 +292,7 @@ def check_weights_file(path: str | Path) -> Path:
     """A weights file that loads as tensors (torch.save'd state dict or safetensors), checked
     without reading it whole (memory-mapped), once per file version; ConfigError naming it."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"weights file {str(path)!r} does not exist")
+    check_input_file("weights file", path)
     st = p.stat()
     _check_weights(str(p.resolve()), st.st_size, st.st_mtime_ns)
     return p

@@ -14,15 +14,17 @@ the model's eval transform. For GPT-2 x and y are token-id sequences: x from ``-
 ``--target-tokens FILE`` or the dataset's test split. Prints a table per mode and the model-level ranking, and writes the
 tidy table (CSV and Parquet) and a figure (PNG and PDF) to --out.
 
-Bad input (unknown mode, component, model or dataset, pairs < 1, image sizes that differ,
-missing dataset files or weights) exits with status 2 and one line naming the bad value and the
-valid choices, before any model is built.
+Bad input (unknown mode, component, model or dataset, a count or seed outside its bound (see
+--help), image sizes that differ, missing dataset files or weights) exits with status 2 and one
+line naming the bad value and the valid choices, before any model is built.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from raystudy import cli
 from raystudy.architectures import PROBE_COMPONENTS
@@ -113,18 +115,21 @@ def format_tables(df) -> list[str]:
 
 
 def build_parser() -> cli.Parser:
+    """The command line's flags: model, datasets, pairs, modes, components, outputs."""
     ap = cli.Parser("python -m raystudy.probe", __doc__)
     ap.add_argument("--model", default="vit_demo", help="vit_demo, vit_base/large/huge or any timm ViT")
     ap.add_argument("--dataset", help="downstream dataset: y from its test split (default: digits_c; "
                                       "tokens_rule for GPT-2)")
     ap.add_argument("--source", help="pretraining-like dataset for x (default: the model's pretraining data: digits for vit_demo, "
                                      "imagenet_val otherwise)")
-    ap.add_argument("--pairs", type=int, default=1024, help="number of (x, y) pairs (paper: 12800)")
-    ap.add_argument("--batch-size", type=int, default=128, help="pairs per batch")
+    ap.add_argument("--pairs", type=int, default=1024,
+                    help=f"number of (x, y) pairs (paper: 12800; {cli.bound('--pairs')})")
+    ap.add_argument("--batch-size", type=int, default=128, help=f"pairs per batch ({cli.bound('--batch-size')})")
     ap.add_argument("--mode", default="both", help="shared, in_situ or both (default)")
     ap.add_argument("--components", default=COMPONENTS, help="comma-separated subset of " + COMPONENTS)
     ap.add_argument("--weights", help="local checkpoint file (default: hub cache; the demo's own)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the pair sampling")
+    ap.add_argument("--seed", type=int, help="seed of the random pairing (default 0; 0 <= seed < 2**32; "
+                                              "refused with --pairing sequential, which draws nothing)")
     ap.add_argument("--pairing", default="random", choices=PAIRINGS,
                     help="random (seeded draws, default) or sequential (the first N images of each "
                          "split in loader order: the paper's measurement)")
@@ -135,110 +140,134 @@ def build_parser() -> cli.Parser:
     ap.add_argument("--data-root", help="dataset root (default $RAYSTUDY_DATA)")
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--num-workers", type=int, default=0, help="data loading processes")
+    ap.add_argument("--num-workers", type=int, default=0,
+                    help=f"data loading processes (default 0; {cli.bound('--num-workers')})")
     return ap
 
 
+def check_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Every cheap check of the command line, before any data or weights are touched: the plan
+    (modes, components, full model name, source dataset, whether the model reads tokens, the
+    token files given, the model's input config). Raises ConfigError or ProbeError (one line)."""
+    from raystudy import datasets, gpt2, models, plasticity
+
+    modes = plasticity.check_modes(args.mode)
+    comps = plasticity.check_components(args.components)
+    for flag, value, low in (("--pairs", args.pairs, 1), ("--batch-size", args.batch_size, 1),
+                             ("--num-workers", args.num_workers, 0)):
+        cli.check_count(flag, value, low)
+    if args.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"unknown device {args.device!r}; valid: auto, cpu, cuda")
+    cli.check_device("--device", args.device)
+    cli.check_seed("--seed", args.seed)
+    cli.check_unused("--pairing sequential", args.pairing == "sequential", {"--seed": args.seed})
+    full = models.check_model(args.model)
+    source = args.source or models.source_dataset(full)
+    arch = models.architecture(full)
+    tokens = arch.tokens
+    args.dataset = args.dataset or ("tokens_rule" if tokens else "digits_c")
+    for name in (args.dataset, source):
+        if datasets.check_dataset(name).tokens != tokens:
+            fits = [n for n, i in datasets.DATASETS.items() if i.tokens == tokens]
+            raise ConfigError(f"dataset {name!r} does not fit model {args.model!r}, which reads "
+                              f"{arch.inputs}; valid: {', '.join(fits)}")
+    if args.weights is not None:
+        models.check_weights_file(args.weights)
+    cli.check_folder("--out", args.out)
+    ic = models.input_config(args.model)
+    supplied = {}  # flag -> token ids of a file the user gave
+    for flag, path in (("--tokens", args.tokens), ("--target-tokens", args.target_tokens)):
+        if path is not None and not tokens:
+            raise ConfigError(f"{flag} is for GPT-2 models; {args.model!r} reads images")
+        if path is not None:
+            supplied[flag] = gpt2.load_tokens(path, ic["vocab_size"], ic["max_len"])
+    return dict(modes=modes, comps=comps, full=full, source=source, tokens=tokens, supplied=supplied, ic=ic)
+
+
+def check_images(args: argparse.Namespace, plan: dict[str, Any], splits) -> None:
+    """Both test splits give images of the model's input shape; ProbeError naming the one that does not."""
+    from raystudy import plasticity
+
+    ic = plan["ic"]
+    want = (ic["in_chans"], ic["img_size"], ic["img_size"])
+    for name, ds in splits:
+        try:
+            shape = tuple(plasticity.image_of(ds, 0).shape) if len(ds) else None
+        except RuntimeError as e:  # e.g. grey images normalised with an RGB model's mean
+            raise plasticity.ProbeError(
+                f"dataset {name!r} does not fit model {args.model!r}, which expects images of "
+                f"shape {want}: {str(e).splitlines()[0]}") from None
+        if shape != want:
+            raise plasticity.ProbeError(
+                f"dataset {name!r} gives images of shape {shape}, model {args.model!r} expects "
+                f"{want}; pick a source and dataset at the model's input size")
+
+
+def load_data(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
+    """x and y (test splits at the model's input size, or the token files given), their names
+    and the downstream class count, their shapes checked against each other and the model."""
+    from raystudy import datasets, gpt2
+
+    ic, supplied, source = plan["ic"], plan["supplied"], plan["source"]
+    split = dict(seed=args.seed or 0, img_size=ic["img_size"], mean=ic["mean"], std=ic["std"],
+                 root=args.data_root, download=args.download)
+    src, tgt = datasets.build_splits(source, **split), datasets.build_splits(args.dataset, **split)
+    data = dict(x=gpt2.TokenRows(supplied["--tokens"]) if "--tokens" in supplied else src.test,
+                y=gpt2.TokenRows(supplied["--target-tokens"]) if "--target-tokens" in supplied else tgt.test,
+                x_name=args.tokens or f"{source} test", y_name=args.target_tokens or f"{args.dataset} test",
+                num_classes=tgt.num_classes)
+    if plan["tokens"]:  # x and y pair position by position: equal lengths
+        lx, ly = len(data["x"][0][0]), len(data["y"][0][0])
+        if lx != ly:
+            raise ConfigError(f"x ({data['x_name']}) has sequences of {lx} tokens, y ({data['y_name']}) "
+                              f"of {ly}; give token files of equal sequence length")
+    else:
+        check_images(args, plan, ((source, src.test), (args.dataset, tgt.test)))
+    return data
+
+
+def build_model(args: argparse.Namespace, plan: dict[str, Any], num_classes: int):
+    """The model with its weights, on its device, unwrapped for the probe: (model, device)."""
+    from raystudy import engine, models, plasticity, pretrain
+
+    if args.weights is None:
+        pretrain.ensure_weights(plan["full"])
+    model = models.create_model(args.model, num_classes, weights=args.weights)
+    device = engine.resolve_device(args.device)
+    model.to(device)
+    plasticity.unwrap_vit(model)
+    return model, device
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Probe a model's plasticity from the command line; the exit status (2: bad input)."""
     ap = build_parser()
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:  # argparse has printed its message; same status, no traceback
         return int(e.code or 0)
 
-    from raystudy import datasets, engine, gpt2, models, plasticity, pretrain
+    from raystudy import datasets, models, plasticity
 
-    # -- validate everything cheap before any data or weights are touched
-    try:
-        modes = plasticity.check_modes(args.mode)
-        comps = plasticity.check_components(args.components)
-        if args.pairs < 1:
-            raise ConfigError(f"--pairs must be >= 1, got {args.pairs}")
-        if args.batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
-        if args.num_workers < 0:
-            raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
-        if args.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"unknown device {args.device!r}; valid: auto, cpu, cuda")
-        cli.check_device("--device", args.device)
-        if args.seed < 0:
-            raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-        full = models.check_model(args.model)
-        source = args.source or models.source_dataset(full)
-        arch = models.architecture(full)
-        tokens = arch.tokens
-        args.dataset = args.dataset or ("tokens_rule" if tokens else "digits_c")
-        for name in (args.dataset, source):
-            if datasets.check_dataset(name).tokens != tokens:
-                fits = [n for n, i in datasets.DATASETS.items() if i.tokens == tokens]
-                raise ConfigError(f"dataset {name!r} does not fit model {args.model!r}, which reads "
-                                  f"{arch.inputs}; valid: {', '.join(fits)}")
-        if args.weights is not None:
-            models.check_weights_file(args.weights)
-        cli.check_folder("--out", args.out)
-        ic = models.input_config(args.model)
-        supplied = {}  # flag -> token ids of a file the user gave
-        for flag, path in (("--tokens", args.tokens), ("--target-tokens", args.target_tokens)):
-            if path is not None and not tokens:
-                raise ConfigError(f"{flag} is for GPT-2 models; {args.model!r} reads images")
-            if path is not None:
-                supplied[flag] = gpt2.load_tokens(path, ic["vocab_size"], ic["max_len"])
-    except (ConfigError, plasticity.ProbeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    try:  # everything cheap first, then the data, then the model: each refuses in one line
+        plan = check_args(args)
+        data = load_data(args, plan)
+        model, device = build_model(args, plan, data["num_classes"])
+    except (ConfigError, plasticity.ProbeError, datasets.DatasetUnavailable, models.WeightsUnavailable) as e:
+        return cli.fail(e)
 
-    # -- data: test splits at the model's input size; shapes checked against each other and the model
-    try:
-        split = dict(seed=args.seed, img_size=ic["img_size"], mean=ic["mean"], std=ic["std"],
-                     root=args.data_root, download=args.download)
-        src, tgt = datasets.build_splits(source, **split), datasets.build_splits(args.dataset, **split)
-        x_ds = gpt2.TokenRows(supplied["--tokens"]) if "--tokens" in supplied else src.test
-        y_ds = gpt2.TokenRows(supplied["--target-tokens"]) if "--target-tokens" in supplied else tgt.test
-        x_name = args.tokens or f"{source} test"
-        y_name = args.target_tokens or f"{args.dataset} test"
-        if tokens:  # x and y pair position by position: equal lengths
-            lx, ly = len(x_ds[0][0]), len(y_ds[0][0])
-            if lx != ly:
-                raise ConfigError(f"x ({x_name}) has sequences of {lx} tokens, y ({y_name}) of {ly}; "
-                                  "give token files of equal sequence length")
-        want = (ic["in_chans"], ic["img_size"], ic["img_size"])
-        for name, ds in (() if tokens else ((source, src.test), (args.dataset, tgt.test))):
-            try:
-                shape = tuple(plasticity.image_of(ds, 0).shape) if len(ds) else None
-            except RuntimeError as e:  # e.g. grey images normalised with an RGB model's mean
-                raise plasticity.ProbeError(
-                    f"dataset {name!r} does not fit model {args.model!r}, which expects images of "
-                    f"shape {want}: {str(e).splitlines()[0]}") from None
-            if shape != want:
-                raise plasticity.ProbeError(
-                    f"dataset {name!r} gives images of shape {shape}, model {args.model!r} expects "
-                    f"{want}; pick a source and dataset at the model's input size")
-    except (datasets.DatasetUnavailable, plasticity.ProbeError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-    # -- model
-    try:
-        if args.weights is None:
-            pretrain.ensure_weights(full)
-        model = models.create_model(args.model, tgt.num_classes, weights=args.weights)
-        device = engine.resolve_device(args.device)
-        model.to(device)
-        plasticity.unwrap_vit(model)
-    except (models.WeightsUnavailable, plasticity.ProbeError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-    print(f"raystudy probe: {args.model} on {args.dataset} (x: {x_name}, y: {y_name}), {args.pairs} pairs in batches of {args.batch_size}, modes {', '.join(modes)}, "
-          f"{args.pairing} pairs" + (f" (seed {args.seed})" if args.pairing == "random" else "")
+    seed = args.seed or 0
+    print(f"raystudy probe: {args.model} on {args.dataset} (x: {data['x_name']}, y: {data['y_name']}), "
+          f"{args.pairs} pairs in batches of {args.batch_size}, modes {', '.join(plan['modes'])}, "
+          f"{args.pairing} pairs" + (f" (seed {seed})" if args.pairing == "random" else "")
           + f", {device}", flush=True)
-    df = plasticity.probe_model(model, x_ds, y_ds, n_pairs=args.pairs, batch_size=args.batch_size,
-                     modes=modes, seed=args.seed, model_name=args.model, dataset_name=args.dataset,
-                     components=comps, num_workers=args.num_workers, pairing=args.pairing)
+    df = plasticity.probe_model(model, data["x"], data["y"], n_pairs=args.pairs, batch_size=args.batch_size,
+                                modes=plan["modes"], seed=seed, model_name=args.model, dataset_name=args.dataset,
+                                components=plan["comps"], num_workers=args.num_workers, pairing=args.pairing)
     for line in format_tables(df):
         print(line)
-    if models.plasticity_note(full):
-        print("note: " + models.plasticity_note(full))
+    if models.plasticity_note(plan["full"]):
+        print("note: " + models.plasticity_note(plan["full"]))
 
     out = Path(args.out or Path("runs") / "probe" / f"{args.model}_{args.dataset}")
     stem = out / "plasticity"

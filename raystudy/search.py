@@ -34,8 +34,8 @@ def parse_seeds(text: str) -> list[int]:
         seeds = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
         seeds = []
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0, "
+    if not seeds or min(seeds) < 0 or max(seeds) >= 2 ** 32 or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0 and < 2**32, "
                           "such as 100,101,102")
     return seeds
 
@@ -47,8 +47,10 @@ def build_parser() -> cli.Parser:
     ap.add_argument("--model", help="model (default: the space's base model)")
     ap.add_argument("--dataset", help="dataset (default: the space's base dataset)")
     ap.add_argument("--conditions", help="comma-separated subset of the space's conditions")
-    ap.add_argument("--num-samples", type=int, help="trials per condition (default: the space's budget)")
-    ap.add_argument("--time-budget", type=float, help="seconds per condition (default: the space's budget)")
+    ap.add_argument("--num-samples", type=int, help="trials per condition (default: the space's budget; "
+                                                     f"{cli.bound('--num-samples')})")
+    ap.add_argument("--time-budget", type=float, help="seconds per condition (default: the space's budget; "
+                                                       f"{cli.bound('--time-budget')})")
     ap.add_argument("--test-seeds", help="comma-separated fresh seeds for the test evaluation (default: the space's)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base config key")
     cli.add_tracking_args(ap)
@@ -143,11 +145,11 @@ def prepare(args) -> Job | None:
     tuning = {**spaces.tune_options(space), "max_failures": space.tune.get("max_failures", 1)}
     check_samples(space, studies, base, resources)
     uri = args.tracking_uri or tracking.default_uri()
+    tracking.check_uri(uri)  # before any summary line: a refusal is its one line
     experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
     print(f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
           f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}")
     print(budget_line(time_budget, len(studies), num_samples))
-    tracking.check_uri(uri)
     if args.dry_run:
         print("dry run: nothing started")
         return None

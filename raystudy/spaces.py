@@ -25,7 +25,7 @@ from typing import Any
 
 from raystudy import components, costs, models
 from raystudy.config import FinetuneConfig, check_value, from_dict, read_yaml, trial_key, validate
-from raystudy.errors import ConfigError
+from raystudy.errors import ConfigError, check_input_file
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 SEARCH_DIR = SPACES_DIR / "optuna"
@@ -41,9 +41,7 @@ def space_path(name_or_path: str, folder: Path = SPACES_DIR) -> Path:
     """A space YAML given by path, or by name under ``folder``."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.is_file():
-            raise ConfigError(f"search space file {str(p)!r} does not exist")
-        return p
+        return check_input_file("search space file", p)
     cand = folder / f"{name_or_path}.yaml"
     if not cand.is_file():
         known = sorted(q.stem for q in folder.glob("*.yaml"))
@@ -347,7 +345,7 @@ def read_space(path: Path, schema: dict[str, Key], **file_defaults: Any) -> dict
     """A space file's keys, each checked against ``schema``, every one of them there (defaults
     filled in; ``file_defaults``: those that depend on the file, such as its study's name)."""
     keys = {k: replace(key, default=file_defaults[k]) if k in file_defaults else key for k, key in schema.items()}
-    return check(path.name, (), read_yaml(path), Key("section", keys=keys, fill=True))
+    return check(path.name, (), read_yaml(path, "search space file"), Key("section", keys=keys, fill=True))
 
 
 def defaults(keys: dict[str, Key]) -> dict[str, Any]:

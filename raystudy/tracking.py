@@ -18,6 +18,7 @@ Layout (read back by ``analysis/``):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -119,11 +120,55 @@ def _check_sqlite(uri: str, path: Path) -> None:
                 raise TrackingUnavailable(f"tracking URI {uri!r}: {path} is not an SQLite database")
             with open(path, "ab"):  # opened for writing, nothing written
                 pass
+            if head:
+                _check_intact(path, path.stat().st_size, path.stat().st_mtime_ns)
         else:
             with tempfile.TemporaryFile(dir=path.parent):  # anonymous: never seen in the folder
                 pass
     except OSError as e:
         raise TrackingUnavailable(f"tracking URI {uri!r}: cannot write {path} ({e.strerror or e})") from None
+
+
+# SQLite's primary result codes for a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
+_DAMAGED = (11, 26)
+
+
+@functools.lru_cache(maxsize=16)
+def _check_intact(path: Path, size: int, mtime_ns: int) -> None:
+    """A store whose every page SQLite reads back intact (``PRAGMA quick_check``, a pass over the
+    file at disk speed), opened read only: a damaged store is refused before any work, the file
+    untouched, where MLflow would fail midway through. Once per file version (size, mtime).
+
+    The first pass takes no lock, so a driver writing to the store meanwhile never waits on it;
+    only what looks damaged then is read again under a shared lock, past any write in flight."""
+    problem = _quick_check(path, locked=False)
+    if problem is not None:
+        problem = _quick_check(path, locked=True)
+    if problem is not None:
+        rescued = path.with_name(f"{path.stem}-recovered{path.suffix}")
+        raise TrackingUnavailable(
+            f"MLflow store {path} is damaged (SQLite: {' '.join(problem.split())[:160]}); it was left as it is. "
+            f"Restore a snapshot of it, or recover what SQLite can read with a sqlite3 that has the dbpage "
+            f"module: sqlite3 {path} .recover | sqlite3 {rescued}, then pass --tracking-uri sqlite:///{rescued}")
+
+
+def _quick_check(path: Path, locked: bool) -> str | None:
+    """What SQLite's quick_check finds wrong with ``path`` (None: intact, or not readable here,
+    which MLflow's own error then says better); read only, without a lock unless ``locked``."""
+    import sqlite3
+
+    mode = "mode=ro" if locked else "mode=ro&immutable=1"
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, timeout=30)
+        try:
+            found = con.execute("PRAGMA quick_check(1)").fetchone()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        return str(e) if (getattr(e, "sqlite_errorcode", 0) & 0xFF) in _DAMAGED else None
+    if found == ("ok",):
+        return None
+    return str(found[0]).replace("*** in database main ***", "") if found else "no answer to quick_check"
 
 
 _READY: set[str] = set()

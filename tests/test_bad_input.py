@@ -58,6 +58,9 @@ SS = ["--space", "{in}/s.yaml", "--dry-run"]
 AFILE = {"afile": "not a folder\n"}
 GARBAGE_PT = {"garbage.pt": b"PK\x03\x04 this is not a checkpoint" * 8}
 STORE = {"mlflow.db": "TEMPLATE"}  # an empty MLflow store (a copy of the session's template)
+DAMAGED = {"mlflow.db": "DAMAGED"}  # a real MLflow store holding a run, pages in its middle overwritten
+DB = "sqlite:///{in}/mlflow.db"
+BIG = str(10 ** 12)
 
 CASES = [
     # ------------------------------------------------------------------ grid
@@ -96,7 +99,7 @@ CASES = [
     ("grid", GS, {"s.yaml": BINARY}, "is not a readable text file"),
     ("grid", GS, {"s.yaml": "- a\n- b\n"}, "must be a mapping"),
     ("grid", GS, {"s.yaml": "base: {lr: [\n"}, "is not valid YAML"),
-    ("grid", ["--space", "{in}/d.yaml", "--dry-run"], {"d.yaml/": None}, "does not exist"),
+    ("grid", ["--space", "{in}/d.yaml", "--dry-run"], {"d.yaml/": None}, "is a folder, not a file"),
     ("grid", ["--max-concurrent", "-1", "--dry-run"], {}, "--max-concurrent must be >= 1"),
     ("grid", ["--max-concurrent", "0", "--dry-run"], {}, "--max-concurrent must be >= 1"),
     ("grid", ["--max-failures", "-1", "--dry-run"], {}, "--max-failures must be >= 0"),
@@ -180,7 +183,7 @@ CASES = [
     ("finetune", ["--out", "/proc/raystudy-ro/out"] + FAST, {}, "cannot write"),
     ("finetune", ["--config", "{in}/bin.yaml"] + FAST, {"bin.yaml": BINARY}, "is not a readable text file"),
     ("finetune", ["--config", "{in}/list.yaml"] + FAST, {"list.yaml": "- 1\n- 2\n"}, "must be a mapping"),
-    ("finetune", ["--config", "{in}/d.yaml"] + FAST, {"d.yaml/": None}, "does not exist"),
+    ("finetune", ["--config", "{in}/d.yaml"] + FAST, {"d.yaml/": None}, "is a folder, not a file"),
     ("finetune", ["--config", "{in}/c.yaml"] + FAST, {"c.yaml": "lr: .nan\n"}, "'lr' must be a finite number"),
     ("finetune", ["--config", "{in}/c.yaml"] + FAST, {"c.yaml": "lr: [0.1, 0.2]\n"}, "'lr' must be a number"),
     ("finetune", ["--bogus"], {}, "unrecognized arguments: --bogus"),
@@ -233,7 +236,7 @@ CASES = [
     ("report", ["--csv", "{in}/r.csv", "--bogus"], {"r.csv": "RUNS"}, "unrecognized arguments: --bogus"),
     ("report", ["--csv", "{in}/nope.csv"], {}, "does not exist"),
     ("report", ["--csv", "{in}/bin.csv"], {"bin.csv": BINARY * 4}, "is not a readable CSV"),
-    ("report", ["--csv", "{in}/d.csv"], {"d.csv/": None}, "does not exist"),
+    ("report", ["--csv", "{in}/d.csv"], {"d.csv/": None}, "is a folder, not a file"),
     ("report", ["--csv", "{in}/bad.csv"], {"bad.csv": "a,b\n1,2\n"}, "column"),
     ("report", ["--csv", "{in}/empty.csv"], {"empty.csv": ""}, "empty"),
     ("report", ["--csv", "{in}/r.csv", "--rope", "nan"], {"r.csv": "RUNS"}, "--rope must be a finite number >= 0"),
@@ -297,6 +300,69 @@ CASES = [
                 "--out", "{in}/afile"], {**STORE, **AFILE}, "is a file, not a folder"),
 ]
 
+CASES += [
+    # ------------------------------------------------ a damaged store: refused before any work, left as it is
+    ("finetune", ["--tracking-uri", DB] + FAST, DAMAGED, "is damaged (SQLite: database disk image is malformed)"),
+    ("grid", ["--tracking-uri", DB, "--dry-run"], DAMAGED, ".recover"),
+    ("grid", ["--tracking-uri", DB, "--address", "no-port"], DAMAGED, "is damaged"),
+    ("search", ["--tracking-uri", DB, "--dry-run"], DAMAGED, "is damaged"),
+    ("report", ["--experiment", "x", "--tracking-uri", DB], DAMAGED, "is damaged"),
+    ("export_best", ["--experiment", "x", "--tracking-uri", DB, "--out", "{in}/o"], DAMAGED, "is damaged"),
+    ("replay", ["--experiment", "x", "--policy", "all", "--tracking-uri", DB], DAMAGED, "is damaged"),
+    # ------------------------------------------------ every count and seed within its bound
+    ("finetune", ["--seed", "-1"] + FAST, {}, "'seed' must be >= 0 and < 2**32"),
+    ("finetune", ["--seed", str(2 ** 64 + 1)] + FAST, {}, "'seed' must be >= 0 and < 2**32"),
+    ("finetune", ["--seed", str(2 ** 32)] + FAST, {}, "'seed' must be >= 0 and < 2**32"),
+    ("finetune", ["--steps", BIG, "--set", "warmup_steps=1", "--set", "eval_every=1"], {}, "'steps' must be <= 10,000,000"),
+    ("finetune", ["--batch-size", BIG] + FAST, {}, "'batch_size' must be <= 65,536"),
+    ("finetune", ["--probe-pairs", BIG] + FAST, {}, "'probe_pairs' must be <= 1,000,000"),
+    ("finetune", ["--set", f"num_workers={BIG}"] + FAST, {}, "'num_workers' must be <= 256"),
+    ("finetune", ["--set", f"eval_batch_size={BIG}"] + FAST, {}, "'eval_batch_size' must be <="),
+    ("finetune", ["--set", f"lora_rank={BIG}"] + FAST, {}, "'lora_rank' must be <="),
+    ("finetune", ["--threads", BIG] + FAST, {}, "--threads must be <= 1,024"),
+    ("grid", ["--set", "seed=-1", "--dry-run"], {}, "'seed' must be >= 0 and < 2**32"),
+    ("grid", GS, G(grid={"seed": {"grid_search": [0, 2 ** 40]}}), "'seed' must be >= 0 and < 2**32"),
+    ("grid", ["--set", f"steps={BIG}", "--dry-run"], {}, "'steps' must be <="),
+    ("grid", ["--max-concurrent", BIG, "--dry-run"], {}, "--max-concurrent must be <="),
+    ("grid", ["--max-failures", BIG, "--dry-run"], {}, "--max-failures must be <= 100"),
+    ("grid", ["--num-cpus", BIG, "--dry-run"], {}, "--num-cpus must be <= 1,024"),
+    ("search", ["--num-samples", BIG, "--dry-run"], {}, "--num-samples must be <="),
+    ("search", ["--time-budget", "1e300", "--dry-run"], {}, "--time-budget must be <="),
+    ("search", ["--test-seeds", f"1,{2 ** 40}", "--dry-run"], {}, "< 2**32"),
+    ("search", ["--num-cpus", BIG, "--dry-run"], {}, "--num-cpus must be <="),
+    ("search", ["--set", "seed=-1", "--dry-run"], {}, "'seed' must be >= 0 and < 2**32"),
+    ("probe", ["--pairs", BIG], {}, "--pairs must be <= 1,000,000"),
+    ("probe", ["--batch-size", BIG, "--pairs", "8"], {}, "--batch-size must be <= 65,536"),
+    ("probe", ["--num-workers", BIG, "--pairs", "8"], {}, "--num-workers must be <= 256"),
+    ("probe", ["--seed", str(2 ** 32), "--pairs", "8"], {}, "--seed must be >= 0 and < 2**32"),
+    ("report", ["--csv", "{in}/r.csv", "--bootstrap-seed", "-1"], {"r.csv": "RUNS"}, "--bootstrap-seed must be >= 0"),
+    ("report", ["--csv", "{in}/r.csv", "--bootstrap-seed", str(2 ** 64)], {"r.csv": "RUNS"}, "< 2**32"),
+    ("report", ["--csv", "{in}/r.csv", "--bootstrap-reps", BIG], {"r.csv": "RUNS"}, "--bootstrap-reps must be <="),
+    # ------------------------------------------------ flags that contradict, and a file that says nothing
+    ("finetune", ["--no-save", "--out", "{in}/o"] + FAST, {}, "--out with --no-save"),
+    ("finetune", ["--no-mlflow", "--tracking-uri", "ftp://x"] + FAST, {}, "--tracking-uri with --no-mlflow"),
+    ("finetune", ["--no-mlflow", "--experiment", "e"] + FAST, {}, "--experiment with --no-mlflow"),
+    ("finetune", ["--config", "{in}/c.yaml"] + FAST, {"c.yaml": ""}, "is empty"),
+    ("finetune", ["--config", "{in}/c.yaml"] + FAST, {"c.yaml": "# lr: 0.1\n"}, "is empty"),
+    ("finetune", ["--config", "{in}/c.yaml"] + FAST, {"c.yaml": "{}\n"}, "is empty"),
+    ("grid", GS, {"s.yaml": ""}, "is empty"),
+    ("search", SS, {"s.yaml": "# nothing\n"}, "is empty"),
+    ("probe", ["--pairing", "sequential", "--seed", "3", "--pairs", "8"], {}, "--seed with --pairing sequential"),
+    ("report", ["--csv", "{in}/r.csv", "--tracking-uri", "ftp://x"], {"r.csv": "RUNS"}, "--tracking-uri with --csv"),
+    ("report", ["--csv", "{in}/r.csv", "--no-log"], {"r.csv": "RUNS"}, "--no-log with --csv"),
+    ("report", ["--experiment", "x", "--plasticity", "{in}/p.csv", "--tracking-uri", DB], {**STORE, "p.csv": "a\n"},
+     "--plasticity with --experiment"),
+    # ------------------------------------------------ a folder where a file belongs
+    ("search", ["--space", "{in}/d.yaml", "--dry-run"], {"d.yaml/": None}, "is a folder, not a file"),
+    ("finetune", ["--weights", "{in}/w.pt"] + FAST, {"w.pt/": None}, "is a folder, not a file"),
+    ("probe", ["--weights", "{in}/w.pt", "--pairs", "8"], {"w.pt/": None}, "is a folder, not a file"),
+    ("probe", ["--model", "gpt2_tiny", "--tokens", "{in}/t.npy", "--pairs", "8"], {"t.npy/": None},
+     "is a folder, not a file"),
+    ("report", ["--csv", "{in}/r.csv", "--plasticity", "{in}/p.csv"], {"r.csv": "RUNS", "p.csv/": None},
+     "is a folder, not a file"),
+    ("search", ["--tracking-uri", "foo://bar", "--dry-run"], {}, "unsupported tracking URI"),  # and nothing before it
+]
+
 MAINS = {
     "grid": "raystudy.grid", "search": "raystudy.search", "finetune": "raystudy.finetune",
     "probe": "raystudy.probe", "prefetch": "raystudy.prefetch", "components": "raystudy.components",
@@ -311,13 +377,13 @@ def runs_csv() -> str:
     return fake_runs(n_datasets=2, conditions=("MHA", "FC1"), lrs=(0.1, 0.3), seeds=(0, 1)).to_csv(index=False)
 
 
-def make_inputs(folder: Path, files: dict, template_db: Path) -> None:
+def make_inputs(folder: Path, files: dict, stores: dict[str, Path]) -> None:
     folder.mkdir()
     for name, content in files.items():
         if name.endswith("/"):
             (folder / name.rstrip("/")).mkdir()
-        elif content == "TEMPLATE":
-            shutil.copy(template_db, folder / name)
+        elif isinstance(content, str) and content in stores:
+            shutil.copy(stores[content], folder / name)
         elif content == "RUNS":
             (folder / name).write_text(runs_csv())
         elif isinstance(content, bytes):
@@ -326,12 +392,12 @@ def make_inputs(folder: Path, files: dict, template_db: Path) -> None:
             (folder / name).write_text(content)
 
 
-def run_case(cli: str, argv: list[str], files: dict, tmp_path: Path, template_db: Path, capsys):
-    """Run one case in-process; (status, stderr lines, what the working directory holds)."""
+def run_case(cli: str, argv: list[str], files: dict, tmp_path: Path, stores: dict[str, Path], capsys):
+    """Run one case in-process; (status, stderr, stdout, what the working directory holds, Ray up)."""
     import importlib
 
     inputs, work = tmp_path / "in", tmp_path / "work"
-    make_inputs(inputs, files, template_db)
+    make_inputs(inputs, files, stores)
     work.mkdir()
     argv = [a.replace("{in}", str(inputs)) for a in argv]
     main = importlib.import_module(MAINS[cli]).main
@@ -350,10 +416,10 @@ def run_case(cli: str, argv: list[str], files: dict, tmp_path: Path, template_db
             traceback.print_exc()
     finally:
         os.chdir(old)
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
     left = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
     ray_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
-    return status, err, left, ray_up
+    return status, captured.err, captured.out, left, ray_up
 
 
 def case_id(case) -> str:
@@ -361,12 +427,37 @@ def case_id(case) -> str:
     return f"{cli}:{' '.join(argv)[:60]}:{'+'.join(files)[:30]}"
 
 
+@pytest.fixture(scope="session")
+def _damaged_mlflow_db(tmp_path_factory, _empty_mlflow_db):
+    """A real MLflow store holding one finished run, with pages in the middle of the file
+    overwritten: SQLite reads it as "database disk image is malformed"."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-damaged") / "mlflow.db"
+    shutil.copy(_empty_mlflow_db, path)
+    cl = MlflowClient(tracking_uri=f"sqlite:///{path}")
+    run = cl.create_run(cl.create_experiment("x"))
+    cl.log_param(run.info.run_id, "lr", 0.1)
+    cl.log_metric(run.info.run_id, "val_acc", 0.5)
+    cl.set_terminated(run.info.run_id)
+    pages = path.stat().st_size // 4096
+    with open(path, "r+b") as f:
+        f.seek(pages // 2 * 4096)
+        f.write(b"\xde\xad\xbe\xef" * 1024 * 8)
+    return path
+
+
+# Cases that refuse only once their data is found missing, after the run's first line.
+SAYS_FIRST = {"finetune:--dataset cifar10c_snow"}
+
+
 @pytest.mark.parametrize("cli,argv,files,needle", CASES, ids=[case_id(c) for c in CASES])
 def test_bad_input_is_one_line_exit_2_before_any_work(cli, argv, files, needle, tmp_path, capsys,
-                                                      _empty_mlflow_db, monkeypatch):
+                                                      _empty_mlflow_db, _damaged_mlflow_db, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    status, err, left, ray_up = run_case(cli, argv, files, tmp_path, _empty_mlflow_db, capsys)
+    stores = {"TEMPLATE": _empty_mlflow_db, "DAMAGED": _damaged_mlflow_db}
+    status, err, out, left, ray_up = run_case(cli, argv, files, tmp_path, stores, capsys)
     lines = err.strip().splitlines()
     assert status == 2, (status, err[-2000:])
     assert len(lines) == 1 and lines[0].startswith("error: "), lines[-20:]
@@ -374,6 +465,13 @@ def test_bad_input_is_one_line_exit_2_before_any_work(cli, argv, files, needle, 
     assert needle in lines[0], lines[0]
     assert left == [], left
     assert not ray_up
+    if not any(case_id((cli, argv, files, needle)).startswith(s) for s in SAYS_FIRST):
+        assert out == "", out[-2000:]  # nothing said before the refusal
+    if "DAMAGED" in files.values():  # the store is left as it was: same bytes, no lock or journal beside it
+        inputs = tmp_path / "in"
+        assert sorted(p.name for p in inputs.iterdir()) == sorted(n.rstrip("/") for n in files)
+        assert all((inputs / n).read_bytes() == _damaged_mlflow_db.read_bytes()
+                   for n, c in files.items() if c == "DAMAGED")
 
 
 SUBPROCESS_CASES = [

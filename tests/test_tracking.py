@@ -74,6 +74,37 @@ def test_check_uri(tmp_path):
         tracking.check_uri("file:///tmp/mlruns")
 
 
+def test_a_store_being_written_is_checked_without_waiting_for_the_writer(store):
+    import sqlite3
+    import time
+
+    uri, cl, exp = store
+    tracking.open_trial(cl, exp, None, trial_key(CFG), CFG)
+    writer = sqlite3.connect(str(tracking.sqlite_path(uri)), isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")  # another driver in the middle of a write
+    try:
+        t0 = time.monotonic()
+        tracking.check_uri(uri)
+        assert time.monotonic() - t0 < 5
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
+def test_a_damaged_store_is_refused_and_left_as_it_is(store):
+    uri, cl, exp = store
+    tracking.open_trial(cl, exp, None, trial_key(CFG), CFG)
+    path = tracking.sqlite_path(uri)
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 4096 // 2 * 4096
+    data[middle:middle + 8 * 4096] = b"\xde\xad\xbe\xef" * 8 * 1024
+    path.write_bytes(bytes(data))
+    before = sorted(path.parent.iterdir())
+    with pytest.raises(tracking.TrackingUnavailable, match=r"is damaged \(SQLite: .*\.recover"):
+        tracking.check_uri(uri)
+    assert path.read_bytes() == bytes(data) and sorted(path.parent.iterdir()) == before
+
+
 def test_default_uri_is_sqlite_in_cwd(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -244,7 +275,7 @@ def test_a_trial_the_policy_stopped_after_it_finished_is_recorded_stopped_late(m
     from raystudy.config import trial_key
 
     cl = tracking.client(mlflow_uri)
-    exp = tracking.experiment_id(cl, "r")
+    exp = tracking.experiment_id(cl, "r", tracking.default_artifact_location(mlflow_uri))
     run = tracking.open_trial(cl, exp, None, trial_key(_STOPPED_CFG), _STOPPED_CFG)
     tracking.finish_trial(cl, run, {"status": "finished", "final": 1, "best_val_acc": 0.5, "test_acc": 0.5})
     tracking.mark_stopped_late(cl, run, 20, "race")
