@@ -58,8 +58,9 @@ def _dirichlet_products(n: int, prior: float, nsamples: int, random_state: int) 
     return prod
 
 
-def signed_rank_samples(a, b, rope: float = 0.0, prior: float = 0.5, nsamples: int = 50000,
-                        random_state: int | None = 0) -> np.ndarray:
+def signed_rank_samples(
+    a, b, rope: float = 0.0, prior: float = 0.5, nsamples: int = 50000, random_state: int | None = 0
+) -> np.ndarray:
     """Posterior samples (nsamples, 3) of the Bayesian signed-rank test of b − a.
 
     Identical to ``baycomp.SignedRankTest.sample(a, b, rope, prior=prior, nsamples=nsamples,
@@ -72,7 +73,7 @@ def signed_rank_samples(a, b, rope: float = 0.0, prior: float = 0.5, nsamples: i
     diff = np.concatenate([[0.0], b - a])
     n = len(diff)
     if random_state is None:
-        random_state = int(np.random.default_rng().integers(2 ** 31))
+        random_state = int(np.random.default_rng().integers(2**31))
     prod = _dirichlet_products(n, float(prior), int(nsamples), random_state)
     i, j = np.triu_indices(n)
     sums = diff[i] + diff[j]
@@ -90,8 +91,9 @@ def signed_rank_samples(a, b, rope: float = 0.0, prior: float = 0.5, nsamples: i
     return out
 
 
-def signed_rank(a, b, rope: float, prior: float = 0.5, nsamples: int = 50000,
-                random_state: int | None = 0) -> dict[str, float]:
+def signed_rank(
+    a, b, rope: float, prior: float = 0.5, nsamples: int = 50000, random_state: int | None = 0
+) -> dict[str, float]:
     """P(a better by more than rope), P(within rope), P(b better) over paired per-dataset scores."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     keep = ~(np.isnan(a) | np.isnan(b))
@@ -103,6 +105,7 @@ def signed_rank(a, b, rope: float, prior: float = 0.5, nsamples: int = 50000,
 
 
 # ---------------------------------------------------------------- hierarchical model
+
 
 def _gamma_above(shape, rate, low, rng):
     """Gamma(shape, rate) draws truncated to [low, inf): plain draws, and the inverse CDF for
@@ -138,8 +141,9 @@ def _nu_logpost(nu_m1, alpha, beta, q, sum_log_lam, sum_lam):
     return (alpha - 1) * np.log(nu_m1) - beta * nu_m1 + lik
 
 
-NO_DATASETS = ("needs two or more datasets with two or more paired seeds (seeds finished for both "
-               "conditions at their chosen lrs)")
+NO_DATASETS = (
+    "needs two or more datasets with two or more paired seeds (seeds finished for both conditions at their chosen lrs)"
+)
 NO_SPREAD = "not run: the paired seed differences have no spread (each dataset's seeds differ by the same amount)"
 
 
@@ -179,15 +183,22 @@ def hierarchical_stats(x: np.ndarray, y: np.ndarray, rope: float, random_state: 
             h = len(r) // 2
             r = r.copy()
             r[:h] = rng.uniform(-rope_s, rope_s, h)
-            r[h:2 * h] = -r[:h]
+            r[h : 2 * h] = -r[:h]
         out.append(r)
     n = np.array([len(r) for r in out], float)
     mean = np.array([r.mean() for r in out])
     ss = np.array([((r - r.mean()) ** 2).sum() for r in out])
     std_within = float(np.mean([np.std(r) for r in out]))
-    return {"n": n, "mean": mean, "ss": ss, "rope": rope_s, "scale": std_diff,
-            "max_abs": float(max(np.abs(r).max() for r in out)), "std_within": std_within,
-            "std_among": float(np.std(mean))}
+    return {
+        "n": n,
+        "mean": mean,
+        "ss": ss,
+        "rope": rope_s,
+        "scale": std_diff,
+        "max_abs": float(max(np.abs(r).max() for r in out)),
+        "std_within": std_within,
+        "std_among": float(np.std(mean)),
+    }
 
 
 @dataclass
@@ -214,17 +225,25 @@ def _padded(data: list[dict], chains: int, upper_sigma: float) -> _Data:
     def pad(key, fill):
         a = np.full((P, Q), fill, float)
         for p, t in enumerate(data):
-            a[p, :len(t[key])] = t[key]
+            a[p, : len(t[key])] = t[key]
         return np.tile(a, (chains, 1))
 
     per = lambda key: np.tile(np.array([t[key] for t in data], float), chains)  # noqa: E731
     mask = pad("n", 0.0) > 0
     q = mask.sum(axis=1).astype(float)
     s0_hi = np.where(q > 1, per("std_among"), per("std_within")) * upper_sigma
-    return _Data(mask=mask, n=np.where(mask, pad("n", 2.0), 2.0), xbar=pad("mean", 0.0),
-                 ss=np.where(mask, pad("ss", 1.0), 1.0), q=q, d_hi=per("max_abs"),
-                 s_hi=per("std_within") * upper_sigma, s0_hi=np.maximum(s0_hi, 1e-12),
-                 std_among=per("std_among"), std_within=per("std_within"))
+    return _Data(
+        mask=mask,
+        n=np.where(mask, pad("n", 2.0), 2.0),
+        xbar=pad("mean", 0.0),
+        ss=np.where(mask, pad("ss", 1.0), 1.0),
+        q=q,
+        d_hi=per("max_abs"),
+        s_hi=per("std_within") * upper_sigma,
+        s0_hi=np.maximum(s0_hi, 1e-12),
+        std_among=per("std_among"),
+        std_within=per("std_within"),
+    )
 
 
 @dataclass
@@ -244,12 +263,16 @@ class _Chains:
 def _start(m: _Data) -> _Chains:
     """delta_i at the dataset means, delta0 at their mean, std0 and sigma_i at the spreads."""
     B, Q = m.xbar.shape
-    return _Chains(delta=m.xbar.copy(),
-                   delta0=np.clip((m.xbar * m.mask).sum(axis=1) / m.q, -m.d_hi, m.d_hi),
-                   std0=np.maximum(m.std_among, 0.1 * m.std_within) + 1e-6,
-                   sigma2=np.where(m.mask, m.ss / np.maximum(m.n - 1, 1), 1.0) + 1e-12,
-                   lam=np.ones((B, Q)), nu_m1=np.full(B, 5.0), alpha=np.full(B, 1.5),
-                   beta=np.full(B, 0.05))
+    return _Chains(
+        delta=m.xbar.copy(),
+        delta0=np.clip((m.xbar * m.mask).sum(axis=1) / m.q, -m.d_hi, m.d_hi),
+        std0=np.maximum(m.std_among, 0.1 * m.std_within) + 1e-6,
+        sigma2=np.where(m.mask, m.ss / np.maximum(m.n - 1, 1), 1.0) + 1e-12,
+        lam=np.ones((B, Q)),
+        nu_m1=np.full(B, 5.0),
+        alpha=np.full(B, 1.5),
+        beta=np.full(B, 0.05),
+    )
 
 
 def _step_means(c: _Chains, m: _Data, rng) -> None:
@@ -269,11 +292,10 @@ def _step_means(c: _Chains, m: _Data, rng) -> None:
     c.lam = rng.gamma((c.nu_m1[:, None] + 2) / 2) / ((c.nu_m1[:, None] + 1 + z2) / 2)
     # delta0 | rest: normal truncated to (−max|x|, max|x|), uniform prior
     wsum = (c.lam * mask).sum(axis=1)
-    c.delta0 = _trunc_normal((c.lam * c.delta * mask).sum(axis=1) / wsum, c.std0 / np.sqrt(wsum),
-                             -m.d_hi, m.d_hi, rng)
+    c.delta0 = _trunc_normal((c.lam * c.delta * mask).sum(axis=1) / wsum, c.std0 / np.sqrt(wsum), -m.d_hi, m.d_hi, rng)
     # std0 | rest: 1/std0^2 ~ Gamma((q-1)/2, sum lambda (delta-delta0)^2 / 2), std0 uniform
     s0 = (c.lam * (c.delta - c.delta0[:, None]) ** 2 * mask).sum(axis=1)
-    tau0 = _gamma_above(np.maximum(m.q - 1, 0.5) / 2, s0 / 2, 1 / m.s0_hi ** 2, rng)
+    tau0 = _gamma_above(np.maximum(m.q - 1, 0.5) / 2, s0 / 2, 1 / m.s0_hi**2, rng)
     c.std0 = 1 / np.sqrt(tau0)
 
 
@@ -296,9 +318,16 @@ def _step_nu(c: _Chains, m: _Data, rng, alpha_range, beta_range) -> None:
     c.beta = _trunc_gamma(c.alpha + 1, c.nu_m1, np.full(B, beta_range[0]), np.full(B, beta_range[1]), rng)
 
 
-def hierarchical_samples(data: list[dict], draws: int = 500, burn: int = 300, chains: int = 8,
-                         random_state: int = 0, upper_sigma: float = 1000.0,
-                         alpha_range=(1.0, 2.0), beta_range=(0.01, 0.1)) -> dict[str, np.ndarray]:
+def hierarchical_samples(
+    data: list[dict],
+    draws: int = 500,
+    burn: int = 300,
+    chains: int = 8,
+    random_state: int = 0,
+    upper_sigma: float = 1000.0,
+    alpha_range=(1.0, 2.0),
+    beta_range=(0.01, 0.1),
+) -> dict[str, np.ndarray]:
     """Gibbs samples of (delta0, std0, nu) for several pairs at once, each pair its own model.
 
     ``data`` holds one ``hierarchical_stats`` result per pair. The chains of all pairs advance
@@ -318,12 +347,17 @@ def hierarchical_samples(data: list[dict], draws: int = 500, burn: int = 300, ch
             keep["std0"][:, it - burn] = c.std0
             keep["nu"][:, it - burn] = c.nu_m1 + 1
     # (chains × pairs, draws) → (pairs, chains × draws)
-    return {k: v.reshape(chains, P, draws).transpose(1, 0, 2).reshape(P, chains * draws)
-            for k, v in keep.items()}
+    return {k: v.reshape(chains, P, draws).transpose(1, 0, 2).reshape(P, chains * draws) for k, v in keep.items()}
 
 
-def hierarchical(pairs: list[tuple[np.ndarray, np.ndarray]], rope: float, draws: int = 500,
-                 burn: int = 300, chains: int = 8, random_state: int = 0) -> list[dict[str, float]]:
+def hierarchical(
+    pairs: list[tuple[np.ndarray, np.ndarray]],
+    rope: float,
+    draws: int = 500,
+    burn: int = 300,
+    chains: int = 8,
+    random_state: int = 0,
+) -> list[dict[str, float]]:
     """The hierarchical test of each (x, y) pair of (datasets, seeds) score arrays.
 
     Returns per pair P(x better), P(rope), P(y better) (``p_a``, ``p_rope``, ``p_b``), the
@@ -335,9 +369,17 @@ def hierarchical(pairs: list[tuple[np.ndarray, np.ndarray]], rope: float, draws:
         raise AnalysisError(f"the ROPE half-width must be >= 0, got {rope}")
     prepared = [hierarchical_stats(x, y, rope, random_state) for x, y in pairs]
     ok = [i for i, t in enumerate(prepared) if t is not None]
-    out = [{"p_a": math.nan, "p_rope": math.nan, "p_b": math.nan, "delta0": math.nan,
-            "datasets": 0 if t is None else len(t["n"]), "skipped": "" if t is not None else hierarchical_skip(x, y)}
-           for t, (x, y) in zip(prepared, pairs)]
+    out = [
+        {
+            "p_a": math.nan,
+            "p_rope": math.nan,
+            "p_b": math.nan,
+            "delta0": math.nan,
+            "datasets": 0 if t is None else len(t["n"]),
+            "skipped": "" if t is not None else hierarchical_skip(x, y),
+        }
+        for t, (x, y) in zip(prepared, pairs)
+    ]
     if not ok:
         return out
     data = [prepared[i] for i in ok]
@@ -352,5 +394,4 @@ def hierarchical(pairs: list[tuple[np.ndarray, np.ndarray]], rope: float, draws:
     return out
 
 
-__all__ = ["signed_rank", "signed_rank_samples", "hierarchical", "hierarchical_stats",
-           "hierarchical_samples"]
+__all__ = ["signed_rank", "signed_rank_samples", "hierarchical", "hierarchical_stats", "hierarchical_samples"]

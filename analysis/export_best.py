@@ -32,8 +32,8 @@ import yaml
 from analysis import AnalysisError, load, stats
 from raystudy.config import ConfigError, from_dict, validate
 
-
 # ---------------------------------------------------------------- params → config
+
 
 def coerce_params(params: dict[str, str]) -> dict[str, Any]:
     """MLflow's string params back to the types of ``FinetuneConfig``; other keys are left out.
@@ -61,6 +61,7 @@ def run_config(run_id: str, tracking_uri: str | None = None) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- choosing the runs
 
+
 def _best_seed(runs: pd.DataFrame, select_on: str) -> pd.Series:
     """Among finished runs, the one with the highest ``select_on`` accuracy (lowest seed on ties)."""
     col = f"{select_on}_acc"
@@ -75,11 +76,9 @@ def best_per_dataset(runs: pd.DataFrame, select_on: str = "val") -> pd.DataFrame
     for b in best.itertuples():
         if math.isnan(b.lr):
             continue
-        cell = runs[(runs["dataset"] == b.dataset) & (runs["condition"] == b.condition)
-                    & (runs["lr"] == b.lr)]
+        cell = runs[(runs["dataset"] == b.dataset) & (runs["condition"] == b.condition) & (runs["lr"] == b.lr)]
         run = _best_seed(cell, select_on)
-        rows.append({**run.to_dict(), "datasets": [b.dataset], "mean": b.test_mean,
-                     "std": b.test_std, "n": b.n})
+        rows.append({**run.to_dict(), "datasets": [b.dataset], "mean": b.test_mean, "std": b.test_std, "n": b.n})
     return pd.DataFrame(rows)
 
 
@@ -95,24 +94,34 @@ def best_overall(runs: pd.DataFrame, select_on: str = "val") -> pd.DataFrame:
     for condition, g in means.groupby("condition", sort=False):
         datasets = sorted(g["dataset"].unique())
         ok = g.dropna(subset=[col])
-        per_lr = ok.groupby("lr").agg(n_datasets=("dataset", "nunique"), score=(col, "mean"),
-                                      mean=("test_mean", "mean"))
+        per_lr = ok.groupby("lr").agg(
+            n_datasets=("dataset", "nunique"), score=(col, "mean"), mean=("test_mean", "mean")
+        )
         common = per_lr[per_lr["n_datasets"] == len(datasets)]
         if common.empty:
-            raise AnalysisError(f"condition {condition!r}: no lr has a finished run on all of "
-                                f"{', '.join(datasets)}; export per dataset with --per-dataset")
+            raise AnalysisError(
+                f"condition {condition!r}: no lr has a finished run on all of "
+                f"{', '.join(datasets)}; export per dataset with --per-dataset"
+            )
         lr = float(common["score"].idxmax())
-        at = runs[(runs["condition"] == condition) & (runs["lr"] == lr)
-                  & (runs["status"] == "finished")]
+        at = runs[(runs["condition"] == condition) & (runs["lr"] == lr) & (runs["status"] == "finished")]
         seed_score = at.groupby("seed")[f"{select_on}_acc"].mean()
         seed = int(seed_score.idxmax())
         first = at[(at["seed"] == seed)].sort_values("dataset").iloc[0]
-        rows.append({**first.to_dict(), "datasets": datasets, "mean": common.loc[lr, "mean"],
-                     "std": math.nan, "n": len(datasets)})
+        rows.append(
+            {
+                **first.to_dict(),
+                "datasets": datasets,
+                "mean": common.loc[lr, "mean"],
+                "std": math.nan,
+                "n": len(datasets),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------- writing
+
 
 def _slug(name: str) -> str:
     """A tag value (anyone can set MLflow tags) as one safe path component: never '.', '..',
@@ -127,22 +136,34 @@ def header(path: Path, row: dict, select_on: str, per_dataset: bool, scale: floa
     pct = "%" if scale == 100 else ""
     lines = [f"# python -m raystudy.finetune --config {path}"]
     if per_dataset:
-        lines.append(f"# Best {row['condition']} on {row['dataset']}: lr {row['lr']:g} chosen on {on} "
-                     f"accuracy (seed-mean test acc {row['mean'] * scale:.2f}{pct} over {row['n']} seeds);")
+        lines.append(
+            f"# Best {row['condition']} on {row['dataset']}: lr {row['lr']:g} chosen on {on} "
+            f"accuracy (seed-mean test acc {row['mean'] * scale:.2f}{pct} over {row['n']} seeds);"
+        )
     else:
-        lines.append(f"# Best {row['condition']} over {len(row['datasets'])} dataset(s): lr "
-                     f"{row['lr']:g} chosen on mean {on} accuracy over datasets (mean test acc "
-                     f"{row['mean'] * scale:.2f}{pct});")
+        lines.append(
+            f"# Best {row['condition']} over {len(row['datasets'])} dataset(s): lr "
+            f"{row['lr']:g} chosen on mean {on} accuracy over datasets (mean test acc "
+            f"{row['mean'] * scale:.2f}{pct});"
+        )
         lines.append(f"# datasets: {', '.join(row['datasets'])};")
         if len(row["datasets"]) > 1:
             lines.append(f"# this file trains on {row['dataset']}: rerun on another with --dataset NAME;")
-    lines.append(f"# seed {row['seed']} scored best there (val acc {row['val_acc'] * scale:.2f}{pct}, "
-                 f"test acc {row['test_acc'] * scale:.2f}{pct}; MLflow run {row['run_id']}).")
+    lines.append(
+        f"# seed {row['seed']} scored best there (val acc {row['val_acc'] * scale:.2f}{pct}, "
+        f"test acc {row['test_acc'] * scale:.2f}{pct}; MLflow run {row['run_id']})."
+    )
     return "\n".join(lines) + "\n"
 
 
-def export(runs: pd.DataFrame, out_dir: str | Path, tracking_uri: str | None = None, *,
-           per_dataset: bool = False, select_on: str = "val") -> list[Path]:
+def export(
+    runs: pd.DataFrame,
+    out_dir: str | Path,
+    tracking_uri: str | None = None,
+    *,
+    per_dataset: bool = False,
+    select_on: str = "val",
+) -> list[Path]:
     """Write the best config of each condition (per dataset or over all) as YAML files."""
     out = Path(out_dir)
     found = load.settings(runs)
@@ -159,8 +180,7 @@ def export(runs: pd.DataFrame, out_dir: str | Path, tracking_uri: str | None = N
             if out.resolve() not in path.resolve().parents:  # e.g. a symlink planted in out
                 raise AnalysisError(f"refusing to write {path}: it resolves outside --out {out}")
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(header(path, row, select_on, per_dataset, scale)
-                            + yaml.safe_dump(cfg, sort_keys=False))
+            path.write_text(header(path, row, select_on, per_dataset, scale) + yaml.safe_dump(cfg, sort_keys=False))
             written.append(path)
     return written
 
@@ -184,11 +204,17 @@ def build_parser():
 
     ap = cli.Parser("python -m analysis.export_best", __doc__)
     ap.add_argument("--experiment", required=True, help="MLflow experiment name (or id)")
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
-                                           "else sqlite:///./mlflow.db, as the grid)")
+    ap.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db, as the grid)",
+    )
     ap.add_argument("--per-dataset", action="store_true", help="one file per dataset and condition")
-    ap.add_argument("--select-on", choices=stats.SELECT_ON, default="val",
-                    help="choose the lr and seed on validation (default) or test accuracy")
+    ap.add_argument(
+        "--select-on",
+        choices=stats.SELECT_ON,
+        default="val",
+        help="choose the lr and seed on validation (default) or test accuracy",
+    )
     ap.add_argument("--conditions", help="comma-separated conditions (default: all)")
     ap.add_argument("--datasets", help="comma-separated datasets (default: all)")
     ap.add_argument("--out", required=True, help="folder for the YAML files")
@@ -218,13 +244,14 @@ def main(argv: list[str] | None = None) -> int:
                 names = [w.strip() for w in wanted.split(",") if w.strip()]
                 unknown = [n for n in names if n not in set(runs[col])]
                 if unknown:
-                    raise AnalysisError(f"no {col} {', '.join(map(repr, unknown))} in experiment "
-                                        f"{args.experiment!r}; there are: {', '.join(sorted(set(runs[col])))}")
+                    raise AnalysisError(
+                        f"no {col} {', '.join(map(repr, unknown))} in experiment "
+                        f"{args.experiment!r}; there are: {', '.join(sorted(set(runs[col])))}"
+                    )
                 runs = runs[runs[col].isin(names)]
         if args.select_on == "val" and runs["val_acc"].isna().all():
             raise AnalysisError("no validation accuracies to choose on; use --select-on test")
-        paths = export(runs, args.out, uri, per_dataset=args.per_dataset,
-                       select_on=args.select_on)
+        paths = export(runs, args.out, uri, per_dataset=args.per_dataset, select_on=args.select_on)
     except (AnalysisError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -235,8 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         print(p)
     for problem in check(paths):
         print(f"warning: does not validate on this machine: {problem}", file=sys.stderr)
-    print(f"wrote {len(paths)} config(s); rerun one with: python -m raystudy.finetune --config "
-          f"{paths[0] if paths else 'FILE'}")
+    print(
+        f"wrote {len(paths)} config(s); rerun one with: python -m raystudy.finetune --config "
+        f"{paths[0] if paths else 'FILE'}"
+    )
     return 0
 
 

@@ -103,7 +103,7 @@ class _LogLabels:
         if lo <= 0:
             return ""
         exp = math.floor(math.log10(x) + 1e-9)
-        lead = round(x / 10 ** exp, 6)
+        lead = round(x / 10**exp, 6)
         decades = math.log10(hi / lo)
         if self.minor and not (decades < 2 and lead in (2, 5) or decades < 1 and lead == 3):
             return ""
@@ -138,8 +138,12 @@ def average_spread(best: pd.DataFrame, conditions: list[str]) -> pd.DataFrame:
     seeds of the average over datasets, sqrt(sum of the datasets' seed variances) / datasets
     (seeds independent across datasets). NaN where a dataset has no std (one seed)."""
     g = best[best["condition"].isin(conditions)].groupby("condition")
-    out = pd.DataFrame({"mean": g["test_mean"].mean(),
-                        "std": g["test_std"].apply(lambda v: math.sqrt((v ** 2).sum(skipna=False)) / len(v))})
+    out = pd.DataFrame(
+        {
+            "mean": g["test_mean"].mean(),
+            "std": g["test_std"].apply(lambda v: math.sqrt((v**2).sum(skipna=False)) / len(v)),
+        }
+    )
     return out.reindex(conditions)
 
 
@@ -150,8 +154,9 @@ def accuracy_figure(best: pd.DataFrame, conditions: list[str], scale: float = 1.
     datasets = sorted(best["dataset"].unique())
     col = palette(order)
     fig = _figure(max(6.5, 0.75 * len(datasets) + 0.35 * len(order) + 3.0), 3.8)
-    ax, avg_ax = fig.subplots(1, 2, sharey=True, width_ratios=[max(1.5, 0.75 * len(datasets)),
-                                                                 max(1.2, 0.35 * len(order))])
+    ax, avg_ax = fig.subplots(
+        1, 2, sharey=True, width_ratios=[max(1.5, 0.75 * len(datasets)), max(1.2, 0.35 * len(order))]
+    )
     width = 0.8 / max(1, len(order))
     for j, c in enumerate(order):
         sub = best[best["condition"] == c].set_index("dataset")
@@ -166,30 +171,47 @@ def accuracy_figure(best: pd.DataFrame, conditions: list[str], scale: float = 1.
     ax.set_title("per dataset (mean ± std over seeds)", fontsize=9)
     avg = average_spread(best, order)
     for i, c in enumerate(order):
-        avg_ax.errorbar(i, avg.loc[c, "mean"] * scale, yerr=np.nan_to_num(avg.loc[c, "std"] * scale),
-                        fmt="o", ms=6, capsize=3, color=col[c], label=c)
+        avg_ax.errorbar(
+            i,
+            avg.loc[c, "mean"] * scale,
+            yerr=np.nan_to_num(avg.loc[c, "std"] * scale),
+            fmt="o",
+            ms=6,
+            capsize=3,
+            color=col[c],
+            label=c,
+        )
     avg_ax.set_xticks(range(len(order)), order, rotation=45, ha="right", fontsize=8)
     avg_ax.set_xlim(-0.6, len(order) - 0.4)
-    avg_ax.set_title(f"average over {len(datasets)} dataset{'s' * (len(datasets) != 1)}\n"
-                     "(± std over seeds), best rank left", fontsize=9)
+    avg_ax.set_title(
+        f"average over {len(datasets)} dataset{'s' * (len(datasets) != 1)}\n(± std over seeds), best rank left",
+        fontsize=9,
+    )
     for a in (ax, avg_ax):
         a.grid(axis="y", color="0.92", lw=0.6)
         a.set_axisbelow(True)
-    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, ncols=min(len(order), 7),
-               loc="outside upper center", frameon=False,
-               title=title or "Test accuracy at the best lr, conditions by average rank",
-               title_fontsize=10)
+    fig.legend(
+        *ax.get_legend_handles_labels(),
+        fontsize=8,
+        ncols=min(len(order), 7),
+        loc="outside upper center",
+        frameon=False,
+        title=title or "Test accuracy at the best lr, conditions by average rank",
+        title_fontsize=10,
+    )
     return fig
 
 
-def accuracy(best: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
-             scale: float = 1.0, title: str = "") -> list[Path]:
+def accuracy(
+    best: pd.DataFrame, conditions: list[str], base: str | os.PathLike, scale: float = 1.0, title: str = ""
+) -> list[Path]:
     """``accuracy_figure`` as PNG and PDF."""
     return save(accuracy_figure(best, conditions, scale, title), base)
 
 
-def curves(bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.PathLike,
-           ylabel: str = "", log: bool = False) -> list[Path]:
+def curves(
+    bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.PathLike, ylabel: str = "", log: bool = False
+) -> list[Path]:
     """One panel per dataset: ``key`` against step, one line per condition, ±std over seeds."""
     sub = bands[bands["key"] == key]
     datasets = sorted(sub["dataset"].unique())
@@ -203,8 +225,7 @@ def curves(bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.
             if s.empty:
                 continue
             ax.plot(s["step"], s["mean"], color=col[c], lw=1.2, label=c)
-            ax.fill_between(s["step"], s["mean"] - s["std"], s["mean"] + s["std"],
-                            color=col[c], alpha=0.2, lw=0)
+            ax.fill_between(s["step"], s["mean"] - s["std"], s["mean"] + s["std"], color=col[c], alpha=0.2, lw=0)
         ax.set_title(d, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel(ylabel or key, fontsize=8)
@@ -212,8 +233,7 @@ def curves(bands: pd.DataFrame, key: str, conditions: list[str], base: str | os.
             _log_y(ax)
         ax.tick_params(which="both", labelsize=7)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 4), fontsize=8,
-               frameon=False)
+    fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 4), fontsize=8, frameon=False)
     return save(fig, base)
 
 
@@ -224,14 +244,18 @@ def component_summary(pooled: pd.DataFrame, mode: str, components: list[str]) ->
     sub = pooled[(pooled["mode"] == mode) & pooled["component"].isin(components)]
     per_dataset = sub.groupby(["component", "dataset"])["mean"].mean()
     g = sub.groupby("component")
-    out = pd.DataFrame({"mean": g["mean"].mean(), "ci_low": g["ci_low"].mean(),
-                        "ci_high": g["ci_high"].mean(),
-                        "datasets": per_dataset.groupby(level="component").agg(list)})
+    out = pd.DataFrame(
+        {
+            "mean": g["mean"].mean(),
+            "ci_low": g["ci_low"].mean(),
+            "ci_high": g["ci_high"].mean(),
+            "datasets": per_dataset.groupby(level="component").agg(list),
+        }
+    )
     return out.reindex([c for c in components if c in out.index])
 
 
-def plasticity_figure(pooled: pd.DataFrame, components: list[str], modes: list[str] | None = None,
-                      title: str = ""):
+def plasticity_figure(pooled: pd.DataFrame, components: list[str], modes: list[str] | None = None, title: str = ""):
     """Plasticity as the paper shows it, a row per probe mode (shared, in situ): per-component
     bars on a log scale with 95% intervals (dots: each dataset's average over layers), and
     beside them, a panel per dataset of the per-layer curves with their 95% bands. None when
@@ -243,8 +267,12 @@ def plasticity_figure(pooled: pd.DataFrame, components: list[str], modes: list[s
         return None
     col = palette(components)
     fig = _figure(3.0 + 3.2 * len(datasets), 2.7 * len(modes) + 0.6)
-    axes = fig.subplots(len(modes), 1 + len(datasets), squeeze=False,
-                        width_ratios=[max(1.0, 0.3 * len(components))] + [1.0] * len(datasets))
+    axes = fig.subplots(
+        len(modes),
+        1 + len(datasets),
+        squeeze=False,
+        width_ratios=[max(1.0, 0.3 * len(components))] + [1.0] * len(datasets),
+    )
     for row, mode in zip(axes, modes):
         what = mode.replace("_", " ")
         bars, summary = row[0], component_summary(pooled, mode, components)
@@ -275,22 +303,33 @@ def plasticity_figure(pooled: pd.DataFrame, components: list[str], modes: list[s
             _log_y(ax)
             ax.tick_params(which="both", labelsize=7)
     handles, labels = axes[0][1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 5), fontsize=8,
-               frameon=False, title=title or "Plasticity per component and per layer (95% intervals)",
-               title_fontsize=9)
+    fig.legend(
+        handles,
+        labels,
+        loc="outside upper center",
+        ncols=min(len(labels), 5),
+        fontsize=8,
+        frameon=False,
+        title=title or "Plasticity per component and per layer (95% intervals)",
+        title_fontsize=9,
+    )
     return fig
 
 
-def plasticity_layers(pooled: pd.DataFrame, components: list[str], base: str | os.PathLike,
-                      modes: list[str] | None = None, title: str = "") -> list[Path]:
+def plasticity_layers(
+    pooled: pd.DataFrame,
+    components: list[str],
+    base: str | os.PathLike,
+    modes: list[str] | None = None,
+    title: str = "",
+) -> list[Path]:
     """``plasticity_figure`` as PNG and PDF: the one plasticity figure of raystudy, which the
     report and the probe CLI both draw. Nothing to draw: no files."""
     fig = plasticity_figure(pooled, components, modes, title)
     return [] if fig is None else save(fig, base)
 
 
-def cd_figure(avg_ranks: pd.Series, cd: float, cliques: list[list[str]], n_datasets: int,
-              title: str = ""):
+def cd_figure(avg_ranks: pd.Series, cd: float, cliques: list[list[str]], n_datasets: int, title: str = ""):
     """Critical-difference diagram (Demšar 2006): average ranks on an axis, rank 1 on the left.
 
     Conditions joined by a thick bar are not significantly different (Nemenyi, their average
@@ -301,8 +340,9 @@ def cd_figure(avg_ranks: pd.Series, cd: float, cliques: list[list[str]], n_datas
     from analysis import AnalysisError
 
     if n_datasets < 2:
-        raise AnalysisError(f"a critical-difference diagram needs average ranks over 2 or more "
-                            f"datasets; got {n_datasets}")
+        raise AnalysisError(
+            f"a critical-difference diagram needs average ranks over 2 or more datasets; got {n_datasets}"
+        )
     r = avg_ranks.sort_values()
     k = len(r)
     lo = 1
@@ -332,19 +372,31 @@ def cd_figure(avg_ranks: pd.Series, cd: float, cliques: list[list[str]], n_datas
         y = first - step * (row + 0.5)
         x_end = lo - 0.1 * span if left else hi + 0.1 * span
         ax.plot([rank, rank, x_end], [0, y, y], color="k", lw=0.8)
-        ax.text(x_end + (-0.02 if left else 0.02) * span, y, f"{name} ({rank:.2f})",
-                ha="right" if left else "left", va="center", fontsize=8)
+        ax.text(
+            x_end + (-0.02 if left else 0.02) * span,
+            y,
+            f"{name} ({rank:.2f})",
+            ha="right" if left else "left",
+            va="center",
+            fontsize=8,
+        )
     for j, group in enumerate(cliques):
         y = -0.15 - bar * j
-        ax.plot([r[group[0]] - 0.03 * span, r[group[-1]] + 0.03 * span], [y, y], color="k", lw=3,
-                solid_capstyle="butt")
+        ax.plot([r[group[0]] - 0.03 * span, r[group[-1]] + 0.03 * span], [y, y], color="k", lw=3, solid_capstyle="butt")
     if title:
         ax.set_title(title, fontsize=9)
     return fig
 
 
-def cd_diagram(avg_ranks: pd.Series, cd: float, cliques: list[list[str]],
-               base: str | os.PathLike, title: str = "", *, n_datasets: int) -> list[Path]:
+def cd_diagram(
+    avg_ranks: pd.Series,
+    cd: float,
+    cliques: list[list[str]],
+    base: str | os.PathLike,
+    title: str = "",
+    *,
+    n_datasets: int,
+) -> list[Path]:
     """``cd_figure`` as PNG and PDF."""
     return save(cd_figure(avg_ranks, cd, cliques, n_datasets, title), base)
 
@@ -370,8 +422,9 @@ def _best_first(values: pd.Series, names: list[str]) -> list[str]:
     return sorted(names, key=lambda c: -values[c] if c in values and pd.notna(values[c]) else np.inf)
 
 
-def intervals(agg: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
-              scale: float = 1.0, title: str = "") -> list[Path]:
+def intervals(
+    agg: pd.DataFrame, conditions: list[str], base: str | os.PathLike, scale: float = 1.0, title: str = ""
+) -> list[Path]:
     """``intervals_figure`` as PNG and PDF."""
     return save(intervals_figure(agg, conditions, scale, title), base)
 
@@ -386,8 +439,7 @@ def intervals_figure(agg: pd.DataFrame, conditions: list[str], scale: float = 1.
     col = palette(conditions)
     stats_ = [s for s in ("mean", "iqm") if s in set(agg["statistic"])]
     if stats_:
-        conditions = _best_first(agg[agg["statistic"] == stats_[0]].set_index("condition")["estimate"],
-                                 conditions)
+        conditions = _best_first(agg[agg["statistic"] == stats_[0]].set_index("condition")["estimate"], conditions)
     fig = _figure(3.2 * len(stats_) + 0.8, 0.32 * len(conditions) + 1.2)
     axes = fig.subplots(1, len(stats_), squeeze=False)[0]
     names = {"mean": "mean over datasets", "iqm": "interquartile mean of runs"}
@@ -395,8 +447,7 @@ def intervals_figure(agg: pd.DataFrame, conditions: list[str], scale: float = 1.
         sub = agg[agg["statistic"] == s].set_index("condition").reindex(conditions)
         y = np.arange(len(conditions))[::-1]
         for yi, c in zip(y, conditions):
-            ax.hlines(yi, sub.loc[c, "low"] * scale, sub.loc[c, "high"] * scale, color=col[c],
-                      lw=6, alpha=0.6)
+            ax.hlines(yi, sub.loc[c, "low"] * scale, sub.loc[c, "high"] * scale, color=col[c], lw=6, alpha=0.6)
             ax.plot(sub.loc[c, "estimate"] * scale, yi, "|", color="k", ms=12, mew=1.5)
         ax.set_yticks(y, conditions if ax is axes[0] else [""] * len(conditions), fontsize=8)
         ax.set_ylim(-0.7, len(conditions) - 0.3)
@@ -416,32 +467,36 @@ def improvement(pairs: pd.DataFrame, base: str | os.PathLike, title: str = "") -
     labels = [f"P({a} > {b})" for a, b in zip(pairs["a"], pairs["b"])]
     fig = _figure(5.0, 0.26 * len(labels) + 1.0)
     ax = fig.add_subplot()
-    _ci_rows(ax, labels, pairs["p_improve"], pairs["p_improve_low"], pairs["p_improve_high"],
-             "tab:blue", 0.5, "probability of improvement (a run of a beats a run of b)")
+    _ci_rows(
+        ax,
+        labels,
+        pairs["p_improve"],
+        pairs["p_improve_low"],
+        pairs["p_improve_high"],
+        "tab:blue",
+        0.5,
+        "probability of improvement (a run of a beats a run of b)",
+    )
     ax.set_xlim(-0.02, 1.02)
     ax.set_title(title or "Probability of improvement, 95% stratified-bootstrap intervals", fontsize=9)
     return save(fig, base)
 
 
-def rope_bars(rope: pd.DataFrame, base: str | os.PathLike, width: float,
-              title: str = "") -> list[Path]:
+def rope_bars(rope: pd.DataFrame, base: str | os.PathLike, width: float, title: str = "") -> list[Path]:
     """Stacked bars of P(a better), P(practically equivalent), P(b better) per pair.
 
     ``rope`` has a, b and, per test, ``{test}_p_a``, ``{test}_p_rope``, ``{test}_p_b`` for the
     tests ``signed_rank`` and ``hierarchical`` (whichever are present and not all NaN).
     """
-    tests = [t for t in ("signed_rank", "hierarchical")
-             if f"{t}_p_rope" in rope and rope[f"{t}_p_rope"].notna().any()]
+    tests = [t for t in ("signed_rank", "hierarchical") if f"{t}_p_rope" in rope and rope[f"{t}_p_rope"].notna().any()]
     if not tests:
         return []
-    names = {"signed_rank": "Bayesian signed-rank (dataset means)",
-             "hierarchical": "hierarchical (datasets × seeds)"}
+    names = {"signed_rank": "Bayesian signed-rank (dataset means)", "hierarchical": "hierarchical (datasets × seeds)"}
     labels = [f"{a} vs {b}" for a, b in zip(rope["a"], rope["b"])]
     y = np.arange(len(labels))[::-1]
     fig = _figure(3.6 * len(tests) + 1.4, 0.26 * len(labels) + 1.3)
     axes = fig.subplots(1, len(tests), squeeze=False)[0]
-    parts = (("p_a", "a better", "tab:blue"), ("p_rope", "equivalent", "0.75"),
-             ("p_b", "b better", "tab:orange"))
+    parts = (("p_a", "a better", "tab:blue"), ("p_rope", "equivalent", "0.75"), ("p_b", "b better", "tab:orange"))
     for ax, t in zip(axes, tests):
         left = np.zeros(len(labels))
         for key, lab, c in parts:
@@ -454,21 +509,31 @@ def rope_bars(rope: pd.DataFrame, base: str | os.PathLike, width: float,
         ax.tick_params(axis="x", labelsize=7)
         ax.set_xlabel("posterior probability", fontsize=8)
     handles, lab = axes[0].get_legend_handles_labels()
-    fig.legend(handles, lab, loc="outside upper center", ncols=3, fontsize=8, frameon=False,
-               title=title or f"Practical equivalence, ROPE ±{width:g} accuracy points",
-               title_fontsize=9)
+    fig.legend(
+        handles,
+        lab,
+        loc="outside upper center",
+        ncols=3,
+        fontsize=8,
+        frameon=False,
+        title=title or f"Practical equivalence, ROPE ±{width:g} accuracy points",
+        title_fontsize=9,
+    )
     return save(fig, base)
 
 
-def tuning_budget(budget: pd.DataFrame, conditions: list[str], base: str | os.PathLike,
-                  scale: float = 1.0) -> list[Path]:
+def tuning_budget(
+    budget: pd.DataFrame, conditions: list[str], base: str | os.PathLike, scale: float = 1.0
+) -> list[Path]:
     """Expected best validation accuracy and the test accuracy there against lrs tried
     (Dodge et al., 2019), one line per condition, averaged over datasets."""
     col = palette(conditions)
     fig = _figure(7.5, 3.0)
     axes = fig.subplots(1, 2)
-    for ax, key, lab in ((axes[0], "expected_val", "expected best validation accuracy"),
-                         (axes[1], "expected_test", "expected test accuracy at that lr")):
+    for ax, key, lab in (
+        (axes[0], "expected_val", "expected best validation accuracy"),
+        (axes[1], "expected_test", "expected test accuracy at that lr"),
+    ):
         for c in conditions:
             s = budget[budget["condition"] == c].sort_values("n_lrs")
             if s.empty:
@@ -479,18 +544,35 @@ def tuning_budget(budget: pd.DataFrame, conditions: list[str], base: str | os.Pa
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.tick_params(labelsize=7)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 7), fontsize=8,
-               frameon=False, title="Expected accuracy against tuning budget (Dodge et al., 2019)",
-               title_fontsize=9)
+    fig.legend(
+        handles,
+        labels,
+        loc="outside upper center",
+        ncols=min(len(labels), 7),
+        fontsize=8,
+        frameon=False,
+        title="Expected accuracy against tuning budget (Dodge et al., 2019)",
+        title_fontsize=9,
+    )
     return save(fig, base)
 
 
-__all__ = ["accuracy", "curves", "plasticity_layers", "cd_diagram", "intervals", "improvement",
-           "rope_bars", "tuning_budget", "save", "palette", "rank_order"]
+__all__ = [
+    "accuracy",
+    "curves",
+    "plasticity_layers",
+    "cd_diagram",
+    "intervals",
+    "improvement",
+    "rope_bars",
+    "tuning_budget",
+    "save",
+    "palette",
+    "rank_order",
+]
 
 
-def parameter_efficiency(eff: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0,
-                         title: str = "") -> list[Path]:
+def parameter_efficiency(eff: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0, title: str = "") -> list[Path]:
     """Accuracy against trainable parameter count (log x), one labelled point per condition.
 
     ``eff`` is ``analysis.stats.parameter_efficiency`` (index: condition; params, accuracy).
@@ -529,8 +611,7 @@ def gains(avg_gain: pd.Series, base: str | os.PathLike, reference: str, title: s
     return save(fig, base)
 
 
-def setting_means(ab: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0,
-                  title: str = "") -> list[Path]:
+def setting_means(ab: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0, title: str = "") -> list[Path]:
     """One row per condition, one marker per setting (e.g. SGD and AdamW): mean test accuracy.
 
     ``ab`` is ``analysis.stats.setting_means`` (index: condition; a ``datasets`` column).

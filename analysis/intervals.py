@@ -33,8 +33,9 @@ from scipy import stats as st
 from analysis import AnalysisError
 
 
-def score_array(selected: pd.DataFrame, conditions: Sequence[str], datasets: Sequence[str],
-                value: str = "test_acc") -> tuple[np.ndarray, list]:
+def score_array(
+    selected: pd.DataFrame, conditions: Sequence[str], datasets: Sequence[str], value: str = "test_acc"
+) -> tuple[np.ndarray, list]:
     """(K, D, S) scores of ``selected`` (the finished runs at each cell's chosen lr), seeds.
 
     Seeds are the sorted distinct seeds of ``selected``; slot s of every condition and dataset
@@ -56,8 +57,9 @@ def _compact(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(scores, axis=-1), (~np.isnan(scores)).sum(axis=-1)
 
 
-def resample(scores: np.ndarray, reps: int = 2000, seed: int = 0,
-             datasets: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def resample(
+    scores: np.ndarray, reps: int = 2000, seed: int = 0, datasets: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Bootstrap replicates of ``scores``: values (R, K, D, S) and their validity mask.
 
     Row (r, k, d) holds n seeds drawn with replacement among the finished seeds of condition k
@@ -73,7 +75,7 @@ def resample(scores: np.ndarray, reps: int = 2000, seed: int = 0,
         k, d = np.argwhere(n == 0)[0]
         raise AnalysisError(f"condition {k} has no finished seed on dataset {d}: nothing to resample")
     dsel = rng.integers(0, D, size=(reps, D)) if datasets else np.broadcast_to(np.arange(D), (reps, D))
-    count = n[:, dsel].transpose(1, 0, 2)                                # (R, K, D)
+    count = n[:, dsel].transpose(1, 0, 2)  # (R, K, D)
     pick = np.floor(rng.random((reps, K, D, S)) * count[..., None]).astype(int)
     kk = np.arange(K)[None, :, None, None]
     values = compact[kk, dsel[:, None, :, None], pick]
@@ -96,8 +98,7 @@ def iqm(values: np.ndarray) -> np.ndarray:
     m = (~np.isnan(flat)).sum(axis=-1)
     lo = (0.25 * m).astype(int)
     hi = m - lo
-    csum = np.concatenate([np.zeros(flat.shape[:-1] + (1,)), np.cumsum(np.nan_to_num(flat), axis=-1)],
-                          axis=-1)
+    csum = np.concatenate([np.zeros(flat.shape[:-1] + (1,)), np.cumsum(np.nan_to_num(flat), axis=-1)], axis=-1)
     take = lambda i: np.take_along_axis(csum, i[..., None], axis=-1)[..., 0]  # noqa: E731
     with np.errstate(invalid="ignore", divide="ignore"):
         return (take(hi) - take(lo)) / (hi - lo)
@@ -113,36 +114,48 @@ def improvement(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     wins = np.where(both, (a > b) + 0.5 * (a == b), 0.0).sum(axis=(-1, -2))
     pairs = both.sum(axis=(-1, -2))
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)   # no finished pair anywhere: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)  # no finished pair anywhere: NaN
         return np.nanmean(wins / pairs, axis=-1)
 
 
 def _interval(boot: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     q = 100 * (1 - level) / 2
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN columns give NaN bounds
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns give NaN bounds
         return np.nanpercentile(boot, q, axis=0), np.nanpercentile(boot, 100 - q, axis=0)
 
 
-def aggregate_intervals(scores: np.ndarray, conditions: Sequence[str], reps: int = 2000,
-                        seed: int = 0, datasets: bool = True, level: float = 0.95,
-                        boot: tuple[np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
+def aggregate_intervals(
+    scores: np.ndarray,
+    conditions: Sequence[str],
+    reps: int = 2000,
+    seed: int = 0,
+    datasets: bool = True,
+    level: float = 0.95,
+    boot: tuple[np.ndarray, np.ndarray] | None = None,
+) -> pd.DataFrame:
     """Per condition: mean and IQM with their bootstrap intervals. ``boot``: ``resample``'s
     output, to share replicates with ``pairwise_intervals``."""
     values, _ = boot if boot is not None else resample(scores, reps, seed, datasets)
     rows = []
-    for name, point, b in (("mean", mean_score(scores), mean_score(values)),
-                           ("iqm", iqm(scores), iqm(values))):
+    for name, point, b in (("mean", mean_score(scores), mean_score(values)), ("iqm", iqm(scores), iqm(values))):
         lo, hi = _interval(b, level)
-        rows.append(pd.DataFrame({"condition": list(conditions), "statistic": name, "estimate": point,
-                                  "low": lo, "high": hi}))
+        rows.append(
+            pd.DataFrame({"condition": list(conditions), "statistic": name, "estimate": point, "low": lo, "high": hi})
+        )
     return pd.concat(rows, ignore_index=True)
 
 
-def pairwise_intervals(scores: np.ndarray, conditions: Sequence[str], reps: int = 2000,
-                       seed: int = 0, datasets: bool = True, level: float = 0.95,
-                       boot: tuple[np.ndarray, np.ndarray] | None = None,
-                       pairs: Sequence[tuple[str, str]] | None = None) -> pd.DataFrame:
+def pairwise_intervals(
+    scores: np.ndarray,
+    conditions: Sequence[str],
+    reps: int = 2000,
+    seed: int = 0,
+    datasets: bool = True,
+    level: float = 0.95,
+    boot: tuple[np.ndarray, np.ndarray] | None = None,
+    pairs: Sequence[tuple[str, str]] | None = None,
+) -> pd.DataFrame:
     """For every pair (a, b) (default: all, in ``conditions`` order): the differences a − b of
     the mean and of the IQM, P(a > b) and Cliff's delta over seeds, each with its bootstrap
     interval."""
@@ -158,10 +171,12 @@ def pairwise_intervals(scores: np.ndarray, conditions: Sequence[str], reps: int 
         row = {"a": a, "b": b}
         poi_pt = float(improvement(scores[i], scores[j]))
         poi_bt = improvement(values[:, i], values[:, j])
-        for name, point, b in (("mean_diff", m_pt[i] - m_pt[j], m_bt[:, i] - m_bt[:, j]),
-                               ("iqm_diff", q_pt[i] - q_pt[j], q_bt[:, i] - q_bt[:, j]),
-                               ("p_improve", poi_pt, poi_bt),
-                               ("cliffs_delta", 2 * poi_pt - 1, 2 * poi_bt - 1)):
+        for name, point, b in (
+            ("mean_diff", m_pt[i] - m_pt[j], m_bt[:, i] - m_bt[:, j]),
+            ("iqm_diff", q_pt[i] - q_pt[j], q_bt[:, i] - q_bt[:, j]),
+            ("p_improve", poi_pt, poi_bt),
+            ("cliffs_delta", 2 * poi_pt - 1, 2 * poi_bt - 1),
+        ):
             lo, hi = _interval(b, level)
             row.update({name: float(point), f"{name}_low": float(lo), f"{name}_high": float(hi)})
         rows.append(row)
@@ -176,14 +191,20 @@ def rank_correlation_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.full(x.shape[:-1], np.nan)
     rx, ry = st.rankdata(x, axis=-1), st.rankdata(y, axis=-1)
     rx, ry = rx - rx.mean(axis=-1, keepdims=True), ry - ry.mean(axis=-1, keepdims=True)
-    den = np.sqrt((rx ** 2).sum(axis=-1) * (ry ** 2).sum(axis=-1))
+    den = np.sqrt((rx**2).sum(axis=-1) * (ry**2).sum(axis=-1))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, (rx * ry).sum(axis=-1) / den, np.nan)
 
 
-def correlation_intervals(measure: pd.DataFrame, scores: np.ndarray, conditions: Sequence[str],
-                          datasets: Sequence[str], reps: int = 2000, seed: int = 0,
-                          level: float = 0.95) -> pd.DataFrame:
+def correlation_intervals(
+    measure: pd.DataFrame,
+    scores: np.ndarray,
+    conditions: Sequence[str],
+    datasets: Sequence[str],
+    reps: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> pd.DataFrame:
     """Spearman rho between a per-component measure and accuracy, with bootstrap intervals.
 
     ``measure`` is a datasets × components table (plasticity, gradient norm) taken as fixed;
@@ -195,13 +216,15 @@ def correlation_intervals(measure: pd.DataFrame, scores: np.ndarray, conditions:
     comps = [c for c in measure.columns if c in conditions]
     ds = [d for d in datasets if d in measure.index]
     if len(comps) < 3 or not ds:
-        raise AnalysisError("need at least three components measured and trained alone on a "
-                            f"common dataset (have {', '.join(map(str, comps)) or 'none'})")
+        raise AnalysisError(
+            "need at least three components measured and trained alone on a "
+            f"common dataset (have {', '.join(map(str, comps)) or 'none'})"
+        )
     ki = [list(conditions).index(c) for c in comps]
     di = [list(datasets).index(d) for d in ds]
-    sub = scores[np.ix_(ki, di)]                                          # (C, D', S)
-    m = measure.loc[ds, comps].to_numpy(float).T                          # (C, D')
-    point = rank_correlation_rows(m.T, np.nanmean(sub, axis=-1).T)        # (D',)
+    sub = scores[np.ix_(ki, di)]  # (C, D', S)
+    m = measure.loc[ds, comps].to_numpy(float).T  # (C, D')
+    point = rank_correlation_rows(m.T, np.nanmean(sub, axis=-1).T)  # (D',)
     rows = []
     fixed, _ = resample(sub, reps, seed, datasets=False)
     rho = rank_correlation_rows(m.T[None], np.nanmean(fixed, axis=-1).transpose(0, 2, 1))  # (R, D')
@@ -212,11 +235,11 @@ def correlation_intervals(measure: pd.DataFrame, scores: np.ndarray, conditions:
     dsel = rng.integers(0, len(ds), size=(reps, len(ds)))
     both, _ = resample(sub, reps, seed + 2, datasets=False)
     # the dataset draw applies to the measure and the accuracy alike: gather both
-    acc = np.nanmean(both, axis=-1).transpose(0, 2, 1)                    # (R, D', C)
+    acc = np.nanmean(both, axis=-1).transpose(0, 2, 1)  # (R, D', C)
     acc = np.take_along_axis(acc, dsel[..., None], axis=1)
-    meas = m.T[dsel]                                                      # (R, D', C)
+    meas = m.T[dsel]  # (R, D', C)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)   # no spread on any drawn dataset: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)  # no spread on any drawn dataset: NaN
         mean_rho = np.nanmean(rank_correlation_rows(meas, acc), axis=-1)
         mean_point = float(np.nanmean(point))
     lo, hi = _interval(mean_rho, level)
@@ -224,5 +247,14 @@ def correlation_intervals(measure: pd.DataFrame, scores: np.ndarray, conditions:
     return pd.DataFrame(rows, columns=["dataset", "rho", "low", "high"])
 
 
-__all__ = ["score_array", "resample", "mean_score", "iqm", "improvement", "aggregate_intervals",
-           "pairwise_intervals", "rank_correlation_rows", "correlation_intervals"]
+__all__ = [
+    "score_array",
+    "resample",
+    "mean_score",
+    "iqm",
+    "improvement",
+    "aggregate_intervals",
+    "pairwise_intervals",
+    "rank_correlation_rows",
+    "correlation_intervals",
+]

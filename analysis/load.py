@@ -47,16 +47,46 @@ from analysis import AnalysisError, stats
 from raystudy import tracking
 from raystudy.errors import check_input_file
 
-RUN_COLUMNS = ["run_id", "model", "optimizer", "low_data", "dataset", "condition", "lr", "seed",
-               "val_acc", "test_acc", "status"]
-EXTRA_COLUMNS = ["parent_run_id", "key", "error", "probe_pairs", "start_time", "trainable_params", "accuracy",
-                 "linear_probe_data"]
-SETTING = ["model", "optimizer", "low_data"]          # runs that share these are one study
+RUN_COLUMNS = [
+    "run_id",
+    "model",
+    "optimizer",
+    "low_data",
+    "dataset",
+    "condition",
+    "lr",
+    "seed",
+    "val_acc",
+    "test_acc",
+    "status",
+]
+EXTRA_COLUMNS = [
+    "parent_run_id",
+    "key",
+    "error",
+    "probe_pairs",
+    "start_time",
+    "trainable_params",
+    "accuracy",
+    "linear_probe_data",
+]
+SETTING = ["model", "optimizer", "low_data"]  # runs that share these are one study
 REQUIRED_RUN_CSV = ["dataset", "condition", "lr", "seed", "test_acc"]
 REQUIRED_SUMMARY_CSV = ["dataset", "condition", "mean"]
-PLASTICITY_COLUMNS = ["model", "dataset", "mode", "layer", "component", "mean", "std", "n",
-                      "ci_low", "ci_high", "bound"]
-INTERVAL = ["ci_low", "ci_high"]     # computed from n, mean and std where a table lacks them
+PLASTICITY_COLUMNS = [
+    "model",
+    "dataset",
+    "mode",
+    "layer",
+    "component",
+    "mean",
+    "std",
+    "n",
+    "ci_low",
+    "ci_high",
+    "bound",
+]
+INTERVAL = ["ci_low", "ci_high"]  # computed from n, mean and std where a table lacks them
 
 
 # ---------------------------------------------------------------- one run → one row
@@ -85,6 +115,7 @@ def dedupe(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 
 # ---------------------------------------------------------------- MLflow
 
+
 def client(tracking_uri: str | None = None):
     """An MLflow client of ``tracking_uri`` (``raystudy.tracking.client``)."""
     return tracking.client(tracking_uri)
@@ -104,8 +135,10 @@ def experiment_id(experiment: str, tracking_uri: str | None = None) -> str:
     if exp is None:
         known = [e.name for e in c.search_experiments()]
         where = tracking_uri or "the default tracking URI"
-        raise AnalysisError(f"unknown MLflow experiment {experiment!r} at {where}; experiments "
-                            f"there: {', '.join(known) if known else 'none'}")
+        raise AnalysisError(
+            f"unknown MLflow experiment {experiment!r} at {where}; experiments "
+            f"there: {', '.join(known) if known else 'none'}"
+        )
     return exp.experiment_id
 
 
@@ -120,13 +153,19 @@ def from_mlflow(experiment: str, tracking_uri: str | None = None) -> pd.DataFram
     exp_id = experiment_id(experiment, tracking_uri)
     found = tracking.find_runs(c, exp_id, raystudy__role="trial")
     if not found:
-        raise AnalysisError(f"experiment {experiment!r} has no trial runs (runs tagged "
-                            "raystudy.role=trial); has the grid started?")
+        raise AnalysisError(
+            f"experiment {experiment!r} has no trial runs (runs tagged raystudy.role=trial); has the grid started?"
+        )
     runs, replaced = dedupe(pd.DataFrame(tracking.rows(found), columns=RUN_COLUMNS + EXTRA_COLUMNS))
     runs = runs.sort_values(["dataset", "condition", "lr", "seed"], ignore_index=True)
     check_runs(runs, f"experiment {experiment!r}")
-    runs.attrs.update(source=f"MLflow experiment {experiment!r}", experiment=experiment,
-                      experiment_id=exp_id, tracking_uri=tracking_uri, replaced=replaced)
+    runs.attrs.update(
+        source=f"MLflow experiment {experiment!r}",
+        experiment=experiment,
+        experiment_id=exp_id,
+        tracking_uri=tracking_uri,
+        replaced=replaced,
+    )
     return runs
 
 
@@ -141,8 +180,9 @@ def check_runs(runs: pd.DataFrame, source: str) -> None:
 def grid_runs(experiment: str, tracking_uri: str | None = None) -> list[str]:
     """Ids of the experiment's grid parent runs (tag ``raystudy.role=grid``)."""
     c = client(tracking_uri)
-    return [r.info.run_id for r in tracking.find_runs(c, experiment_id(experiment, tracking_uri),
-                                                      raystudy__role="grid")]
+    return [
+        r.info.run_id for r in tracking.find_runs(c, experiment_id(experiment, tracking_uri), raystudy__role="grid")
+    ]
 
 
 def run_params(run_id: str, tracking_uri: str | None = None) -> dict[str, str]:
@@ -175,8 +215,7 @@ def _no_progress_bars():
             os.environ[key] = before
 
 
-def step_metrics(runs: pd.DataFrame, keys: Iterable[str],
-                 tracking_uri: str | None = None) -> pd.DataFrame:
+def step_metrics(runs: pd.DataFrame, keys: Iterable[str], tracking_uri: str | None = None) -> pd.DataFrame:
     """Metric histories of ``runs`` as a tidy table (run_id, key, step, value).
 
     A key may name the run's condition, ``grad_norm/{condition}``: the gradient norm of the
@@ -192,15 +231,14 @@ def step_metrics(runs: pd.DataFrame, keys: Iterable[str],
     return pd.DataFrame(rows, columns=["run_id", "key", "step", "value"])
 
 
-def plasticity(runs: pd.DataFrame, which: str = "before",
-               tracking_uri: str | None = None) -> pd.DataFrame:
+def plasticity(runs: pd.DataFrame, which: str = "before", tracking_uri: str | None = None) -> pd.DataFrame:
     """The ``plasticity_{which}.csv`` artifacts of ``runs``, stacked, with run_id, condition, seed,
     and the 95% t interval of each mean (``stats.t_interval``) where an artifact lacks it.
 
     Runs that did not probe (``probe_pairs=0``) have no such artifact and are not asked.
     """
     if "probe_pairs" in runs:
-        runs = runs[runs["probe_pairs"] != 0]      # -1: unknown, asked
+        runs = runs[runs["probe_pairs"] != 0]  # -1: unknown, asked
     frames = []
     for run in runs.itertuples():
         text = read_artifact(run.run_id, f"plasticity_{which}.csv", tracking_uri)
@@ -214,6 +252,7 @@ def plasticity(runs: pd.DataFrame, which: str = "before",
 
 
 # ---------------------------------------------------------------- CSV
+
 
 def _read_table(p: Path, what: str) -> pd.DataFrame:
     """A CSV file as a table, or AnalysisError in one line (missing, binary, empty, malformed)."""
@@ -244,26 +283,29 @@ def read_csv(path: str | os.PathLike) -> tuple[str, pd.DataFrame]:
 def _require(df: pd.DataFrame, required: list[str], source: str, kind: str) -> None:
     missing = [c for c in required if c not in df.columns]
     if missing:
-        raise AnalysisError(f"{source}: missing column(s) {', '.join(missing)} for {kind} "
-                            f"(has: {', '.join(df.columns)}; needs at least {', '.join(required)})")
+        raise AnalysisError(
+            f"{source}: missing column(s) {', '.join(missing)} for {kind} "
+            f"(has: {', '.join(df.columns)}; needs at least {', '.join(required)})"
+        )
 
 
 def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
     """Normalise a per-run results table (see the module docstring) to the runs table."""
-    _require(df, REQUIRED_RUN_CSV, source, "per-run results (or dataset, condition, mean for a "
-             "per-dataset summary)")
-    out = pd.DataFrame({
-        "run_id": df["run_id"].astype(str) if "run_id" in df else [f"row{i}" for i in range(len(df))],
-        "model": df["model"].astype(str) if "model" in df else "unknown",
-        "optimizer": df["optimizer"].astype(str) if "optimizer" in df else "unknown",
-        "low_data": (df["low_data"].astype(str).str.lower() == "true") if "low_data" in df else False,
-        "dataset": df["dataset"].astype(str),
-        "condition": df["condition"].astype(str),
-        "lr": pd.to_numeric(df["lr"], errors="coerce").astype(float),
-        "seed": pd.to_numeric(df["seed"], errors="coerce").fillna(-1).astype(int),
-        "val_acc": pd.to_numeric(df["val_acc"], errors="coerce") if "val_acc" in df else np.nan,
-        "test_acc": pd.to_numeric(df["test_acc"], errors="coerce").astype(float),
-    })
+    _require(df, REQUIRED_RUN_CSV, source, "per-run results (or dataset, condition, mean for a per-dataset summary)")
+    out = pd.DataFrame(
+        {
+            "run_id": df["run_id"].astype(str) if "run_id" in df else [f"row{i}" for i in range(len(df))],
+            "model": df["model"].astype(str) if "model" in df else "unknown",
+            "optimizer": df["optimizer"].astype(str) if "optimizer" in df else "unknown",
+            "low_data": (df["low_data"].astype(str).str.lower() == "true") if "low_data" in df else False,
+            "dataset": df["dataset"].astype(str),
+            "condition": df["condition"].astype(str),
+            "lr": pd.to_numeric(df["lr"], errors="coerce").astype(float),
+            "seed": pd.to_numeric(df["seed"], errors="coerce").fillna(-1).astype(int),
+            "val_acc": pd.to_numeric(df["val_acc"], errors="coerce") if "val_acc" in df else np.nan,
+            "test_acc": pd.to_numeric(df["test_acc"], errors="coerce").astype(float),
+        }
+    )
     if "status" in df:
         out["status"] = df["status"].fillna("failed").astype(str).str.strip().str.lower()
     else:
@@ -273,9 +315,11 @@ def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
     out["test_acc"] = out["test_acc"].where(done)
     bad = out[done & out["lr"].isna()]
     if len(bad):
-        raise AnalysisError(f"{source}: {len(bad)} finished row(s) have no numeric lr "
-                            f"(first: dataset {bad['dataset'].iloc[0]!r}, condition "
-                            f"{bad['condition'].iloc[0]!r})")
+        raise AnalysisError(
+            f"{source}: {len(bad)} finished row(s) have no numeric lr "
+            f"(first: dataset {bad['dataset'].iloc[0]!r}, condition "
+            f"{bad['condition'].iloc[0]!r})"
+        )
     for col in ("parent_run_id", "key", "error"):
         out[col] = df[col].fillna("").astype(str) if col in df else ""
     for col, default in (("accuracy", "per_image"), ("linear_probe_data", "clean")):
@@ -287,8 +331,9 @@ def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
     out.loc[empty, "status"] = "failed"
     out.loc[empty, "error"] = NO_TEST_ACC
     out["probe_pairs"], out["start_time"] = -1, 0
-    out["trainable_params"] = (pd.to_numeric(df["trainable_params"], errors="coerce").astype(float)
-                               if "trainable_params" in df else np.nan)
+    out["trainable_params"] = (
+        pd.to_numeric(df["trainable_params"], errors="coerce").astype(float) if "trainable_params" in df else np.nan
+    )
     check_runs(out, source)
     out.attrs.update(source=source)
     return out
@@ -297,19 +342,27 @@ def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
 def summary_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
     """Normalise a per-dataset summary (dataset, condition, mean[, std]) to a best-lr table."""
     _require(df, REQUIRED_SUMMARY_CSV, source, "a per-dataset summary")
-    out = pd.DataFrame({
-        "dataset": df["dataset"].astype(str),
-        "condition": df["condition"].astype(str),
-        "lr": np.nan,
-        "test_mean": pd.to_numeric(df["mean"], errors="coerce").astype(float),
-        "test_std": pd.to_numeric(df["std"], errors="coerce").astype(float) if "std" in df else np.nan,
-        "val_mean": np.nan, "val_std": np.nan, "n": 0, "n_diverged": 0, "n_failed": 0,
-    })
+    out = pd.DataFrame(
+        {
+            "dataset": df["dataset"].astype(str),
+            "condition": df["condition"].astype(str),
+            "lr": np.nan,
+            "test_mean": pd.to_numeric(df["mean"], errors="coerce").astype(float),
+            "test_std": pd.to_numeric(df["std"], errors="coerce").astype(float) if "std" in df else np.nan,
+            "val_mean": np.nan,
+            "val_std": np.nan,
+            "n": 0,
+            "n_diverged": 0,
+            "n_failed": 0,
+        }
+    )
     dup = out.duplicated(["dataset", "condition"])
     if dup.any():
         d = out[dup].iloc[0]
-        raise AnalysisError(f"{source}: dataset {d['dataset']!r}, condition {d['condition']!r} "
-                            "appears more than once; a summary has one row per cell")
+        raise AnalysisError(
+            f"{source}: dataset {d['dataset']!r}, condition {d['condition']!r} "
+            "appears more than once; a summary has one row per cell"
+        )
     if out["test_mean"].isna().all():
         raise AnalysisError(f"{source}: column mean has no numbers")
     out.attrs.update(source=source)
@@ -351,8 +404,9 @@ def wide_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
         for c in conditions:
             m, s = _cell(r[c])
             if math.isnan(m) and not pd.isna(r[c]):
-                raise AnalysisError(f"{source}: dataset {d!r}, condition {c!r}: {r[c]!r} is not a "
-                                    "number (nor mean ± std)")
+                raise AnalysisError(
+                    f"{source}: dataset {d!r}, condition {c!r}: {r[c]!r} is not a number (nor mean ± std)"
+                )
             rows.append({"dataset": d, "condition": c, "mean": m, "std": s})
     out = summary_frame(pd.DataFrame(rows, columns=["dataset", "condition", "mean", "std"]), source)
     out.attrs["dropped_rows"] = int(summary_rows.sum())
@@ -378,6 +432,22 @@ def settings(runs: pd.DataFrame) -> list[tuple]:
     return sorted(set(map(tuple, runs[SETTING].astype(str).to_numpy().tolist())))
 
 
-__all__ = ["RUN_COLUMNS", "from_mlflow", "read_csv", "runs_frame", "summary_frame", "run_row",
-           "dedupe", "step_metrics", "plasticity", "read_plasticity", "grid_runs", "read_artifact", "settings",
-           "check_runs", "experiment_id", "is_wide", "wide_frame"]
+__all__ = [
+    "RUN_COLUMNS",
+    "from_mlflow",
+    "read_csv",
+    "runs_frame",
+    "summary_frame",
+    "run_row",
+    "dedupe",
+    "step_metrics",
+    "plasticity",
+    "read_plasticity",
+    "grid_runs",
+    "read_artifact",
+    "settings",
+    "check_runs",
+    "experiment_id",
+    "is_wide",
+    "wide_frame",
+]

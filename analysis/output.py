@@ -8,9 +8,9 @@ anywhere in its sections leaves no folder behind.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
@@ -30,8 +30,7 @@ class Table:
 
     def write(self, out: Path) -> list[Path]:
         """Write the three files into ``out``; returns their paths."""
-        return tables.write_table(out, self.name, self.shown, self.data, index=self.index,
-                                  caption=self.caption)
+        return tables.write_table(out, self.name, self.shown, self.data, index=self.index, caption=self.caption)
 
 
 @dataclass(frozen=True)
@@ -76,8 +75,9 @@ def text(sections: list[Section]) -> str:
     return "\n".join(s.markdown for s in sections if s.markdown)
 
 
-def write(out_dir: str | os.PathLike, sections: list[Section], draw: bool = True,
-          markdown: str | None = None) -> list[Path]:
+def write(
+    out_dir: str | os.PathLike, sections: list[Section], draw: bool = True, markdown: str | None = None
+) -> list[Path]:
     """Write every table and (``draw`` on) figure of ``sections`` into ``out_dir``, then its
     report.md (``markdown``, default: the sections' text). Returns the files in order."""
     out = Path(out_dir)

@@ -35,6 +35,7 @@ ALPHA = 0.05
 
 # ---------------------------------------------------------------- the recorded grid
 
+
 def recorded(experiment: str, tracking_uri: str | None = None) -> dict[str, Any]:
     """A finished grid from MLflow: ``runs`` (the runs table, one row per trial key, with
     ``steps_done`` and ``wall_s``), ``trials`` and ``seen`` (the policy's view of it)."""
@@ -61,6 +62,7 @@ def recorded(experiment: str, tracking_uri: str | None = None) -> dict[str, Any]
 
 # ---------------------------------------------------------------- replay
 
+
 def apply(runs: pd.DataFrame, decisions: dict[str, adaptive.Stop]) -> pd.DataFrame:
     """The runs table as the policy leaves it: a stopped trial is ``stopped`` with no accuracy
     (unless it ended, diverged or failed, before the step it would be stopped at), and
@@ -84,10 +86,10 @@ def apply(runs: pd.DataFrame, decisions: dict[str, adaptive.Stop]) -> pd.DataFra
     per_step = wall / done.where(done > 0)
     # a trial without steps (the linear probe) costs its seconds if it runs at all
     out["spent_steps"] = spent
-    out["spent_s"] = np.where(done > 0, spent * per_step.fillna(0.0),
-                              np.where(out["status"] == "stopped", 0.0, wall))
-    out["stop_rule"] = [decisions[k].rule if k in decisions and s == "stopped" else ""
-                        for k, s in zip(out["key"], out["status"])]
+    out["spent_s"] = np.where(done > 0, spent * per_step.fillna(0.0), np.where(out["status"] == "stopped", 0.0, wall))
+    out["stop_rule"] = [
+        decisions[k].rule if k in decisions and s == "stopped" else "" for k, s in zip(out["key"], out["status"])
+    ]
     return out
 
 
@@ -111,8 +113,13 @@ def conclusions(runs: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA
         for r in stats.pairwise_wilcoxon(complete, alpha).itertuples():
             calls[f"holm {r.a} vs {r.b}"] = bool(r.significant)
     val = {(r.dataset, r.condition, r.lr): r.val_mean for r in means.itertuples()}
-    return {"chosen_lr": chosen, "val_mean": val, "mean": table.mean(axis=0).sort_values(ascending=False),
-            "calls": calls, "missing": [c for c in table.columns if c not in complete.columns]}
+    return {
+        "chosen_lr": chosen,
+        "val_mean": val,
+        "mean": table.mean(axis=0).sort_values(ascending=False),
+        "calls": calls,
+        "missing": [c for c in table.columns if c not in complete.columns],
+    }
 
 
 def compare(full: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
@@ -120,19 +127,36 @@ def compare(full: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     cells = sorted(full["chosen_lr"])
     same = [c for c in cells if _same_lr(full["chosen_lr"][c], other["chosen_lr"].get(c))]
     conds = [c for c in full["mean"].index if c in other["mean"].index and not math.isnan(other["mean"][c])]
-    tau = (float(st.kendalltau(full["mean"][conds], other["mean"][conds]).statistic)
-           if len(conds) >= 2 else math.nan)
+    tau = float(st.kendalltau(full["mean"][conds], other["mean"][conds]).statistic) if len(conds) >= 2 else math.nan
     top = (full["mean"].index[0], other["mean"].dropna().index[0] if other["mean"].notna().any() else None)
     flips = [name for name, v in full["calls"].items() if other["calls"].get(name) != v]
     # what a changed lr costs, on the full grid's own validation means (accuracy points x 100)
-    regret = [full["val_mean"][(d, c, full["chosen_lr"][(d, c)])] - full["val_mean"].get((d, c, other["chosen_lr"].get((d, c))), math.nan)
-              for d, c in cells if (d, c) not in same] if "val_mean" in full else []
-    return {"cells": len(cells), "same_lr": len(same),
-            "lr_changed": [f"{d}/{c}: {full['chosen_lr'][(d, c)]:g} -> {other['chosen_lr'].get((d, c), math.nan):g}"
-                           for d, c in cells if (d, c) not in same],
-            "lr_regret_max": 100 * max(regret, default=0.0),
-            "kendall_tau": tau, "top1": top[0], "top1_replay": top[1], "same_top1": top[0] == top[1],
-            "calls": len(full["calls"]), "flips": flips}
+    regret = (
+        [
+            full["val_mean"][(d, c, full["chosen_lr"][(d, c)])]
+            - full["val_mean"].get((d, c, other["chosen_lr"].get((d, c))), math.nan)
+            for d, c in cells
+            if (d, c) not in same
+        ]
+        if "val_mean" in full
+        else []
+    )
+    return {
+        "cells": len(cells),
+        "same_lr": len(same),
+        "lr_changed": [
+            f"{d}/{c}: {full['chosen_lr'][(d, c)]:g} -> {other['chosen_lr'].get((d, c), math.nan):g}"
+            for d, c in cells
+            if (d, c) not in same
+        ],
+        "lr_regret_max": 100 * max(regret, default=0.0),
+        "kendall_tau": tau,
+        "top1": top[0],
+        "top1_replay": top[1],
+        "same_top1": top[0] == top[1],
+        "calls": len(full["calls"]),
+        "flips": flips,
+    }
 
 
 def _same_lr(a: float, b: float | None) -> bool:
@@ -151,11 +175,19 @@ def replay(grid: dict[str, Any], policy: adaptive.Policy, reference: str = "MHA"
         agreement = {"error": str(e)}
     steps, full_steps = float(runs["spent_steps"].sum()), float(full["spent_steps"].sum())
     secs, full_secs = float(runs["spent_s"].sum()), float(full["spent_s"].sum())
-    return {"policy": policy.name, "decisions": decisions, "runs": runs,
-            "stopped": int((runs["status"] == "stopped").sum()), "trials": len(runs),
-            "steps": steps, "full_steps": full_steps,
-            "step_fraction": steps / full_steps if full_steps else math.nan,
-            "hours": secs / 3600, "full_hours": full_secs / 3600, **agreement}
+    return {
+        "policy": policy.name,
+        "decisions": decisions,
+        "runs": runs,
+        "stopped": int((runs["status"] == "stopped").sum()),
+        "trials": len(runs),
+        "steps": steps,
+        "full_steps": full_steps,
+        "step_fraction": steps / full_steps if full_steps else math.nan,
+        "hours": secs / 3600,
+        "full_hours": full_secs / 3600,
+        **agreement,
+    }
 
 
 def summary_line(r: dict[str, Any]) -> str:
@@ -163,12 +195,15 @@ def summary_line(r: dict[str, Any]) -> str:
     full grid, and how its conclusions compare (lr choice, ranking, significance calls)."""
     if "error" in r:
         return f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; no conclusions: {r['error']}"
-    return (f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; steps "
-            f"{r['steps']:,.0f} of {r['full_steps']:,.0f} ({100 * r['step_fraction']:.1f}%); "
-            f"device-hours {r['hours']:.3f} of {r['full_hours']:.3f}; same lr in {r['same_lr']} of "
-            f"{r['cells']} cells (worst change costs {r['lr_regret_max']:.2f} val-acc points); Kendall tau {r['kendall_tau']:.3f}; top-1 {r['top1']} -> "
-            f"{r['top1_replay']}; {len(r['flips'])} of {r['calls']} significance calls flip"
-            + (f" ({', '.join(r['flips'])})" if r["flips"] else ""))
+    return (
+        f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; steps "
+        f"{r['steps']:,.0f} of {r['full_steps']:,.0f} ({100 * r['step_fraction']:.1f}%); "
+        f"device-hours {r['hours']:.3f} of {r['full_hours']:.3f}; same lr in {r['same_lr']} of "
+        f"{r['cells']} cells (worst change costs {r['lr_regret_max']:.2f} val-acc points); "
+        f"Kendall tau {r['kendall_tau']:.3f}; top-1 {r['top1']} -> "
+        f"{r['top1_replay']}; {len(r['flips'])} of {r['calls']} significance calls flip"
+        + (f" ({', '.join(r['flips'])})" if r["flips"] else "")
+    )
 
 
 def write(out: Path, results: list[dict[str, Any]]) -> list[Path]:
@@ -177,8 +212,19 @@ def write(out: Path, results: list[dict[str, Any]]) -> list[Path]:
     files = []
     for r in results:
         path = out / f"decisions_{r['policy']}.csv"
-        cols = ["key", "dataset", "condition", "optimizer", "lr", "seed", "status", "stop_rule",
-                "spent_steps", "steps_done", "spent_s"]
+        cols = [
+            "key",
+            "dataset",
+            "condition",
+            "optimizer",
+            "lr",
+            "seed",
+            "status",
+            "stop_rule",
+            "spent_steps",
+            "steps_done",
+            "spent_s",
+        ]
         r["runs"][cols].to_csv(path, index=False)
         files.append(path)
     doc = [{k: v for k, v in r.items() if k not in ("decisions", "runs")} for r in results]
@@ -195,10 +241,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = cli.Parser("python -m analysis.replay", __doc__)
     ap.add_argument("--experiment", required=True, help="MLflow experiment of a finished grid")
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
-                                           "else sqlite:///./mlflow.db, as the grid)")
-    ap.add_argument("--policy", required=True,
-                    help=f"allocation policy: {', '.join(adaptive.POLICIES)}, or all")
+    ap.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db, as the grid)",
+    )
+    ap.add_argument("--policy", required=True, help=f"allocation policy: {', '.join(adaptive.POLICIES)}, or all")
     ap.add_argument("--reference", default="MHA", help="condition tested against the others (MHA)")
     ap.add_argument("--out", help="folder for replay.json and the decisions of each policy")
     args = ap.parse_args(argv)

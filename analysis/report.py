@@ -83,6 +83,7 @@ def selected_runs(runs: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- the analysis of one study
 
+
 def analyse(out_dir: str | Path, *, draw_figures: bool = True, **study_args) -> Report:
     """Write the tables, tests and figures of one study (one model, optimizer) into ``out_dir``.
 
@@ -104,6 +105,7 @@ def analyse(out_dir: str | Path, *, draw_figures: bool = True, **study_args) -> 
 
 # ---------------------------------------------------------------- sources
 
+
 def _setting_name(setting: tuple) -> str:
     model, optimizer, low = setting
     return f"{model}_{optimizer}" + ("_low_data" if low == "True" else "")
@@ -115,8 +117,7 @@ def _title(setting: tuple) -> str:
     return "raystudy analysis" + (f": {', '.join(named)}" if named else "")
 
 
-def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, draw_figures: bool = True,
-                 **kw) -> Report:
+def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, draw_figures: bool = True, **kw) -> Report:
     """``analyse`` once per study setting (model, optimizer, low data) found in ``runs``.
 
     A single setting writes into ``out_dir``; several write one subfolder each, and into
@@ -131,10 +132,22 @@ def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, draw_f
         sub.attrs = dict(runs.attrs)
         bands, plast = extras(sub) if extras else (None, None)
         target = Path(out_dir) if len(found) == 1 else Path(out_dir) / _setting_name(s)
-        planned.append((target, sections.of(study.build(runs=sub, bands=bands, plasticity=plast,
-                                                        title=_title(s), **kw))))
-    across = [across_settings(runs, select_on=kw.get("select_on", "val"), conditions=kw.get("conditions"),
-                              datasets=kw.get("datasets"), ddof=kw.get("ddof", 0))] if len(found) > 1 else []
+        planned.append(
+            (target, sections.of(study.build(runs=sub, bands=bands, plasticity=plast, title=_title(s), **kw)))
+        )
+    across = (
+        [
+            across_settings(
+                runs,
+                select_on=kw.get("select_on", "val"),
+                conditions=kw.get("conditions"),
+                datasets=kw.get("datasets"),
+                ddof=kw.get("ddof", 0),
+            )
+        ]
+        if len(found) > 1
+        else []
+    )
     texts = [output.text(parts) for parts in [across] + [p for _, p in planned] if parts]
     files = [f for target, parts in planned for f in output.write(target, parts, draw_figures)]
     if across:
@@ -146,8 +159,14 @@ def _optimizer_order(names) -> list[str]:
     return sorted(names, key=lambda o: (o.lower() != "sgd", o.lower()))
 
 
-def across_settings(runs: pd.DataFrame, *, select_on: str = "val", conditions: list[str] | None = None,
-                    datasets: list[str] | None = None, ddof: int = 0) -> output.Section:
+def across_settings(
+    runs: pd.DataFrame,
+    *,
+    select_on: str = "val",
+    conditions: list[str] | None = None,
+    datasets: list[str] | None = None,
+    ddof: int = 0,
+) -> output.Section:
     """The tables across study settings: per model (and low-data flag) the optimizer ablation
     (mean over datasets at the chosen lr, one column per optimizer) where it has runs of two or
     more optimizers; with several models, every setting's means side by side (``settings``).
@@ -161,8 +180,12 @@ def across_settings(runs: pd.DataFrame, *, select_on: str = "val", conditions: l
     scale = stats.display_scale(runs["test_acc"])
     unit = " (%)" if scale == 100 else ""
     chosen = {"val": "validation", "test": "test"}[select_on]
-    parts = [(f"Mean test accuracy{unit} over datasets at the lr chosen on {chosen} accuracy; each "
-              "condition over the datasets every column has runs on (column datasets).")]
+    parts = [
+        (
+            f"Mean test accuracy{unit} over datasets at the lr chosen on {chosen} accuracy; each "
+            "condition over the datasets every column has runs on (column datasets)."
+        )
+    ]
     groups: dict[tuple, dict[str, pd.DataFrame]] = {}
     for (model, optimizer, low), b in bests.items():
         groups.setdefault((model, low), {})[optimizer] = b
@@ -170,8 +193,7 @@ def across_settings(runs: pd.DataFrame, *, select_on: str = "val", conditions: l
     for (model, low), by_opt in groups.items():
         what = model + (", low data" if low == "True" else "")
         if len(by_opt) < 2:
-            parts.append(f"Optimizer ablation, {what}: runs of one optimizer only "
-                         f"({', '.join(by_opt)}); no table.")
+            parts.append(f"Optimizer ablation, {what}: runs of one optimizer only ({', '.join(by_opt)}); no table.")
             continue
         ab = stats.setting_means({o: by_opt[o] for o in _optimizer_order(by_opt)}, order)
         name = "optimizer_ablation_" + model + ("_low_data" if low == "True" else "")
@@ -179,27 +201,46 @@ def across_settings(runs: pd.DataFrame, *, select_on: str = "val", conditions: l
         means.append(_setting_means(ab, name, caption, f"Optimizer ablation, {what}", scale))
         parts.append(means[-1][0])
     if len({m for m, _, _ in bests}) > 1:
-        ab = stats.setting_means({", ".join(v for v in (m, o, "low data" if low == "True" else "")
-                                            if v): b for (m, o, low), b in bests.items()}, order)
+        ab = stats.setting_means(
+            {
+                ", ".join(v for v in (m, o, "low data" if low == "True" else "") if v): b
+                for (m, o, low), b in bests.items()
+            },
+            order,
+        )
         caption = f"Every setting: mean test accuracy{unit}, lr chosen on {chosen}"
         means.append(_setting_means(ab, "settings", caption, "Every setting", scale))
         parts.append(means[-1][0])
-    parts.append(f"Each setting's own tables and tests: the subfolders "
-                 f"{', '.join(_setting_name(s) for s in bests)}.")
-    return output.section("Across settings: optimizer ablation and models", "\n\n".join(parts),
-                          [t for _, t, _ in means], [f for _, _, f in means])
+    parts.append(f"Each setting's own tables and tests: the subfolders {', '.join(_setting_name(s) for s in bests)}.")
+    return output.section(
+        "Across settings: optimizer ablation and models",
+        "\n\n".join(parts),
+        [t for _, t, _ in means],
+        [f for _, _, f in means],
+    )
 
 
-def _setting_means(ab: pd.DataFrame, name: str, caption: str, title: str,
-                   scale: float) -> tuple[str, output.Table, output.Figure]:
+def _setting_means(
+    ab: pd.DataFrame, name: str, caption: str, title: str, scale: float
+) -> tuple[str, output.Table, output.Figure]:
     """One table of settings' means (``stats.setting_means``): its Markdown, table and figure."""
     shown = tables.ablation_table(ab, scale)
-    return (f"{caption}:\n\n{tables.markdown(shown).rstrip()}", output.Table(name, shown, ab, caption=caption),
-            output.Figure(name, functools.partial(figures.setting_means, ab, scale=scale, title=title)))
+    return (
+        f"{caption}:\n\n{tables.markdown(shown).rstrip()}",
+        output.Table(name, shown, ab, caption=caption),
+        output.Figure(name, functools.partial(figures.setting_means, ab, scale=scale, title=title)),
+    )
 
 
-def report_from_mlflow(experiment: str, out_dir: str | Path, tracking_uri: str | None = None,
-                       *, curves: bool = True, log: bool = True, **kw) -> Report:
+def report_from_mlflow(
+    experiment: str,
+    out_dir: str | Path,
+    tracking_uri: str | None = None,
+    *,
+    curves: bool = True,
+    log: bool = True,
+    **kw,
+) -> Report:
     """Load the experiment's trial runs, analyse them, and log ``out_dir`` to the grid run(s).
 
     Curves are read for the finished runs at the chosen lr of each cell; plasticity before
@@ -223,8 +264,7 @@ def report_from_mlflow(experiment: str, out_dir: str | Path, tracking_uri: str |
     return report
 
 
-def log_outputs(out_dir: str | Path, runs: pd.DataFrame, experiment: str,
-                tracking_uri: str | None = None) -> list[str]:
+def log_outputs(out_dir: str | Path, runs: pd.DataFrame, experiment: str, tracking_uri: str | None = None) -> list[str]:
     """Log ``out_dir`` as ``analysis/`` artifacts of the grid parent run(s) of ``runs``, and its
     ``report.md`` into their description (what the UI shows on the run's page)."""
     from raystudy import tracking
@@ -240,8 +280,7 @@ def log_outputs(out_dir: str | Path, runs: pd.DataFrame, experiment: str,
     return parents
 
 
-def report_from_csv(path: str | Path, out_dir: str | Path, *, plasticity: pd.DataFrame | None = None,
-                    **kw) -> Report:
+def report_from_csv(path: str | Path, out_dir: str | Path, *, plasticity: pd.DataFrame | None = None, **kw) -> Report:
     """The report of a per-run results CSV or a per-dataset summary CSV (``analysis.load``)."""
     kind, df = load.read_csv(path)
     if kind == "summary":
@@ -249,13 +288,16 @@ def report_from_csv(path: str | Path, out_dir: str | Path, *, plasticity: pd.Dat
         return analyse(out_dir, summary=df, plasticity=plasticity, **kw)
     extras = None
     if plasticity is not None:
+
         def extras(sub):
             same = plasticity[plasticity["model"].isin(set(sub["model"]))]
             return None, same if len(same) else plasticity
+
     return analyse_runs(df, out_dir, extras=extras, **kw)
 
 
 # ---------------------------------------------------------------- CLI
+
 
 def _names(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
@@ -269,39 +311,73 @@ def build_parser():
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--experiment", help="MLflow experiment name (or id)")
     src.add_argument("--csv", help="per-run results or per-dataset summary CSV")
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
-                                           "else sqlite:///./mlflow.db, as the grid)")
-    ap.add_argument("--select-on", choices=stats.SELECT_ON, default="val",
-                    help="choose the lr on validation (default) or test accuracy")
+    ap.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db, as the grid)",
+    )
+    ap.add_argument(
+        "--select-on",
+        choices=stats.SELECT_ON,
+        default="val",
+        help="choose the lr on validation (default) or test accuracy",
+    )
     ap.add_argument("--reference", default="MHA", help="condition tested against the others (MHA)")
-    ap.add_argument("--t-alternative", choices=stats.T_ALTERNATIVES, default="two-sided",
-                    help="paired t-test: two-sided (default, the paper's) or one-sided, the "
-                         "reference greater (the Wilcoxon test is one-sided, as in the paper)")
-    ap.add_argument("--paper-comparison", action="store_true",
-                    help="ranks, paired tests, Friedman and the CD diagram over the paper's five "
-                         "components (LN1, MHA, LN2, FC1, FC2); tables keep every condition")
-    ap.add_argument("--gain-reference",
-                    help="condition the relative gains are over (default: linear_probe if present, "
-                         "else --reference)")
+    ap.add_argument(
+        "--t-alternative",
+        choices=stats.T_ALTERNATIVES,
+        default="two-sided",
+        help="paired t-test: two-sided (default, the paper's) or one-sided, the "
+        "reference greater (the Wilcoxon test is one-sided, as in the paper)",
+    )
+    ap.add_argument(
+        "--paper-comparison",
+        action="store_true",
+        help="ranks, paired tests, Friedman and the CD diagram over the paper's five "
+        "components (LN1, MHA, LN2, FC1, FC2); tables keep every condition",
+    )
+    ap.add_argument(
+        "--gain-reference",
+        help="condition the relative gains are over (default: linear_probe if present, else --reference)",
+    )
     ap.add_argument("--conditions", help="comma-separated conditions to analyse (default: all)")
     ap.add_argument("--datasets", help="comma-separated datasets to analyse (default: all)")
     ap.add_argument("--plasticity", help="tidy plasticity CSV to add (with --csv)")
     ap.add_argument("--no-curves", action="store_true", help="skip reading metric histories")
-    ap.add_argument("--rope", type=float, default=0.5,
-                    help="half-width of the region of practical equivalence, in accuracy points (0.5)")
-    ap.add_argument("--cd-cliques", choices=trust.CD_CLIQUES, default="nemenyi",
-                    help="bars of the CD diagram: Nemenyi mean ranks (default) or Wilcoxon-Holm pairs")
-    ap.add_argument("--bootstrap-reps", type=int, default=2000,
-                    help=f"bootstrap replicates (2000; {cli.bound('--bootstrap-reps')})")
-    ap.add_argument("--bootstrap-seed", type=int, default=0,
-                    help="seed of the bootstrap and the Bayesian tests' sampling (0; 0 <= seed < 2**32)")
-    ap.add_argument("--bootstrap-over", choices=trust.BOOTSTRAP_OVER, default="datasets+seeds",
-                    help="resample datasets and seeds (default) or seeds within fixed datasets")
-    ap.add_argument("--no-hierarchical", action="store_true",
-                    help="skip the hierarchical Bayesian test over datasets and seeds")
-    ap.add_argument("--no-figures", action="store_true",
-                    help="write the tables, tests and report.md only: draw no figures (each takes "
-                         "a second or so)")
+    ap.add_argument(
+        "--rope",
+        type=float,
+        default=0.5,
+        help="half-width of the region of practical equivalence, in accuracy points (0.5)",
+    )
+    ap.add_argument(
+        "--cd-cliques",
+        choices=trust.CD_CLIQUES,
+        default="nemenyi",
+        help="bars of the CD diagram: Nemenyi mean ranks (default) or Wilcoxon-Holm pairs",
+    )
+    ap.add_argument(
+        "--bootstrap-reps", type=int, default=2000, help=f"bootstrap replicates (2000; {cli.bound('--bootstrap-reps')})"
+    )
+    ap.add_argument(
+        "--bootstrap-seed",
+        type=int,
+        default=0,
+        help="seed of the bootstrap and the Bayesian tests' sampling (0; 0 <= seed < 2**32)",
+    )
+    ap.add_argument(
+        "--bootstrap-over",
+        choices=trust.BOOTSTRAP_OVER,
+        default="datasets+seeds",
+        help="resample datasets and seeds (default) or seeds within fixed datasets",
+    )
+    ap.add_argument(
+        "--no-hierarchical", action="store_true", help="skip the hierarchical Bayesian test over datasets and seeds"
+    )
+    ap.add_argument(
+        "--no-figures",
+        action="store_true",
+        help="write the tables, tests and report.md only: draw no figures (each takes a second or so)",
+    )
     ap.add_argument("--no-log", action="store_true", help="do not log the outputs to MLflow")
     ap.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
     return ap
@@ -319,20 +395,34 @@ def main(argv: list[str] | None = None) -> int:
             raise AnalysisError(f"--rope must be a finite number >= 0, got {args.rope}")
         cli.check_count("--bootstrap-reps", args.bootstrap_reps)
         cli.check_seed("--bootstrap-seed", args.bootstrap_seed)
-        cli.check_unused("--csv", args.csv is not None, {"--tracking-uri": args.tracking_uri,
-                                                         "--no-curves": args.no_curves, "--no-log": args.no_log})
+        cli.check_unused(
+            "--csv",
+            args.csv is not None,
+            {"--tracking-uri": args.tracking_uri, "--no-curves": args.no_curves, "--no-log": args.no_log},
+        )
         cli.check_unused("--experiment", args.experiment is not None, {"--plasticity": args.plasticity})
         cli.check_folder("--out", args.out)
     except (AnalysisError, ConfigError) as e:
         return cli.fail(e)
-    opts = trust.Options(rope=args.rope, reps=args.bootstrap_reps, seed=args.bootstrap_seed,
-                         over=args.bootstrap_over, hierarchical=not args.no_hierarchical,
-                         cd_cliques=args.cd_cliques)
-    kw = dict(select_on=args.select_on, reference=args.reference,
-              conditions=_names(args.conditions), datasets=_names(args.datasets), options=opts,
-              t_alternative=args.t_alternative, gain_reference=args.gain_reference,
-              compare=list(PAPER_COMPARISON) if args.paper_comparison else None,
-              draw_figures=not args.no_figures)
+    opts = trust.Options(
+        rope=args.rope,
+        reps=args.bootstrap_reps,
+        seed=args.bootstrap_seed,
+        over=args.bootstrap_over,
+        hierarchical=not args.no_hierarchical,
+        cd_cliques=args.cd_cliques,
+    )
+    kw = dict(
+        select_on=args.select_on,
+        reference=args.reference,
+        conditions=_names(args.conditions),
+        datasets=_names(args.datasets),
+        options=opts,
+        t_alternative=args.t_alternative,
+        gain_reference=args.gain_reference,
+        compare=list(PAPER_COMPARISON) if args.paper_comparison else None,
+        draw_figures=not args.no_figures,
+    )
     from raystudy import tracking
 
     if args.experiment:
@@ -345,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.experiment:
-            report = report_from_mlflow(args.experiment, args.out, uri,
-                                        curves=not args.no_curves, log=not args.no_log, **kw)
+            report = report_from_mlflow(
+                args.experiment, args.out, uri, curves=not args.no_curves, log=not args.no_log, **kw
+            )
         else:
             plast = load.read_plasticity(args.plasticity) if args.plasticity else None
             report = report_from_csv(args.csv, args.out, plasticity=plast, **kw)
@@ -357,9 +448,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: MLflow: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     print(report.text)
-    print(f"wrote {len(report.files)} files to {args.out}"
-          + (f"; logged them to run(s) {', '.join(report.logged_to)} under analysis/"
-             if report.logged_to else ""))
+    print(
+        f"wrote {len(report.files)} files to {args.out}"
+        + (f"; logged them to run(s) {', '.join(report.logged_to)} under analysis/" if report.logged_to else "")
+    )
     return 0
 
 

@@ -19,8 +19,11 @@ from analysis import AnalysisError, figures, load, stats, tables, trust
 from analysis.output import Csv, Figure, Section, Table, section
 from analysis.study import Study
 
-CURVE_KEYS = {"val_loss": ("validation loss", False), "grad_norm/total": ("gradient norm (total)", True),
-              "grad_norm/{condition}": ("gradient norm of the trained component", True)}
+CURVE_KEYS = {
+    "val_loss": ("validation loss", False),
+    "grad_norm/total": ("gradient norm (total)", True),
+    "grad_norm/{condition}": ("gradient norm of the trained component", True),
+}
 
 
 def _status_line(runs: pd.DataFrame) -> str:
@@ -30,10 +33,14 @@ def _status_line(runs: pd.DataFrame) -> str:
     return f"{len(runs)} runs ({', '.join(parts)})"
 
 
-ACCURACY_LABELS = {"per_image": "each test image counted once",
-                   "batch_mean": "the mean of per-batch accuracies, as the paper's code counts"}
-PROBE_FIT_LABELS = {"clean": "fitted on clean (eval-transform) features of every training image",
-                    "augmented": "fitted on one augmented pass of training batches, as the paper's code"}
+ACCURACY_LABELS = {
+    "per_image": "each test image counted once",
+    "batch_mean": "the mean of per-batch accuracies, as the paper's code counts",
+}
+PROBE_FIT_LABELS = {
+    "clean": "fitted on clean (eval-transform) features of every training image",
+    "augmented": "fitted on one augmented pass of training batches, as the paper's code",
+}
 
 
 def _protocol_lines(s: Study) -> list[str]:
@@ -41,14 +48,19 @@ def _protocol_lines(s: Study) -> list[str]:
     lines = []
     if s.runs is None:
         return lines
-    for col, labels, what in (("accuracy", ACCURACY_LABELS, "Accuracy"),
-                              ("linear_probe_data", PROBE_FIT_LABELS, "Linear probe")):
+    for col, labels, what in (
+        ("accuracy", ACCURACY_LABELS, "Accuracy"),
+        ("linear_probe_data", PROBE_FIT_LABELS, "Linear probe"),
+    ):
         if col not in s.runs or (col == "linear_probe_data" and "linear_probe" not in s.order):
             continue
         runs = s.runs[s.runs["condition"] == "linear_probe"] if col == "linear_probe_data" else s.runs
         seen = sorted(set(runs[col].astype(str)))
-        lines.append(f"{what}: " + "; ".join(f"{labels.get(v, v)} ({col}: {v})" for v in seen)
-                     + (" -- mixed across runs" if len(seen) > 1 else ""))
+        lines.append(
+            f"{what}: "
+            + "; ".join(f"{labels.get(v, v)} ({col}: {v})" for v in seen)
+            + (" -- mixed across runs" if len(seen) > 1 else "")
+        )
     return lines
 
 
@@ -59,23 +71,26 @@ def _p(p: float) -> str:
 
 # ---------------------------------------------------------------- the header and the main table
 
+
 def head(s: Study) -> Section:
     """The title, the source and what was analysed: conditions, datasets, the lr choice."""
     n_d, k = s.table.shape
-    lines = [f"# {s.title or 'raystudy analysis'}", "",
-             f"Source: {s.source}" + (f"; {_status_line(s.runs)}" if s.runs is not None else
-                                      " (per-dataset summary)"),
-             f"{k} condition{'s' * (k != 1)} on {n_d} dataset{'s' * (n_d != 1)}"
-             + (f"; lr chosen on {s.chosen} accuracy" if s.chosen else "")]
+    lines = [
+        f"# {s.title or 'raystudy analysis'}",
+        "",
+        f"Source: {s.source}" + (f"; {_status_line(s.runs)}" if s.runs is not None else " (per-dataset summary)"),
+        f"{k} condition{'s' * (k != 1)} on {n_d} dataset{'s' * (n_d != 1)}"
+        + (f"; lr chosen on {s.chosen} accuracy" if s.chosen else ""),
+    ]
     lines += _protocol_lines(s)
     if s.compared != s.order:
-        lines.append(f"Ranks, paired tests, Friedman and the CD diagram over {len(s.compared)} of "
-                     f"them: {', '.join(s.compared)}")
+        lines.append(
+            f"Ranks, paired tests, Friedman and the CD diagram over {len(s.compared)} of them: {', '.join(s.compared)}"
+        )
     if s.runs is not None and s.runs.attrs.get("replaced"):
         lines.append(f"{s.runs.attrs['replaced']} earlier tries of rerun trials replaced by the rerun")
     if s.summary is not None and s.summary.attrs.get("dropped_rows"):
-        lines.append(f"{s.summary.attrs['dropped_rows']} average row(s) of the input table left out "
-                     "(recomputed here)")
+        lines.append(f"{s.summary.attrs['dropped_rows']} average row(s) of the input table left out (recomputed here)")
     return Section("\n".join(lines) + "\n")
 
 
@@ -88,9 +103,12 @@ def main_table(s: Study) -> Section:
     accuracy = Table(name, tables.accuracy_table(s.best, s.order, s.avg, s.avg_rank, s.scale), s.best)
     ranks = Table("ranks", tables.number_table(s.ranks, s.compared, s.avg_rank, "average", 1.0, 1), s.ranks)
     body, main = _main_tables(s) if s.runs is not None else _summary_main_table(s)
-    return section("Main table", body, (accuracy, *main, ranks),
-                   (Figure(name, functools.partial(figures.accuracy, s.best, s.order, scale=s.scale,
-                                                   title=what)),))
+    return section(
+        "Main table",
+        body,
+        (accuracy, *main, ranks),
+        (Figure(name, functools.partial(figures.accuracy, s.best, s.order, scale=s.scale, title=what)),),
+    )
 
 
 def _summary_main_table(s: Study) -> tuple[str, list[Table]]:
@@ -104,8 +122,10 @@ def _summary_main_table(s: Study) -> tuple[str, list[Table]]:
 
 def _main_tables(s: Study) -> tuple[str, list[Table]]:
     """The main table of each lr choice the runs allow, the chosen one first."""
-    label = {"val": "lr chosen on validation accuracy (the default)",
-             "test": "lr chosen on test accuracy (as the paper did)"}
+    label = {
+        "val": "lr chosen on validation accuracy (the default)",
+        "test": "lr chosen on test accuracy (as the paper did)",
+    }
     parts, written = [], []
     for on, b in ((s.select_on, s.best), ({"val": "test", "test": "val"}[s.select_on], s.best_other)):
         if b is None:
@@ -117,8 +137,9 @@ def _main_tables(s: Study) -> tuple[str, list[Table]]:
         used = " — used by the rest of this report" if on == s.select_on else ""
         parts.append(f"{caption}{used}:\n\n{tables.markdown(shown).rstrip()}")
     if s.best_other is None:
-        parts.append(f"(No {'test' if s.select_on == 'val' else 'validation'} accuracies to choose "
-                     "the lr on the other way.)")
+        parts.append(
+            f"(No {'test' if s.select_on == 'val' else 'validation'} accuracies to choose the lr on the other way.)"
+        )
     return "\n\n".join(parts), written
 
 
@@ -140,17 +161,21 @@ def selection(s: Study) -> Section | None:
     moved = (lrs["lr_val"] != lrs["lr_test"]).groupby(lrs["condition"]).sum()
     (a_val, r_val), (a_test, r_test) = summaries["val"], summaries["test"]
     n_d = val_best["dataset"].nunique()
-    gap = pd.DataFrame({
-        "average, lr on val": [tables.fmt(a_val[c] * s.scale, 2) for c in s.order],
-        "average, lr on test": [tables.fmt(a_test[c] * s.scale, 2) for c in s.order],
-        "test − val": [tables.fmt((a_test[c] - a_val[c]) * s.scale, 2) for c in s.order],
-        "avg rank (val)": [tables.fmt(r_val.get(c, math.nan), 2) for c in s.order],
-        "avg rank (test)": [tables.fmt(r_test.get(c, math.nan), 2) for c in s.order],
-        "datasets where the lr differs": [f"{int(moved.get(c, 0))}/{n_d}" for c in s.order],
-    }, index=pd.Index(s.order, name="condition"))
+    gap = pd.DataFrame(
+        {
+            "average, lr on val": [tables.fmt(a_val[c] * s.scale, 2) for c in s.order],
+            "average, lr on test": [tables.fmt(a_test[c] * s.scale, 2) for c in s.order],
+            "test − val": [tables.fmt((a_test[c] - a_val[c]) * s.scale, 2) for c in s.order],
+            "avg rank (val)": [tables.fmt(r_val.get(c, math.nan), 2) for c in s.order],
+            "avg rank (test)": [tables.fmt(r_test.get(c, math.nan), 2) for c in s.order],
+            "datasets where the lr differs": [f"{int(moved.get(c, 0))}/{n_d}" for c in s.order],
+        },
+        index=pd.Index(s.order, name="condition"),
+    )
     written.append(Table("selection", gap))
-    return section("Choosing the lr on validation vs on test (the reference code chose on test)",
-                   tables.markdown(gap), written)
+    return section(
+        "Choosing the lr on validation vs on test (the reference code chose on test)", tables.markdown(gap), written
+    )
 
 
 def robustness(s: Study) -> Section | None:
@@ -162,40 +187,52 @@ def robustness(s: Study) -> Section | None:
     status = tables.status_table(s.runs, s.order)
     cols = load.RUN_COLUMNS + (["trainable_params"] if "trainable_params" in s.runs else [])
     rob = ", ".join(f"{c} {tables.fmt(robust.get(c, math.nan) * s.scale, 2)}" for c in s.order)
-    body = ("Mean over datasets of (max − min over lrs) of the seed-mean test accuracy; "
-            f"lower is more robust.\n\n{rob}\n")
+    body = (
+        f"Mean over datasets of (max − min over lrs) of the seed-mean test accuracy; lower is more robust.\n\n{rob}\n"
+    )
     if (status["finished"] < status["runs"]).any():
-        body += ("\nRuns by status (not finished: kept, left out of the means):\n\n"
-                 + tables.markdown(status))
+        body += "\nRuns by status (not finished: kept, left out of the means):\n\n" + tables.markdown(status)
     errors = s.runs["error"] if "error" in s.runs else pd.Series("", index=s.runs.index)
     empty = errors.astype(str).str.startswith("finished without a test_acc")
     if empty.any():
         first = s.runs[empty].iloc[0]
-        body += (f"\n{int(empty.sum())} run(s) recorded as finished have no test accuracy: counted as failed, "
-                 f"not averaged (first: {first['condition']} on {first['dataset']}, lr {first['lr']}, "
-                 f"seed {first['seed']}).\n")
-    return section("Learning-rate robustness", body,
-                   (Table("lr_robustness", tables.number_table(gaps, s.order, robust, "mean", s.scale, 2), gaps),
-                    Table("run_status", status), Csv("runs", s.runs[cols])))
+        body += (
+            f"\n{int(empty.sum())} run(s) recorded as finished have no test accuracy: counted as failed, "
+            f"not averaged (first: {first['condition']} on {first['dataset']}, lr {first['lr']}, "
+            f"seed {first['seed']}).\n"
+        )
+    return section(
+        "Learning-rate robustness",
+        body,
+        (
+            Table("lr_robustness", tables.number_table(gaps, s.order, robust, "mean", s.scale, 2), gaps),
+            Table("run_status", status),
+            Csv("runs", s.runs[cols]),
+        ),
+    )
 
 
 def gain(s: Study) -> Section:
     """Each condition's relative gain over the gain reference per dataset and on average."""
     ref = s.gain_reference
     if ref is None:
-        return section("Relative gain", "Skipped: neither linear_probe nor the reference "
-                                        "condition is analysed (--gain-reference names one).")
+        return section(
+            "Relative gain",
+            "Skipped: neither linear_probe nor the reference condition is analysed (--gain-reference names one).",
+        )
     title = f"Relative gain over {ref}"
     if len(s.order) < 2:
         return section(title, "One condition only: no gain to compute.")
     gains = stats.relative_gain(s.table[s.order], ref)
     shown = tables.dataset_table(gains, s.order, "average", 2)
     lr = f" at the lr chosen on {s.chosen}" if s.chosen else ""
-    return section(title, f"100 · (accuracy − {ref}'s) / {ref}'s, per dataset{lr}; average: the "
-                          f"mean over datasets of the per-dataset gains (%).\n\n" + tables.markdown(shown),
-                   (Table("relative_gain", shown, gains, caption=f"Relative gain over {ref} (%)"),),
-                   (Figure("relative_gain", functools.partial(figures.gains, gains.mean(axis=0),
-                                                              reference=ref)),))
+    return section(
+        title,
+        f"100 · (accuracy − {ref}'s) / {ref}'s, per dataset{lr}; average: the "
+        f"mean over datasets of the per-dataset gains (%).\n\n" + tables.markdown(shown),
+        (Table("relative_gain", shown, gains, caption=f"Relative gain over {ref} (%)"),),
+        (Figure("relative_gain", functools.partial(figures.gains, gains.mean(axis=0), reference=ref)),),
+    )
 
 
 def efficiency(s: Study) -> Section:
@@ -203,24 +240,31 @@ def efficiency(s: Study) -> Section:
     title = "Parameter efficiency"
     params = stats.trainable_params(s.runs) if s.runs is not None else pd.DataFrame()
     if params.empty:
-        why = ("a per-dataset summary has no parameter counts" if s.runs is None else
-               "the runs have no trainable parameter counts (trainable_params)")
+        why = (
+            "a per-dataset summary has no parameter counts"
+            if s.runs is None
+            else "the runs have no trainable parameter counts (trainable_params)"
+        )
         return section(title, f"Skipped: {why}.")
     eff = stats.parameter_efficiency(params, s.table)
     if eff.empty:
         return section(title, "Skipped: no condition has both a parameter count and an accuracy.")
     shown = tables.efficiency_table(eff, s.scale)
-    return section(title, "Trainable parameters (mean over datasets: the classifier head's size "
-                          "follows the number of classes) and mean test accuracy over the same "
-                          f"datasets{f', lr chosen on {s.chosen}' if s.chosen else ''}.\n\n"
-                   + tables.markdown(shown),
-                   (Table("parameter_efficiency", shown, eff, caption="Trainable parameters and mean test accuracy"),
-                    Table("trainable_params", tables.dataset_table(params, list(eff.index), "mean", 0), params)),
-                   (Figure("parameter_efficiency", functools.partial(figures.parameter_efficiency, eff,
-                                                                     scale=s.scale)),))
+    return section(
+        title,
+        "Trainable parameters (mean over datasets: the classifier head's size "
+        "follows the number of classes) and mean test accuracy over the same "
+        f"datasets{f', lr chosen on {s.chosen}' if s.chosen else ''}.\n\n" + tables.markdown(shown),
+        (
+            Table("parameter_efficiency", shown, eff, caption="Trainable parameters and mean test accuracy"),
+            Table("trainable_params", tables.dataset_table(params, list(eff.index), "mean", 0), params),
+        ),
+        (Figure("parameter_efficiency", functools.partial(figures.parameter_efficiency, eff, scale=s.scale)),),
+    )
 
 
 # ---------------------------------------------------------------- the paper's tests
+
 
 def _compares(s: Study) -> bool:
     """Whether there is anything to compare: two conditions analysed and two compared."""
@@ -240,8 +284,7 @@ def significance(s: Study) -> Section:
     if len(s.order) < 2:
         return section("Significance", f"One condition only ({s.order[0]}): nothing to compare.{none}")
     if len(s.compared) < 2:
-        return section("Significance", f"One condition compared ({s.compared[0]}): nothing to "
-                                       f"compare.{none}")
+        return section("Significance", f"One condition compared ({s.compared[0]}): nothing to compare.{none}")
     table = s.table[s.compared]
     if table.shape[0] < 2:
         return _one_dataset(table.index[0], s.reference)
@@ -250,14 +293,23 @@ def significance(s: Study) -> Section:
 
 def _one_dataset(dataset: str, reference: str) -> Section:
     """Every test across datasets skipped, a line each."""
-    return section("Significance", "\n".join([
-        f"One dataset ({dataset}): every test here compares conditions across datasets.",
-        (f"- No paired tests of {reference} against the others (Wilcoxon, t-test): they need "
-         "two or more datasets."),
-        "- No Friedman test: it needs two or more datasets.",
-        ("- No post-hoc pairwise tests and no critical-difference diagram: the average ranks "
-         f"are {dataset}'s own ranks."),
-    ]))
+    return section(
+        "Significance",
+        "\n".join(
+            [
+                f"One dataset ({dataset}): every test here compares conditions across datasets.",
+                (
+                    f"- No paired tests of {reference} against the others (Wilcoxon, t-test): they need "
+                    "two or more datasets."
+                ),
+                "- No Friedman test: it needs two or more datasets.",
+                (
+                    "- No post-hoc pairwise tests and no critical-difference diagram: the average ranks "
+                    f"are {dataset}'s own ranks."
+                ),
+            ]
+        ),
+    )
 
 
 def _tests(s: Study, table: pd.DataFrame) -> Section:
@@ -271,59 +323,100 @@ def _tests(s: Study, table: pd.DataFrame) -> Section:
     wilcoxon = s.options.cd_cliques == "wilcoxon"
     cliques = stats.wilcoxon_cliques(s.avg_rank, pairs) if wilcoxon else nemenyi_groups
     omnibus = pd.DataFrame([{"test": "friedman", **fr}, {"test": "nemenyi_cd", "statistic": cd, "k": k, "n": n_d}])
-    bars = ("bars: no Holm-corrected Wilcoxon pair significant" if wilcoxon
-            else "bars: Nemenyi, mean ranks within CD")
-    cd_figure = functools.partial(figures.cd_diagram, s.avg_rank, cd, cliques, n_datasets=n_d,
-                                  title=f"Mean-rank based: average ranks over {n_d} datasets; {bars} (5%)")
-    lines = _tests_text(s, tests, n_d) + _omnibus_text(fr, stats.friedman_skip(table), k, n_d, pairs, cd,
-                                                       nemenyi_groups, cliques if wilcoxon else None)
-    return section("Significance", "\n".join(lines),
-                   (Table("tests", tables.tests_table(tests, s.scale), tests),
-                    Table("posthoc", tables.posthoc_table(pairs, s.scale), pairs), Csv("omnibus", omnibus)),
-                   (Figure("cd_diagram", cd_figure),))
+    bars = "bars: no Holm-corrected Wilcoxon pair significant" if wilcoxon else "bars: Nemenyi, mean ranks within CD"
+    cd_figure = functools.partial(
+        figures.cd_diagram,
+        s.avg_rank,
+        cd,
+        cliques,
+        n_datasets=n_d,
+        title=f"Mean-rank based: average ranks over {n_d} datasets; {bars} (5%)",
+    )
+    lines = _tests_text(s, tests, n_d) + _omnibus_text(
+        fr, stats.friedman_skip(table), k, n_d, pairs, cd, nemenyi_groups, cliques if wilcoxon else None
+    )
+    return section(
+        "Significance",
+        "\n".join(lines),
+        (
+            Table("tests", tables.tests_table(tests, s.scale), tests),
+            Table("posthoc", tables.posthoc_table(pairs, s.scale), pairs),
+            Csv("omnibus", omnibus),
+        ),
+        (Figure("cd_diagram", cd_figure),),
+    )
 
 
 def _tests_text(s: Study, tests: pd.DataFrame, n_d: int) -> list[str]:
     """The paper's paired tests: what they are, and their table."""
-    t_text = ("two-sided, as in the paper (--t-alternative greater: one-sided)"
-              if s.t_alternative == "two-sided" else
-              f"one-sided, {s.reference} greater (--t-alternative; the paper's is two-sided, also shown)")
-    return [(f"{s.reference} against each other condition over the {n_d} per-dataset means: "
-             f"Wilcoxon signed-rank one-sided, {s.reference} greater, as in the paper; paired "
-             f"t-test {t_text}."), "",
-            tables.markdown(tables.tests_table(tests, s.scale)).rstrip(), ""]
+    t_text = (
+        "two-sided, as in the paper (--t-alternative greater: one-sided)"
+        if s.t_alternative == "two-sided"
+        else f"one-sided, {s.reference} greater (--t-alternative; the paper's is two-sided, also shown)"
+    )
+    return [
+        (
+            f"{s.reference} against each other condition over the {n_d} per-dataset means: "
+            f"Wilcoxon signed-rank one-sided, {s.reference} greater, as in the paper; paired "
+            f"t-test {t_text}."
+        ),
+        "",
+        tables.markdown(tables.tests_table(tests, s.scale)).rstrip(),
+        "",
+    ]
 
 
-def _omnibus_text(fr: dict, skip: str | None, k: int, n_d: int, pairs: pd.DataFrame, cd: float,
-                  nemenyi_groups: list, wilcoxon_cliques: list | None) -> list[str]:
+def _omnibus_text(
+    fr: dict,
+    skip: str | None,
+    k: int,
+    n_d: int,
+    pairs: pd.DataFrame,
+    cd: float,
+    nemenyi_groups: list,
+    wilcoxon_cliques: list | None,
+) -> list[str]:
     """Friedman, the Holm-corrected pairs and the Nemenyi CD, a line each, and how to read them."""
     if skip is not None or math.isnan(fr["p"]):
         lines = [f"Friedman test: not run: {skip or 'scipy gave no p-value'}."]
     else:
-        lines = [f"Friedman test over {k} conditions and {n_d} datasets: chi2 = "
-                 f"{fr['statistic']:.3f}, {_p(fr['p'])}."]
+        lines = [f"Friedman test over {k} conditions and {n_d} datasets: chi2 = {fr['statistic']:.3f}, {_p(fr['p'])}."]
     sig = pairs[pairs["significant"]]
-    lines.append("Post-hoc pairwise Wilcoxon, Holm-corrected at 5%: " + (
-        ", ".join(f"{a} vs {b} ({_p(p)})" for a, b, p in zip(sig["a"], sig["b"], sig["p_holm"]))
-        if len(sig) else "no significant pair") + ".")
-    lines.append(f"Nemenyi critical difference at 5% (mean-rank based): CD = {cd:.2f} average "
-                 "ranks; not significantly different: " +
-                 ("; ".join(", ".join(g) for g in nemenyi_groups) if nemenyi_groups else "none") + ".")
+    lines.append(
+        "Post-hoc pairwise Wilcoxon, Holm-corrected at 5%: "
+        + (
+            ", ".join(f"{a} vs {b} ({_p(p)})" for a, b, p in zip(sig["a"], sig["b"], sig["p_holm"]))
+            if len(sig)
+            else "no significant pair"
+        )
+        + "."
+    )
+    lines.append(
+        f"Nemenyi critical difference at 5% (mean-rank based): CD = {cd:.2f} average "
+        "ranks; not significantly different: "
+        + ("; ".join(", ".join(g) for g in nemenyi_groups) if nemenyi_groups else "none")
+        + "."
+    )
     if wilcoxon_cliques is not None:
         wil = "; ".join(", ".join(g) for g in wilcoxon_cliques) if wilcoxon_cliques else "none"
         lines.append(f"The CD diagram's bars come from the Holm-corrected Wilcoxon tests: {wil}.")
-    lines.append("The pairwise Wilcoxon-Holm tests are the primary all-pairs result; the "
-                 "Nemenyi test compares mean ranks, so its verdict on two conditions depends on "
-                 "which others are in the study (Benavoli, Corani and Mangili, 2016). Effect "
-                 "sizes: the Hodges-Lehmann shift (median of Walsh averages of the per-dataset "
-                 "differences) with its exact 95% interval, and the rank-biserial r.")
+    lines.append(
+        "The pairwise Wilcoxon-Holm tests are the primary all-pairs result; the "
+        "Nemenyi test compares mean ranks, so its verdict on two conditions depends on "
+        "which others are in the study (Benavoli, Corani and Mangili, 2016). Effect "
+        "sizes: the Hodges-Lehmann shift (median of Walsh averages of the per-dataset "
+        "differences) with its exact 95% interval, and the rank-biserial r."
+    )
     if (pairs["hl"].notna() & pairs["hl_low"].isna()).any():
-        lines.append(f"A shift marked '{tables.HL_NO_INTERVAL}' has no interval: the exact 95% interval "
-                     "inverts the signed-rank test, which cannot reach 5% with fewer than 6 datasets.")
+        lines.append(
+            f"A shift marked '{tables.HL_NO_INTERVAL}' has no interval: the exact 95% interval "
+            "inverts the signed-rank test, which cannot reach 5% with fewer than 6 datasets."
+        )
     return lines
 
 
 # ---------------------------------------------------------------- past the p-values (analysis.trust)
+
 
 def intervals(s: Study) -> Section | None:
     """Bootstrap intervals (``trust.intervals_section``), where there is something to compare."""
@@ -351,6 +444,7 @@ def variance(s: Study) -> Section | None:
 
 # ---------------------------------------------------------------- curves and plasticity (MLflow runs)
 
+
 def curves(s: Study) -> Section | None:
     """The metric curves of the selected runs: figures only."""
     if s.bands is None or not len(s.bands):
@@ -358,8 +452,9 @@ def curves(s: Study) -> Section | None:
     figs = []
     for key, (label, log) in CURVE_KEYS.items():
         slug = key.replace("/", "_").replace("{condition}", "own")
-        figs.append(Figure(f"curves_{slug}", functools.partial(figures.curves, s.bands, key, s.order,
-                                                               ylabel=label, log=log)))
+        figs.append(
+            Figure(f"curves_{slug}", functools.partial(figures.curves, s.bands, key, s.order, ylabel=label, log=log))
+        )
     return Section("", figures=tuple(figs))
 
 
@@ -375,12 +470,17 @@ def plasticity(s: Study) -> Section | None:
     text = [p.markdown for p in parts]
     if "pairing" in s.plasticity and s.plasticity["pairing"].notna().any():
         used = sorted(set(s.plasticity["pairing"].dropna().astype(str)) - {""})
-        text.append("Pairs: " + (", ".join(used) or "not recorded") + " (random: seeded draws; "
-                    "sequential: the first N images of each split, the paper's).")
+        text.append(
+            "Pairs: " + (", ".join(used) or "not recorded") + " (random: seeded draws; "
+            "sequential: the first N images of each split, the paper's)."
+        )
     text += [f"Note: {n}" for n in _model_notes(s.runs)]
-    return section("Plasticity and accuracy", "\n\n".join(text),
-                   (Table("plasticity_per_layer", pooled, index=False), *(t for p in parts for t in p.tables)),
-                   (Figure("plasticity", functools.partial(figures.plasticity_layers, pooled, comps)),))
+    return section(
+        "Plasticity and accuracy",
+        "\n\n".join(text),
+        (Table("plasticity_per_layer", pooled, index=False), *(t for p in parts for t in p.tables)),
+        (Figure("plasticity", functools.partial(figures.plasticity_layers, pooled, comps)),),
+    )
 
 
 def _plasticity_mode(s: Study, pooled: pd.DataFrame, mode: str) -> Section:
@@ -391,27 +491,46 @@ def _plasticity_mode(s: Study, pooled: pd.DataFrame, mode: str) -> Section:
     except AnalysisError as e:
         return Section(f"{mode} input: {e}")
     ranking.index.name = "component"
-    shown = pd.DataFrame({
-        "plasticity": ranking["plasticity"].map(lambda v: tables.fmt(v, 3)),
-        "plasticity rank": ranking["plasticity_rank"].map(lambda v: tables.fmt(v, 2)),
-        "accuracy": (ranking["accuracy"] * s.scale).map(lambda v: tables.fmt(v, 1)),
-        "accuracy rank": ranking["accuracy_rank"].map(lambda v: tables.fmt(v, 2)),
-    })
+    shown = pd.DataFrame(
+        {
+            "plasticity": ranking["plasticity"].map(lambda v: tables.fmt(v, 3)),
+            "plasticity rank": ranking["plasticity_rank"].map(lambda v: tables.fmt(v, 2)),
+            "accuracy": (ranking["accuracy"] * s.scale).map(lambda v: tables.fmt(v, 1)),
+            "accuracy rank": ranking["accuracy_rank"].map(lambda v: tables.fmt(v, 2)),
+        }
+    )
     rho = corr.set_index("dataset").loc["all"]
     per = corr[corr["dataset"] != "all"]["rho"]
-    text = (f"{mode} input. Components by plasticity (highest first): "
-            f"{' > '.join(ranking.index)}; by accuracy: "
-            f"{' > '.join(ranking.sort_values('accuracy_rank').index)}. Spearman rho between "
-            f"plasticity and accuracy: {tables.fmt(per.mean(), 2)} on average over "
-            f"{per.notna().sum()} datasets; {tables.fmt(rho['rho'], 2)} ({_p(rho['p'])}) "
-            "between the means over datasets.\n\n" + tables.markdown(shown))
-    with_ci = trust.correlation(f"{mode} input, with intervals. Components by plasticity", comp_p,
-                                s.scores, s.order, list(s.table.index), s.options, f"plasticity_{mode}")
-    return Section(f"{text}\n\n{with_ci.markdown}",
-                   (Table(f"plasticity_ranking_{mode}", shown, ranking),
-                    Table(f"plasticity_correlation_{mode}",
-                          corr.set_index("dataset").map(lambda v: tables.fmt(v, 3)), corr, index=True),
-                    *with_ci.tables))
+    text = (
+        f"{mode} input. Components by plasticity (highest first): "
+        f"{' > '.join(ranking.index)}; by accuracy: "
+        f"{' > '.join(ranking.sort_values('accuracy_rank').index)}. Spearman rho between "
+        f"plasticity and accuracy: {tables.fmt(per.mean(), 2)} on average over "
+        f"{per.notna().sum()} datasets; {tables.fmt(rho['rho'], 2)} ({_p(rho['p'])}) "
+        "between the means over datasets.\n\n" + tables.markdown(shown)
+    )
+    with_ci = trust.correlation(
+        f"{mode} input, with intervals. Components by plasticity",
+        comp_p,
+        s.scores,
+        s.order,
+        list(s.table.index),
+        s.options,
+        f"plasticity_{mode}",
+    )
+    return Section(
+        f"{text}\n\n{with_ci.markdown}",
+        (
+            Table(f"plasticity_ranking_{mode}", shown, ranking),
+            Table(
+                f"plasticity_correlation_{mode}",
+                corr.set_index("dataset").map(lambda v: tables.fmt(v, 3)),
+                corr,
+                index=True,
+            ),
+            *with_ci.tables,
+        ),
+    )
 
 
 def _model_notes(runs: pd.DataFrame | None) -> list[str]:
@@ -426,14 +545,34 @@ def grad_norm(s: Study) -> Section | None:
     """The components ranked by the gradient norm of the trained component, against accuracy."""
     if s.bands is None or not len(s.bands) or not (s.bands["key"] == "grad_norm/{condition}").any():
         return None
-    part = trust.correlation("Components by gradient norm of the trained component",
-                             trust.grad_norms(s.bands), s.scores, s.order, list(s.table.index), s.options,
-                             "grad_norm")
+    part = trust.correlation(
+        "Components by gradient norm of the trained component",
+        trust.grad_norms(s.bands),
+        s.scores,
+        s.order,
+        list(s.table.index),
+        s.options,
+        "grad_norm",
+    )
     return section("Gradient norm and accuracy", part.markdown, part.tables)
 
 
-SECTIONS = (head, main_table, selection, robustness, gain, efficiency, significance, intervals, rope,
-            budget, variance, curves, plasticity, grad_norm)
+SECTIONS = (
+    head,
+    main_table,
+    selection,
+    robustness,
+    gain,
+    efficiency,
+    significance,
+    intervals,
+    rope,
+    budget,
+    variance,
+    curves,
+    plasticity,
+    grad_norm,
+)
 
 
 def of(s: Study) -> list[Section]:
@@ -441,6 +580,22 @@ def of(s: Study) -> list[Section]:
     return [part for f in SECTIONS if (part := f(s)) is not None]
 
 
-__all__ = ["SECTIONS", "CURVE_KEYS", "of", "head", "main_table", "selection", "robustness", "gain",
-           "efficiency", "significance", "intervals", "rope", "budget", "variance", "curves",
-           "plasticity", "grad_norm"]
+__all__ = [
+    "SECTIONS",
+    "CURVE_KEYS",
+    "of",
+    "head",
+    "main_table",
+    "selection",
+    "robustness",
+    "gain",
+    "efficiency",
+    "significance",
+    "intervals",
+    "rope",
+    "budget",
+    "variance",
+    "curves",
+    "plasticity",
+    "grad_norm",
+]

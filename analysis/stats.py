@@ -35,11 +35,11 @@ CELL = ["dataset", "condition"]
 SELECT_ON = ("val", "test")
 
 # q_0.05 of the Studentized range divided by sqrt(2), for k = 2..10 conditions (Demšar 2006).
-NEMENYI_Q05 = {2: 1.960, 3: 2.344, 4: 2.569, 5: 2.728, 6: 2.850, 7: 2.949, 8: 3.031, 9: 3.102,
-               10: 3.164}
+NEMENYI_Q05 = {2: 1.960, 3: 2.344, 4: 2.569, 5: 2.728, 6: 2.850, 7: 2.949, 8: 3.031, 9: 3.102, 10: 3.164}
 
 
 # ---------------------------------------------------------------- accuracy at the best lr
+
 
 def seed_means(runs: pd.DataFrame, ddof: int = 0) -> pd.DataFrame:
     """Per (dataset, condition, lr): counts by status and mean/std over finished seeds."""
@@ -51,16 +51,18 @@ def seed_means(runs: pd.DataFrame, ddof: int = 0) -> pd.DataFrame:
     df["_diverged"] = df["status"] == "diverged"
     df["_failed"] = df["status"] == "failed"
     g = df.groupby(CELL + ["lr"], sort=True)
-    out = pd.DataFrame({
-        "n_runs": g.size(),
-        "n": g["_finished"].sum(),
-        "n_diverged": g["_diverged"].sum(),
-        "n_failed": g["_failed"].sum(),
-        "val_mean": g["val_acc"].mean(),
-        "val_std": g["val_acc"].std(ddof=ddof),
-        "test_mean": g["test_acc"].mean(),
-        "test_std": g["test_acc"].std(ddof=ddof),
-    }).reset_index()
+    out = pd.DataFrame(
+        {
+            "n_runs": g.size(),
+            "n": g["_finished"].sum(),
+            "n_diverged": g["_diverged"].sum(),
+            "n_failed": g["_failed"].sum(),
+            "val_mean": g["val_acc"].mean(),
+            "val_std": g["val_acc"].std(ddof=ddof),
+            "test_mean": g["test_acc"].mean(),
+            "test_std": g["test_acc"].std(ddof=ddof),
+        }
+    ).reset_index()
     for col in ("n_runs", "n", "n_diverged", "n_failed"):
         out[col] = out[col].astype(int)
     return out
@@ -80,18 +82,26 @@ def best_lr(means: pd.DataFrame, select_on: str = "val") -> pd.DataFrame:
     for (dataset, condition), g in means.groupby(CELL, sort=False):
         g = g.sort_values("lr")
         usable = g[g[key].notna()]
-        row = {"dataset": dataset, "condition": condition,
-               "n_diverged": int(g["n_diverged"].sum()), "n_failed": int(g["n_failed"].sum())}
+        row = {
+            "dataset": dataset,
+            "condition": condition,
+            "n_diverged": int(g["n_diverged"].sum()),
+            "n_failed": int(g["n_failed"].sum()),
+        }
         if usable.empty:
-            row.update(lr=np.nan, test_mean=np.nan, test_std=np.nan, val_mean=np.nan,
-                       val_std=np.nan, n=0)
+            row.update(lr=np.nan, test_mean=np.nan, test_std=np.nan, val_mean=np.nan, val_std=np.nan, n=0)
         else:
             best = usable.loc[usable[key].idxmax()]
-            row.update(lr=float(best["lr"]), test_mean=best["test_mean"], test_std=best["test_std"],
-                       val_mean=best["val_mean"], val_std=best["val_std"], n=int(best["n"]))
+            row.update(
+                lr=float(best["lr"]),
+                test_mean=best["test_mean"],
+                test_std=best["test_std"],
+                val_mean=best["val_mean"],
+                val_std=best["val_std"],
+                n=int(best["n"]),
+            )
         rows.append(row)
-    cols = ["dataset", "condition", "lr", "test_mean", "test_std", "val_mean", "val_std", "n",
-            "n_diverged", "n_failed"]
+    cols = ["dataset", "condition", "lr", "test_mean", "test_std", "val_mean", "val_std", "n", "n_diverged", "n_failed"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -104,18 +114,18 @@ def check_complete(best: pd.DataFrame, value: str = "test_mean") -> None:
         absent = [d for d in datasets if d not in sub.index]
         empty = [d for d in datasets if d in sub.index and pd.isna(sub[d])]
         if absent:
-            problems.append(f"condition {condition!r} has no runs on {len(absent)} of "
-                            f"{len(datasets)} datasets: {', '.join(absent)}")
+            problems.append(
+                f"condition {condition!r} has no runs on {len(absent)} of {len(datasets)} datasets: {', '.join(absent)}"
+            )
         if empty:
-            problems.append(f"condition {condition!r} has no usable finished run on "
-                            f"{', '.join(empty)}")
+            problems.append(f"condition {condition!r} has no usable finished run on {', '.join(empty)}")
     if problems:
-        raise AnalysisError("; ".join(problems) + " (restrict the analysis with --conditions "
-                            "or --datasets to a complete subset)")
+        raise AnalysisError(
+            "; ".join(problems) + " (restrict the analysis with --conditions or --datasets to a complete subset)"
+        )
 
 
-def wide(best: pd.DataFrame, value: str = "test_mean",
-         conditions: Sequence[str] | None = None) -> pd.DataFrame:
+def wide(best: pd.DataFrame, value: str = "test_mean", conditions: Sequence[str] | None = None) -> pd.DataFrame:
     """Datasets × conditions table of ``value``; columns in ``conditions`` order if given."""
     table = best.pivot(index="dataset", columns="condition", values=value)
     table.columns.name = None
@@ -158,18 +168,19 @@ def lr_robustness(means: pd.DataFrame, value: str = "test_mean") -> pd.Series:
 
 # ---------------------------------------------------------------- the paper's other tables
 
+
 def relative_gain(table: pd.DataFrame, reference: str) -> pd.DataFrame:
     """Datasets × conditions: 100 · (x − x_ref) / x_ref, each condition's gain over ``reference``
     in percent of the reference's accuracy on that dataset (the reference's own column is 0)."""
     if reference not in table.columns:
-        raise AnalysisError(f"gain reference {reference!r} is not among the conditions: "
-                            f"{', '.join(map(str, table.columns))}")
+        raise AnalysisError(
+            f"gain reference {reference!r} is not among the conditions: {', '.join(map(str, table.columns))}"
+        )
     ref = table[reference].astype(float)
     return table.astype(float).sub(ref, axis=0).div(ref, axis=0) * 100
 
 
-def setting_means(bests: dict[str, pd.DataFrame], conditions: Sequence[str],
-                  value: str = "test_mean") -> pd.DataFrame:
+def setting_means(bests: dict[str, pd.DataFrame], conditions: Sequence[str], value: str = "test_mean") -> pd.DataFrame:
     """Per condition: the mean over datasets of ``value`` at the chosen lr, one column per setting.
 
     ``bests`` maps a setting (an optimizer for the optimizer ablation, a model, ...) to its
@@ -179,8 +190,7 @@ def setting_means(bests: dict[str, pd.DataFrame], conditions: Sequence[str],
     names = list(bests)
     rows = []
     for c in conditions:
-        per = {o: b[b["condition"] == c].dropna(subset=[value]).set_index("dataset")[value]
-               for o, b in bests.items()}
+        per = {o: b[b["condition"] == c].dropna(subset=[value]).set_index("dataset")[value] for o, b in bests.items()}
         common = sorted(set.intersection(*(set(v.index) for v in per.values()))) if per else []
         row = {"condition": c, "datasets": len(common)}
         for o in names:
@@ -220,8 +230,14 @@ def parameter_efficiency(params: pd.DataFrame, accuracy: pd.DataFrame) -> pd.Dat
         both = params[c].dropna().index.intersection(accuracy[c].dropna().index)
         if len(both) == 0:
             continue
-        rows.append({"condition": c, "params": float(params.loc[both, c].mean()),
-                     "accuracy": float(accuracy.loc[both, c].mean()), "datasets": len(both)})
+        rows.append(
+            {
+                "condition": c,
+                "params": float(params.loc[both, c].mean()),
+                "accuracy": float(accuracy.loc[both, c].mean()),
+                "datasets": len(both),
+            }
+        )
     out = pd.DataFrame(rows, columns=["condition", "params", "accuracy", "datasets"]).set_index("condition")
     full = out["params"].get("full", math.nan)
     out["share_of_full"] = out["params"] / full
@@ -229,6 +245,7 @@ def parameter_efficiency(params: pd.DataFrame, accuracy: pd.DataFrame) -> pd.Dat
 
 
 # ---------------------------------------------------------------- significance
+
 
 def holm(pvalues: Sequence[float]) -> np.ndarray:
     """Holm's step-down adjusted p-values, in the input order (NaN stays NaN).
@@ -262,7 +279,7 @@ def signed_rank_null(ranks: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     counts = np.zeros(int(twice.sum()) + 1)
     counts[0] = 1.0
     for v in twice:
-        counts[v:] = counts[v:] + counts[:len(counts) - v].copy()
+        counts[v:] = counts[v:] + counts[: len(counts) - v].copy()
     return np.arange(len(counts)) / 2, counts / counts.sum()
 
 
@@ -284,13 +301,13 @@ def tie_exact(d: np.ndarray) -> np.ndarray:
     return np.round(d, TIE_DECIMALS)
 
 
-def wilcoxon(a: Sequence[float], b: Sequence[float],
-             alternative: str = "greater") -> tuple[float, float, int]:
+def wilcoxon(a: Sequence[float], b: Sequence[float], alternative: str = "greater") -> tuple[float, float, int]:
     """Wilcoxon signed-rank test of paired ``a`` vs ``b``: (W+, p, n non-zero differences).
 
     W+ is the sum of the ranks of |a − b| where a > b; zero differences are dropped (Wilcoxon's
     convention, scipy's default). Differences are compared after ``tie_exact``: equal in decimal
-    means tied, whatever the floating-point noise of the subtraction. All differences zero: W+ = 0, p = 1 (no evidence either way).
+    means tied, whatever the floating-point noise of the subtraction. All differences zero: W+ = 0,
+    p = 1 (no evidence either way).
     The p-value is scipy's; with tied |d| and n ≤ 13, where scipy enumerates the 2^n sign
     patterns by a slow permutation test, the same exact p comes from
     ``signed_rank_null``.
@@ -301,6 +318,7 @@ def wilcoxon(a: Sequence[float], b: Sequence[float],
     if len(nz) == 0:
         return 0.0, 1.0, 0
     from scipy import stats as st
+
     r = st.rankdata(np.abs(nz))
     w = float(r[nz > 0].sum())
     if len(np.unique(r)) < len(r) and len(nz) <= 13:
@@ -308,8 +326,7 @@ def wilcoxon(a: Sequence[float], b: Sequence[float],
     return w, float(st.wilcoxon(nz, alternative=alternative).pvalue), len(nz)
 
 
-def paired_t(a: Sequence[float], b: Sequence[float],
-             alternative: str = "greater") -> tuple[float, float]:
+def paired_t(a: Sequence[float], b: Sequence[float], alternative: str = "greater") -> tuple[float, float]:
     """Paired t-test of ``a`` vs ``b``: (t, p). NaN when the differences have no spread
     (all equal, up to rounding: t would be infinite or noise)."""
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
@@ -317,6 +334,7 @@ def paired_t(a: Sequence[float], b: Sequence[float],
     if len(d) < 2 or np.ptp(d) <= 1e-12 * max(1.0, float(np.abs(d).max())):
         return math.nan, math.nan
     from scipy import stats as st
+
     res = st.ttest_rel(d, np.zeros_like(d), alternative=alternative)
     return float(res.statistic), float(res.pvalue)
 
@@ -324,8 +342,9 @@ def paired_t(a: Sequence[float], b: Sequence[float],
 T_ALTERNATIVES = ("two-sided", "greater")
 
 
-def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greater",
-                 t_alternative: str = "two-sided") -> pd.DataFrame:
+def paired_tests(
+    table: pd.DataFrame, reference: str, alternative: str = "greater", t_alternative: str = "two-sided"
+) -> pd.DataFrame:
     """The paper's tests: ``reference`` against every other condition over the rows of ``table``.
 
     One row per other condition: n datasets, mean difference, Wilcoxon W+ and p (``alternative``;
@@ -335,8 +354,9 @@ def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greate
     sizes of ``effect_sizes`` (Hodges-Lehmann shift with its 95% interval, rank-biserial r).
     """
     if reference not in table.columns:
-        raise AnalysisError(f"reference condition {reference!r} is not among the conditions: "
-                            f"{', '.join(map(str, table.columns))}")
+        raise AnalysisError(
+            f"reference condition {reference!r} is not among the conditions: {', '.join(map(str, table.columns))}"
+        )
     rows = []
     for other in table.columns:
         if other == reference:
@@ -345,10 +365,22 @@ def paired_tests(table: pd.DataFrame, reference: str, alternative: str = "greate
         w, wp, _ = wilcoxon(a, b, alternative)
         t, tp = paired_t(a, b, t_alternative)
         _, tp2 = paired_t(a, b, "two-sided")
-        rows.append({"reference": reference, "other": other, "n": int(np.sum(~np.isnan(a - b))),
-                     "mean_diff": float(np.nanmean(a - b)), "wilcoxon_W": w, "wilcoxon_p": wp,
-                     "wilcoxon_alternative": alternative, "t": t, "t_p": tp,
-                     "t_alternative": t_alternative, "t_p_two_sided": tp2, **effect_sizes(a, b)})
+        rows.append(
+            {
+                "reference": reference,
+                "other": other,
+                "n": int(np.sum(~np.isnan(a - b))),
+                "mean_diff": float(np.nanmean(a - b)),
+                "wilcoxon_W": w,
+                "wilcoxon_p": wp,
+                "wilcoxon_alternative": alternative,
+                "t": t,
+                "t_p": tp,
+                "t_alternative": t_alternative,
+                "t_p_two_sided": tp2,
+                **effect_sizes(a, b),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -360,8 +392,10 @@ def friedman_skip(table: pd.DataFrame) -> str | None:
     if n < 2:
         return f"needs at least 2 datasets (have {n})"
     if (table.nunique(axis=1) <= 1).all():
-        return (f"all {k} conditions have the same accuracy on every dataset "
-                "(every dataset ties them): there is no order to test")
+        return (
+            f"all {k} conditions have the same accuracy on every dataset "
+            "(every dataset ties them): there is no order to test"
+        )
     return None
 
 
@@ -375,6 +409,7 @@ def friedman(table: pd.DataFrame) -> dict[str, float]:
     if friedman_skip(table) is not None:
         return {"statistic": math.nan, "p": math.nan, "k": k, "n": n}
     from scipy import stats as st
+
     res = st.friedmanchisquare(*[table[c].to_numpy(float) for c in table.columns])
     return {"statistic": float(res.statistic), "p": float(res.pvalue), "k": k, "n": n}
 
@@ -385,10 +420,20 @@ def pairwise_wilcoxon(table: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     rows = []
     for a, b in itertools.combinations(table.columns, 2):
         w, p, n = wilcoxon(table[a], table[b], "two-sided")
-        rows.append({"a": a, "b": b, "n": n, "mean_diff": float(np.nanmean(table[a] - table[b])),
-                     "wilcoxon_W": w, "p": p, **effect_sizes(table[a], table[b])})
-    out = pd.DataFrame(rows, columns=["a", "b", "n", "mean_diff", "wilcoxon_W", "p", "hl", "hl_low",
-                                      "hl_high", "rank_biserial"])
+        rows.append(
+            {
+                "a": a,
+                "b": b,
+                "n": n,
+                "mean_diff": float(np.nanmean(table[a] - table[b])),
+                "wilcoxon_W": w,
+                "p": p,
+                **effect_sizes(table[a], table[b]),
+            }
+        )
+    out = pd.DataFrame(
+        rows, columns=["a", "b", "n", "mean_diff", "wilcoxon_W", "p", "hl", "hl_low", "hl_high", "rank_biserial"]
+    )
     out["p_holm"] = holm(out["p"].to_numpy()) if len(out) else []
     out["significant"] = out["p_holm"] <= alpha
     return out
@@ -401,6 +446,7 @@ def nemenyi_q(k: int, alpha: float = 0.05) -> float:
     if alpha == 0.05 and k in NEMENYI_Q05:
         return NEMENYI_Q05[k]
     from scipy import stats as st
+
     return float(st.studentized_range.ppf(1 - alpha, k, np.inf) / math.sqrt(2))
 
 
@@ -422,7 +468,7 @@ def cd_cliques(avg_ranks: pd.Series, cd: float) -> list[list[str]]:
         while j + 1 < len(values) and values[j + 1] - values[i] < cd:
             j += 1
         if j > i and j > reach:
-            cliques.append(names[i:j + 1])
+            cliques.append(names[i : j + 1])
         reach = max(reach, j)
     return cliques
 
@@ -440,7 +486,7 @@ def rank_cliques(avg_ranks: pd.Series, differ) -> list[list[str]]:
         while j + 1 < len(names) and not any(differ(names[m], names[j + 1]) for m in range(i, j + 1)):
             j += 1
         if j > i and j > reach:
-            cliques.append(names[i:j + 1])
+            cliques.append(names[i : j + 1])
         reach = max(reach, j)
     return cliques
 
@@ -459,6 +505,7 @@ def wilcoxon_cliques(avg_ranks: pd.Series, pairs: pd.DataFrame) -> list[list[str
 
 # ---------------------------------------------------------------- effect sizes
 
+
 def walsh_averages(d: Sequence[float]) -> np.ndarray:
     """All (d_i + d_j) / 2 for i <= j, sorted (n(n+1)/2 values; NaN dropped first)."""
     d = np.asarray(d, dtype=float)
@@ -467,8 +514,7 @@ def walsh_averages(d: Sequence[float]) -> np.ndarray:
     return np.sort((d[i] + d[j]) / 2)
 
 
-def hodges_lehmann(a: Sequence[float], b: Sequence[float],
-                   alpha: float = 0.05) -> tuple[float, float, float]:
+def hodges_lehmann(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> tuple[float, float, float]:
     """Hodges-Lehmann estimate of the paired shift a − b with its exact 1−alpha interval.
 
     The estimate is the median of the Walsh averages of d = a − b; the interval is Tukey's: the
@@ -507,6 +553,7 @@ def effect_sizes(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) ->
 
 # ---------------------------------------------------------------- tuning budget
 
+
 def expected_max(values: Sequence[float], n: int, follow: Sequence[float] | None = None) -> float:
     """Expected maximum of ``n`` draws with replacement from ``values`` (Dodge et al., 2019).
 
@@ -538,19 +585,22 @@ def tuning_budget(means: pd.DataFrame, max_trials: int | None = None) -> pd.Data
     """
     usable = means.dropna(subset=["val_mean", "test_mean"])
     if usable.empty:
-        return pd.DataFrame(columns=["condition", "n_lrs", "expected_val", "expected_test",
-                                     "datasets"])
+        return pd.DataFrame(columns=["condition", "n_lrs", "expected_val", "expected_test", "datasets"])
     top = int(usable.groupby(CELL).size().max()) if max_trials is None else max_trials
     rows = []
-    for (dataset, condition), g in usable.groupby(CELL, sort=True):
+    for (_dataset, condition), g in usable.groupby(CELL, sort=True):
         val, test = g["val_mean"].to_numpy(float), g["test_mean"].to_numpy(float)
         for n in range(1, top + 1):
             rows.append((condition, n, expected_max(val, n), expected_max(val, n, test), n <= len(g)))
     df = pd.DataFrame(rows, columns=["condition", "n_lrs", "expected_val", "expected_test", "full"])
     g = df.groupby(["condition", "n_lrs"], sort=True)
-    return pd.DataFrame({"expected_val": g["expected_val"].mean(),
-                         "expected_test": g["expected_test"].mean(),
-                         "datasets": g["full"].sum().astype(int)}).reset_index()
+    return pd.DataFrame(
+        {
+            "expected_val": g["expected_val"].mean(),
+            "expected_test": g["expected_test"].mean(),
+            "datasets": g["full"].sum().astype(int),
+        }
+    ).reset_index()
 
 
 def lr_edges(means: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
@@ -562,15 +612,30 @@ def lr_edges(means: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
     """
     grids = means.groupby(CELL)["lr"].agg(["min", "max", "size"]).reset_index()
     m = best[CELL + ["lr"]].merge(grids, on=CELL, how="left")
-    edge = np.where(m["lr"].isna(), "none",
-                    np.where((m["size"] >= 2) & (m["lr"] == m["max"]), "high",
-                             np.where((m["size"] >= 2) & (m["lr"] == m["min"]), "low", "inside")))
-    return pd.DataFrame({"dataset": m["dataset"], "condition": m["condition"], "lr": m["lr"],
-                         "grid_min": m["min"], "grid_max": m["max"], "grid_size": m["size"],
-                         "edge": edge})
+    edge = np.where(
+        m["lr"].isna(),
+        "none",
+        np.where(
+            (m["size"] >= 2) & (m["lr"] == m["max"]),
+            "high",
+            np.where((m["size"] >= 2) & (m["lr"] == m["min"]), "low", "inside"),
+        ),
+    )
+    return pd.DataFrame(
+        {
+            "dataset": m["dataset"],
+            "condition": m["condition"],
+            "lr": m["lr"],
+            "grid_min": m["min"],
+            "grid_max": m["max"],
+            "grid_size": m["size"],
+            "edge": edge,
+        }
+    )
 
 
 # ---------------------------------------------------------------- variance decomposition
+
 
 def variance_decomposition(runs: pd.DataFrame, value: str = "test_acc") -> pd.DataFrame:
     """Per condition: how the spread of finished runs splits into dataset, lr and seed.
@@ -586,16 +651,32 @@ def variance_decomposition(runs: pd.DataFrame, value: str = "test_acc") -> pd.Da
         y = g[value].to_numpy(float)
         m_d = g.groupby("dataset")[value].transform("mean").to_numpy(float)
         m_dl = g.groupby(["dataset", "lr"])[value].transform("mean").to_numpy(float)
-        parts = {"dataset": np.mean((m_d - y.mean()) ** 2), "lr": np.mean((m_dl - m_d) ** 2),
-                 "seed": np.mean((y - m_dl) ** 2)}
+        parts = {
+            "dataset": np.mean((m_d - y.mean()) ** 2),
+            "lr": np.mean((m_dl - m_d) ** 2),
+            "seed": np.mean((y - m_dl) ** 2),
+        }
         total = float(np.mean((y - y.mean()) ** 2))
-        row = {"condition": condition, "n_runs": len(y), **{f"var_{k}": float(v) for k, v in parts.items()},
-               "var_total": total}
+        row = {
+            "condition": condition,
+            "n_runs": len(y),
+            **{f"var_{k}": float(v) for k, v in parts.items()},
+            "var_total": total,
+        }
         for k, v in parts.items():
             row[f"share_{k}"] = float(v / total) if total > 0 else math.nan
         rows.append(row)
-    cols = ["condition", "n_runs", "var_dataset", "var_lr", "var_seed", "var_total",
-            "share_dataset", "share_lr", "share_seed"]
+    cols = [
+        "condition",
+        "n_runs",
+        "var_dataset",
+        "var_lr",
+        "var_seed",
+        "var_total",
+        "share_dataset",
+        "share_lr",
+        "share_seed",
+    ]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -607,6 +688,7 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan, math.nan
     from scipy import stats as st
+
     res = st.spearmanr(x, y)
     return float(res.statistic), float(res.pvalue)
 
@@ -626,7 +708,7 @@ def t_interval(df: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     n = df["n"].to_numpy(float)
     mean, std = df["mean"].to_numpy(float), df["std"].to_numpy(float)
     ok = (n >= 2) & np.isfinite(std)
-    df1 = np.where(ok, n - 1, 1.0)     # any valid degrees of freedom where the row has no interval
+    df1 = np.where(ok, n - 1, 1.0)  # any valid degrees of freedom where the row has no interval
     half = np.where(ok, st.t.ppf(0.5 + level / 2, df1) * std / np.sqrt(df1 + 1), np.nan)
     out = df.drop(columns=["ci_low", "ci_high"], errors="ignore")
     at = list(out.columns).index("n") + 1
@@ -649,15 +731,15 @@ def pool_plasticity(df: pd.DataFrame, z: float = 1.959964) -> pd.DataFrame:
         s = g["std"].to_numpy(float)
         row = dict(zip(PLASTICITY_GROUP, key))
         if len(g) == 1:
-            row.update(mean=m[0], std=s[0], n=int(n[0]), ci_low=float(g["ci_low"].iloc[0]),
-                       ci_high=float(g["ci_high"].iloc[0]))
+            row.update(
+                mean=m[0], std=s[0], n=int(n[0]), ci_low=float(g["ci_low"].iloc[0]), ci_high=float(g["ci_high"].iloc[0])
+            )
         else:
             total = n.sum()
             mean = float((n * m).sum() / total)
-            var = float(((n - 1) * s ** 2 + n * (m - mean) ** 2).sum() / (total - 1))
+            var = float(((n - 1) * s**2 + n * (m - mean) ** 2).sum() / (total - 1))
             half = z * math.sqrt(var / total)
-            row.update(mean=mean, std=math.sqrt(var), n=int(total), ci_low=mean - half,
-                       ci_high=mean + half)
+            row.update(mean=mean, std=math.sqrt(var), n=int(total), ci_low=mean - half, ci_high=mean + half)
         rows.append(row)
     return pd.DataFrame(rows, columns=PLASTICITY_GROUP + ["mean", "std", "n", "ci_low", "ci_high"])
 
@@ -670,8 +752,7 @@ def component_plasticity(pooled: pd.DataFrame, mode: str) -> pd.DataFrame:
     return table
 
 
-def plasticity_vs_accuracy(plasticity: pd.DataFrame, accuracy: pd.DataFrame
-                           ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def plasticity_vs_accuracy(plasticity: pd.DataFrame, accuracy: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Component ranking by plasticity next to the ranking by accuracy, and their correlation.
 
     ``plasticity`` and ``accuracy`` are datasets × components tables (accuracy: the conditions
@@ -683,20 +764,27 @@ def plasticity_vs_accuracy(plasticity: pd.DataFrame, accuracy: pd.DataFrame
     comps = [c for c in plasticity.columns if c in accuracy.columns]
     datasets = [d for d in plasticity.index if d in accuracy.index]
     if len(comps) < 2 or not datasets:
-        raise AnalysisError("plasticity and accuracy share no datasets or fewer than two "
-                            f"components (plasticity: {', '.join(map(str, plasticity.columns))}; "
-                            f"conditions: {', '.join(map(str, accuracy.columns))})")
+        raise AnalysisError(
+            "plasticity and accuracy share no datasets or fewer than two "
+            f"components (plasticity: {', '.join(map(str, plasticity.columns))}; "
+            f"conditions: {', '.join(map(str, accuracy.columns))})"
+        )
     p, a = plasticity.loc[datasets, comps], accuracy.loc[datasets, comps]
-    ranking = pd.DataFrame({
-        "plasticity": p.mean(), "plasticity_rank": ranks(p).mean(),
-        "accuracy": a.mean(), "accuracy_rank": ranks(a).mean(),
-    })
+    ranking = pd.DataFrame(
+        {
+            "plasticity": p.mean(),
+            "plasticity_rank": ranks(p).mean(),
+            "accuracy": a.mean(),
+            "accuracy_rank": ranks(a).mean(),
+        }
+    )
     rows = [{"dataset": d, **dict(zip(("rho", "p"), spearman(p.loc[d], a.loc[d])))} for d in datasets]
     rows.append({"dataset": "all", **dict(zip(("rho", "p"), spearman(p.mean(), a.mean())))})
     return ranking.sort_values("plasticity_rank"), pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------- curves
+
 
 def curve_bands(curves: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Mean and std over seeds per (dataset, condition, key, step) of step metrics.

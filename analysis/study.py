@@ -24,16 +24,16 @@ def paper_order() -> tuple[str, ...]:
     return tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
 
 
-def restrict(df: pd.DataFrame, conditions: list[str] | None, datasets: list[str] | None,
-             source: str) -> pd.DataFrame:
+def restrict(df: pd.DataFrame, conditions: list[str] | None, datasets: list[str] | None, source: str) -> pd.DataFrame:
     """The rows of ``df`` on ``conditions`` and ``datasets`` (all where None); a name that is
     not in ``df`` is an AnalysisError listing the names there are."""
     for col, wanted in (("condition", conditions), ("dataset", datasets)):
         if wanted:
             unknown = [w for w in wanted if w not in set(df[col])]
             if unknown:
-                raise AnalysisError(f"{source}: no {col} {', '.join(map(repr, unknown))}; "
-                                    f"there are: {', '.join(sorted(set(df[col])))}")
+                raise AnalysisError(
+                    f"{source}: no {col} {', '.join(map(repr, unknown))}; there are: {', '.join(sorted(set(df[col])))}"
+                )
             df = df[df[col].isin(wanted)]
     return df
 
@@ -44,8 +44,10 @@ def compared_conditions(order: list[str], compare: list[str] | None, source: str
         return list(order)
     missing = [c for c in compare if c not in order]
     if missing:
-        raise AnalysisError(f"{source}: the compared condition(s) {', '.join(missing)} are not "
-                            f"among the conditions analysed: {', '.join(order)}")
+        raise AnalysisError(
+            f"{source}: the compared condition(s) {', '.join(missing)} are not "
+            f"among the conditions analysed: {', '.join(order)}"
+        )
     return [c for c in order if c in compare]
 
 
@@ -110,8 +112,10 @@ def _choose_lrs(runs: pd.DataFrame, select_on: str, ddof: int, source: str):
     load.check_runs(runs, source)
     finished = runs["status"] == "finished"
     if select_on == "val" and runs.loc[finished, "val_acc"].isna().all():
-        raise AnalysisError(f"{source}: no validation accuracies (val_acc) to choose the lr "
-                            "on; choose it on test accuracy with --select-on test")
+        raise AnalysisError(
+            f"{source}: no validation accuracies (val_acc) to choose the lr "
+            "on; choose it on test accuracy with --select-on test"
+        )
     means = stats.seed_means(runs, ddof=ddof)
     best = stats.best_lr(means, select_on)
     other = "test" if select_on == "val" else "val"
@@ -128,12 +132,23 @@ def _gain_reference(order: list[str], gain_reference: str | None, reference: str
     return ref
 
 
-def build(*, runs: pd.DataFrame | None = None, summary: pd.DataFrame | None = None,
-          select_on: str = "val", reference: str = "MHA", conditions: list[str] | None = None,
-          datasets: list[str] | None = None, bands: pd.DataFrame | None = None,
-          plasticity: pd.DataFrame | None = None, ddof: int = 0, title: str = "",
-          options: trust.Options | None = None, t_alternative: str = "two-sided",
-          compare: list[str] | None = None, gain_reference: str | None = None) -> Study:
+def build(
+    *,
+    runs: pd.DataFrame | None = None,
+    summary: pd.DataFrame | None = None,
+    select_on: str = "val",
+    reference: str = "MHA",
+    conditions: list[str] | None = None,
+    datasets: list[str] | None = None,
+    bands: pd.DataFrame | None = None,
+    plasticity: pd.DataFrame | None = None,
+    ddof: int = 0,
+    title: str = "",
+    options: trust.Options | None = None,
+    t_alternative: str = "two-sided",
+    compare: list[str] | None = None,
+    gain_reference: str | None = None,
+) -> Study:
     """The checked ``Study`` of ``runs`` or ``summary`` (the arguments of
     ``analysis.report.analyse``); raises AnalysisError on any bad input."""
     if (runs is None) == (summary is None):
@@ -152,16 +167,32 @@ def build(*, runs: pd.DataFrame | None = None, summary: pd.DataFrame | None = No
     if best_other is not None:  # its table and ranks are shown beside the chosen one's
         stats.check_complete(best_other)
     if len(compared) >= 2 and reference not in compared:
-        raise AnalysisError(f"reference condition {reference!r} is not among the conditions: "
-                            f"{', '.join(map(str, compared))}")
+        raise AnalysisError(
+            f"reference condition {reference!r} is not among the conditions: {', '.join(map(str, compared))}"
+        )
     table = stats.wide(best, conditions=order)
-    return Study(source=source, runs=runs, summary=summary, means=means, best=best,
-                 best_other=best_other, select_on=select_on, scale=scale, order=order,
-                 compared=compared, table=table, ranks=stats.ranks(table[compared]),
-                 scores=trust.scores_of(runs, best, table, order), reference=reference,
-                 gain_reference=_gain_reference(order, gain_reference, reference),
-                 t_alternative=t_alternative, options=options or trust.Options(), bands=bands,
-                 plasticity=plasticity, title=title)
+    return Study(
+        source=source,
+        runs=runs,
+        summary=summary,
+        means=means,
+        best=best,
+        best_other=best_other,
+        select_on=select_on,
+        scale=scale,
+        order=order,
+        compared=compared,
+        table=table,
+        ranks=stats.ranks(table[compared]),
+        scores=trust.scores_of(runs, best, table, order),
+        reference=reference,
+        gain_reference=_gain_reference(order, gain_reference, reference),
+        t_alternative=t_alternative,
+        options=options or trust.Options(),
+        bands=bands,
+        plasticity=plasticity,
+        title=title,
+    )
 
 
 __all__ = ["Study", "build", "paper_order", "restrict", "compared_conditions"]

@@ -13,13 +13,28 @@ import pandas as pd
 
 from analysis.load import RUN_COLUMNS
 
-CONDITION_EFFECT = {"MHA": 0.0, "FC1": -0.001, "FC2": -0.005, "LN2": -0.009, "LN1": -0.010,
-                    "full": -0.003, "linear_probe": -0.05, "lora": -0.002}
+CONDITION_EFFECT = {
+    "MHA": 0.0,
+    "FC1": -0.001,
+    "FC2": -0.005,
+    "LN2": -0.009,
+    "LN1": -0.010,
+    "full": -0.003,
+    "linear_probe": -0.05,
+    "lora": -0.002,
+}
 
 
-def fake_runs(n_datasets: int = 5, conditions=("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe"),
-              lrs=(0.001, 0.003, 0.01, 0.03), seeds=(0, 1, 2), seed: int = 0, model: str = "vit_demo",
-              optimizer: str = "sgd", diverge: float = 0.02) -> pd.DataFrame:
+def fake_runs(
+    n_datasets: int = 5,
+    conditions=("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe"),
+    lrs=(0.001, 0.003, 0.01, 0.03),
+    seeds=(0, 1, 2),
+    seed: int = 0,
+    model: str = "vit_demo",
+    optimizer: str = "sgd",
+    diverge: float = 0.02,
+) -> pd.DataFrame:
     """One row per run (``analysis.load.RUN_COLUMNS``): datasets × conditions × lrs × seeds.
 
     ``diverge`` is the chance that a run at the largest lr diverges (NaN accuracies).
@@ -41,10 +56,21 @@ def fake_runs(n_datasets: int = 5, conditions=("LN1", "MHA", "LN2", "FC1", "FC2"
                     status = "finished"
                     if lr == max(lrs) and rng.random() < diverge:
                         status, val, test = "diverged", np.nan, np.nan
-                    rows.append({"run_id": f"r{len(rows)}", "model": model, "optimizer": optimizer,
-                                 "low_data": False, "dataset": d, "condition": c, "lr": float(lr),
-                                 "seed": int(s), "val_acc": min(val, 1.0), "test_acc": min(test, 1.0),
-                                 "status": status})
+                    rows.append(
+                        {
+                            "run_id": f"r{len(rows)}",
+                            "model": model,
+                            "optimizer": optimizer,
+                            "low_data": False,
+                            "dataset": d,
+                            "condition": c,
+                            "lr": float(lr),
+                            "seed": int(s),
+                            "val_acc": min(val, 1.0),
+                            "test_acc": min(test, 1.0),
+                            "status": status,
+                        }
+                    )
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 

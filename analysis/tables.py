@@ -14,9 +14,21 @@ from pathlib import Path
 import pandas as pd
 
 DASH = "—"
-_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-          "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-          "±": r"$\pm$", DASH: "--", "−": "-"}
+_LATEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    DASH: "--",
+    "−": "-",
+}
 
 
 def fmt(x, digits: int = 1) -> str:
@@ -60,10 +72,13 @@ def interval(est: float, low: float, high: float, digits: int = 1, scale: float 
 
 # ---------------------------------------------------------------- writers
 
+
 def _cells(df: pd.DataFrame, index: bool) -> tuple[list[str], list[list[str]]]:
     header = ([str(df.index.name or "")] if index else []) + [str(c) for c in df.columns]
-    rows = [([str(i)] if index else []) + [fmt(v, 4) if isinstance(v, float) else str(v) for v in row]
-            for i, row in zip(df.index, df.itertuples(index=False))]
+    rows = [
+        ([str(i)] if index else []) + [fmt(v, 4) if isinstance(v, float) else str(v) for v in row]
+        for i, row in zip(df.index, df.itertuples(index=False))
+    ]
     return header, rows
 
 
@@ -73,8 +88,10 @@ def markdown(df: pd.DataFrame, index: bool = True) -> str:
     esc = [[c.replace("|", r"\|") for c in r] for r in [header] + rows]
     widths = [max(3, *(len(r[j]) for r in esc)) for j in range(len(header))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    return "\n".join([line(esc[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-                     + [line(r) for r in esc[1:]]) + "\n"
+    return (
+        "\n".join([line(esc[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in esc[1:]])
+        + "\n"
+    )
 
 
 def latex_escape(text: str) -> str:
@@ -87,17 +104,28 @@ def latex(df: pd.DataFrame, index: bool = True, caption: str | None = None) -> s
     header, rows = _cells(df, index)
     spec = "l" + "r" * (len(header) - 1)
     body = [" & ".join(latex_escape(c) for c in r) + r" \\" for r in rows]
-    out = [r"\begin{tabular}{" + spec + "}", r"\toprule",
-           " & ".join(latex_escape(c) for c in header) + r" \\", r"\midrule", *body,
-           r"\bottomrule", r"\end{tabular}"]
+    out = [
+        r"\begin{tabular}{" + spec + "}",
+        r"\toprule",
+        " & ".join(latex_escape(c) for c in header) + r" \\",
+        r"\midrule",
+        *body,
+        r"\bottomrule",
+        r"\end{tabular}",
+    ]
     if caption:
         out = [f"% {caption}"] + out
     return "\n".join(out) + "\n"
 
 
-def write_table(out_dir: str | os.PathLike, name: str, shown: pd.DataFrame,
-                data: pd.DataFrame | None = None, index: bool = True,
-                caption: str | None = None) -> list[Path]:
+def write_table(
+    out_dir: str | os.PathLike,
+    name: str,
+    shown: pd.DataFrame,
+    data: pd.DataFrame | None = None,
+    index: bool = True,
+    caption: str | None = None,
+) -> list[Path]:
     """Write NAME.md and NAME.tex from ``shown`` and NAME.csv from ``data`` (default: shown).
 
     A ``caption`` heads the Markdown file and is a comment above the LaTeX tabular.
@@ -116,12 +144,20 @@ def write_table(out_dir: str | os.PathLike, name: str, shown: pd.DataFrame,
 
 # ---------------------------------------------------------------- the study's tables
 
-def accuracy_table(best: pd.DataFrame, conditions: list[str], avg: pd.Series,
-                   avg_rank: pd.Series | None, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
+
+def accuracy_table(
+    best: pd.DataFrame,
+    conditions: list[str],
+    avg: pd.Series,
+    avg_rank: pd.Series | None,
+    scale: float = 1.0,
+    digits: int = 1,
+) -> pd.DataFrame:
     """Conditions × (datasets, average, avg rank): ``mean ± std`` at the best lr."""
     datasets = sorted(best["dataset"].unique())
-    cell = {(r.dataset, r.condition): mean_std(r.test_mean * scale, r.test_std * scale, digits)
-            for r in best.itertuples()}
+    cell = {
+        (r.dataset, r.condition): mean_std(r.test_mean * scale, r.test_std * scale, digits) for r in best.itertuples()
+    }
     rows = {}
     for c in conditions:
         row = {d: cell.get((d, c), DASH) for d in datasets}
@@ -134,8 +170,14 @@ def accuracy_table(best: pd.DataFrame, conditions: list[str], avg: pd.Series,
     return table
 
 
-def number_table(table: pd.DataFrame, conditions: list[str], summary: pd.Series | None,
-                 summary_name: str, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
+def number_table(
+    table: pd.DataFrame,
+    conditions: list[str],
+    summary: pd.Series | None,
+    summary_name: str,
+    scale: float = 1.0,
+    digits: int = 1,
+) -> pd.DataFrame:
     """A datasets × conditions table of numbers turned to conditions × datasets, formatted."""
     t = table.T.reindex([c for c in conditions if c in table.columns])
     shown = t.map(lambda v: fmt(v * scale, digits))
@@ -161,21 +203,25 @@ def status_table(runs: pd.DataFrame, conditions: list[str]) -> pd.DataFrame:
     return counts
 
 
-def chosen_lr_table(val_best: pd.DataFrame, test_best: pd.DataFrame,
-                    conditions: list[str]) -> pd.DataFrame:
+def chosen_lr_table(val_best: pd.DataFrame, test_best: pd.DataFrame, conditions: list[str]) -> pd.DataFrame:
     """Conditions × datasets: the lr chosen on validation, ``val / test`` where test differs."""
     key = ["dataset", "condition"]
     m = val_best[key + ["lr"]].merge(test_best[key + ["lr"]], on=key, suffixes=("_val", "_test"))
-    m["shown"] = [fmt_lr(a) if (a == b or (math.isnan(a) and math.isnan(b)))
-                  else f"{fmt_lr(a)} / {fmt_lr(b)}" for a, b in zip(m["lr_val"], m["lr_test"])]
+    m["shown"] = [
+        fmt_lr(a) if (a == b or (math.isnan(a) and math.isnan(b))) else f"{fmt_lr(a)} / {fmt_lr(b)}"
+        for a, b in zip(m["lr_val"], m["lr_test"])
+    ]
     t = m.pivot(index="condition", columns="dataset", values="shown")
     t = t.reindex([c for c in conditions if c in t.index])
     t.columns.name = None
     return t
 
 
-ALTERNATIVE_LABEL = {"greater": "one-sided, reference greater", "two-sided": "two-sided",
-                     "less": "one-sided, reference smaller"}
+ALTERNATIVE_LABEL = {
+    "greater": "one-sided, reference greater",
+    "two-sided": "two-sided",
+    "less": "one-sided, reference smaller",
+}
 
 
 def tests_table(tests: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.DataFrame:
@@ -183,15 +229,17 @@ def tests_table(tests: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.
     alternative (``stats.paired_tests``' ``wilcoxon_alternative`` and ``t_alternative``)."""
     w_alt = tests["wilcoxon_alternative"].iloc[0] if "wilcoxon_alternative" in tests and len(tests) else "greater"
     t_alt = tests["t_alternative"].iloc[0] if "t_alternative" in tests and len(tests) else "greater"
-    shown = pd.DataFrame({
-        "comparison": [f"{r} vs {o}" for r, o in zip(tests["reference"], tests["other"])],
-        "n": tests["n"].astype(int).astype(str),
-        "mean diff": [fmt(v * scale, digits) for v in tests["mean_diff"]],
-        "Wilcoxon W+": [fmt(v, 1) for v in tests["wilcoxon_W"]],
-        f"Wilcoxon p ({ALTERNATIVE_LABEL[w_alt]})": [fmt_p(p) for p in tests["wilcoxon_p"]],
-        "t": [fmt(v, 2) for v in tests["t"]],
-        f"t-test p ({ALTERNATIVE_LABEL[t_alt]})": [fmt_p(p) for p in tests["t_p"]],
-    })
+    shown = pd.DataFrame(
+        {
+            "comparison": [f"{r} vs {o}" for r, o in zip(tests["reference"], tests["other"])],
+            "n": tests["n"].astype(int).astype(str),
+            "mean diff": [fmt(v * scale, digits) for v in tests["mean_diff"]],
+            "Wilcoxon W+": [fmt(v, 1) for v in tests["wilcoxon_W"]],
+            f"Wilcoxon p ({ALTERNATIVE_LABEL[w_alt]})": [fmt_p(p) for p in tests["wilcoxon_p"]],
+            "t": [fmt(v, 2) for v in tests["t"]],
+            f"t-test p ({ALTERNATIVE_LABEL[t_alt]})": [fmt_p(p) for p in tests["t_p"]],
+        }
+    )
     if t_alt != "two-sided":
         shown["t-test p (two-sided)"] = [fmt_p(p) for p in tests["t_p_two_sided"]]
     for k, v in _effect_columns(tests, scale, digits).items():
@@ -199,13 +247,15 @@ def tests_table(tests: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.
     return shown.set_index("comparison")
 
 
-def main_table(best: pd.DataFrame, conditions: list[str], avg_rank: pd.Series | None = None,
-               scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
+def main_table(
+    best: pd.DataFrame, conditions: list[str], avg_rank: pd.Series | None = None, scale: float = 1.0, digits: int = 1
+) -> pd.DataFrame:
     """The paper's main table: datasets × conditions of ``mean ± std`` at the chosen lr, then an
     ``average`` row (mean over datasets of the means) and, given ranks, an ``avg rank`` row."""
     datasets = sorted(best["dataset"].unique())
-    cell = {(r.dataset, r.condition): mean_std(r.test_mean * scale, r.test_std * scale, digits)
-            for r in best.itertuples()}
+    cell = {
+        (r.dataset, r.condition): mean_std(r.test_mean * scale, r.test_std * scale, digits) for r in best.itertuples()
+    }
     avg = best.groupby("condition")["test_mean"].mean()
     rows = {d: {c: cell.get((d, c), DASH) for c in conditions} for d in datasets}
     rows["average"] = {c: fmt(avg.get(c, math.nan) * scale, digits) for c in conditions}
@@ -216,8 +266,9 @@ def main_table(best: pd.DataFrame, conditions: list[str], avg_rank: pd.Series | 
     return table
 
 
-def dataset_table(table: pd.DataFrame, conditions: list[str], summary_name: str = "average",
-                  digits: int = 1) -> pd.DataFrame:
+def dataset_table(
+    table: pd.DataFrame, conditions: list[str], summary_name: str = "average", digits: int = 1
+) -> pd.DataFrame:
     """A datasets × conditions table of numbers, formatted, with a row of column means."""
     t = table[[c for c in conditions if c in table.columns]].astype(float)
     shown = t.map(lambda v: fmt(v, digits))
@@ -240,12 +291,15 @@ def ablation_table(ab: pd.DataFrame, scale: float = 1.0, digits: int = 1) -> pd.
 
 def efficiency_table(eff: pd.DataFrame, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
     """``stats.parameter_efficiency`` formatted: the count with thousands separators."""
-    return pd.DataFrame({
-        "trainable params": [DASH if math.isnan(v) else f"{v:,.0f}" for v in eff["params"]],
-        "% of full": [fmt(v * 100, 3) if not math.isnan(v) else DASH for v in eff["share_of_full"]],
-        "accuracy": [fmt(v * scale, digits) for v in eff["accuracy"]],
-        "datasets": eff["datasets"].astype(int).astype(str),
-    }, index=eff.index)
+    return pd.DataFrame(
+        {
+            "trainable params": [DASH if math.isnan(v) else f"{v:,.0f}" for v in eff["params"]],
+            "% of full": [fmt(v * 100, 3) if not math.isnan(v) else DASH for v in eff["share_of_full"]],
+            "accuracy": [fmt(v * scale, digits) for v in eff["accuracy"]],
+            "datasets": eff["datasets"].astype(int).astype(str),
+        },
+        index=eff.index,
+    )
 
 
 HL_NO_INTERVAL = "no CI: n < 6"
@@ -263,26 +317,47 @@ def _effect_columns(df: pd.DataFrame, scale: float, digits: int) -> dict[str, li
     """Hodges-Lehmann shift [95% interval] and rank-biserial r, where ``df`` has them."""
     if "hl" not in df:
         return {}
-    return {"HL shift [95% CI]": [_hl_cell(e, lo, hi, digits, scale)
-                                  for e, lo, hi in zip(df["hl"], df["hl_low"], df["hl_high"])],
-            "rank-biserial r": [fmt(v, 2) for v in df["rank_biserial"]]}
+    return {
+        "HL shift [95% CI]": [
+            _hl_cell(e, lo, hi, digits, scale) for e, lo, hi in zip(df["hl"], df["hl_low"], df["hl_high"])
+        ],
+        "rank-biserial r": [fmt(v, 2) for v in df["rank_biserial"]],
+    }
 
 
 def posthoc_table(pairs: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.DataFrame:
     """``stats.pairwise_wilcoxon`` formatted: one row per pair, raw and Holm-corrected p, whether
     significant, and the effect sizes where present."""
-    shown = pd.DataFrame({
-        "pair": [f"{a} vs {b}" for a, b in zip(pairs["a"], pairs["b"])],
-        "n": pairs["n"].astype(int).astype(str),
-        "mean diff": [fmt(v * scale, digits) for v in pairs["mean_diff"]],
-        "Wilcoxon p": [fmt_p(p) for p in pairs["p"]],
-        "Holm p": [fmt_p(p) for p in pairs["p_holm"]],
-        "significant": ["yes" if s else "no" for s in pairs["significant"]],
-        **_effect_columns(pairs, scale, digits),
-    })
+    shown = pd.DataFrame(
+        {
+            "pair": [f"{a} vs {b}" for a, b in zip(pairs["a"], pairs["b"])],
+            "n": pairs["n"].astype(int).astype(str),
+            "mean diff": [fmt(v * scale, digits) for v in pairs["mean_diff"]],
+            "Wilcoxon p": [fmt_p(p) for p in pairs["p"]],
+            "Holm p": [fmt_p(p) for p in pairs["p_holm"]],
+            "significant": ["yes" if s else "no" for s in pairs["significant"]],
+            **_effect_columns(pairs, scale, digits),
+        }
+    )
     return shown.set_index("pair")
 
 
-__all__ = ["markdown", "latex", "write_table", "fmt", "mean_std", "fmt_p", "interval", "accuracy_table",
-           "number_table", "status_table", "chosen_lr_table", "tests_table", "posthoc_table",
-           "main_table", "dataset_table", "ablation_table", "efficiency_table"]
+__all__ = [
+    "markdown",
+    "latex",
+    "write_table",
+    "fmt",
+    "mean_std",
+    "fmt_p",
+    "interval",
+    "accuracy_table",
+    "number_table",
+    "status_table",
+    "chosen_lr_table",
+    "tests_table",
+    "posthoc_table",
+    "main_table",
+    "dataset_table",
+    "ablation_table",
+    "efficiency_table",
+]

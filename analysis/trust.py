@@ -53,8 +53,7 @@ def pair_list(order: list[str], reference: str | None) -> list[tuple[str, str]]:
     return first + rest
 
 
-def scores_of(runs: pd.DataFrame | None, best: pd.DataFrame, table: pd.DataFrame,
-              order: list[str]) -> np.ndarray:
+def scores_of(runs: pd.DataFrame | None, best: pd.DataFrame, table: pd.DataFrame, order: list[str]) -> np.ndarray:
     """(K, D, S) test accuracies at the chosen lr; (K, D, 1) from a per-dataset summary."""
     if runs is None:
         return table[order].to_numpy(float).T[..., None]
@@ -71,118 +70,180 @@ def _shape_note(scores: np.ndarray) -> str | None:
     if D == 1:
         return "One dataset: the intervals reflect seeds only."
     if seeds == 1:
-        return ("One run per dataset and condition: the intervals reflect datasets only, and "
-                "P(X > Y) is the share of datasets where X beats Y.")
+        return (
+            "One run per dataset and condition: the intervals reflect datasets only, and "
+            "P(X > Y) is the share of datasets where X beats Y."
+        )
     return None
 
 
 # ---------------------------------------------------------------- 1. intervals
 
-def intervals_section(scores: np.ndarray, order: list[str], reference: str, scale: float,
-                      opts: Options) -> Section:
+
+def intervals_section(scores: np.ndarray, order: list[str], reference: str, scale: float, opts: Options) -> Section:
     """Bootstrap intervals of each condition's mean and IQM, of every pairwise difference, and
     the probability of improvement."""
     note = _shape_note(scores)
     title = "Interval estimates (stratified bootstrap)"
     fixed = opts.over == "seeds" or scores.shape[1] == 1
     if fixed and int((~np.isnan(scores)).sum(axis=-1).max()) == 1:
-        note = ("One run per dataset and condition, and datasets fixed (--bootstrap-over seeds): "
-                "no interval can be estimated." if scores.shape[1] > 1 else note)
+        note = (
+            "One run per dataset and condition, and datasets fixed (--bootstrap-over seeds): "
+            "no interval can be estimated."
+            if scores.shape[1] > 1
+            else note
+        )
         return section(title, note)
     boot = intervals.resample(scores, opts.reps, opts.seed, datasets=not fixed)
     agg = intervals.aggregate_intervals(scores, order, boot=boot)
     pairs = intervals.pairwise_intervals(scores, order, boot=boot, pairs=pair_list(order, reference))
     unit = " (%)" if scale == 100 else ""
     wide = agg.pivot(index="condition", columns="statistic", values=["estimate", "low", "high"])
-    shown = pd.DataFrame({
-        f"mean{unit} [95% CI]": [tables.interval(wide.loc[c, ("estimate", "mean")], wide.loc[c, ("low", "mean")],
-                                                 wide.loc[c, ("high", "mean")], 2, scale) for c in order],
-        f"IQM{unit} [95% CI]": [tables.interval(wide.loc[c, ("estimate", "iqm")], wide.loc[c, ("low", "iqm")],
-                                                wide.loc[c, ("high", "iqm")], 2, scale) for c in order],
-    }, index=pd.Index(order, name="condition"))
-    pshown = pd.DataFrame({
-        "pair": [f"{a} − {b}" for a, b in zip(pairs["a"], pairs["b"])],
-        "mean diff [95% CI]": [tables.interval(*r, 2, scale) for r in
-                               zip(pairs["mean_diff"], pairs["mean_diff_low"], pairs["mean_diff_high"])],
-        "IQM diff [95% CI]": [tables.interval(*r, 2, scale) for r in
-                              zip(pairs["iqm_diff"], pairs["iqm_diff_low"], pairs["iqm_diff_high"])],
-        "P(a > b) [95% CI]": [tables.interval(*r, 2) for r in
-                              zip(pairs["p_improve"], pairs["p_improve_low"], pairs["p_improve_high"])],
-        "Cliff's delta [95% CI]": [tables.interval(*r, 2) for r in
-                                   zip(pairs["cliffs_delta"], pairs["cliffs_delta_low"],
-                                       pairs["cliffs_delta_high"])],
-    }).set_index("pair")
+    shown = pd.DataFrame(
+        {
+            f"mean{unit} [95% CI]": [
+                tables.interval(
+                    wide.loc[c, ("estimate", "mean")],
+                    wide.loc[c, ("low", "mean")],
+                    wide.loc[c, ("high", "mean")],
+                    2,
+                    scale,
+                )
+                for c in order
+            ],
+            f"IQM{unit} [95% CI]": [
+                tables.interval(
+                    wide.loc[c, ("estimate", "iqm")],
+                    wide.loc[c, ("low", "iqm")],
+                    wide.loc[c, ("high", "iqm")],
+                    2,
+                    scale,
+                )
+                for c in order
+            ],
+        },
+        index=pd.Index(order, name="condition"),
+    )
+    pshown = pd.DataFrame(
+        {
+            "pair": [f"{a} − {b}" for a, b in zip(pairs["a"], pairs["b"])],
+            "mean diff [95% CI]": [
+                tables.interval(*r, 2, scale)
+                for r in zip(pairs["mean_diff"], pairs["mean_diff_low"], pairs["mean_diff_high"])
+            ],
+            "IQM diff [95% CI]": [
+                tables.interval(*r, 2, scale)
+                for r in zip(pairs["iqm_diff"], pairs["iqm_diff_low"], pairs["iqm_diff_high"])
+            ],
+            "P(a > b) [95% CI]": [
+                tables.interval(*r, 2) for r in zip(pairs["p_improve"], pairs["p_improve_low"], pairs["p_improve_high"])
+            ],
+            "Cliff's delta [95% CI]": [
+                tables.interval(*r, 2)
+                for r in zip(pairs["cliffs_delta"], pairs["cliffs_delta_low"], pairs["cliffs_delta_high"])
+            ],
+        }
+    ).set_index("pair")
     over = "seeds within each dataset" if fixed else "datasets, and seeds within each drawn dataset"
-    lines = [f"{opts.reps} bootstrap replicates (seed {opts.seed}) resampling {over}; percentile "
-             "95% intervals. Mean: the average over datasets of the seed means (the accuracy "
-             "table's average); IQM: the interquartile mean of all runs; P(a > b): the chance a "
-             "run of a beats a run of b on the same dataset, averaged over datasets (Cliff's "
-             "delta = 2 P − 1)."]
+    lines = [
+        f"{opts.reps} bootstrap replicates (seed {opts.seed}) resampling {over}; percentile "
+        "95% intervals. Mean: the average over datasets of the seed means (the accuracy "
+        "table's average); IQM: the interquartile mean of all runs; P(a > b): the chance a "
+        "run of a beats a run of b on the same dataset, averaged over datasets (Cliff's "
+        "delta = 2 P − 1)."
+    ]
     if not fixed:
-        lines.append("With datasets resampled, a condition's own interval includes how hard the "
-                     "drawn datasets are; the differences are paired over datasets (the same "
-                     "draw for both conditions) and are the intervals to read for comparisons.")
+        lines.append(
+            "With datasets resampled, a condition's own interval includes how hard the "
+            "drawn datasets are; the differences are paired over datasets (the same "
+            "draw for both conditions) and are the intervals to read for comparisons."
+        )
     if note:
         lines.append(note)
     lines += ["", tables.markdown(shown).rstrip(), "", tables.markdown(pshown).rstrip()]
-    return section(title, "\n".join(lines),
-                   (Table("intervals", shown, agg), Table("intervals_pairwise", pshown, pairs)),
-                   (Figure("intervals", functools.partial(figures.intervals, agg, order, scale=scale)),
-                    Figure("probability_of_improvement", functools.partial(figures.improvement, pairs))))
+    return section(
+        title,
+        "\n".join(lines),
+        (Table("intervals", shown, agg), Table("intervals_pairwise", pshown, pairs)),
+        (
+            Figure("intervals", functools.partial(figures.intervals, agg, order, scale=scale)),
+            Figure("probability_of_improvement", functools.partial(figures.improvement, pairs)),
+        ),
+    )
 
 
 # ---------------------------------------------------------------- 2. equivalence
 
-def rope_section(table: pd.DataFrame, scores: np.ndarray, order: list[str], reference: str,
-                 scale: float, opts: Options) -> Section:
+
+def rope_section(
+    table: pd.DataFrame, scores: np.ndarray, order: list[str], reference: str, scale: float, opts: Options
+) -> Section:
     """Bayesian signed-rank and hierarchical tests with a ROPE for every pair."""
     title = f"Practical equivalence (ROPE ±{opts.rope:g} accuracy points)"
     n_d = table.shape[0]
     if n_d < 2:
-        return section(title, f"One dataset ({table.index[0]}): the Bayesian tests compare "
-                              "conditions over datasets; nothing to test.")
+        return section(
+            title,
+            f"One dataset ({table.index[0]}): the Bayesian tests compare conditions over datasets; nothing to test.",
+        )
     width = opts.rope / scale if scale == 100 else opts.rope
     pairs = pair_list(order, reference)
     df = _signed_rank_frame(table, pairs, width, opts.seed)
     hier_note = _add_hierarchical(df, scores, order, pairs, width, opts)
     has_h = "hierarchical_p_rope" in df and df["hierarchical_p_rope"].notna().any()
     shown = _rope_shown(df, pairs, has_h)
-    lines = [f"For each pair, the posterior probability that a new dataset's difference is "
-             f"most probably in favour of a by more than {opts.rope:g} points (P(a better)), "
-             "within that margin (P(equivalent)), or in favour of b. Bayesian signed-rank test "
-             f"over the {n_d} per-dataset means (Benavoli et al., 2014; as baycomp's "
-             "SignedRankTest, prior 0.5, 50,000 samples)"
-             + ("; hierarchical model over datasets and seeds (Corani et al., 2017; baycomp's "
-                "priors, seeds independent, Gibbs sampling: 8 chains × 500 draws)" if has_h else "")
-             + "."]
+    lines = [
+        f"For each pair, the posterior probability that a new dataset's difference is "
+        f"most probably in favour of a by more than {opts.rope:g} points (P(a better)), "
+        "within that margin (P(equivalent)), or in favour of b. Bayesian signed-rank test "
+        f"over the {n_d} per-dataset means (Benavoli et al., 2014; as baycomp's "
+        "SignedRankTest, prior 0.5, 50,000 samples)"
+        + (
+            "; hierarchical model over datasets and seeds (Corani et al., 2017; baycomp's "
+            "priors, seeds independent, Gibbs sampling: 8 chains × 500 draws)"
+            if has_h
+            else ""
+        )
+        + "."
+    ]
     if hier_note:
         lines.append(hier_note)
     lines += ["", *_verdicts(df, pairs, order, reference, has_h), "", tables.markdown(shown).rstrip()]
-    return section(title, "\n".join(lines), (Table("rope", shown, df),),
-                   (Figure("rope", functools.partial(figures.rope_bars, df, width=opts.rope)),))
+    return section(
+        title,
+        "\n".join(lines),
+        (Table("rope", shown, df),),
+        (Figure("rope", functools.partial(figures.rope_bars, df, width=opts.rope)),),
+    )
 
 
-def _signed_rank_frame(table: pd.DataFrame, pairs: list[tuple[str, str]], width: float,
-                       seed: int) -> pd.DataFrame:
+def _signed_rank_frame(table: pd.DataFrame, pairs: list[tuple[str, str]], width: float, seed: int) -> pd.DataFrame:
     """One row per pair: the Bayesian signed-rank test over the per-dataset means."""
     rows = []
     for a, b in pairs:
-        r = bayes.signed_rank(table[a].to_numpy(float), table[b].to_numpy(float), width,
-                              random_state=seed)
-        rows.append({"a": a, "b": b, "datasets": r["n"], "signed_rank_p_a": r["p_a"],
-                     "signed_rank_p_rope": r["p_rope"], "signed_rank_p_b": r["p_b"]})
+        r = bayes.signed_rank(table[a].to_numpy(float), table[b].to_numpy(float), width, random_state=seed)
+        rows.append(
+            {
+                "a": a,
+                "b": b,
+                "datasets": r["n"],
+                "signed_rank_p_a": r["p_a"],
+                "signed_rank_p_rope": r["p_rope"],
+                "signed_rank_p_b": r["p_b"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def _add_hierarchical(df: pd.DataFrame, scores: np.ndarray, order: list[str],
-                      pairs: list[tuple[str, str]], width: float, opts: Options) -> str | None:
+def _add_hierarchical(
+    df: pd.DataFrame, scores: np.ndarray, order: list[str], pairs: list[tuple[str, str]], width: float, opts: Options
+) -> str | None:
     """The hierarchical test's columns added to ``df`` (``opts.hierarchical`` on); returns a
     note where it could not run or was off."""
     if not opts.hierarchical:
         return "Hierarchical test: off (--no-hierarchical)."
     idx = {c: i for i, c in enumerate(order)}
-    h = bayes.hierarchical([(scores[idx[a]], scores[idx[b]]) for a, b in pairs], width,
-                           random_state=opts.seed)
+    h = bayes.hierarchical([(scores[idx[a]], scores[idx[b]]) for a, b in pairs], width, random_state=opts.seed)
     df["hierarchical_p_a"] = [r["p_a"] for r in h]
     df["hierarchical_p_rope"] = [r["p_rope"] for r in h]
     df["hierarchical_p_b"] = [r["p_b"] for r in h]
@@ -199,11 +260,14 @@ def _add_hierarchical(df: pd.DataFrame, scores: np.ndarray, order: list[str],
 def _rope_shown(df: pd.DataFrame, pairs: list[tuple[str, str]], has_h: bool) -> pd.DataFrame:
     """The ROPE table as shown: the three probabilities of each test, per pair."""
     f = lambda v: tables.fmt(v, 3)  # noqa: E731
-    shown = pd.DataFrame({
-        "pair (a vs b)": [f"{a} vs {b}" for a, b in pairs],
-        "P(a better)": df["signed_rank_p_a"].map(f), "P(equivalent)": df["signed_rank_p_rope"].map(f),
-        "P(b better)": df["signed_rank_p_b"].map(f),
-    })
+    shown = pd.DataFrame(
+        {
+            "pair (a vs b)": [f"{a} vs {b}" for a, b in pairs],
+            "P(a better)": df["signed_rank_p_a"].map(f),
+            "P(equivalent)": df["signed_rank_p_rope"].map(f),
+            "P(b better)": df["signed_rank_p_b"].map(f),
+        }
+    )
     if has_h:
         shown["hier. P(a better)"] = df["hierarchical_p_a"].map(f)
         shown["hier. P(equivalent)"] = df["hierarchical_p_rope"].map(f)
@@ -211,24 +275,27 @@ def _rope_shown(df: pd.DataFrame, pairs: list[tuple[str, str]], has_h: bool) -> 
     return shown.set_index("pair (a vs b)")
 
 
-def _verdicts(df: pd.DataFrame, pairs: list[tuple[str, str]], order: list[str], reference: str,
-              has_h: bool) -> list[str]:
+def _verdicts(
+    df: pd.DataFrame, pairs: list[tuple[str, str]], order: list[str], reference: str, has_h: bool
+) -> list[str]:
     """One line per pair of the reference (every pair without one): each test's verdict."""
     lines = []
     for (a, b), r in zip(pairs, df.itertuples()):
         if a != reference and reference in order:
             continue
-        text = f"- {a} vs {b}: " + _verdict(a, b, r.signed_rank_p_a, r.signed_rank_p_rope,
-                                             r.signed_rank_p_b) + " (signed-rank)"
+        text = (
+            f"- {a} vs {b}: "
+            + _verdict(a, b, r.signed_rank_p_a, r.signed_rank_p_rope, r.signed_rank_p_b)
+            + " (signed-rank)"
+        )
         if has_h and not math.isnan(r.hierarchical_p_rope):
-            text += "; hierarchical: " + _verdict(a, b, r.hierarchical_p_a, r.hierarchical_p_rope,
-                                                  r.hierarchical_p_b)
+            text += "; hierarchical: " + _verdict(a, b, r.hierarchical_p_a, r.hierarchical_p_rope, r.hierarchical_p_b)
         lines.append(text + ".")
     return lines
 
 
 def _verdict(a: str, b: str, pa: float, pe: float, pb: float) -> str:
-    """"practically equivalent with probability 0.83 (MHA better 0.17, FC1 better 0.00)"."""
+    """ "practically equivalent with probability 0.83 (MHA better 0.17, FC1 better 0.00)"."""
     if math.isnan(pe):
         return "not testable"
     named = [(pa, f"{a} better"), (pe, "practically equivalent"), (pb, f"{b} better")]
@@ -239,8 +306,8 @@ def _verdict(a: str, b: str, pa: float, pe: float, pb: float) -> str:
 
 # ---------------------------------------------------------------- 5. tuning budget
 
-def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str],
-                   scale: float) -> Section:
+
+def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str], scale: float) -> Section:
     """Expected best validation (and its test accuracy) against lrs tried; lrs at grid edges."""
     title = "Tuning budget and the lr grid"
     budget = stats.tuning_budget(means)
@@ -251,35 +318,55 @@ def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str],
         lines.append("One lr per cell: no tuning budget to trace.")
     else:
         t = budget.pivot(index="condition", columns="n_lrs", values=["expected_val", "expected_test"])
-        shown = pd.DataFrame({
-            f"{n} lr{'s' if n > 1 else ''}": [
-                f"{tables.fmt(t.loc[c, ('expected_val', n)] * scale, 2)} / "
-                f"{tables.fmt(t.loc[c, ('expected_test', n)] * scale, 2)}" if c in t.index else tables.DASH
-                for c in order] for n in range(1, top + 1)}, index=pd.Index(order, name="condition"))
+        shown = pd.DataFrame(
+            {
+                f"{n} lr{'s' if n > 1 else ''}": [
+                    f"{tables.fmt(t.loc[c, ('expected_val', n)] * scale, 2)} / "
+                    f"{tables.fmt(t.loc[c, ('expected_test', n)] * scale, 2)}"
+                    if c in t.index
+                    else tables.DASH
+                    for c in order
+                ]
+                for n in range(1, top + 1)
+            },
+            index=pd.Index(order, name="condition"),
+        )
         written.append(Table("tuning_budget", shown, budget, index=True))
         figs = (Figure("tuning_budget", functools.partial(figures.tuning_budget, budget, order, scale=scale)),)
-        lines += ["Expected best validation accuracy / the test accuracy at that lr, when n of the "
-                  "grid's lrs are drawn at random (with replacement) and the best on validation "
-                  "kept (Dodge et al., 2019), averaged over datasets. A curve still rising at the "
-                  "full grid says more lrs would help.", "", tables.markdown(shown).rstrip(), ""]
+        lines += [
+            "Expected best validation accuracy / the test accuracy at that lr, when n of the "
+            "grid's lrs are drawn at random (with replacement) and the best on validation "
+            "kept (Dodge et al., 2019), averaged over datasets. A curve still rising at the "
+            "full grid says more lrs would help.",
+            "",
+            tables.markdown(shown).rstrip(),
+            "",
+        ]
     counts = pd.crosstab(edges["condition"], edges["edge"])
     n_d = edges.groupby("condition").size()
-    shown_e = pd.DataFrame({
-        "chosen lr at top of grid": [f"{int(counts.loc[c].get('high', 0))}/{n_d[c]}" for c in order],
-        "at bottom": [f"{int(counts.loc[c].get('low', 0))}/{n_d[c]}" for c in order],
-        "inside": [f"{int(counts.loc[c].get('inside', 0))}/{n_d[c]}" for c in order],
-        "grid sizes": [", ".join(map(str, sorted(set(edges.loc[edges['condition'] == c, 'grid_size'].dropna()
-                                                     .astype(int))))) for c in order],
-    }, index=pd.Index(order, name="condition"))
+    shown_e = pd.DataFrame(
+        {
+            "chosen lr at top of grid": [f"{int(counts.loc[c].get('high', 0))}/{n_d[c]}" for c in order],
+            "at bottom": [f"{int(counts.loc[c].get('low', 0))}/{n_d[c]}" for c in order],
+            "inside": [f"{int(counts.loc[c].get('inside', 0))}/{n_d[c]}" for c in order],
+            "grid sizes": [
+                ", ".join(map(str, sorted(set(edges.loc[edges["condition"] == c, "grid_size"].dropna().astype(int)))))
+                for c in order
+            ],
+        },
+        index=pd.Index(order, name="condition"),
+    )
     written.append(Table("lr_edges", shown_e, edges, index=True))
-    flagged = [(c, e) for c in order for e in ("high", "low")
-               if counts.loc[c].get(e, 0) > 0 and c in counts.index]
+    flagged = [(c, e) for c in order for e in ("high", "low") if counts.loc[c].get(e, 0) > 0 and c in counts.index]
     if flagged:
         hi = [f"{c} ({int(counts.loc[c]['high'])}/{n_d[c]})" for c, e in flagged if e == "high"]
         lo = [f"{c} ({int(counts.loc[c]['low'])}/{n_d[c]})" for c, e in flagged if e == "low"]
         text = "Chosen lr at an edge of its grid (datasets): "
-        text += "; ".join(p for p in (("largest lr: " + ", ".join(hi)) if hi else "",
-                                      ("smallest lr: " + ", ".join(lo)) if lo else "") if p)
+        text += "; ".join(
+            p
+            for p in (("largest lr: " + ", ".join(hi)) if hi else "", ("smallest lr: " + ", ".join(lo)) if lo else "")
+            if p
+        )
         text += ". The optimum may lie outside the grid: extend it beyond that edge."
         if (edges["grid_size"] == 2).all():
             text += " (Every grid here has two lrs, so every choice is at an edge.)"
@@ -292,36 +379,54 @@ def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str],
 
 # ---------------------------------------------------------------- 6. variance
 
+
 def variance_section(runs: pd.DataFrame, order: list[str], scale: float) -> Section:
     """How the spread of finished runs splits into dataset, lr and seed, per condition."""
     v = stats.variance_decomposition(runs).set_index("condition").reindex(order)
     unit = " (%)" if scale == 100 else ""
     sd = lambda x: tables.fmt(math.sqrt(x) * scale if x == x else math.nan, 2)  # noqa: E731
     pct = lambda x: tables.fmt(100 * x, 1) + "%" if x == x else tables.DASH  # noqa: E731
-    shown = pd.DataFrame({
-        "runs": [tables.fmt(n, 0) if n == n else tables.DASH for n in v["n_runs"]],
-        f"sd total{unit}": v["var_total"].map(sd),
-        "dataset": [f"{sd(a)} ({pct(b)})" for a, b in zip(v["var_dataset"], v["share_dataset"])],
-        "lr": [f"{sd(a)} ({pct(b)})" for a, b in zip(v["var_lr"], v["share_lr"])],
-        "seed": [f"{sd(a)} ({pct(b)})" for a, b in zip(v["var_seed"], v["share_seed"])],
-        "seed share within datasets": [pct(s / (s + l)) if s + l > 0 else tables.DASH
-                                       for s, l in zip(v["var_seed"], v["var_lr"])],
-    }, index=pd.Index(order, name="condition"))
-    body = ("Finished runs of each condition, all lrs: the variance splits exactly into between "
-            "datasets, between lrs within a dataset and between seeds at one (dataset, lr) (law "
-            "of total variance, ddof 0). Cells: standard deviation of that part (share of the "
-            "variance); the last column is the seed part's share of what is left once datasets "
-            "are accounted for (seed against lr).")
+    shown = pd.DataFrame(
+        {
+            "runs": [tables.fmt(n, 0) if n == n else tables.DASH for n in v["n_runs"]],
+            f"sd total{unit}": v["var_total"].map(sd),
+            "dataset": [f"{sd(a)} ({pct(b)})" for a, b in zip(v["var_dataset"], v["share_dataset"])],
+            "lr": [f"{sd(a)} ({pct(b)})" for a, b in zip(v["var_lr"], v["share_lr"])],
+            "seed": [f"{sd(a)} ({pct(b)})" for a, b in zip(v["var_seed"], v["share_seed"])],
+            "seed share within datasets": [
+                pct(s / (s + lr)) if s + lr > 0 else tables.DASH for s, lr in zip(v["var_seed"], v["var_lr"])
+            ],
+        },
+        index=pd.Index(order, name="condition"),
+    )
+    body = (
+        "Finished runs of each condition, all lrs: the variance splits exactly into between "
+        "datasets, between lrs within a dataset and between seeds at one (dataset, lr) (law "
+        "of total variance, ddof 0). Cells: standard deviation of that part (share of the "
+        "variance); the last column is the seed part's share of what is left once datasets "
+        "are accounted for (seed against lr)."
+    )
     if runs["seed"].nunique() < 2:
         body += " One seed: the seed part is zero by construction."
-    return section("Where the spread comes from", body + "\n\n" + tables.markdown(shown),
-                   (Table("variance", shown, v.reset_index(), index=True),))
+    return section(
+        "Where the spread comes from",
+        body + "\n\n" + tables.markdown(shown),
+        (Table("variance", shown, v.reset_index(), index=True),),
+    )
 
 
 # ---------------------------------------------------------------- 7. rank correlations
 
-def correlation(name: str, measure: pd.DataFrame, scores: np.ndarray, order: list[str],
-                datasets: list[str], opts: Options, slug: str) -> Section:
+
+def correlation(
+    name: str,
+    measure: pd.DataFrame,
+    scores: np.ndarray,
+    order: list[str],
+    datasets: list[str],
+    opts: Options,
+    slug: str,
+) -> Section:
     """Spearman rho between ``measure`` (datasets × components) and accuracy, with intervals:
     a paragraph (no heading) and its table ``SLUG_correlation_ci``."""
     try:
@@ -329,19 +434,25 @@ def correlation(name: str, measure: pd.DataFrame, scores: np.ndarray, order: lis
     except AnalysisError as e:
         return Section(f"{name}: {e}.")
     shown = corr.set_index("dataset")
-    shown = pd.DataFrame({"rho [95% CI]": [tables.interval(r, lo, hi, 2) for r, lo, hi in
-                                          zip(corr["rho"], corr["low"], corr["high"])]},
-                         index=shown.index)
+    shown = pd.DataFrame(
+        {"rho [95% CI]": [tables.interval(r, lo, hi, 2) for r, lo, hi in zip(corr["rho"], corr["low"], corr["high"])]},
+        index=shown.index,
+    )
     m = corr.set_index("dataset").loc["mean"]
     comps = [c for c in measure.columns if c in order]
     rank = measure[comps].mean().sort_values(ascending=False)
-    tie = (" A dash: no spread to rank (the measure or the accuracy ties across components)."
-           if corr["rho"].isna().any() else "")
-    return Section(f"{name} (highest first): {' > '.join(rank.index)}. Spearman rho with accuracy "
-                   f"across components, per dataset with a seed-bootstrap interval, and the mean over "
-                   f"datasets: {tables.interval(m['rho'], m['low'], m['high'], 2)} (datasets and seeds "
-                   f"resampled).{tie}\n\n" + tables.markdown(shown),
-                   (Table(f"{slug}_correlation_ci", shown, corr, index=True),))
+    tie = (
+        " A dash: no spread to rank (the measure or the accuracy ties across components)."
+        if corr["rho"].isna().any()
+        else ""
+    )
+    return Section(
+        f"{name} (highest first): {' > '.join(rank.index)}. Spearman rho with accuracy "
+        f"across components, per dataset with a seed-bootstrap interval, and the mean over "
+        f"datasets: {tables.interval(m['rho'], m['low'], m['high'], 2)} (datasets and seeds "
+        f"resampled).{tie}\n\n" + tables.markdown(shown),
+        (Table(f"{slug}_correlation_ci", shown, corr, index=True),),
+    )
 
 
 def grad_norms(bands: pd.DataFrame) -> pd.DataFrame:
@@ -353,5 +464,16 @@ def grad_norms(bands: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-__all__ = ["Options", "BOOTSTRAP_OVER", "CD_CLIQUES", "pair_list", "scores_of", "intervals_section",
-           "rope_section", "budget_section", "variance_section", "correlation", "grad_norms"]
+__all__ = [
+    "Options",
+    "BOOTSTRAP_OVER",
+    "CD_CLIQUES",
+    "pair_list",
+    "scores_of",
+    "intervals_section",
+    "rope_section",
+    "budget_section",
+    "variance_section",
+    "correlation",
+    "grad_norms",
+]

@@ -43,9 +43,11 @@ def machine(device: torch.device) -> str:
     cores = len(os.sched_getaffinity(0))
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     load = "/".join(f"{v:.1f}" for v in os.getloadavg())
-    return (f"machine: {platform.node()} | {cores} host cores | {platform.processor() or platform.machine()} | "
-            f"torch {torch.__version__} ({torch.get_num_threads()} threads) | device {device} ({dev}) | "
-            f"load average {load} (other processes share the machine)")
+    return (
+        f"machine: {platform.node()} | {cores} host cores | {platform.processor() or platform.machine()} | "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads) | device {device} ({dev}) | "
+        f"load average {load} (other processes share the machine)"
+    )
 
 
 def cifar_like(n: int) -> datasets.Pool:
@@ -76,8 +78,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def per_image_window(pool: datasets.Pool, batch: int, workers: int, batches: int,
-                     device: torch.device) -> float:
+def per_image_window(pool: datasets.Pool, batch: int, workers: int, batches: int, device: torch.device) -> float:
     """Images/s of torchvision's per-image path: fresh DataLoader workers per window, so they
     neither run ahead nor steal cores while the other path is timed; start-up is not timed."""
     from torch.utils.data import DataLoader
@@ -85,14 +86,21 @@ def per_image_window(pool: datasets.Pool, batch: int, workers: int, batches: int
     train_tf, _ = datasets.transforms(224, MEAN, STD)
     ds = datasets.View(pool.items, np.arange(len(pool.labels)), train_tf)
     pin = device.type == "cuda"
-    loader = DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
-                        pin_memory=pin, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        ds,
+        batch_size=batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=pin,
+        generator=torch.Generator().manual_seed(0),
+    )
     it = iter(loader)
     next(it)  # workers started and busy
 
     def stream():
         while True:
-            x, y = next(it)
+            x, y = next(it)  # noqa: F821 (deleted below once the stream is done)
             yield x.to(device, non_blocking=pin), y.to(device, non_blocking=pin)
 
     speed = window(stream(), batches, device)
@@ -129,18 +137,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="alternating windows per path")
     ap.add_argument("--n-cifar", type=int, default=4096)
     ap.add_argument("--n-jpeg", type=int, default=1024)
-    ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
-                    help="DataLoader workers of the per-image path (default: all host cores)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="DataLoader workers of the per-image path (default: all host cores)",
+    )
     args = ap.parse_args(argv)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     print(machine(device))
-    print(f"batch {args.batch}, {args.batches} batches per window, {args.reps} windows per path, "
-          f"per-image path: {args.workers} DataLoader workers\n")
+    print(
+        f"batch {args.batch}, {args.batches} batches per window, {args.reps} windows per path, "
+        f"per-image path: {args.workers} DataLoader workers\n"
+    )
     tmp = Path(tempfile.mkdtemp(prefix="bench_data"))
     try:
         rows = []
-        for name, make, size in (("cifar-like 32px", lambda: cifar_like(args.n_cifar), 32),
-                                 ("jpeg-like 300-500px", lambda: jpeg_like(args.n_jpeg, tmp / "jpeg"), 256)):
+        for name, make, size in (
+            ("cifar-like 32px", lambda: cifar_like(args.n_cifar), 32),
+            ("jpeg-like 300-500px", lambda: jpeg_like(args.n_jpeg, tmp / "jpeg"), 256),
+        ):
             pool = make()
             cached, build, nbytes = cache_stream(pool, size, args.batch, device, tmp / "cache", name.split()[0])
             nb = min(args.batches, len(pool.labels) // args.batch - 1)  # warm batch + window: one epoch
@@ -149,25 +165,36 @@ def main(argv: list[str] | None = None) -> int:
             window(cached, 1, device)  # warm: first page faults, kernels
             speeds: dict[str, list[float]] = {"cache": [], "per-image": []}
             for r in range(args.reps):
-                runs = [("cache", lambda: window(cached, nb, device)),
-                        ("per-image", lambda: per_image_window(pool, args.batch, args.workers, nb, device))]
+                runs = [
+                    ("cache", lambda: window(cached, nb, device)),  # noqa: F821 (deleted below once timed)
+                    ("per-image", lambda: per_image_window(pool, args.batch, args.workers, nb, device)),
+                ]
                 for key, run in runs if r % 2 == 0 else runs[::-1]:
                     speeds[key].append(run())
             c, p = statistics.median(speeds["cache"]), statistics.median(speeds["per-image"])
             rows.append((name, c, p, build, len(pool.labels), nbytes))
-            print(f"{name:<22} cache + device augmentation {c:>8,.0f} img/s | per-image torchvision "
-                  f"{p:>8,.0f} img/s | ratio {c / p:5.2f}x")
-            print(f"{'':<22} ({nb} batches per window; cache built once: {len(pool.labels)} images, {nbytes / 2**20:.0f} MiB, "
-                  f"{build:.1f} s = {len(pool.labels) / build:,.0f} img/s of decoding)")
+            print(
+                f"{name:<22} cache + device augmentation {c:>8,.0f} img/s | per-image torchvision "
+                f"{p:>8,.0f} img/s | ratio {c / p:5.2f}x"
+            )
+            print(
+                f"{'':<22} ({nb} batches per window; cache built once: {len(pool.labels)} images, "
+                f"{nbytes / 2**20:.0f} MiB, "
+                f"{build:.1f} s = {len(pool.labels) / build:,.0f} img/s of decoding)"
+            )
             del cached
         if device.type == "cpu":
-            print("\nOn CPU both paths share the same few cores with the model; a batched resample is no "
-                  "faster than PIL per image there. The device path pays off on a GPU, where the host "
-                  "cores can no longer feed the per-image path fast enough.")
+            print(
+                "\nOn CPU both paths share the same few cores with the model; a batched resample is no "
+                "faster than PIL per image there. The device path pays off on a GPU, where the host "
+                "cores can no longer feed the per-image path fast enough."
+            )
         else:
             worst = min(c / p for _, c, p, *_ in rows)
-            print(f"\ntarget (GPU): data path >= 10x the per-image path with all host cores: "
-                  f"{'met' if worst >= 10 else 'NOT met'} (worst ratio {worst:.1f}x)")
+            print(
+                f"\ntarget (GPU): data path >= 10x the per-image path with all host cores: "
+                f"{'met' if worst >= 10 else 'NOT met'} (worst ratio {worst:.1f}x)"
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"load average at the end: {'/'.join(f'{v:.1f}' for v in os.getloadavg())}")

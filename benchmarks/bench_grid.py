@@ -46,9 +46,25 @@ def grid_wall(space_file: Path, extra: list[str]) -> float:
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RAY_ADDRESS", None)
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "raystudy.grid", "--space", str(space_file), "--quiet",
-                        "--num-cpus", "2", "--ray-temp-dir", str(work / "r"), *extra],
-                       cwd=work, env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raystudy.grid",
+            "--space",
+            str(space_file),
+            "--quiet",
+            "--num-cpus",
+            "2",
+            "--ray-temp-dir",
+            str(work / "r"),
+            *extra,
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     shutil.rmtree(work, ignore_errors=True)
     if p.returncode != 0:
@@ -59,10 +75,20 @@ def grid_wall(space_file: Path, extra: list[str]) -> float:
 def startup(workers: int, steps: int = 8) -> tuple[float, float]:
     """(trial wall inside Tune, the same training in-process) for one tiny trial."""
     work = Path(tempfile.mkdtemp(prefix="bs", dir="/tmp"))
-    space = {"study": f"startup{workers}", "base": {"model": "vit_demo", "steps": steps, "warmup_steps": 1,
-                                                   "eval_every": steps, "log_every": steps, "batch_size": 32},
-             "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}, "datasets": {"digits_c": {}},
-             "models": {"vit_demo": {"workers": workers, "cpu": 0.5 if workers > 1 else 1}}}
+    space = {
+        "study": f"startup{workers}",
+        "base": {
+            "model": "vit_demo",
+            "steps": steps,
+            "warmup_steps": 1,
+            "eval_every": steps,
+            "log_every": steps,
+            "batch_size": 32,
+        },
+        "grid": {"condition": "MHA", "lr": 0.1, "seed": 0},
+        "datasets": {"digits_c": {}},
+        "models": {"vit_demo": {"workers": workers, "cpu": 0.5 if workers > 1 else 1}},
+    }
     f = work / "s.yaml"
     f.write_text(yaml.safe_dump(space))
     from raystudy import spaces
@@ -80,7 +106,8 @@ def startup(workers: int, steps: int = 8) -> tuple[float, float]:
         f"grid_run.run_grid(trials, label='bench', model='vit_demo', tracking_uri='sqlite:///{work}/m.db',\n"
         f"                  experiment='b', storage=Path({str(work / 'st')!r}), max_failures=0, max_concurrent=1,\n"
         "                  threads=1, verbose=0)\n"
-        "print('WALL', time.perf_counter() - t0); ray.shutdown()\n")
+        "print('WALL', time.perf_counter() - t0); ray.shutdown()\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
     shutil.rmtree(work, ignore_errors=True)
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("WALL")]
@@ -114,13 +141,17 @@ def main() -> int:
     print(f"grid       {t_grid:8.1f} s  ({t_grid / n:.2f} s/trial)", flush=True)
     t_grid2 = grid_wall(spaces.space_path("demo"), extra)
     print(f"grid x2    {t_grid2:8.1f} s  ({t_grid2 / n:.2f} s/trial, 2 trials at a time)", flush=True)
-    print(f"overhead per trial (grid - plain) / trials = {(t_grid - t_plain) / n:.2f} s   "
-          f"(ratio grid/plain {t_grid / t_plain:.2f})")
+    print(
+        f"overhead per trial (grid - plain) / trials = {(t_grid - t_plain) / n:.2f} s   "
+        f"(ratio grid/plain {t_grid / t_plain:.2f})"
+    )
     for workers in (1, 2):
         wall, base = startup(workers)
         label = "nested TorchTrainer (2 DDP workers)" if workers > 1 else "plain Tune trial"
-        print(f"trial start-up, {label:36s}: {wall - base:6.1f} s  (trial {wall:.1f} s - training {base:.1f} s)",
-              flush=True)
+        print(
+            f"trial start-up, {label:36s}: {wall - base:6.1f} s  (trial {wall:.1f} s - training {base:.1f} s)",
+            flush=True,
+        )
     return 0
 
 

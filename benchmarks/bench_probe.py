@@ -75,25 +75,35 @@ def main(argv: list[str] | None = None) -> int:
     images = 2 * args.pairs
     mw = {k: statistics.median(v) for k, v in wall.items()}
     mc = {k: statistics.median(v) for k, v in cpu.items()}
-    print(f"{args.model} random init, {size[0]}x{size[1]}, CPU, {args.threads} thread(s), torch "
-          f"{torch.__version__}; N = {args.pairs} pairs ({images} images) in batches of "
-          f"{args.batch_size} pairs; medians of {args.repeats} interleaved repetitions")
-    print(f"{'unit':<10}{'wall s':>9}{'(min-max)':>16}{'images/s':>10}{'x forward':>11}"
-          f"{'cpu s':>9}{'images/cpu-s':>14}{'x forward':>11}")
+    print(
+        f"{args.model} random init, {size[0]}x{size[1]}, CPU, {args.threads} thread(s), torch "
+        f"{torch.__version__}; N = {args.pairs} pairs ({images} images) in batches of "
+        f"{args.batch_size} pairs; medians of {args.repeats} interleaved repetitions"
+    )
+    print(
+        f"{'unit':<10}{'wall s':>9}{'(min-max)':>16}{'images/s':>10}{'x forward':>11}"
+        f"{'cpu s':>9}{'images/cpu-s':>14}{'x forward':>11}"
+    )
     for k in units:
-        print(f"{k:<10}{mw[k]:>9.3f}{f'({min(wall[k]):.2f}-{max(wall[k]):.2f})':>16}"
-              f"{images / mw[k]:>10.2f}{mw[k] / mw['forward']:>11.3f}"
-              f"{mc[k]:>9.3f}{images / mc[k]:>14.2f}{mc[k] / mc['forward']:>11.3f}")
+        print(
+            f"{k:<10}{mw[k]:>9.3f}{f'({min(wall[k]):.2f}-{max(wall[k]):.2f})':>16}"
+            f"{images / mw[k]:>10.2f}{mw[k] / mw['forward']:>11.3f}"
+            f"{mc[k]:>9.3f}{images / mc[k]:>14.2f}{mc[k] / mc['forward']:>11.3f}"
+        )
     c0 = time.process_time()
     for blk in model.blocks:  # the probe's fixed cost per call, included in the rows above
         plasticity.linear_bound(blk.mlp.fc1), plasticity.linear_bound(blk.mlp.fc2)
         plasticity.mha_bound(blk.attn, model.patch_embed.num_patches + model.num_prefix_tokens, 1.0)
-    print(f"of which bounds from the weights (once per probe call, whatever N): "
-          f"{time.process_time() - c0:.3f} cpu s per mode")
+    print(
+        f"of which bounds from the weights (once per probe call, whatever N): "
+        f"{time.process_time() - c0:.3f} cpu s per mode"
+    )
     for label, m in (("wall", mw), ("cpu", mc)):
         worst = max(m["shared"], m["in_situ"]) / m["forward"]
-        print(f"probe / forward ({label} time): shared {m['shared'] / m['forward']:.3f}, in_situ "
-              f"{m['in_situ'] / m['forward']:.3f} (target <= 1.3: {'met' if worst <= 1.3 else 'NOT met'})")
+        print(
+            f"probe / forward ({label} time): shared {m['shared'] / m['forward']:.3f}, in_situ "
+            f"{m['in_situ'] / m['forward']:.3f} (target <= 1.3: {'met' if worst <= 1.3 else 'NOT met'})"
+        )
     return 0
 
 

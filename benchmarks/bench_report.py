@@ -1,6 +1,6 @@
 """How long the report takes on a study of ~10,000 runs in MLflow: loading apart from analysis.
 
-    python benchmarks/bench_report.py                     # 3 models × 2 optimizers × 11 datasets × 8 conditions × 4 lrs × 5 seeds
+    python benchmarks/bench_report.py   # 3 models × 2 optimizers × 11 datasets × 8 conditions × 4 lrs × 5 seeds
     python benchmarks/bench_report.py --seeds 2 --keep /tmp/bench   # smaller; keep the store and the report
     python benchmarks/bench_report.py --models 1 --datasets 2 --seeds 2 --lrs 2   # toy size (the test's)
 
@@ -41,9 +41,11 @@ def synthetic_runs(n_datasets: int, n_seeds: int, n_lrs: int, n_models: int = le
     from analysis.synthetic import fake_runs
 
     lrs = tuple(10.0 ** (-4 + i * 0.5) for i in range(n_lrs))
-    parts = [fake_runs(n_datasets, CONDITIONS, lrs, tuple(range(n_seeds)), seed=100 * i + j,
-                       model=m, optimizer=o)
-             for i, m in enumerate(MODELS[:n_models]) for j, o in enumerate(OPTIMIZERS)]
+    parts = [
+        fake_runs(n_datasets, CONDITIONS, lrs, tuple(range(n_seeds)), seed=100 * i + j, model=m, optimizer=o)
+        for i, m in enumerate(MODELS[:n_models])
+        for j, o in enumerate(OPTIMIZERS)
+    ]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -59,21 +61,26 @@ def build_store(root: Path, runs) -> tuple[str, str]:
     c = mlflow.MlflowClient(tracking_uri=uri)
     exp_id = tracking.experiment_id(c, EXPERIMENT, (root / "artifacts").as_uri())
     parent = tracking.parent_run(c, exp_id, "bench", "grid-bench", {"space": "bench"})
-    cfg = FinetuneConfig(model="vit_demo", pretrained=False, dataset="digits", condition="MHA",
-                         lr=0.1, seed=0).to_dict()
+    cfg = FinetuneConfig(
+        model="vit_demo", pretrained=False, dataset="digits", condition="MHA", lr=0.1, seed=0
+    ).to_dict()
     template = tracking.open_trial(c, exp_id, parent, trial_key(cfg), cfg)
-    tracking.log_steps(c, template, [{"loss": 1.0, "grad_norm/total": 2.0, "grad_norm/MHA": 1.0,
-                                      "val_loss": 0.5, "val_acc": 0.8, "step": 10}])
-    tracking.finish_trial(c, template, {"status": "finished", "best_val_acc": 0.8,
-                                        "test_acc": 0.7, "best_step": 10})
+    tracking.log_steps(
+        c,
+        template,
+        [{"loss": 1.0, "grad_norm/total": 2.0, "grad_norm/MHA": 1.0, "val_loss": 0.5, "val_acc": 0.8, "step": 10}],
+    )
+    tracking.finish_trial(c, template, {"status": "finished", "best_val_acc": 0.8, "test_acc": 0.7, "best_step": 10})
     c.set_terminated(parent, "FINISHED")
 
     con = sqlite3.connect(db)
     cols = lambda t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")]  # noqa: E731
     run_cols, tag_cols, param_cols = cols("runs"), cols("tags"), cols("params")
     met_cols, latest_cols = cols("metrics"), cols("latest_metrics")
-    get = lambda t, c_: [dict(zip(c_, r)) for r in  # noqa: E731
-                         con.execute(f"SELECT * FROM {t} WHERE run_uuid = ?", (template,))]
+
+    def get(t, c_):
+        return [dict(zip(c_, r)) for r in con.execute(f"SELECT * FROM {t} WHERE run_uuid = ?", (template,))]
+
     run_t, tags_t, params_t = get("runs", run_cols)[0], get("tags", tag_cols), get("params", param_cols)
     mets_t, latest_t = get("metrics", met_cols), get("latest_metrics", latest_cols)
 
@@ -81,12 +88,23 @@ def build_store(root: Path, runs) -> tuple[str, str]:
     for r in runs.itertuples():
         rid = uuid.uuid4().hex
         name = f"{r.condition}-{r.dataset}-{r.optimizer}-lr{r.lr}-s{r.seed}"
-        sub = {"condition": r.condition, "dataset": r.dataset, "model": r.model,
-               "optimizer": r.optimizer, "lr": str(r.lr), "seed": str(r.seed)}
-        tag_sub = {**{k: v for k, v in sub.items() if k not in ("lr", "seed")},
-                   "raystudy.key": rid[:16], "raystudy.status": r.status, "mlflow.runName": name}
-        rows["runs"].append({**run_t, "run_uuid": rid, "name": name,
-                             "artifact_uri": run_t["artifact_uri"].replace(template, rid)})
+        sub = {
+            "condition": r.condition,
+            "dataset": r.dataset,
+            "model": r.model,
+            "optimizer": r.optimizer,
+            "lr": str(r.lr),
+            "seed": str(r.seed),
+        }
+        tag_sub = {
+            **{k: v for k, v in sub.items() if k not in ("lr", "seed")},
+            "raystudy.key": rid[:16],
+            "raystudy.status": r.status,
+            "mlflow.runName": name,
+        }
+        rows["runs"].append(
+            {**run_t, "run_uuid": rid, "name": name, "artifact_uri": run_t["artifact_uri"].replace(template, rid)}
+        )
         rows["tags"] += [{**t, "run_uuid": rid, "value": tag_sub.get(t["key"], t["value"])} for t in tags_t]
         rows["params"] += [{**p, "run_uuid": rid, "value": sub.get(p["key"], p["value"])} for p in params_t]
         final = {"best_val_acc": r.val_acc, "test_acc": r.test_acc}
@@ -94,13 +112,20 @@ def build_store(root: Path, runs) -> tuple[str, str]:
             for m in template_rows:
                 if m["key"] in final:
                     if r.status != "finished":
-                        continue                       # a diverged run logs no final accuracies
+                        continue  # a diverged run logs no final accuracies
                     m = {**m, "value": float(final[m["key"]])}
                 rows[table].append({**m, "run_uuid": rid})
-    for table, cols_ in (("runs", run_cols), ("tags", tag_cols), ("params", param_cols),
-                         ("metrics", met_cols), ("latest_metrics", latest_cols)):
-        con.executemany(f"INSERT INTO {table} ({', '.join(cols_)}) VALUES ({', '.join('?' * len(cols_))})",
-                        [tuple(r[k] for k in cols_) for r in rows[table]])
+    for table, cols_ in (
+        ("runs", run_cols),
+        ("tags", tag_cols),
+        ("params", param_cols),
+        ("metrics", met_cols),
+        ("latest_metrics", latest_cols),
+    ):
+        con.executemany(
+            f"INSERT INTO {table} ({', '.join(cols_)}) VALUES ({', '.join('?' * len(cols_))})",
+            [tuple(r[k] for k in cols_) for r in rows[table]],
+        )
     for table in ("tags", "params", "metrics", "latest_metrics", "runs"):
         con.execute(f"DELETE FROM {table} WHERE run_uuid = ?", (template,))
     con.commit()
@@ -124,6 +149,7 @@ def timed_figures(acc: list):
                 return f(*a, **k)
             finally:
                 acc.append((time.perf_counter() - t, time.process_time() - cpu))
+
         return wrapper
 
     for n, f in originals.items():
@@ -137,8 +163,13 @@ def timed_figures(acc: list):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", type=int, default=len(MODELS), choices=range(1, len(MODELS) + 1),
-                    help=f"the first N of {', '.join(MODELS)}; each model is two studies (sgd, adamw)")
+    ap.add_argument(
+        "--models",
+        type=int,
+        default=len(MODELS),
+        choices=range(1, len(MODELS) + 1),
+        help=f"the first N of {', '.join(MODELS)}; each model is two studies (sgd, adamw)",
+    )
     ap.add_argument("--datasets", type=int, default=11)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--lrs", type=int, default=4)
@@ -154,9 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         runs = synthetic_runs(args.datasets, args.seeds, args.lrs, args.models)
         t = time.perf_counter()
         uri, parent = build_store(root, runs)
-        print(f"built an MLflow store of {len(runs)} trial runs ({args.models} models × "
-              f"{len(OPTIMIZERS)} optimizers × {args.datasets} datasets × {len(CONDITIONS)} conditions × "
-              f"{args.lrs} lrs × {args.seeds} seeds) in {time.perf_counter() - t:.1f} s (not timed below)")
+        print(
+            f"built an MLflow store of {len(runs)} trial runs ({args.models} models × "
+            f"{len(OPTIMIZERS)} optimizers × {args.datasets} datasets × {len(CONDITIONS)} conditions × "
+            f"{args.lrs} lrs × {args.seeds} seeds) in {time.perf_counter() - t:.1f} s (not timed below)"
+        )
 
         t, cpu = time.perf_counter(), time.process_time()
         loaded = load.from_mlflow(EXPERIMENT, uri)
@@ -179,10 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     # Wall and CPU (this process) apart: on a shared machine the wall time also counts waiting.
     print("stage      wall      CPU")
     print(f"load     {t_load:6.1f} s {cpu_load:6.1f} s   {len(loaded)} runs from MLflow into the runs table")
-    print(f"stats    {t_analysis - t_fig:6.1f} s {cpu_analysis - cpu_fig:6.1f} s   statistics and "
-          f"tables of {n_settings} studies ({opts.reps} bootstrap replicates, both ROPE tests)")
-    print(f"figures  {t_fig:6.1f} s {cpu_fig:6.1f} s   {len(fig_times)} figures built and written "
-          "as PNG + PDF")
+    print(
+        f"stats    {t_analysis - t_fig:6.1f} s {cpu_analysis - cpu_fig:6.1f} s   statistics and "
+        f"tables of {n_settings} studies ({opts.reps} bootstrap replicates, both ROPE tests)"
+    )
+    print(f"figures  {t_fig:6.1f} s {cpu_fig:6.1f} s   {len(fig_times)} figures built and written as PNG + PDF")
     print(f"log      {t_log:6.1f} s            {len(rep.files)} files logged to the grid run")
     print(f"analysis {t_analysis:6.1f} s {cpu_analysis:6.1f} s   stats + figures")
     print(f"total    {t_load + t_analysis + t_log:6.1f} s")

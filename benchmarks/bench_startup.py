@@ -52,8 +52,13 @@ assert len(grid.ranking(runs)) == 3
 def child_cpu_s(code: str) -> float:
     """CPU seconds (user + system) of a fresh interpreter running ``code``; it must succeed."""
     before = os.times()
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     after = os.times()
     if p.returncode != 0:
         raise SystemExit(f"the benchmark's process failed:\n{p.stderr[-2000:]}")

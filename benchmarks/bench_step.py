@@ -47,6 +47,7 @@ VITB = "vit_base_patch16_224"
 
 # ---------------------------------------------------------------- timing
 
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -75,7 +76,7 @@ def interleaved(fns: dict, reps: int, device: torch.device, inner: int = 1, warm
     times: dict[str, list[float]] = {k: [] for k in fns}
     keys = list(fns)
     for r in range(reps):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+        for k in keys[r % len(keys) :] + keys[: r % len(keys)]:
             sync(device)
             t0 = time.perf_counter()
             for _ in range(inner):
@@ -87,10 +88,15 @@ def interleaved(fns: dict, reps: int, device: torch.device, inner: int = 1, warm
 
 # ---------------------------------------------------------------- models and steps
 
+
 def setup(model_name: str, condition: str, device: torch.device, seed: int = 0):
     """(model, optimizer, groups) as engine.train builds them, random init."""
-    cfg = FinetuneConfig(model=model_name, pretrained=False, condition=condition,
-                         dataset="digits_c" if model_name == "vit_demo" else "cifar10")
+    cfg = FinetuneConfig(
+        model=model_name,
+        pretrained=False,
+        condition=condition,
+        dataset="digits_c" if model_name == "vit_demo" else "cifar10",
+    )
     torch.manual_seed(seed)
     model = models.create_model(model_name, 10, pretrained=False)
     components.apply_condition(model, condition)
@@ -113,6 +119,7 @@ def minimal_step(model, opt, device, batches):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+
     return step
 
 
@@ -125,6 +132,7 @@ def nxt(stream):
 
 
 # ---------------------------------------------------------------- FLOPs (analytic, timm ViT)
+
 
 def step_flops(model: nn.Module, batch: int) -> tuple[float, float]:
     """(forward, training step) model FLOPs of a timm ViT for ``batch`` images.
@@ -144,17 +152,19 @@ def step_flops(model: nn.Module, batch: int) -> tuple[float, float]:
     for blk in model.blocks:
         lin = sum(2 * n_tok * m.weight.numel() for m in blk.modules() if isinstance(m, nn.Linear))
         attn = 2 * 2 * n_tok * n_tok * blk.attn.qkv.weight.shape[1]
-        wgrad = sum(2 * n_tok * m.weight.numel() for m in blk.modules()
-                    if isinstance(m, nn.Linear) and m.weight.requires_grad)
+        wgrad = sum(
+            2 * n_tok * m.weight.numel() for m in blk.modules() if isinstance(m, nn.Linear) and m.weight.requires_grad
+        )
         trains = any(p.requires_grad for p in blk.parameters())
         per_block.append((lin, attn, wgrad, trains))
         fwd += lin + attn
     bwd = head if model.head.weight.requires_grad else 0
-    embed_trains = any(p.requires_grad for n, p in model.named_parameters()
-                       if n.startswith(("patch_embed", "cls_token", "pos_embed")))
+    embed_trains = any(
+        p.requires_grad for n, p in model.named_parameters() if n.startswith(("patch_embed", "cls_token", "pos_embed"))
+    )
     below = embed_trains  # something trainable at or below this block: gradients must reach it
     needs = []
-    for lin, attn, wgrad, trains in per_block:
+    for _lin, _attn, _wgrad, trains in per_block:
         below = below or trains
         needs.append(below)
     for (lin, attn, wgrad, _), need in zip(per_block, needs):
@@ -167,6 +177,7 @@ def step_flops(model: nn.Module, batch: int) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- data
+
 
 def demo_streams(batch: int, device: torch.device):
     """The demo's real data paths: its tensors on the device (cache), and the per-image DataLoader."""
@@ -188,12 +199,14 @@ def cifar_like_streams(batch: int, device: torch.device, workers: int, cache: Pa
     view = batches.CachedView(tp, np.arange(n), train=True, size=224, mean=ic["mean"], std=ic["std"])
     cached = batches.train_stream(batches.place(datasets.Splits(view, view, view, 10), device).train, batch, 0, device)
     train_tf, _ = datasets.transforms(224, ic["mean"], ic["std"])
-    per_image = batches.train_stream(datasets.View(pool.items, np.arange(n), train_tf), batch, 0, device,
-                                  num_workers=workers)
+    per_image = batches.train_stream(
+        datasets.View(pool.items, np.arange(n), train_tf), batch, 0, device, num_workers=workers
+    )
     return {"cache": cached, "torchvision": per_image}
 
 
 # ---------------------------------------------------------------- GPU
+
 
 def matmul_rate(device: torch.device, n: int = 8192, iters: int = 50) -> float:
     """Measured dense bf16 matmul FLOP/s (the denominator of MFU)."""
@@ -206,16 +219,19 @@ def matmul_rate(device: torch.device, n: int = 8192, iters: int = 50) -> float:
     for _ in range(iters):
         a @ b
     sync(device)
-    return 2 * n ** 3 * iters / (time.perf_counter() - t0)
+    return 2 * n**3 * iters / (time.perf_counter() - t0)
 
 
 # Approximate split sizes (images) for the eval cost of each run: val every eval_every steps,
 # test once at the end. From the datasets' official sizes and raystudy's splits.
 EVAL_IMAGES = {  # name: (val, test)
-    "cifar10": (10_000, 10_000), "cifar100": (10_000, 10_000),
+    "cifar10": (10_000, 10_000),
+    "cifar100": (10_000, 10_000),
     **{f"cifar10c_{c}": (1_600, 2_000) for c in datasets.CIFAR10C_CORRUPTIONS},
-    "domainnet_clipart": (7_813, 9_767), "domainnet_sketch": (11_262, 14_077),
-    "flowers102": (1_020, 6_149), "pets": (736, 3_669),
+    "domainnet_clipart": (7_813, 9_767),
+    "domainnet_sketch": (11_262, 14_077),
+    "flowers102": (1_020, 6_149),
+    "pets": (736, 3_669),
 }
 
 
@@ -250,26 +266,30 @@ def project_hours(sec_per_step: dict[str, float], eval_img_s: float) -> tuple[di
 
 # ---------------------------------------------------------------- report
 
+
 def machine(device: torch.device) -> str:
     from timm.layers import use_fused_attn
 
     cores = len(os.sched_getaffinity(0))
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     load = "/".join(f"{v:.1f}" for v in os.getloadavg())
-    return (f"machine: {platform.node()} | {cores} host cores | {platform.machine()} | torch "
-            f"{torch.__version__} ({torch.get_num_threads()} threads) | device {device} ({dev}) | "
-            f"timm fused attention: {use_fused_attn()} | autocast: "
-            f"{'bf16' if device.type == 'cuda' else 'none (fp32)'} | load average {load}")
+    return (
+        f"machine: {platform.node()} | {cores} host cores | {platform.machine()} | torch "
+        f"{torch.__version__} ({torch.get_num_threads()} threads) | device {device} ({dev}) | "
+        f"timm fused attention: {use_fused_attn()} | autocast: "
+        f"{'bf16' if device.type == 'cuda' else 'none (fp32)'} | load average {load}"
+    )
 
 
 def ratio_line(label: str, t: Timing, k: str, ref: str, target: float | None = None) -> str:
     r = t.ratio(k, ref)
-    verdict = "" if target is None else "  [target <= %.2f: %s]" % (target, "met" if r <= target else "NOT met")
+    verdict = "" if target is None else f"  [target <= {target:.2f}: {'met' if r <= target else 'NOT met'}]"
     return f"  {label:<44} {t[k] * 1e3:10.1f} ms   {r:6.3f}x{verdict}"
 
 
-def bench_model(name: str, batch: int, reps: int, inner: int, device: torch.device, workers: int,
-                cache: Path, gpu: dict | None) -> dict:
+def bench_model(
+    name: str, batch: int, reps: int, inner: int, device: torch.device, workers: int, cache: Path, gpu: dict | None
+) -> dict:
     label = "demo (vit_demo, 16x16 digits)" if name == "vit_demo" else f"ViT-B/16 at 224 ({VITB}, random init)"
     print(f"\n=== {label}, batch {batch}, {reps} reps x {inner} steps, medians ===")
     built = {c: setup(name, c, device) for c in CONDITIONS}
@@ -281,8 +301,15 @@ def bench_model(name: str, batch: int, reps: int, inner: int, device: torch.devi
     model, opt, groups = built["full"]
 
     # (a) raystudy's step against the minimal one: the same model, optimizer and batch
-    t = interleaved({"raystudy": raystudy_step(model, opt, groups, device, fixed(staged)),
-                     "minimal": minimal_step(model, opt, device, fixed(staged))}, reps, device, inner)
+    t = interleaved(
+        {
+            "raystudy": raystudy_step(model, opt, groups, device, fixed(staged)),
+            "minimal": minimal_step(model, opt, device, fixed(staged)),
+        },
+        reps,
+        device,
+        inner,
+    )
     print("(a) raystudy's train_step vs a minimal hand-written step (full finetuning, same batch)")
     print(ratio_line("minimal: forward, CE, backward, clip, step", t, "minimal", "minimal"))
     print(ratio_line("raystudy engine.train_step", t, "raystudy", "minimal", 1.05))
@@ -296,10 +323,16 @@ def bench_model(name: str, batch: int, reps: int, inner: int, device: torch.devi
         print(f"{line}   [{flops[c] / flops['full']:.2f}]")
 
     # (c) the step fed by the data paths against a pre-staged batch
-    td = interleaved({"staged": raystudy_step(model, opt, groups, device, fixed(staged)),
-                      "cache": raystudy_step(model, opt, groups, device, nxt(streams["cache"])),
-                      "torchvision": raystudy_step(model, opt, groups, device, nxt(streams["torchvision"]))},
-                     reps, device, inner)
+    td = interleaved(
+        {
+            "staged": raystudy_step(model, opt, groups, device, fixed(staged)),
+            "cache": raystudy_step(model, opt, groups, device, nxt(streams["cache"])),
+            "torchvision": raystudy_step(model, opt, groups, device, nxt(streams["torchvision"])),
+        },
+        reps,
+        device,
+        inner,
+    )
     w = f"{workers} workers" if name != "vit_demo" else "0 workers"
     print("(c) full step fed by the data path vs fed a batch already on the device")
     print(ratio_line("pre-staged batch on the device", td, "staged", "staged"))
@@ -307,16 +340,20 @@ def bench_model(name: str, batch: int, reps: int, inner: int, device: torch.devi
     print(ratio_line(f"data_path torchvision (per image, {w})", td, "torchvision", "staged"))
     # The data path's own cost, measured alone: what it adds to a step when nothing overlaps it.
     alone = interleaved({"cache": nxt(streams["cache"])}, max(reps, 20), device)["cache"]
-    print(f"  data path alone: {alone * 1e3:.2f} ms per batch ({batch / alone:,.0f} img/s), "
-          f"{alone / td['staged']:.1%} of a pre-staged step")
+    print(
+        f"  data path alone: {alone * 1e3:.2f} ms per batch ({batch / alone:,.0f} img/s), "
+        f"{alone / td['staged']:.1%} of a pre-staged step"
+    )
 
     out = {"tc": tc, "td": td, "flops": flops, "batch": batch}
     if gpu is not None:
         fwd, _ = step_flops(model, batch)
         mfu = flops["full"] / td["cache"] / gpu["rate"]
-        print(f"(d) MFU, full finetuning fed by the cache path: {mfu:.1%} of the measured bf16 matmul "
-              f"rate ({flops['full'] / td['cache'] / 1e12:.0f} of {gpu['rate'] / 1e12:.0f} TFLOP/s)"
-              + ("  [target >= 40%: " + ("met" if mfu >= 0.4 else "NOT met") + "]" if name != "vit_demo" else ""))
+        print(
+            f"(d) MFU, full finetuning fed by the cache path: {mfu:.1%} of the measured bf16 matmul "
+            f"rate ({flops['full'] / td['cache'] / 1e12:.0f} of {gpu['rate'] / 1e12:.0f} TFLOP/s)"
+            + ("  [target >= 40%: " + ("met" if mfu >= 0.4 else "NOT met") + "]" if name != "vit_demo" else "")
+        )
         for c in CONDITIONS:
             print(f"      {c:<14} {flops[c] / tc[c] / gpu['rate']:6.1%}   {batch / tc[c]:9,.0f} img/s")
         out["fwd"] = fwd
@@ -351,8 +388,10 @@ def projection(vitb: dict | None, gpu: dict | None) -> None:
         sec = {c: vitb["tc"][c] * feed * scale for c in conds}
         hours, _ = project_hours(sec, vitb["eval_img_s"])
         note = "" if scale == 1 else f"; step times scaled linearly from batch {vitb['batch']}"
-        print(f"projected from this GPU's measured step times (x{feed:.3f} for the data path{note}), "
-              "eval passes included:")
+        print(
+            f"projected from this GPU's measured step times (x{feed:.3f} for the data path{note}), "
+            "eval passes included:"
+        )
         for c in conds:
             print(f"  {c:<14} {sec[c]:7.3f} s/step   {hours[c]:8.1f} GPU-hours")
         total = sum(hours.values())
@@ -369,8 +408,10 @@ def projection(vitb: dict | None, gpu: dict | None) -> None:
     print("  step FLOPs relative to full: " + ", ".join(f"{c} {per[c] / per['full']:.2f}" for c in conds))
     print(f"  grid total {total:.3g} FLOP ({total / (per['full'] * steps):.2f} of all-full finetuning)")
     for mfu in (0.4, 0.5, 0.6):
-        print(f"  at {mfu:.0%} MFU of 989 TFLOP/s (H100/H200 dense bf16 spec): "
-              f"{total / (mfu * 989e12) / 3600:5.0f} GPU-hours")
+        print(
+            f"  at {mfu:.0%} MFU of 989 TFLOP/s (H100/H200 dense bf16 spec): "
+            f"{total / (mfu * 989e12) / 3600:5.0f} GPU-hours"
+        )
     print("  run this script on a GPU for the measured figure")
 
 
@@ -383,11 +424,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vitb-reps", type=int, default=5)
     ap.add_argument("--inner", type=int, default=1, help="steps per timed call (GPU: >1 keeps the queue full)")
     ap.add_argument("--skip-vitb", action="store_true")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="DataLoader workers of the per-image path for ViT-B (default: all host cores on a GPU, 0 on CPU)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="DataLoader workers of the per-image path for ViT-B (default: all host cores on a GPU, 0 on CPU)",
+    )
     args = ap.parse_args(argv)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    workers = args.workers if args.workers is not None else (len(os.sched_getaffinity(0)) if device.type == "cuda" else 0)
+    workers = (
+        args.workers if args.workers is not None else (len(os.sched_getaffinity(0)) if device.type == "cuda" else 0)
+    )
     print(machine(device))
     import tempfile
 

@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCKED = ("ray", "mlflow", "optuna")            # absent on the GPU machine
+BLOCKED = ("ray", "mlflow", "optuna")  # absent on the GPU machine
 NO_CUDA = "not measured: no CUDA"
 CONDITIONS = ("full", "MHA", "FC1", "FC2", "LN1", "LN2", "linear_probe")
 # Tolerance of the bf16 run's final loss against the fp32 run's (mean of the last 10% of steps).
@@ -90,6 +90,7 @@ JSON_NAME, MD_NAME, STEP_TIMES_NAME = "gpu_acceptance.json", "gpu_acceptance.md"
 
 
 # ---------------------------------------------------------------- imports the GPU machine lacks
+
 
 class ImportBlocker:
     """A meta-path finder that refuses ``names`` (and their submodules) and records every attempt."""
@@ -100,8 +101,9 @@ class ImportBlocker:
     def find_spec(self, fullname, path=None, target=None):
         if fullname.split(".")[0] in self.names:
             self.attempts.append(fullname)
-            raise ModuleNotFoundError(f"import of {fullname} blocked: the GPU machine has no "
-                                      f"{fullname.split('.')[0]}", name=fullname)
+            raise ModuleNotFoundError(
+                f"import of {fullname} blocked: the GPU machine has no {fullname.split('.')[0]}", name=fullname
+            )
         return None
 
 
@@ -120,11 +122,12 @@ sys.exit(pytest.main(sys.argv[1:]))
 
 # ---------------------------------------------------------------- what each mode measures
 
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A model the parts build: a timm ViT by name, or (``--smoke``) a tiny stand-in by arguments."""
 
-    key: str                                  # its name in step_times.json and the report
+    key: str  # its name in step_times.json and the report
     timm_name: str | None = None
     kwargs: dict = field(default_factory=dict)
     img_size: int = 224
@@ -147,20 +150,20 @@ class Plan:
     smoke: bool
     vitb: ModelSpec
     vitb_batch: int
-    large: tuple[tuple[str, ModelSpec], ...]   # (paper.yaml models key, spec)
-    batch_divisor: int                         # paper per-GPU batches are divided by this
+    large: tuple[tuple[str, ModelSpec], ...]  # (paper.yaml models key, spec)
+    batch_divisor: int  # paper per-GPU batches are divided by this
     vits: ModelSpec
     ft_steps: int
     ft_batch: int
     probe_pairs: int
     probe_batch: int
     n_jpeg: int
-    loader_batch: int                          # the per-image DataLoader's batch (granularity only)
+    loader_batch: int  # the per-image DataLoader's batch (granularity only)
     reps: int
     inner: int
     compile_conditions: tuple[str, ...]
     compile_backend: str
-    compile_estimate_s: float                  # time a first compile is expected to take
+    compile_estimate_s: float  # time a first compile is expected to take
     part_caps: dict[str, float]
 
 
@@ -172,31 +175,62 @@ def make_plan(args) -> Plan:
             smoke=True,
             vitb=ModelSpec("smoke-vit_base", kwargs={**tiny, "embed_dim": 64}),
             vitb_batch=args.vitb_batch or 8,
-            large=(("vit_large", ModelSpec("smoke-vit_large", kwargs={**tiny, "embed_dim": 96})),
-                   ("vit_huge", ModelSpec("smoke-vit_huge", kwargs={**tiny, "embed_dim": 128}))),
+            large=(
+                ("vit_large", ModelSpec("smoke-vit_large", kwargs={**tiny, "embed_dim": 96})),
+                ("vit_huge", ModelSpec("smoke-vit_huge", kwargs={**tiny, "embed_dim": 128})),
+            ),
             batch_divisor=64,
-            vits=ModelSpec("smoke-vit_small", kwargs=dict(patch_size=8, embed_dim=64, depth=2, num_heads=2),
-                           img_size=32),
-            ft_steps=40, ft_batch=32, probe_pairs=8, probe_batch=4, n_jpeg=40, loader_batch=8,
-            reps=2, inner=1, compile_conditions=("full",),
+            vits=ModelSpec(
+                "smoke-vit_small", kwargs=dict(patch_size=8, embed_dim=64, depth=2, num_heads=2), img_size=32
+            ),
+            ft_steps=40,
+            ft_batch=32,
+            probe_pairs=8,
+            probe_batch=4,
+            n_jpeg=40,
+            loader_batch=8,
+            reps=2,
+            inner=1,
+            compile_conditions=("full",),
             compile_backend=args.compile_backend or ("inductor" if args.device == "cuda" else "aot_eager"),
-            compile_estimate_s=20.0, part_caps={})
+            compile_estimate_s=20.0,
+            part_caps={},
+        )
     return Plan(
         smoke=False,
         vitb=ModelSpec("vit_base_patch16_224", "vit_base_patch16_224"),
         vitb_batch=args.vitb_batch or 256,
-        large=(("vit_large", ModelSpec("vit_large_patch16_224", "vit_large_patch16_224")),
-               ("vit_huge", ModelSpec("vit_huge_patch14_224", "vit_huge_patch14_224"))),
+        large=(
+            ("vit_large", ModelSpec("vit_large_patch16_224", "vit_large_patch16_224")),
+            ("vit_huge", ModelSpec("vit_huge_patch14_224", "vit_huge_patch14_224")),
+        ),
         batch_divisor=1,
         vits=ModelSpec("vit_small_patch16_224@112", "vit_small_patch16_224", img_size=112),
-        ft_steps=300, ft_batch=128, probe_pairs=512, probe_batch=128, n_jpeg=1024, loader_batch=32,
-        reps=7, inner=5, compile_conditions=CONDITIONS,
-        compile_backend=args.compile_backend or "inductor", compile_estimate_s=90.0,
-        part_caps={"1_gpu_tests": 100, "2_vitb_step": 60, "3_large_models": 60, "4_data_path": 70,
-                   "5_probe": 30, "6_finetune": 70, "7_step_times": 40})
+        ft_steps=300,
+        ft_batch=128,
+        probe_pairs=512,
+        probe_batch=128,
+        n_jpeg=1024,
+        loader_batch=32,
+        reps=7,
+        inner=5,
+        compile_conditions=CONDITIONS,
+        compile_backend=args.compile_backend or "inductor",
+        compile_estimate_s=90.0,
+        part_caps={
+            "1_gpu_tests": 100,
+            "2_vitb_step": 60,
+            "3_large_models": 60,
+            "4_data_path": 70,
+            "5_probe": 30,
+            "6_finetune": 70,
+            "7_step_times": 40,
+        },
+    )
 
 
 # ---------------------------------------------------------------- the run: clock, records, guards
+
 
 class Interrupted(Exception):
     """SIGTERM arrived: record what there is and stop."""
@@ -233,8 +267,8 @@ class Part:
 
     key: str
     title: str
-    run: Callable[["Run", dict], None]
-    min_s: float                             # a part starts only with this much budget left
+    run: Callable[[Run, dict], None]
+    min_s: float  # a part starts only with this much budget left
 
 
 class Run:
@@ -246,13 +280,15 @@ class Run:
         self.t0 = t0
         self.deadline = self.t0 + args.budget_s
         self.part_deadline = self.deadline
-        self.store: dict[str, Any] = {}      # measurements later parts use (part 7)
+        self.store: dict[str, Any] = {}  # measurements later parts use (part 7)
         self.doc: dict[str, Any] = {
             "script": "benchmarks/gpu_acceptance.py",
             "command": " ".join(["python", "benchmarks/gpu_acceptance.py", *sys.argv[1:]]),
             "mode": "smoke" if plan.smoke else "full",
-            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "budget_s": args.budget_s, "elapsed_s": 0.0, "finished": False,
+            "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "budget_s": args.budget_s,
+            "elapsed_s": 0.0,
+            "finished": False,
             "environment": {},
             "parts": {p.key: {"title": p.title, "status": "pending"} for p in parts},
             "targets": [],
@@ -281,7 +317,9 @@ class Run:
         """Record a target's measured value and verdict: judged only in a full run on a GPU."""
         rec = {"name": name, "value": jsonable(value), "goal": goal, "met": met}
         if not self.cuda or self.plan.smoke:
-            rec.update(met=None, not_judged="a GPU target; this is " + ("a --smoke run" if self.plan.smoke else "no GPU"))
+            rec.update(
+                met=None, not_judged="a GPU target; this is " + ("a --smoke run" if self.plan.smoke else "no GPU")
+            )
         elif met is None:
             rec["not_judged"] = "not measured"
         if note:
@@ -291,10 +329,11 @@ class Run:
     def save(self) -> None:
         """Rewrite the JSON and the Markdown with everything recorded so far."""
         self.doc["elapsed_s"] = round(self.elapsed(), 2)
-        self.doc["updated"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.doc["updated"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.doc["environment"]["blocked_import_attempts"] = sorted(set(self.blocker.attempts))
         self.doc["environment"]["forbidden_modules_loaded"] = sorted(
-            {m.split(".")[0] for m in sys.modules if m.split(".")[0] in BLOCKED})
+            {m.split(".")[0] for m in sys.modules if m.split(".")[0] in BLOCKED}
+        )
         write_atomic(self.out / JSON_NAME, json.dumps(jsonable(self.doc), indent=1) + "\n")
         write_atomic(self.out / MD_NAME, markdown(self.doc))
 
@@ -307,8 +346,10 @@ class Run:
             return
         left = self.deadline - time.perf_counter()
         if left < part.min_s:
-            rec.update(status="skipped", reason=f"out of time: {left:.0f} s of the budget left, "
-                                                f"the part needs ~{part.min_s:.0f} s to start")
+            rec.update(
+                status="skipped",
+                reason=f"out of time: {left:.0f} s of the budget left, the part needs ~{part.min_s:.0f} s to start",
+            )
             self.save()
             return
         cap = self.plan.part_caps.get(part.key, math.inf)
@@ -325,7 +366,7 @@ class Run:
         except Interrupted:
             rec.update(status="interrupted", reason="SIGTERM during the part")
             raise
-        except BaseException as e:  # noqa: BLE001 - every failure is a finding to record
+        except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 rec.update(status="interrupted", reason="KeyboardInterrupt during the part")
                 raise
@@ -371,28 +412,40 @@ def cell(v: Any) -> str:
 def markdown(doc: dict) -> str:
     """The JSON's figures as a Markdown summary."""
     env = doc["environment"]
-    lines = [f"# GPU acceptance ({doc['mode']})", "",
-             f"`{doc['command']}` — started {doc['started']}, {doc['elapsed_s']:.0f} s of a "
-             f"{doc['budget_s']:.0f} s budget{'' if doc['finished'] else ' (not finished)'}", "",
-             f"Device: {env.get('device_name', '?')} | torch {env.get('torch', '?')} | CUDA "
-             f"{env.get('cuda', '-')} | timm {env.get('timm', '?')} | {env.get('host_cores', '?')} host "
-             f"cores | bf16 matmul peak: {fmt(env.get('bf16_matmul_tflops'), ' TFLOP/s')}", "",
-             "| part | status | seconds | note |", "|---|---|---:|---|"]
+    lines = [
+        f"# GPU acceptance ({doc['mode']})",
+        "",
+        f"`{doc['command']}` — started {doc['started']}, {doc['elapsed_s']:.0f} s of a "
+        f"{doc['budget_s']:.0f} s budget{'' if doc['finished'] else ' (not finished)'}",
+        "",
+        f"Device: {env.get('device_name', '?')} | torch {env.get('torch', '?')} | CUDA "
+        f"{env.get('cuda', '-')} | timm {env.get('timm', '?')} | {env.get('host_cores', '?')} host "
+        f"cores | bf16 matmul peak: {fmt(env.get('bf16_matmul_tflops'), ' TFLOP/s')}",
+        "",
+        "| part | status | seconds | note |",
+        "|---|---|---:|---|",
+    ]
     for key, p in doc["parts"].items():
         note = p.get("error") or p.get("reason") or "; ".join(p.get("notes", [])[:1])
         lines.append(f"| {key} {p['title']} | {p['status']} | {fmt(p.get('seconds'))} | {cell(note)} |")
     lines += ["", "## Targets", "", "| target | value | goal | met |", "|---|---|---|---|"]
     for t in doc["targets"]:
         met = {True: "yes", False: "**NO**", None: f"not judged ({t.get('not_judged', '')})"}[t["met"]]
-        lines.append(f"| {cell(t['name'])} | {cell(fmt(t['value']))} | {cell(t['goal'])} | {cell(met)}"
-                     + (f"; {cell(t['note'])}" if t.get("note") else "") + " |")
+        lines.append(
+            f"| {cell(t['name'])} | {cell(fmt(t['value']))} | {cell(t['goal'])} | {cell(met)}"
+            + (f"; {cell(t['note'])}" if t.get("note") else "")
+            + " |"
+        )
     for key, p in doc["parts"].items():
         if p.get("notes"):
             lines += ["", f"## {key} {p['title']}", "", *[f"- {n}" for n in p["notes"]]]
     if doc["mode"] == "full":
-        lines += ["", f"Measured step times: `{STEP_TIMES_NAME}` next to this file. `mkdir -p "
-                      f"search_spaces/measured && cp {STEP_TIMES_NAME} search_spaces/measured/` and "
-                      "`python -m raystudy.grid --model vit_base --dry-run` prices the grid from it."]
+        lines += [
+            "",
+            f"Measured step times: `{STEP_TIMES_NAME}` next to this file. `mkdir -p "
+            f"search_spaces/measured && cp {STEP_TIMES_NAME} search_spaces/measured/` and "
+            "`python -m raystudy.grid --model vit_base --dry-run` prices the grid from it.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -402,6 +455,7 @@ def note(results: dict, line: str) -> None:
 
 
 # ---------------------------------------------------------------- shared pieces
+
 
 def bench():
     """The benchmark modules whose helpers this script reuses (timing, FLOPs, synthetic images)."""
@@ -442,8 +496,10 @@ def ready_batch(batch: int, size: int, device, num_classes: int = 100):
     import torch
 
     g = torch.Generator(device=device).manual_seed(0)
-    return (torch.randn(batch, 3, size, size, generator=g, device=device),
-            torch.randint(0, num_classes, (batch,), generator=g, device=device))
+    return (
+        torch.randn(batch, 3, size, size, generator=g, device=device),
+        torch.randint(0, num_classes, (batch,), generator=g, device=device),
+    )
 
 
 def counted_flops(fn) -> float:
@@ -488,12 +544,18 @@ def paper_models() -> dict[str, dict]:
     for name, m in space["models"].items():
         workers = int(m.get("workers", 1))
         accum = int((m.get("config") or {}).get("grad_accum", space["base"].get("grad_accum", 1)))
-        out[name] = {"batch": batch, "workers": workers, "gpus_per_trial": int(m.get("gpu", 1)) * workers,
-                     "per_gpu": batch // workers, "grad_accum": accum}
+        out[name] = {
+            "batch": batch,
+            "workers": workers,
+            "gpus_per_trial": int(m.get("gpu", 1)) * workers,
+            "per_gpu": batch // workers,
+            "grad_accum": accum,
+        }
     return out
 
 
 # ---------------------------------------------------------------- part 1: the GPU-marked tests
+
 
 def part_gpu_tests(run: Run, r: dict) -> None:
     """Part 1: tests/test_gpu.py in a pytest process of its own, ray/mlflow/optuna blocked there too."""
@@ -503,13 +565,25 @@ def part_gpu_tests(run: Run, r: dict) -> None:
         r["_skip"] = "pytest is not installed"
         return
     xml = run.out / "gpu_tests.xml"
-    cmd = [sys.executable, "-c", PYTEST_CHILD.format(blocked=BLOCKED), "-q", "-m", "gpu",
-           "-p", "no:cacheprovider", f"--junitxml={xml}", str(ROOT / "tests" / "test_gpu.py")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    cmd = [
+        sys.executable,
+        "-c",
+        PYTEST_CHILD.format(blocked=BLOCKED),
+        "-q",
+        "-m",
+        "gpu",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={xml}",
+        str(ROOT / "tests" / "test_gpu.py"),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     r["command"] = "python -m pytest -q -m gpu tests/test_gpu.py (ray, mlflow, optuna blocked)"
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=max(5.0, run.left()))
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(5.0, run.left()))
     except subprocess.TimeoutExpired:
         r["timed_out_after_s"] = round(run.left(), 1)
         raise RuntimeError("pytest did not finish within the part's share of the budget") from None
@@ -531,18 +605,26 @@ def part_gpu_tests(run: Run, r: dict) -> None:
     r["tests"] = cases
     counts = {k: sum(v.split(":")[0] == k for v in cases.values()) for k in ("passed", "failed", "skipped")}
     r.update(counts)
-    note(r, f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
-            f"(pytest exit {proc.returncode})")
+    note(
+        r,
+        f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+        f"(pytest exit {proc.returncode})",
+    )
     for name, outcome in cases.items():
         if outcome.startswith("failed"):
             note(r, f"FAILED {name}: {outcome[8:]}")
     ran = counts["passed"] + counts["failed"]
-    run.target("GPU-marked tests pass", f"{counts['passed']}/{ran} passed" if ran else "none ran",
-               "all pass", counts["failed"] == 0 and ran > 0 and proc.returncode == 0,
-               "" if ran else "every test skipped: no CUDA")
+    run.target(
+        "GPU-marked tests pass",
+        f"{counts['passed']}/{ran} passed" if ran else "none ran",
+        "all pass",
+        counts["failed"] == 0 and ran > 0 and proc.returncode == 0,
+        "" if ran else "every test skipped: no CUDA",
+    )
 
 
 # ---------------------------------------------------------------- part 2: ViT-B step per condition
+
 
 def fit_batch(step_at: Callable[[int], None], batch: int, device, r: dict) -> int:
     """The largest batch from ``batch`` down (halving) whose full step fits in memory."""
@@ -573,9 +655,16 @@ def part_vitb(run: Run, r: dict) -> None:
 
     batch = fit_batch(full_step_at, plan.vitb_batch, dev, r)
     staged = ready_batch(batch, size, dev)
-    r.update(model=plan.vitb.key, image_size=size, batch=batch, requested_batch=plan.vitb_batch,
-             precision="bf16 autocast" if run.cuda else "fp32 (CPU)", data="a ready device batch",
-             reps=plan.reps, steps_per_rep=plan.inner)
+    r.update(
+        model=plan.vitb.key,
+        image_size=size,
+        batch=batch,
+        requested_batch=plan.vitb_batch,
+        precision="bf16 autocast" if run.cuda else "fp32 (CPU)",
+        data="a ready device batch",
+        reps=plan.reps,
+        steps_per_rep=plan.inner,
+    )
     built = {c: prepare(copy.deepcopy(base), c, dev) for c in CONDITIONS}
     base = None  # the copies are what is timed
     steps = {c: bench_step.raystudy_step(*built[c], dev, bench_step.fixed(staged)) for c in CONDITIONS}
@@ -586,31 +675,47 @@ def part_vitb(run: Run, r: dict) -> None:
     per = {}
     for c in CONDITIONS:
         tflops = flops[c] / t[c] / 1e12
-        per[c] = {"seconds_per_step": t[c], "images_per_s": batch / t[c],
-                  "counted_gflop_per_step": flops[c] / 1e9, "analytic_gflop_per_step": analytic[c] / 1e9,
-                  # far from 1: an attention kernel torch's counter does not know (MFU then low)
-                  "counted_over_analytic": flops[c] / analytic[c],
-                  "achieved_tflops": tflops,
-                  "mfu": run.mfu(tflops * 1e12),
-                  "time_ratio_to_full": t.ratio(c, "full"), "flop_share": flops[c] / flops["full"]}
+        per[c] = {
+            "seconds_per_step": t[c],
+            "images_per_s": batch / t[c],
+            "counted_gflop_per_step": flops[c] / 1e9,
+            "analytic_gflop_per_step": analytic[c] / 1e9,
+            # far from 1: an attention kernel torch's counter does not know (MFU then low)
+            "counted_over_analytic": flops[c] / analytic[c],
+            "achieved_tflops": tflops,
+            "mfu": run.mfu(tflops * 1e12),
+            "time_ratio_to_full": t.ratio(c, "full"),
+            "flop_share": flops[c] / flops["full"],
+        }
     r["conditions"] = per
     run.store["vitb"] = {"batch": batch, "seconds": {c: t[c] for c in CONDITIONS}}
     run.store["vitb_flops"] = flops
     for c in CONDITIONS:
         p = per[c]
-        note(r, f"{c}: {p['seconds_per_step'] * 1e3:.1f} ms, {p['images_per_s']:,.0f} img/s, "
-                f"{fmt(p['achieved_tflops'])} TFLOP/s, MFU {fmt(p['mfu'])}, x{p['time_ratio_to_full']:.3f} "
-                f"of full's time (FLOP share {p['flop_share']:.3f})")
-    run.target("ViT-B full finetuning MFU (bf16, batch %d)" % batch, per["full"]["mfu"], ">= 0.45",
-               per["full"]["mfu"] >= 0.45 if peak else None)
+        note(
+            r,
+            f"{c}: {p['seconds_per_step'] * 1e3:.1f} ms, {p['images_per_s']:,.0f} img/s, "
+            f"{fmt(p['achieved_tflops'])} TFLOP/s, MFU {fmt(p['mfu'])}, x{p['time_ratio_to_full']:.3f} "
+            f"of full's time (FLOP share {p['flop_share']:.3f})",
+        )
+    run.target(
+        f"ViT-B full finetuning MFU (bf16, batch {batch})",
+        per["full"]["mfu"],
+        ">= 0.45",
+        per["full"]["mfu"] >= 0.45 if peak else None,
+    )
     for c in CONDITIONS[1:]:
         p = per[c]
-        run.target(f"ViT-B {c} step time / full", p["time_ratio_to_full"],
-                   f"<= FLOP share + 0.10 = {p['flop_share'] + 0.10:.3f}",
-                   p["time_ratio_to_full"] <= p["flop_share"] + 0.10)
+        run.target(
+            f"ViT-B {c} step time / full",
+            p["time_ratio_to_full"],
+            f"<= FLOP share + 0.10 = {p['flop_share'] + 0.10:.3f}",
+            p["time_ratio_to_full"] <= p["flop_share"] + 0.10,
+        )
 
 
 # ---------------------------------------------------------------- part 2b: the same, compiled
+
 
 def part_vitb_compiled(run: Run, r: dict) -> None:
     """Part 2b: each condition under torch.compile, paired with eager, while the budget allows."""
@@ -640,21 +745,34 @@ def part_vitb_compiled(run: Run, r: dict) -> None:
         compile_s = time.perf_counter() - t0
         observed.append(compile_s)
         expected = max(observed)  # recompiles for another condition: about as long as the slowest so far
-        t = bench_step.interleaved({"eager": bench_step.raystudy_step(model, opt, groups, dev, bench_step.fixed(staged)),
-                                    "compiled": bench_step.raystudy_step(cm, opt, groups, dev, bench_step.fixed(staged))},
-                                   plan.reps, dev, plan.inner)
+        t = bench_step.interleaved(
+            {
+                "eager": bench_step.raystudy_step(model, opt, groups, dev, bench_step.fixed(staged)),
+                "compiled": bench_step.raystudy_step(cm, opt, groups, dev, bench_step.fixed(staged)),
+            },
+            plan.reps,
+            dev,
+            plan.inner,
+        )
         flops = run.store.get("vitb_flops", {}).get(c) if run.store.get("vitb", {}).get("batch") == batch else None
-        flops = flops or counted_flops(
-            bench_step.raystudy_step(model, opt, groups, dev, bench_step.fixed(staged)))
-        rec = {"compile_s": compile_s, "seconds_per_step": t["compiled"], "eager_seconds_per_step": t["eager"],
-               "speedup": 1 / t.ratio("compiled", "eager"), "images_per_s": batch / t["compiled"],
-               "achieved_tflops": flops / t["compiled"] / 1e12,
-               "mfu": run.mfu(flops / t["compiled"])}
+        flops = flops or counted_flops(bench_step.raystudy_step(model, opt, groups, dev, bench_step.fixed(staged)))
+        rec = {
+            "compile_s": compile_s,
+            "seconds_per_step": t["compiled"],
+            "eager_seconds_per_step": t["eager"],
+            "speedup": 1 / t.ratio("compiled", "eager"),
+            "images_per_s": batch / t["compiled"],
+            "achieved_tflops": flops / t["compiled"] / 1e12,
+            "mfu": run.mfu(flops / t["compiled"]),
+        }
         r["conditions"][c] = rec
         compiled[c] = t["compiled"]
-        note(r, f"{c}: compiled {rec['seconds_per_step'] * 1e3:.1f} ms, "
-                f"eager {rec['eager_seconds_per_step'] * 1e3:.1f} ms, "
-                f"speed-up x{rec['speedup']:.2f}, MFU {fmt(rec['mfu'])}, compile {compile_s:.0f} s")
+        note(
+            r,
+            f"{c}: compiled {rec['seconds_per_step'] * 1e3:.1f} ms, "
+            f"eager {rec['eager_seconds_per_step'] * 1e3:.1f} ms, "
+            f"speed-up x{rec['speedup']:.2f}, MFU {fmt(rec['mfu'])}, compile {compile_s:.0f} s",
+        )
         del cm, model, opt, groups
         free_memory(dev)
         run.store["vitb_compiled"] = compiled
@@ -663,11 +781,16 @@ def part_vitb_compiled(run: Run, r: dict) -> None:
         run.save()  # a compile is long: keep what is measured
     if "full" in compiled:
         m = r["conditions"]["full"]["mfu"]
-        run.target("ViT-B full finetuning MFU, torch.compile", m, ">= 0.45 (either way)",
-                   m >= 0.45 if isinstance(m, float) else None)
+        run.target(
+            "ViT-B full finetuning MFU, torch.compile",
+            m,
+            ">= 0.45 (either way)",
+            m >= 0.45 if isinstance(m, float) else None,
+        )
 
 
 # ---------------------------------------------------------------- part 3: ViT-L, ViT-H
+
 
 def part_large(run: Run, r: dict) -> None:
     """Part 3: ViT-L and ViT-H at the paper's per-GPU batch: peak memory, step time per condition."""
@@ -688,9 +811,14 @@ def part_large(run: Run, r: dict) -> None:
         pm = paper[key]
         per_gpu = max(1, pm["per_gpu"] // plan.batch_divisor)
         accum = pm["grad_accum"]
-        rec = r[key] = {"model": spec.key, "paper_batch": pm["batch"], "paper_workers": pm["workers"],
-                        "paper_gpus_per_trial": pm["gpus_per_trial"], "per_gpu_batch": per_gpu,
-                        "grad_accum": accum}
+        rec = r[key] = {
+            "model": spec.key,
+            "paper_batch": pm["batch"],
+            "paper_workers": pm["workers"],
+            "paper_gpus_per_trial": pm["gpus_per_trial"],
+            "per_gpu_batch": per_gpu,
+            "grad_accum": accum,
+        }
         model = build(spec, dev)
         # The paper's micro-batch first; on OOM, twice the accumulation at half the micro-batch.
         while True:
@@ -740,20 +868,30 @@ def part_large(run: Run, r: dict) -> None:
             rec["mfu_full"] = run.mfu(flops / s_full)
         measured = {c: s for c, s in secs.items() if isinstance(s, float)}
         run.store["large"][spec.key] = {"batch_per_gpu": per_gpu, "seconds": measured}
-        memory = (f"peak memory {fmt(rec['peak_memory_gib'], ' GiB')} of {fmt(total, ' GiB')}" if total
-                  else f"peak memory {NO_CUDA}")
-        note(r, f"{key} ({spec.key}): {per_gpu} images per GPU as {accum} x {micro}, {memory}; "
-                f"full step {fmt(s_full, ' s')}; paper.yaml: {pm['gpus_per_trial']} GPU(s) per trial")
+        memory = (
+            f"peak memory {fmt(rec['peak_memory_gib'], ' GiB')} of {fmt(total, ' GiB')}"
+            if total
+            else f"peak memory {NO_CUDA}"
+        )
+        note(
+            r,
+            f"{key} ({spec.key}): {per_gpu} images per GPU as {accum} x {micro}, {memory}; "
+            f"full step {fmt(s_full, ' s')}; paper.yaml: {pm['gpus_per_trial']} GPU(s) per trial",
+        )
         note(r, f"{key} seconds per step: " + ", ".join(f"{c} {fmt(s)}" for c, s in secs.items()))
-        run.target(f"{key} full finetuning fits at the paper's per-GPU batch ({per_gpu})",
-                   rec["peak_memory_gib"], f"<= 0.95 of {fmt(total, ' GiB') if total else 'the GPU'}",
-                   rec["fits_at_paper_batch"] and total is not None and rec["peak_memory_gib"] <= 0.95 * total)
+        run.target(
+            f"{key} full finetuning fits at the paper's per-GPU batch ({per_gpu})",
+            rec["peak_memory_gib"],
+            f"<= 0.95 of {fmt(total, ' GiB') if total else 'the GPU'}",
+            rec["fits_at_paper_batch"] and total is not None and rec["peak_memory_gib"] <= 0.95 * total,
+        )
         del model, opt, groups, batch
         free_memory(dev)
         run.save()
 
 
 # ---------------------------------------------------------------- part 4: the data path
+
 
 def per_image_rate(pool, size: int, batch: int, workers: int, epochs: int) -> tuple[float, float]:
     """(images/s over whole epochs of torchvision's per-image path with ``workers`` processes,
@@ -776,8 +914,7 @@ def per_image_rate(pool, size: int, batch: int, workers: int, epochs: int) -> tu
     if workers == 0:
         return single, single
     # A worker that hangs (not dies) would stall the run: a batch taking a minute is an error.
-    loader = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True,
-                        timeout=60)
+    loader = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True, timeout=60)
     for _ in loader:  # epoch 0: worker start-up, not timed
         pass
     rates = []
@@ -803,9 +940,16 @@ def part_data(run: Run, r: dict) -> None:
         r["made_jpegs_s"] = time.perf_counter() - t0
         stream, build_s, nbytes = bench_data.cache_stream(pool, 256, batch, dev, tmp / "cache", "jpeg")
         size = 224
-        r.update(images=plan.n_jpeg, image_sides="300-500 px JPEG", output=f"{size}x{size}", batch=batch,
-                 cache_build_s=build_s, cache_mib=nbytes / 2**20, per_image_workers=workers,
-                 per_image_loader_batch=plan.loader_batch)
+        r.update(
+            images=plan.n_jpeg,
+            image_sides="300-500 px JPEG",
+            output=f"{size}x{size}",
+            batch=batch,
+            cache_build_s=build_s,
+            cache_mib=nbytes / 2**20,
+            per_image_workers=workers,
+            per_image_loader_batch=plan.loader_batch,
+        )
         bench_data.window(stream, 1, dev)  # warm: first page faults, kernels
         # The stream is endless (a new shuffle each epoch): windows may cross epochs.
         cache_rates = [bench_data.window(stream, 4 if plan.smoke else 12, dev) for _ in range(max(3, plan.reps))]
@@ -821,13 +965,26 @@ def part_data(run: Run, r: dict) -> None:
         r["cache_images_per_s"] = cache
         if per_img is not None:
             ideal = single * max(workers, 1)
-            r.update(per_image_images_per_s=per_img, per_image_one_process_images_per_s=single,
-                     per_image_ideal_images_per_s=ideal, ratio=cache / per_img, ratio_to_ideal=cache / ideal)
-            note(r, f"cache + device augmentation {cache:,.0f} img/s; torchvision per image {per_img:,.0f} img/s "
-                    f"with {workers} workers (one process {single:,.0f} img/s, x{workers} = {ideal:,.0f}): "
-                    f"x{cache / per_img:.1f} (x{cache / ideal:.1f} against the ideal)")
-            run.target("data path / torchvision per-image path", cache / max(per_img, ideal), ">= 10",
-                       cache / max(per_img, ideal) >= 10, "against the better of measured and ideal")
+            r.update(
+                per_image_images_per_s=per_img,
+                per_image_one_process_images_per_s=single,
+                per_image_ideal_images_per_s=ideal,
+                ratio=cache / per_img,
+                ratio_to_ideal=cache / ideal,
+            )
+            note(
+                r,
+                f"cache + device augmentation {cache:,.0f} img/s; torchvision per image {per_img:,.0f} img/s "
+                f"with {workers} workers (one process {single:,.0f} img/s, x{workers} = {ideal:,.0f}): "
+                f"x{cache / per_img:.1f} (x{cache / ideal:.1f} against the ideal)",
+            )
+            run.target(
+                "data path / torchvision per-image path",
+                cache / max(per_img, ideal),
+                ">= 10",
+                cache / max(per_img, ideal) >= 10,
+                "against the better of measured and ideal",
+            )
         # A full ViT-B step fed by the data path vs fed a ready batch.
         if run.left() < 10:
             r["fed_step"] = f"skipped: out of time ({run.left():.0f} s left in the part)"
@@ -837,21 +994,33 @@ def part_data(run: Run, r: dict) -> None:
         model, opt, groups = prepare(build(plan.vitb, dev), "full", dev)
         staged = next(stream)
         t = bench_step.interleaved(
-            {"ready": bench_step.raystudy_step(model, opt, groups, dev, bench_step.fixed(staged)),
-             "data_path": bench_step.raystudy_step(model, opt, groups, dev, bench_step.nxt(stream))},
-            plan.reps, dev, plan.inner)
+            {
+                "ready": bench_step.raystudy_step(model, opt, groups, dev, bench_step.fixed(staged)),
+                "data_path": bench_step.raystudy_step(model, opt, groups, dev, bench_step.nxt(stream)),
+            },
+            plan.reps,
+            dev,
+            plan.inner,
+        )
         feed = t.ratio("data_path", "ready")
-        r["fed_step"] = {"ready_seconds_per_step": t["ready"], "data_path_seconds_per_step": t["data_path"],
-                         "ratio": feed}
+        r["fed_step"] = {
+            "ready_seconds_per_step": t["ready"],
+            "data_path_seconds_per_step": t["data_path"],
+            "ratio": feed,
+        }
         run.store["feed_factor"] = feed
-        note(r, f"ViT-B full step: ready batch {t['ready'] * 1e3:.1f} ms, fed by the data path "
-                f"{t['data_path'] * 1e3:.1f} ms: x{feed:.3f}")
+        note(
+            r,
+            f"ViT-B full step: ready batch {t['ready'] * 1e3:.1f} ms, fed by the data path "
+            f"{t['data_path'] * 1e3:.1f} ms: x{feed:.3f}",
+        )
         run.target("data-fed step / ready-batch step", feed, "<= 1.05", feed <= 1.05)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- part 5: probe vs forward
+
 
 def part_probe(run: Run, r: dict) -> None:
     """Part 5: probe passes (shared, in_situ) vs a plain forward over the same pairs, interleaved."""
@@ -867,25 +1036,39 @@ def part_probe(run: Run, r: dict) -> None:
     batches = []
     for start in range(0, plan.probe_pairs, plan.probe_batch):
         b = min(plan.probe_batch, plan.probe_pairs - start)
-        batches.append((torch.randn(b, 3, size, size, generator=g, device=dev),
-                        torch.randn(b, 3, size, size, generator=g, device=dev)))
+        batches.append(
+            (
+                torch.randn(b, 3, size, size, generator=g, device=dev),
+                torch.randn(b, 3, size, size, generator=g, device=dev),
+            )
+        )
 
     def forward():
         with torch.no_grad():
             for x, y in batches:
                 model(torch.cat([x, y]))
 
-    units = {"forward": forward,
-             "shared": lambda: plasticity.probe(model, batches, mode="shared"),
-             "in_situ": lambda: plasticity.probe(model, batches, mode="in_situ")}
+    units = {
+        "forward": forward,
+        "shared": lambda: plasticity.probe(model, batches, mode="shared"),
+        "in_situ": lambda: plasticity.probe(model, batches, mode="in_situ"),
+    }
     t = bench_step.interleaved(units, max(3, plan.reps // 2), dev)
     images = 2 * plan.probe_pairs
-    r.update(model=plan.vitb.key, pairs=plan.probe_pairs, pairs_per_batch=plan.probe_batch,
-             precision="fp32 (the probe runs in the model's dtype, without autocast)",
-             seconds={k: t[k] for k in units}, images_per_s={k: images / t[k] for k in units},
-             ratio={k: t.ratio(k, "forward") for k in ("shared", "in_situ")})
-    note(r, f"{images} images: forward {t['forward']:.3f} s, shared x{r['ratio']['shared']:.3f}, "
-            f"in_situ x{r['ratio']['in_situ']:.3f}")
+    r.update(
+        model=plan.vitb.key,
+        pairs=plan.probe_pairs,
+        pairs_per_batch=plan.probe_batch,
+        precision="fp32 (the probe runs in the model's dtype, without autocast)",
+        seconds={k: t[k] for k in units},
+        images_per_s={k: images / t[k] for k in units},
+        ratio={k: t.ratio(k, "forward") for k in ("shared", "in_situ")},
+    )
+    note(
+        r,
+        f"{images} images: forward {t['forward']:.3f} s, shared x{r['ratio']['shared']:.3f}, "
+        f"in_situ x{r['ratio']['in_situ']:.3f}",
+    )
     worst = max(r["ratio"].values())
     run.target("probe pass / plain forward (worse mode)", worst, "<= 1.3", worst <= 1.3)
 
@@ -897,8 +1080,9 @@ def part_probe(run: Run, r: dict) -> None:
 # noise keeps the best achievable loss at the Bayes floor below, so that bf16 and fp32 runs are
 # compared where the loss still means something (not both at 0).
 TASK_CLASSES, LABEL_NOISE = 10, 0.2
-LOSS_FLOOR = -((1 - LABEL_NOISE) * math.log(1 - LABEL_NOISE)
-               + LABEL_NOISE * math.log(LABEL_NOISE / (TASK_CLASSES - 1)))   # 0.94 nats
+LOSS_FLOOR = -(
+    (1 - LABEL_NOISE) * math.log(1 - LABEL_NOISE) + LABEL_NOISE * math.log(LABEL_NOISE / (TASK_CLASSES - 1))
+)  # 0.94 nats
 
 
 def synthetic_task(size: int, device, seed: int = 0):
@@ -921,8 +1105,7 @@ def synthetic_task(size: int, device, seed: int = 0):
     return draw
 
 
-def finetune(spec: ModelSpec, condition: str, steps: int, batch: int, device, amp: bool,
-             lr: float = 0.1) -> dict:
+def finetune(spec: ModelSpec, condition: str, steps: int, batch: int, device, amp: bool, lr: float = 0.1) -> dict:
     """``steps`` SGD steps of random-init ``spec`` on the synthetic task; losses read once at the end."""
     import torch
 
@@ -939,20 +1122,33 @@ def finetune(spec: ModelSpec, condition: str, steps: int, batch: int, device, am
     curve = torch.stack(losses).float().cpu()  # the one host sync of the run
     secs = time.perf_counter() - t0
     # first: the untrained model (chance is ln 10 = 2.30); final: the mean of the last 10% of steps
-    first, final = curve[:max(1, steps // 50)].mean().item(), curve[-max(1, steps // 10):].mean().item()
-    return {"first_loss": first, "final_loss": final, "finite": bool(torch.isfinite(curve).all()),
-            "falls": final < 0.8 * first, "seconds": secs, "steps": steps}
+    first, final = curve[: max(1, steps // 50)].mean().item(), curve[-max(1, steps // 10) :].mean().item()
+    return {
+        "first_loss": first,
+        "final_loss": final,
+        "finite": bool(torch.isfinite(curve).all()),
+        "falls": final < 0.8 * first,
+        "seconds": secs,
+        "steps": steps,
+    }
 
 
 def part_finetune(run: Run, r: dict) -> None:
     """Part 6: short finetunes per condition, with and without autocast; the verdicts."""
     plan, dev = run.plan, run.device
     amp_name = "bf16" if run.cuda else "amp (no-op on CPU: the engine runs fp32 there)"
-    r.update(model=plan.vits.key, steps=plan.ft_steps, batch=plan.ft_batch, optimizer="sgd lr 0.1, momentum 0.9",
-             task=f"{TASK_CLASSES} smooth random templates + N(0,1) noise, {LABEL_NOISE:.0%} of labels wrong",
-             loss_floor=LOSS_FLOOR, loss="first: mean of the first 2% of steps; final: of the last 10%",
-             tolerance=f"|final bf16 - final fp32| <= {TOL_ABS} + {TOL_REL} x final fp32", amp=amp_name,
-             conditions={})
+    r.update(
+        model=plan.vits.key,
+        steps=plan.ft_steps,
+        batch=plan.ft_batch,
+        optimizer="sgd lr 0.1, momentum 0.9",
+        task=f"{TASK_CLASSES} smooth random templates + N(0,1) noise, {LABEL_NOISE:.0%} of labels wrong",
+        loss_floor=LOSS_FLOOR,
+        loss="first: mean of the first 2% of steps; final: of the last 10%",
+        tolerance=f"|final bf16 - final fp32| <= {TOL_ABS} + {TOL_REL} x final fp32",
+        amp=amp_name,
+        conditions={},
+    )
     last = 0.0
     for c in CONDITIONS:
         rec = r["conditions"][c] = {}
@@ -970,22 +1166,37 @@ def part_finetune(run: Run, r: dict) -> None:
             rec["within_tolerance"] = rec["abs_diff"] <= TOL_ABS + TOL_REL * f["final_loss"]
         run.save()
         if isinstance(a, dict):
-            note(r, f"{c:<12} loss {a['first_loss']:.3f} -> {a['final_loss']:.3f} ({amp_name.split()[0]}; "
-                    f"floor {LOSS_FLOOR:.3f})"
-                    + (f", fp32 {f['final_loss']:.3f}, |diff| {rec['abs_diff']:.3f}" if "abs_diff" in rec else ""))
+            note(
+                r,
+                f"{c:<12} loss {a['first_loss']:.3f} -> {a['final_loss']:.3f} ({amp_name.split()[0]}; "
+                f"floor {LOSS_FLOOR:.3f})"
+                + (f", fp32 {f['final_loss']:.3f}, |diff| {rec['abs_diff']:.3f}" if "abs_diff" in rec else ""),
+            )
     done = [rec for rec in r["conditions"].values() if isinstance(rec.get("amp"), dict)]
     runs = [x for rec in r["conditions"].values() for x in (rec.get("amp"), rec.get("fp32")) if isinstance(x, dict)]
     compared = [rec for rec in done if "within_tolerance" in rec]
-    run.target("finetune: the loss falls (final < 0.8 x first)",
-               f"{sum(x['falls'] for x in runs)}/{len(runs)} runs", "all", all(x["falls"] for x in runs) and bool(runs))
-    run.target("finetune: no NaN or inf", f"{sum(x['finite'] for x in runs)}/{len(runs)} runs finite", "all",
-               all(x["finite"] for x in runs) and bool(runs))
-    run.target("finetune: bf16 final loss vs fp32", f"{sum(x['within_tolerance'] for x in compared)}/{len(compared)} "
-               "conditions within tolerance", f"all, |diff| <= {TOL_ABS} + {TOL_REL} x fp32",
-               all(x["within_tolerance"] for x in compared) and bool(compared))
+    run.target(
+        "finetune: the loss falls (final < 0.8 x first)",
+        f"{sum(x['falls'] for x in runs)}/{len(runs)} runs",
+        "all",
+        all(x["falls"] for x in runs) and bool(runs),
+    )
+    run.target(
+        "finetune: no NaN or inf",
+        f"{sum(x['finite'] for x in runs)}/{len(runs)} runs finite",
+        "all",
+        all(x["finite"] for x in runs) and bool(runs),
+    )
+    run.target(
+        "finetune: bf16 final loss vs fp32",
+        f"{sum(x['within_tolerance'] for x in compared)}/{len(compared)} conditions within tolerance",
+        f"all, |diff| <= {TOL_ABS} + {TOL_REL} x fp32",
+        all(x["within_tolerance"] for x in compared) and bool(compared),
+    )
 
 
 # ---------------------------------------------------------------- part 7: step times and GPU-hours
+
 
 def write_step_times(run: Run) -> Path | None:
     """step_times.json from every step time measured so far; None if there is none yet."""
@@ -995,8 +1206,11 @@ def write_step_times(run: Run) -> Path | None:
     models_doc = {}
     vitb = run.store.get("vitb")
     if vitb:
-        m = {"batch_per_gpu": vitb["batch"], "seconds_per_step": vitb["seconds"],
-             "notes": "a ready device batch; data_feed_factor: the data path's measured cost (part 4)"}
+        m = {
+            "batch_per_gpu": vitb["batch"],
+            "seconds_per_step": vitb["seconds"],
+            "notes": "a ready device batch; data_feed_factor: the data path's measured cost (part 4)",
+        }
         if run.store.get("vitb_compiled"):
             m["compiled_seconds_per_step"] = run.store["vitb_compiled"]
         if run.store.get("feed_factor"):
@@ -1004,15 +1218,24 @@ def write_step_times(run: Run) -> Path | None:
         models_doc[plan.vitb.key] = m
     for key, v in run.store.get("large", {}).items():
         if v["seconds"]:
-            models_doc[key] = {"batch_per_gpu": v["batch_per_gpu"], "seconds_per_step": v["seconds"],
-                               "notes": "a ready device batch, the paper's gradient accumulation"}
+            models_doc[key] = {
+                "batch_per_gpu": v["batch_per_gpu"],
+                "seconds_per_step": v["seconds"],
+                "notes": "a ready device batch, the paper's gradient accumulation",
+            }
     if not models_doc:
         return None
     env = run.doc["environment"]
-    doc = {"format": costs.FORMAT, "gpu": env.get("device_name", "?"),
-           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "command": run.doc["command"],
-           "precision": "bf16 autocast" if run.cuda else "fp32 (CPU)", "torch": env.get("torch"),
-           **({"smoke": True} if plan.smoke else {}), "models": models_doc}
+    doc = {
+        "format": costs.FORMAT,
+        "gpu": env.get("device_name", "?"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": run.doc["command"],
+        "precision": "bf16 autocast" if run.cuda else "fp32 (CPU)",
+        "torch": env.get("torch"),
+        **({"smoke": True} if plan.smoke else {}),
+        "models": models_doc,
+    }
     return costs.write_step_times(run.out / STEP_TIMES_NAME, doc)
 
 
@@ -1034,34 +1257,53 @@ def part_step_times(run: Run, r: dict) -> None:
     trials = spaces.expand(space, "vit_base")
     flops_est = spaces.gpu_hours(dataclasses.replace(space, step_times=None), "vit_base", trials)
     est = spaces.gpu_hours(dataclasses.replace(space, step_times=path), "vit_base", trials)
-    r["paper_grid"] = {"trials": len(trials), "vit_base": {"dry_run": est.describe(), "hours": est.hours,
-                                                           "by_condition": est.by_condition,
-                                                           "flop_estimate_hours": flops_est.hours}}
-    note(r, f"vit_base, paper grid ({len(trials)} trials): {est.describe()} (FLOP estimate: "
-            f"{fmt(flops_est.hours)} h)")
+    r["paper_grid"] = {
+        "trials": len(trials),
+        "vit_base": {
+            "dry_run": est.describe(),
+            "hours": est.hours,
+            "by_condition": est.by_condition,
+            "flop_estimate_hours": flops_est.hours,
+        },
+    }
+    note(r, f"vit_base, paper grid ({len(trials)} trials): {est.describe()} (FLOP estimate: {fmt(flops_est.hours)} h)")
     # ViT-L and ViT-H: the same trials with each model's workers, GPUs and measured key.
     rows = [(t.config["condition"], t.config["steps"], t.config["batch_size"], t.config["compile"]) for t in trials]
     paper = paper_models()
     for key, _ in plan.large:
         pm = paper[key]
         opts = spaces.model_options(space.models, key)
-        e = costs.estimate(key,
-                           [costs.TrialCost(c, s, b, pm["workers"], pm["gpus_per_trial"], comp) for c, s, b, comp in rows],
-                           step_times=table, fallback=opts["step_seconds"])
+        e = costs.estimate(
+            key,
+            [costs.TrialCost(c, s, b, pm["workers"], pm["gpus_per_trial"], comp) for c, s, b, comp in rows],
+            step_times=table,
+            fallback=opts["step_seconds"],
+        )
         r["paper_grid"][key] = {"hours": e.hours, "by_condition": e.by_condition, "describe": e.describe()}
         note(r, f"{key}: {e.describe()}")
     if plan.smoke:
         # The tiny stand-ins' step times price the paper's trials: the measured path runs, the
         # hours mean nothing (vit_base above fell back to its FLOP estimate, as it should here).
-        e = costs.estimate(plan.vitb.key, [costs.TrialCost(c, s, b, 1, 1, comp) for c, s, b, comp in rows],
-                           step_times=table)
-        r["paper_grid"]["smoke_check"] = {"priced_from_measurements": e.measured, "of": len(rows),
-                                          "note": "CPU stand-in's step times; a code-path check, not an estimate"}
-        note(r, f"smoke: {e.measured} of {len(rows)} trials priced from the stand-in's measured step "
-                "times (a code-path check, not an estimate)")
-    run.target("ViT-B paper grid (924 trials, SGD), measured step times", est.hours if est.measured else
-               "not measured", "<= 200 H200-hours", est.hours <= 200 if est.measured and est.hours else None,
-               "" if est.measured else est.note)
+        e = costs.estimate(
+            plan.vitb.key, [costs.TrialCost(c, s, b, 1, 1, comp) for c, s, b, comp in rows], step_times=table
+        )
+        r["paper_grid"]["smoke_check"] = {
+            "priced_from_measurements": e.measured,
+            "of": len(rows),
+            "note": "CPU stand-in's step times; a code-path check, not an estimate",
+        }
+        note(
+            r,
+            f"smoke: {e.measured} of {len(rows)} trials priced from the stand-in's measured step "
+            "times (a code-path check, not an estimate)",
+        )
+    run.target(
+        "ViT-B paper grid (924 trials, SGD), measured step times",
+        est.hours if est.measured else "not measured",
+        "<= 200 H200-hours",
+        est.hours <= 200 if est.measured and est.hours else None,
+        "" if est.measured else est.note,
+    )
 
 
 # ---------------------------------------------------------------- main
@@ -1092,10 +1334,8 @@ def parse_args(argv):
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for the JSON, the Markdown and step_times.json")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes through every part (CPU, CI)")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="seconds for the whole run (default 440; --smoke 240)")
-    ap.add_argument("--parts", help="comma-separated parts to run, by key or number (e.g. 1,2,2b,7); "
-                                    "default all")
+    ap.add_argument("--budget-s", type=float, default=None, help="seconds for the whole run (default 440; --smoke 240)")
+    ap.add_argument("--parts", help="comma-separated parts to run, by key or number (e.g. 1,2,2b,7); default all")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--threads", type=int, help="torch threads (default: 1 for --smoke, torch's otherwise)")
     ap.add_argument("--vitb-batch", type=int, help="ViT-B batch (default 256; --smoke 8)")
@@ -1117,8 +1357,10 @@ def parse_args(argv):
         names = [s.strip() for s in args.parts.split(",") if s.strip()]
         bad = [s for s in names if s not in known]
         if bad or not names:
-            ap.error(f"--parts: {', '.join(bad) or 'empty list'} unknown; valid: "
-                     f"{', '.join(p.key.split('_')[0] for p in PARTS)} or the full keys")
+            ap.error(
+                f"--parts: {', '.join(bad) or 'empty list'} unknown; valid: "
+                f"{', '.join(p.key.split('_')[0] for p in PARTS)} or the full keys"
+            )
         args.parts = {known[s] for s in names}
     import torch
 
@@ -1137,16 +1379,28 @@ def environment(run: Run) -> dict:
     import torch
 
     dev = run.device
-    env = {"device": str(dev), "python": platform.python_version(), "host": platform.node(),
-           "host_cores": len(os.sched_getaffinity(0)), "torch": torch.__version__, "timm": timm.__version__,
-           "torch_threads": torch.get_num_threads(), "cuda": torch.version.cuda if dev.type == "cuda" else None,
-           "blocked_imports": list(BLOCKED)}
+    env = {
+        "device": str(dev),
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "host_cores": len(os.sched_getaffinity(0)),
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda if dev.type == "cuda" else None,
+        "blocked_imports": list(BLOCKED),
+    }
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
-        env.update(device_name=props.name, gpu_memory_gib=props.total_memory / 2**30,
-                   capability=f"{props.major}.{props.minor}",
-                   sdpa_enabled={name: bool(getattr(torch.backends.cuda, f"{name}_sdp_enabled", lambda: None)())
-                                 for name in ("flash", "mem_efficient", "cudnn", "math")})
+        env.update(
+            device_name=props.name,
+            gpu_memory_gib=props.total_memory / 2**30,
+            capability=f"{props.major}.{props.minor}",
+            sdpa_enabled={
+                name: bool(getattr(torch.backends.cuda, f"{name}_sdp_enabled", lambda: None)())
+                for name in ("flash", "mem_efficient", "cudnn", "math")
+            },
+        )
     else:
         env.update(device_name=f"CPU ({platform.machine()})", gpu_memory_gib=NO_CUDA)
     try:
@@ -1183,8 +1437,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run.doc["environment"] = environment(run)
         except Exception as e:  # noqa: BLE001 - recorded; the parts still run
-            run.doc["environment"] = {"device": str(run.device),
-                                      "error": traceback.format_exception_only(type(e), e)[-1].strip()}
+            run.doc["environment"] = {
+                "device": str(run.device),
+                "error": traceback.format_exception_only(type(e), e)[-1].strip(),
+            }
         if run.cuda:
             try:  # the denominator of every MFU: the best of three dense bf16 8192^3 matmul runs
                 bench_step, _ = bench()
@@ -1193,17 +1449,20 @@ def main(argv: list[str] | None = None) -> int:
                 run.doc["environment"]["bf16_matmul_tflops"] = rate / 1e12
             except Exception as e:  # noqa: BLE001 - recorded; the MFUs then say not measured
                 run.doc["environment"]["bf16_matmul_tflops"] = (
-                    "not measured: " + traceback.format_exception_only(type(e), e)[-1].strip())
+                    "not measured: " + traceback.format_exception_only(type(e), e)[-1].strip()
+                )
         else:
             run.doc["environment"]["bf16_matmul_tflops"] = NO_CUDA
         run.save()
         for i, p in enumerate(parts):
-            rest = sum(q.min_s for q in parts[i + 1:] if args.parts is None or q.key in args.parts)
+            rest = sum(q.min_s for q in parts[i + 1 :] if args.parts is None or q.key in args.parts)
             run.run_part(p, args.parts is None or p.key in args.parts, rest)
             rec = run.doc["parts"][p.key]
-            print(f"[{run.elapsed():6.1f} s] {p.key}: {rec['status']}"
-                  + (f" ({rec.get('error') or rec.get('reason')})" if rec.get("error") or rec.get("reason") else ""),
-                  flush=True)
+            print(
+                f"[{run.elapsed():6.1f} s] {p.key}: {rec['status']}"
+                + (f" ({rec.get('error') or rec.get('reason')})" if rec.get("error") or rec.get("reason") else ""),
+                flush=True,
+            )
             run.save()
     except (Interrupted, KeyboardInterrupt):
         for rec in run.doc["parts"].values():
@@ -1213,8 +1472,10 @@ def main(argv: list[str] | None = None) -> int:
     run.doc["finished"] = status == 0
     run.save()
     errors = [k for k, p in run.doc["parts"].items() if p["status"] in ("error", "interrupted")]
-    print(f"wrote {run.out / JSON_NAME} and {run.out / MD_NAME} in {run.elapsed():.1f} s"
-          + (f"; errors in {', '.join(errors)}" if errors else ""))
+    print(
+        f"wrote {run.out / JSON_NAME} and {run.out / MD_NAME} in {run.elapsed():.1f} s"
+        + (f"; errors in {', '.join(errors)}" if errors else "")
+    )
     return 1 if errors or status else 0
 
 

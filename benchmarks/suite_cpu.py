@@ -50,8 +50,11 @@ def busy_cpu_s() -> float:
 KINDS = [
     ("trial actor (Tune)", r"\bray::ImplicitFu"),
     ("Ray Train controller or worker", r"\bray::(RayTrainWo|TrainContr|_Inner)"),
-    ("Ray's servers and agents", r"\bray::(DashboardA|RuntimeEnv)|gcs_server|/raylet |dashboard/dashboard\.py|"
-                                 r"log_monitor\.py|autoscaler/_private/monitor\.py|runtime_env/agent/main\.py"),
+    (
+        "Ray's servers and agents",
+        r"\bray::(DashboardA|RuntimeEnv)|gcs_server|/raylet |dashboard/dashboard\.py|"
+        r"log_monitor\.py|autoscaler/_private/monitor\.py|runtime_env/agent/main\.py",
+    ),
     ("Ray worker never given an actor", r"\bray::|workers/(setup|default)_worker\.py"),
     ("grid driver", r" -m raystudy\.grid\b"),
     ("search driver", r" -m raystudy\.search\b"),
@@ -83,16 +86,16 @@ class Processes:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self):
-        live = {}   # pid -> (key, ppid, fields)
+        live = {}  # pid -> (key, ppid, fields)
         for d in os.listdir("/proc"):
             if not d.isdigit():
                 continue
             try:
                 stat = Path(f"/proc/{d}/stat").read_text()
             except OSError:
-                continue    # gone between the listing and the read
-            fields = stat[stat.rindex(")") + 2:].split()
-            live[int(d)] = ((int(d), fields[19]), int(fields[1]), fields)   # start time: a pid can be reused
+                continue  # gone between the listing and the read
+            fields = stat[stat.rindex(")") + 2 :].split()
+            live[int(d)] = ((int(d), fields[19]), int(fields[1]), fields)  # start time: a pid can be reused
         # ours: a process seen before as ours, or whose parent is this process or ours (a child
         # can be listed before its parent, so until nothing changes)
         ours, grew = {os.getpid()} | {pid for pid, (key, _, _) in live.items() if key in self.seen}, True
@@ -109,7 +112,7 @@ class Processes:
                     self.seen[key] = [f"{comm} | {cmd}", 0.0]
             except OSError:
                 continue
-            self.seen[key][1] = (int(fields[11]) + int(fields[12])) / self.tick   # utime + stime
+            self.seen[key][1] = (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
 
     def _run(self):
         while not self._stop.wait(self.every):
@@ -129,15 +132,22 @@ def by_kind(seen: dict, own_cpu: float, session_cpu: float) -> str:
     groups: dict[str, list[float]] = {}
     for label, cpu in seen.values():
         groups.setdefault(kind(label), []).append(cpu)
-    out = [f"{'procs':>6} {'CPU s':>8} {'fewest':>7} {'median':>7} {'most':>7}  kind of process (started during the run)"]
+    out = [
+        f"{'procs':>6} {'CPU s':>8} {'fewest':>7} {'median':>7} {'most':>7}  kind of process (started during the run)"
+    ]
     for name, _ in KINDS:
         if name in groups:
             c = groups[name]
             out.append(f"{len(c):6d} {sum(c):8.1f} {min(c):7.2f} {statistics.median(c):7.2f} {max(c):7.2f}  {name}")
-    out.append(f"{1:6d} {own_cpu:8.1f} {'':>7} {'':>7} {'':>7}  pytest (this process: in-process tests, collection, sampling)")
+    out.append(
+        f"{1:6d} {own_cpu:8.1f} {'':>7} {'':>7} {'':>7}  pytest (this process: in-process tests, collection, sampling)"
+    )
     seen_cpu = sum(c for _, c in seen.values()) + own_cpu
-    out.append(f"{'':>6} {seen_cpu:8.1f}  in all: {seen_cpu / session_cpu:.0%} of the machine's busy CPU while it ran"
-               if session_cpu > 0 else f"{'':>6} {seen_cpu:8.1f}  in all")
+    out.append(
+        f"{'':>6} {seen_cpu:8.1f}  in all: {seen_cpu / session_cpu:.0%} of the machine's busy CPU while it ran"
+        if session_cpu > 0
+        else f"{'':>6} {seen_cpu:8.1f}  in all"
+    )
     return "\n".join(out)
 
 
@@ -145,7 +155,7 @@ class Charge:
     """A pytest plugin: each test's machine CPU seconds and wall seconds, setup and teardown included."""
 
     def __init__(self):
-        self.rows: list[tuple[float, float, str, str]] = []   # cpu, wall, nodeid, outcome
+        self.rows: list[tuple[float, float, str, str]] = []  # cpu, wall, nodeid, outcome
 
     def pytest_runtest_logstart(self, nodeid, location):
         self._start = (busy_cpu_s(), time.perf_counter())
@@ -172,17 +182,21 @@ def summary(rows, session_cpu: float, session_wall: float, top: int) -> str:
         files[n.split("::")[0]] += c
     out += ["", f"{'CPU s':>8}  file"] + [f"{c:8.1f}  {f}" for f, c in files.most_common()]
     tests_cpu, cores = sum(r[0] for r in rows), os.cpu_count() or 1
-    out += ["", f"{tests_cpu:8.1f} CPU s in {len(rows)} tests; "
-                f"{session_cpu - tests_cpu:.1f} CPU s outside them (start-up, collection, the session's end); "
-                f"{session_wall:.0f} s wall; about {session_cpu / cores:.0f} s on {cores} busy cores"]
+    out += [
+        "",
+        f"{tests_cpu:8.1f} CPU s in {len(rows)} tests; "
+        f"{session_cpu - tests_cpu:.1f} CPU s outside them (start-up, collection, the session's end); "
+        f"{session_wall:.0f} s wall; about {session_cpu / cores:.0f} s on {cores} busy cores",
+    ]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--top", type=int, default=25, help="tests listed by CPU (default 25)")
-    ap.add_argument("--processes", action="store_true",
-                    help="also count the processes the tests started, and their CPU, by kind")
+    ap.add_argument(
+        "--processes", action="store_true", help="also count the processes the tests started, and their CPU, by kind"
+    )
     args, pytest_args = ap.parse_known_args(argv)
     if not Path("/proc/stat").is_file():
         print("error: suite_cpu.py reads /proc/stat: Linux only", file=sys.stderr)

@@ -34,10 +34,12 @@ def usage() -> str:
     """The top-level help: the usage line and one line per command."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
-    return ("usage: raystudy [--version] [--help] COMMAND [ARGS...]\n\n"
-            "Which components of a pretrained Vision Transformer to finetune, and why.\n\ncommands:\n"
-            + "\n".join(lines)
-            + "\n\n`raystudy COMMAND --help` describes a command; `python -m raystudy COMMAND` is the same.\n")
+    return (
+        "usage: raystudy [--version] [--help] COMMAND [ARGS...]\n\n"
+        "Which components of a pretrained Vision Transformer to finetune, and why.\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\n`raystudy COMMAND --help` describes a command; `python -m raystudy COMMAND` is the same.\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command {name!r}; valid: {', '.join(COMMANDS)} (see raystudy --help)",
-              file=sys.stderr)
+        print(f"error: unknown command {name!r}; valid: {', '.join(COMMANDS)} (see raystudy --help)", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])  # only now: its imports are its own
     return module.main(rest)

@@ -2,7 +2,7 @@
 
 A policy is a pure function of what has been seen of the grid's trials. ``decide(policy, trials,
 seen)`` returns the trials to stop and the step to stop them at; the live grid
-(``raystudy.runner``) calls it on every evaluation, the replay (``analysis.replay``) once on a
+(``raystudy.driver.scheduler``) calls it on every evaluation, the replay (``analysis.replay``) once on a
 finished grid's recorded curves: the same code, so the same data gives the same decisions.
 
 Shapes (plain Python, no pandas: the live scheduler calls this on every result):
@@ -55,12 +55,12 @@ class Policy:
 
     name: str
     halving: bool = False
-    eta: int = 2                               # keep 1/eta of the lrs at each milestone
-    keep_min: int = 2                          # lrs that always run to the end
-    milestones: tuple[float, ...] = (0.25,)    # fractions of the trial's steps
+    eta: int = 2  # keep 1/eta of the lrs at each milestone
+    keep_min: int = 2  # lrs that always run to the end
+    milestones: tuple[float, ...] = (0.25,)  # fractions of the trial's steps
     race: bool = False
-    gap: float = 0.1                           # race: val-acc points an lr may trail at a milestone
-    swing: float = 0.01                        # race: the spread of one seed's paired lr difference
+    gap: float = 0.1  # race: val-acc points an lr may trail at a milestone
+    swing: float = 0.01  # race: the spread of one seed's paired lr difference
 
 
 POLICIES = {
@@ -76,7 +76,7 @@ class Seen:
 
     points: tuple[tuple[int, float], ...] = ()
     ended: bool = False
-    best: float = math.nan     # final best validation accuracy, when the trial reported one
+    best: float = math.nan  # final best validation accuracy, when the trial reported one
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def _halving(p: Policy, members: list[Mapping], seen: Mapping[str, Seen]) -> dic
             break  # the rung is incomplete: decide when it is
         score = {lr: _score(seen.get(first[lr]["key"]), m) for lr in alive}
         ranked = sorted(alive, key=lambda lr: (-score[lr], lr))
-        kept = ranked[:max(p.keep_min, math.ceil(len(alive) / p.eta))]
+        kept = ranked[: max(p.keep_min, math.ceil(len(alive) / p.eta))]
         for t in members:
             if t["lr"] in alive and t["lr"] not in kept:
                 out[t["key"]] = Stop(m if t["seed"] == judge else 0, f"halving@{m}")
@@ -200,7 +200,7 @@ def _race(p: Policy, members: list[Mapping], seen: Mapping[str, Seen]) -> dict[s
             break
         if not all(seen.get(trial[(lr, seed)]["key"], Seen()).ended for lr in alive if (lr, seed) in trial):
             return out  # seed k still runs: the next seed waits for it
-        mean = {lr: sum(ran(lr, s) for s in seeds[:k + 1]) / (k + 1) for lr in alive}
+        mean = {lr: sum(ran(lr, s) for s in seeds[: k + 1]) / (k + 1) for lr in alive}
         bound = p.swing * math.sqrt(len(seeds) - k - 1) / (k + 1)
         lost = [lr for lr in alive if mean[lr] < max(mean.values()) - bound]
         drop(lost, k + 1, 0, f"race after {k + 1} seed{'s' if k else ''}")
@@ -219,7 +219,7 @@ def planned_steps(p: Policy, trials: Sequence[Mapping], settled: bool = False) -
         lrs = sorted({t["lr"] for t in members})
         if p.race and settled and len(lrs) > 1:
             ms = milestone_steps(p, max(t["steps"] for t in members), min(t["eval_every"] for t in members))
-            for t in members:   # the smallest lr stays (which one is the data's; the cost is not)
+            for t in members:  # the smallest lr stays (which one is the data's; the cost is not)
                 if t["lr"] != lrs[0]:
                     out[t["key"]] = (ms[0] if ms else t["steps"]) if t["seed"] == seeds[0] else 0
         if p.halving and len(lrs) > p.keep_min:
@@ -233,7 +233,7 @@ def _halving_plan(p: Policy, members: list[Mapping], judge) -> dict[str, int]:
     rank: which lr drops is the data's; how many and when is not."""
     first = [t for t in members if t["seed"] == judge]
     alive = len({t["lr"] for t in members})
-    stop_at: list[int] = []     # the milestone each dropped lr (by rank) stops at
+    stop_at: list[int] = []  # the milestone each dropped lr (by rank) stops at
     for m in milestone_steps(p, max(t["steps"] for t in first), min(t["eval_every"] for t in first)):
         if alive <= p.keep_min:
             break
@@ -245,7 +245,7 @@ def _halving_plan(p: Policy, members: list[Mapping], judge) -> dict[str, int]:
         by_seed.setdefault(t["seed"], []).append(t)
     out = {}
     for seed, ts in by_seed.items():
-        for t, m in zip(ts[len(ts) - len(stop_at):], stop_at):
+        for t, m in zip(ts[len(ts) - len(stop_at) :], stop_at):
             out[t["key"]] = m if seed == judge else 0
     return out
 
@@ -257,9 +257,14 @@ ENDED = ("finished", "diverged", "failed", "stopped")
 
 def trial_of(key: str, config: Mapping) -> dict:
     """The policy's view of a trial from its flat finetuning config."""
-    return {"key": key, **{c: config[c] for c in CELL}, "lr": float(config["lr"]),
-            "seed": int(config["seed"]), "steps": int(config["steps"]),
-            "eval_every": int(config["eval_every"])}
+    return {
+        "key": key,
+        **{c: config[c] for c in CELL},
+        "lr": float(config["lr"]),
+        "seed": int(config["seed"]),
+        "steps": int(config["steps"]),
+        "eval_every": int(config["eval_every"]),
+    }
 
 
 def seen_of(points, status: str | None, best: float = math.nan) -> Seen:

@@ -77,6 +77,7 @@ class Architecture:
 
 # ---------------------------------------------------------------- timm VisionTransformer
 
+
 def _vit_embed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """E(x) by timm's own steps: patches, prefix tokens and positions, patch dropout, pre-norm."""
     x = model.patch_embed(x)
@@ -116,14 +117,22 @@ VIT = Architecture(
         "LN1": (r"blocks\.\d+\.norm1\.(weight|bias)",),
         # LayerScale's ls1 scales the attention branch's output, ls2 the MLP's: each trains with
         # the component whose output it scales (MHA, FC2). EVA's separate q/v biases belong to MHA.
-        "MHA": (rf"blocks\.\d+\.attn\.(qkv|proj){_BASE}\.(weight|bias)", r"blocks\.\d+\.attn\.(q_bias|v_bias)",
-                r"blocks\.\d+\.ls1\.gamma"),
+        "MHA": (
+            rf"blocks\.\d+\.attn\.(qkv|proj){_BASE}\.(weight|bias)",
+            r"blocks\.\d+\.attn\.(q_bias|v_bias)",
+            r"blocks\.\d+\.ls1\.gamma",
+        ),
         "LN2": (r"blocks\.\d+\.norm2\.(weight|bias)",),
         "FC1": (r"blocks\.\d+\.mlp\.fc1\.(weight|bias)",),
         "FC2": (r"blocks\.\d+\.mlp\.fc2\.(weight|bias)", r"blocks\.\d+\.ls2\.gamma"),
         # Register tokens (DINOv2, DeiT-III style) and CLIP's pre-norm are part of the embedding stage.
-        "EMBED": (r"cls_token", r"reg_token", r"pos_embed", r"patch_embed\.proj\.(weight|bias)",
-                  r"norm_pre\.(weight|bias)"),
+        "EMBED": (
+            r"cls_token",
+            r"reg_token",
+            r"pos_embed",
+            r"patch_embed\.proj\.(weight|bias)",
+            r"norm_pre\.(weight|bias)",
+        ),
         "HEAD": (r"head\.(weight|bias)", r"norm\.(weight|bias)", r"fc_norm\.(weight|bias)"),
         "LORA": (r"blocks\.\d+\.attn\.(qkv|proj)\.lora_[AB]\.[\w]+\.weight",),
     },
@@ -139,6 +148,7 @@ VIT = Architecture(
 
 
 # ---------------------------------------------------------------- Hugging Face GPT-2
+
 
 def _gpt2_embed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Token plus position embeddings (the dropout after them is off in eval mode)."""
@@ -212,7 +222,8 @@ GPT2 = Architecture(
     probe_source="tokens_random",
     plasticity_note=(
         "x are uniform random tokens unless a token file of pretraining-like text is given "
-        "(--tokens); GPT-2's attention is causal, which the MHA bound does not cover (none is given)."),
+        "(--tokens); GPT-2's attention is causal, which the MHA bound does not cover (none is given)."
+    ),
 )
 
 # Stable name -> record; the order is the order families are tried in (``of_model``, LoRA).
@@ -234,5 +245,4 @@ def component_patterns() -> dict[str, tuple[str, ...]]:
     """Every family's patterns merged per component, in table order: one table that partitions
     the parameters of a model of any family (and of a bare list of names)."""
     order = list(dict.fromkeys(c for a in ARCHITECTURES.values() for c in a.patterns))
-    return {c: tuple(dict.fromkeys(p for a in ARCHITECTURES.values() for p in a.patterns.get(c, ())))
-            for c in order}
+    return {c: tuple(dict.fromkeys(p for a in ARCHITECTURES.values() for p in a.patterns.get(c, ()))) for c in order}

@@ -25,15 +25,19 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-SCALE = (0.08, 1.0)          # torchvision RandomResizedCrop defaults
+SCALE = (0.08, 1.0)  # torchvision RandomResizedCrop defaults
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 ATTEMPTS = 10
 FLIP_P = 0.5
 
 
-def random_resized_crop_boxes(sizes: torch.Tensor, generator: torch.Generator | None = None,
-                              scale: Sequence[float] = SCALE, ratio: Sequence[float] = RATIO,
-                              attempts: int = ATTEMPTS) -> torch.Tensor:
+def random_resized_crop_boxes(
+    sizes: torch.Tensor,
+    generator: torch.Generator | None = None,
+    scale: Sequence[float] = SCALE,
+    ratio: Sequence[float] = RATIO,
+    attempts: int = ATTEMPTS,
+) -> torch.Tensor:
     """RandomResizedCrop boxes for images of ``sizes`` (B, 2: height, width); (B, 4) float64.
 
     torchvision's ``RandomResizedCrop.get_params`` per image: up to ``attempts`` draws of an
@@ -44,17 +48,17 @@ def random_resized_crop_boxes(sizes: torch.Tensor, generator: torch.Generator | 
     """
     dev = sizes.device
     hw = sizes.to(torch.float64)
-    H, W = hw[:, :1], hw[:, 1:]                                   # (B, 1)
+    H, W = hw[:, :1], hw[:, 1:]  # (B, 1)
     u = torch.rand((len(sizes), attempts, 4), generator=generator, device=dev, dtype=torch.float64)
     target = H * W * (scale[0] + (scale[1] - scale[0]) * u[..., 0])
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     aspect = torch.exp(log_lo + (log_hi - log_lo) * u[..., 1])
-    w = torch.round(torch.sqrt(target * aspect))                  # round half to even, as Python
+    w = torch.round(torch.sqrt(target * aspect))  # round half to even, as Python
     h = torch.round(torch.sqrt(target / aspect))
-    fits = (w > 0) & (w <= W) & (h > 0) & (h <= H)                # (B, attempts)
-    first = fits.to(torch.uint8).argmax(1, keepdim=True)          # the first attempt that fits
+    fits = (w > 0) & (w <= W) & (h > 0) & (h <= H)  # (B, attempts)
+    first = fits.to(torch.uint8).argmax(1, keepdim=True)  # the first attempt that fits
     h, w = h.gather(1, first), w.gather(1, first)
-    top = torch.floor(u[..., 2].gather(1, first) * (H - h + 1))   # randint(0, H - h + 1)
+    top = torch.floor(u[..., 2].gather(1, first) * (H - h + 1))  # randint(0, H - h + 1)
     left = torch.floor(u[..., 3].gather(1, first) * (W - w + 1))
 
     # No attempt fitted: the whole image, its ratio clamped into ``ratio``, centred.
@@ -63,8 +67,15 @@ def random_resized_crop_boxes(sizes: torch.Tensor, generator: torch.Generator | 
     fh = torch.where(in_ratio < ratio[0], torch.round(W / ratio[0]), H)
     ftop, fleft = torch.floor((H - fh) / 2), torch.floor((W - fw) / 2)
     found = fits.any(1, keepdim=True)
-    box = torch.cat([torch.where(found, top, ftop), torch.where(found, left, fleft),
-                     torch.where(found, h, fh), torch.where(found, w, fw)], 1)
+    box = torch.cat(
+        [
+            torch.where(found, top, ftop),
+            torch.where(found, left, fleft),
+            torch.where(found, h, fh),
+            torch.where(found, w, fw),
+        ],
+        1,
+    )
     return box
 
 
@@ -85,9 +96,16 @@ def center_crop_boxes(sizes: torch.Tensor, size: int) -> torch.Tensor:
     return torch.stack([top, left, size * H / new_h, size * W / new_w], 1)
 
 
-def resample(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor, size: int,
-             mean: Sequence[float], std: Sequence[float], flip: torch.Tensor | None = None,
-             value_range: float = 255.0) -> torch.Tensor:
+def resample(
+    images: torch.Tensor,
+    sizes: torch.Tensor,
+    boxes: torch.Tensor,
+    size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    flip: torch.Tensor | None = None,
+    value_range: float = 255.0,
+) -> torch.Tensor:
     """Crop ``boxes`` out of ``images``, resize to ``size``², flip where asked, normalise: one resample.
 
     ``images`` (B, C, S, S') hold the originals of ``sizes`` at any resolution (uint8 in
@@ -107,13 +125,11 @@ def resample(images: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor, siz
     theta = torch.stack([sx, zero, tx, zero, sy, ty], 1).view(-1, 2, 3).to(torch.float32)
     b, c = images.shape[:2]
     grid = F.affine_grid(theta, [b, c, size, size], align_corners=False)
-    x = F.grid_sample(images.to(torch.float32), grid, mode="bilinear", padding_mode="border",
-                      align_corners=False)
+    x = F.grid_sample(images.to(torch.float32), grid, mode="bilinear", padding_mode="border", align_corners=False)
     return normalise(x, mean, std, value_range)
 
 
-def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float],
-              value_range: float = 1.0) -> torch.Tensor:
+def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], value_range: float = 1.0) -> torch.Tensor:
     """``(x / value_range - mean) / std`` per channel, as one fused multiply-add."""
     shift, scale = _affine(tuple(mean), tuple(std), float(value_range), x.device)
     return torch.addcmul(shift, x.to(torch.float32), scale)
@@ -127,16 +143,28 @@ def _affine(mean: tuple, std: tuple, value_range: float, device: torch.device):
     return (-m / s).float().to(device), (1.0 / (value_range * s)).float().to(device)
 
 
-def train_batch(images: torch.Tensor, sizes: torch.Tensor, size: int, mean: Sequence[float],
-                std: Sequence[float], generator: torch.Generator | None = None,
-                value_range: float = 255.0) -> torch.Tensor:
+def train_batch(
+    images: torch.Tensor,
+    sizes: torch.Tensor,
+    size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    generator: torch.Generator | None = None,
+    value_range: float = 255.0,
+) -> torch.Tensor:
     """RandomResizedCrop(size) + RandomHorizontalFlip() + Normalize, batched."""
     boxes = random_resized_crop_boxes(sizes, generator)
     flip = torch.rand(len(sizes), generator=generator, device=sizes.device) < FLIP_P
     return resample(images, sizes, boxes, size, mean, std, flip, value_range)
 
 
-def eval_batch(images: torch.Tensor, sizes: torch.Tensor, size: int, mean: Sequence[float],
-               std: Sequence[float], value_range: float = 255.0) -> torch.Tensor:
+def eval_batch(
+    images: torch.Tensor,
+    sizes: torch.Tensor,
+    size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    value_range: float = 255.0,
+) -> torch.Tensor:
     """Resize(size) + CenterCrop(size) + Normalize, batched."""
     return resample(images, sizes, center_crop_boxes(sizes, size), size, mean, std, None, value_range)

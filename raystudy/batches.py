@@ -29,14 +29,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from raystudy import augment, paths
 
-CACHE_VERSION = 3            # bump when the decoding recipe or a split changes: old caches are not reused
+CACHE_VERSION = 3  # bump when the decoding recipe or a split changes: old caches are not reused
 CACHE_BUILDER = f"raystudy-tensor-cache-{CACHE_VERSION}"  # 2: caches carry a manifest
 
 
 # ---------------------------------------------------------------- the torchvision path
 
-def train_batches(ds: Dataset, batch_size: int, seed: int, num_workers: int = 0,
-                  pin_memory: bool = False, state: dict | None = None) -> "LoaderBatches":
+
+def train_batches(
+    ds: Dataset, batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False, state: dict | None = None
+) -> LoaderBatches:
     """An endless stream of shuffled training batches, reproducible from ``seed``; resumable."""
     return LoaderBatches(ds, batch_size, seed, num_workers, pin_memory, state)
 
@@ -44,13 +46,13 @@ def train_batches(ds: Dataset, batch_size: int, seed: int, num_workers: int = 0,
 class _EpochOrder(torch.utils.data.Sampler):
     """The batches of the current epoch's permutation from batch ``k`` on (read at each ``iter``)."""
 
-    def __init__(self, owner: "LoaderBatches"):
+    def __init__(self, owner: LoaderBatches):
         self.owner = owner
 
     def __iter__(self):
         o = self.owner
         for k in range(o.k, o.per_epoch):
-            yield o.perm[k * o.batch_size:(k + 1) * o.batch_size].tolist()
+            yield o.perm[k * o.batch_size : (k + 1) * o.batch_size].tolist()
 
     def __len__(self) -> int:
         return self.owner.per_epoch
@@ -97,12 +99,24 @@ class LoaderBatches(_Resumable):
     a resumed run's augmentation differs from an uninterrupted run's).
     """
 
-    def __init__(self, ds: Dataset, batch_size: int, seed: int, num_workers: int = 0,
-                 pin_memory: bool = False, state: dict | None = None):
+    def __init__(
+        self,
+        ds: Dataset,
+        batch_size: int,
+        seed: int,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        state: dict | None = None,
+    ):
         self._setup(len(ds), batch_size, torch.Generator().manual_seed(seed), state)
-        self.loader = DataLoader(ds, batch_sampler=_EpochOrder(self), num_workers=num_workers,
-                                 pin_memory=pin_memory, persistent_workers=num_workers > 0,
-                                 generator=torch.Generator().manual_seed(seed + 2))
+        self.loader = DataLoader(
+            ds,
+            batch_sampler=_EpochOrder(self),
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=num_workers > 0,
+            generator=torch.Generator().manual_seed(seed + 2),
+        )
         self._it = None
 
     def __next__(self):
@@ -116,15 +130,13 @@ class LoaderBatches(_Resumable):
         return batch
 
 
-def eval_loader(ds: Dataset, batch_size: int, num_workers: int = 0,
-                pin_memory: bool = False) -> DataLoader:
+def eval_loader(ds: Dataset, batch_size: int, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
     """A DataLoader over ``ds`` in order (no shuffling), for evaluation."""
-    return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                      pin_memory=pin_memory)
-
+    return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
 
 
 # ---------------------------------------------------------------- the cache path
+
 
 @dataclass(frozen=True)
 class TensorPool:
@@ -144,10 +156,11 @@ class TensorPool:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def to(self, device: torch.device | str) -> "TensorPool":
+    def to(self, device: torch.device | str) -> TensorPool:
         """The same pool with its tensors on ``device``."""
-        return TensorPool(self.images.to(device), self.sizes.to(device), self.labels.to(device),
-                          self.value_range, self.path)
+        return TensorPool(
+            self.images.to(device), self.sizes.to(device), self.labels.to(device), self.value_range, self.path
+        )
 
     def __reduce__(self):
         # DataLoader workers reopen the memory map instead of copying the pool through pickle.
@@ -164,9 +177,15 @@ def tensor_pool(pool) -> TensorPool:
     return TensorPool(images, sizes, torch.as_tensor(pool.labels, dtype=torch.int64), 1.0)
 
 
-def tensor_cache(name: str, role: str, pool, size: int, root: str | os.PathLike,
-                 cache: str | os.PathLike | None = None,
-                 log: Callable[[str], None] | None = print) -> TensorPool:
+def tensor_cache(
+    name: str,
+    role: str,
+    pool,
+    size: int,
+    root: str | os.PathLike,
+    cache: str | os.PathLike | None = None,
+    log: Callable[[str], None] | None = print,
+) -> TensorPool:
     """``pool`` decoded once into a uint8 (N, 3, size, size) tensor file, memory-mapped.
 
     Every image is squashed to size×size (bilinear, PIL) unless it is that size already, and its
@@ -175,10 +194,19 @@ def tensor_cache(name: str, role: str, pool, size: int, root: str | os.PathLike,
     cache; a file lock makes concurrent runs decode it once; the directory appears atomically.
     """
     if len(pool.labels) == 0:  # imagenet_val's training pool: nothing to decode
-        return TensorPool(torch.zeros(0, 3, size, size, dtype=torch.uint8),
-                          torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
-    recipe = {"version": CACHE_VERSION, "dataset": name, "role": role, "size": size,
-              "n": len(pool.labels), "root": str(Path(root).resolve())}
+        return TensorPool(
+            torch.zeros(0, 3, size, size, dtype=torch.uint8),
+            torch.zeros(0, 2, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.int64),
+        )
+    recipe = {
+        "version": CACHE_VERSION,
+        "dataset": name,
+        "role": role,
+        "size": size,
+        "n": len(pool.labels),
+        "root": str(Path(root).resolve()),
+    }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
     base = paths.tensor_cache(cache)
     base.mkdir(parents=True, exist_ok=True)
@@ -194,8 +222,10 @@ def tensor_cache(name: str, role: str, pool, size: int, root: str | os.PathLike,
                 shutil.rmtree(path)
             if not path.exists():
                 if log:
-                    log(f"decoding {name} ({role}, {len(pool.labels)} images) once into a "
-                        f"{size}x{size} tensor cache at {path}")
+                    log(
+                        f"decoding {name} ({role}, {len(pool.labels)} images) once into a "
+                        f"{size}x{size} tensor cache at {path}"
+                    )
                 tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
@@ -241,21 +271,21 @@ class _Decoded(Dataset):
 def _write_cache(tmp: Path, pool, size: int, recipe: dict) -> None:
     n = len(pool.labels)
     workers = min(len(os.sched_getaffinity(0)), 16) if n >= 4096 else 0
-    images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
-                                       shape=(n, 3, size, size))
+    images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8, shape=(n, 3, size, size))
     sizes = np.zeros((n, 2), dtype=np.int64)
     k = 0
     for x, hw in DataLoader(_Decoded(pool.items, size), batch_size=256, num_workers=workers):
-        images[k:k + len(x)] = x.numpy()
-        sizes[k:k + len(x)] = hw.numpy()
+        images[k : k + len(x)] = x.numpy()
+        sizes[k : k + len(x)] = hw.numpy()
         k += len(x)
     images.flush()
     del images
     np.save(tmp / "sizes.npy", sizes)
     np.save(tmp / "labels.npy", np.asarray(pool.labels, dtype=np.int64))
     (tmp / "meta.json").write_text(json.dumps(recipe, indent=1))
-    paths.write_manifest(tmp / "manifest.json", [tmp / f for f in ("images.npy", "sizes.npy", "labels.npy",
-                                                                   "meta.json")], CACHE_BUILDER)
+    paths.write_manifest(
+        tmp / "manifest.json", [tmp / f for f in ("images.npy", "sizes.npy", "labels.npy", "meta.json")], CACHE_BUILDER
+    )
 
 
 class CachedView(Dataset):
@@ -267,30 +297,46 @@ class CachedView(Dataset):
     device, for code that wants a plain Dataset (probes, DataLoaders).
     """
 
-    def __init__(self, pool: TensorPool, indices, *, train: bool, size: int,
-                 mean: Sequence[float], std: Sequence[float], augment: bool = True):
+    def __init__(
+        self,
+        pool: TensorPool,
+        indices,
+        *,
+        train: bool,
+        size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        augment: bool = True,
+    ):
         self.pool, self.train, self.size, self.augment = pool, train, size, augment
         self.mean, self.std = tuple(mean), tuple(std)
         self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64)).to(pool.labels.device)
         if not augment and tuple(pool.images.shape[-2:]) != (size, size):
-            raise ValueError(f"ready tensors of size {tuple(pool.images.shape[-2:])} need a "
-                             f"transform to {size}x{size}")
+            raise ValueError(f"ready tensors of size {tuple(pool.images.shape[-2:])} need a transform to {size}x{size}")
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, i: int):
-        x, y = self.batch(self.indices[i:i + 1])
+        x, y = self.batch(self.indices[i : i + 1])
         return x[0], int(y[0])
 
-    def like(self, pool: TensorPool | None = None, indices=None) -> "CachedView":
+    def like(self, pool: TensorPool | None = None, indices=None) -> CachedView:
         """The same view over another pool (moved) or a subset of its indices."""
         idx = self.indices if indices is None else indices
-        return CachedView(self.pool if pool is None else pool, idx.cpu(), train=self.train,
-                          size=self.size, mean=self.mean, std=self.std, augment=self.augment)
+        return CachedView(
+            self.pool if pool is None else pool,
+            idx.cpu(),
+            train=self.train,
+            size=self.size,
+            mean=self.mean,
+            std=self.std,
+            augment=self.augment,
+        )
 
-    def batch(self, idx: torch.Tensor, generator: torch.Generator | None = None,
-              device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, idx: torch.Tensor, generator: torch.Generator | None = None, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pool items ``idx`` transformed, on ``device`` (default: the pool's); (x, y).
 
         A pool held on the host feeding a GPU is gathered here and copied without blocking.
@@ -299,13 +345,11 @@ class CachedView(Dataset):
         x, sizes, y = p.images[idx], p.sizes[idx], p.labels[idx]
         if device is not None and x.device.type != device.type:
             pin = device.type == "cuda"
-            x, sizes, y = ((t.pin_memory() if pin else t).to(device, non_blocking=pin)
-                           for t in (x, sizes, y))
+            x, sizes, y = ((t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in (x, sizes, y))
         if not self.augment:
             return augment.normalise(x, self.mean, self.std, p.value_range), y
         if self.train:
-            return augment.train_batch(x, sizes, self.size, self.mean, self.std, generator,
-                                       p.value_range), y
+            return augment.train_batch(x, sizes, self.size, self.mean, self.std, generator, p.value_range), y
         return augment.eval_batch(x, sizes, self.size, self.mean, self.std, p.value_range), y
 
 
@@ -341,8 +385,9 @@ def shard(ds: Dataset, rank: int, size: int) -> Dataset:
     return torch.utils.data.Subset(ds, range(rank, len(ds), size))
 
 
-def device_batches(view: CachedView, batch_size: int, seed: int, device: torch.device,
-                   state: dict | None = None) -> "DeviceBatches":
+def device_batches(
+    view: CachedView, batch_size: int, seed: int, device: torch.device, state: dict | None = None
+) -> DeviceBatches:
     """An endless stream of shuffled, augmented training batches on ``device``, from ``seed``."""
     return DeviceBatches(view, batch_size, seed, device, state)
 
@@ -351,8 +396,7 @@ class DeviceBatches(_Resumable):
     """The cache path's stream. Shuffling and augmentation draw from their own generators on
     the devices that hold the pool and run the model: nothing here waits for the device."""
 
-    def __init__(self, view: CachedView, batch_size: int, seed: int, device: torch.device,
-                 state: dict | None = None):
+    def __init__(self, view: CachedView, batch_size: int, seed: int, device: torch.device, state: dict | None = None):
         self.view, self.device = view, device
         self.g_aug = torch.Generator(device=device).manual_seed(seed + 1)
         self._setup(len(view), batch_size, torch.Generator(device=view.indices.device).manual_seed(seed), state)
@@ -362,7 +406,7 @@ class DeviceBatches(_Resumable):
     def __next__(self):
         if self.perm is None or self.k >= self.per_epoch:
             self._new_epoch()
-        idx = self.view.indices[self.perm[self.k * self.batch_size:(self.k + 1) * self.batch_size]]
+        idx = self.view.indices[self.perm[self.k * self.batch_size : (self.k + 1) * self.batch_size]]
         self.k += 1
         return self.view.batch(idx, self.g_aug, self.device)
 
@@ -383,11 +427,12 @@ class DeviceEval:
     def __iter__(self):
         idx = self.view.indices
         for k in range(0, len(idx), self.batch_size):
-            yield self.view.batch(idx[k:k + self.batch_size], None, self.device)
+            yield self.view.batch(idx[k : k + self.batch_size], None, self.device)
 
 
-def train_stream(ds: Dataset, batch_size: int, seed: int, device: torch.device,
-                 num_workers: int = 0, state: dict | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def train_stream(
+    ds: Dataset, batch_size: int, seed: int, device: torch.device, num_workers: int = 0, state: dict | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless training batches on ``device``, by whichever path built ``ds``.
 
     ``stream.state_dict()`` says where it is; ``state=`` that continues from there.
@@ -414,10 +459,10 @@ class _OnDevice:
         return self.stream.state_dict()
 
 
-def eval_batches(ds: Dataset, batch_size: int, device: torch.device,
-                 num_workers: int = 0) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+def eval_batches(
+    ds: Dataset, batch_size: int, device: torch.device, num_workers: int = 0
+) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
     """An eval split's batches (on ``device`` for the cache path; the loop moves the others)."""
     if isinstance(ds, CachedView):
         return DeviceEval(ds, batch_size, device)
     return eval_loader(ds, batch_size, num_workers, pin_memory=device.type == "cuda")
-

@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from raystudy.config import (MAX_BATCH, MAX_CPUS, MAX_PAIRS, MAX_WORKERS, PAIRS_WHY, SEED_END, SEED_WHY,
-                             parse_value)
+from raystudy.config import MAX_BATCH, MAX_CPUS, MAX_PAIRS, MAX_WORKERS, PAIRS_WHY, SEED_END, SEED_WHY, parse_value
 from raystudy.errors import ConfigError, OneLineParser
 
 
@@ -25,8 +24,13 @@ class Parser(OneLineParser):
 
     def __init__(self, prog: str, doc: str | None, **kw: Any):
         doc = doc or ""
-        super().__init__(prog=prog, description=doc.split("\n")[0], epilog=doc,
-                         formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+        super().__init__(
+            prog=prog,
+            description=doc.split("\n")[0],
+            epilog=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            **kw,
+        )
 
 
 def fail(e: Exception) -> int:
@@ -46,8 +50,9 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def parse_list(flag: str, value: str | None, allowed: list[str],
-               canon: Callable[[str], str] = lambda s: s) -> list[str] | None:
+def parse_list(
+    flag: str, value: str | None, allowed: list[str], canon: Callable[[str], str] = lambda s: s
+) -> list[str] | None:
     """A comma-separated flag value, each item (after ``canon``) one of ``allowed``; None if unset."""
     if value is None:
         return None
@@ -152,8 +157,9 @@ def check_device(flag: str, name: str) -> None:
 
 def add_tracking_args(ap: argparse.ArgumentParser) -> None:
     """Where runs are recorded."""
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
-                                           "sqlite:///./mlflow.db)")
+    ap.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)"
+    )
     ap.add_argument("--experiment", help="MLflow experiment (default: raystudy-<study>-<model>)")
 
 
@@ -161,8 +167,11 @@ def add_ray_args(ap: argparse.ArgumentParser, storage_default: str) -> None:
     """Which Ray runs the trials and where their checkpoints go."""
     import os
 
-    ap.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
-                    help="Ray cluster: auto, HOST:PORT (default: $RAY_ADDRESS, else a local Ray)")
+    ap.add_argument(
+        "--address",
+        default=os.environ.get("RAY_ADDRESS"),
+        help="Ray cluster: auto, HOST:PORT (default: $RAY_ADDRESS, else a local Ray)",
+    )
     ap.add_argument("--storage", help=f"Ray storage path for checkpoints (default: {storage_default})")
     ap.add_argument("--num-cpus", type=int, help=f"CPUs of a local Ray (default: all; {bound('--num-cpus')})")
     ap.add_argument("--ray-temp-dir", help="temp dir of a local Ray (default: Ray's)")

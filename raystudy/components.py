@@ -31,8 +31,8 @@ COMPONENTS: dict[str, tuple[str, ...]] = architectures.component_patterns()
 STUDY_COMPONENTS = ("LN1", "MHA", "LN2", "FC1", "FC2", "EMBED")
 NAMED_CONDITIONS = {
     "full": frozenset(STUDY_COMPONENTS),
-    "linear_probe": frozenset(),   # the paper's: logistic regression on frozen features, no SGD
-    "head_only": frozenset(),      # the new head (and final norm) trained by SGD like the others
+    "linear_probe": frozenset(),  # the paper's: logistic regression on frozen features, no SGD
+    "head_only": frozenset(),  # the new head (and final norm) trained by SGD like the others
     "lora": frozenset({"LORA"}),
 }
 # Conditions fitted in closed form on frozen features: no learning rate, no steps.
@@ -93,8 +93,7 @@ def has_lr(condition: str) -> bool:
 
 
 def _allowed() -> str:
-    return (f"valid: {', '.join(STUDY_COMPONENTS)}, {', '.join(NAMED_CONDITIONS)}, "
-            "or a '+' combination such as MHA+FC1")
+    return f"valid: {', '.join(STUDY_COMPONENTS)}, {', '.join(NAMED_CONDITIONS)}, or a '+' combination such as MHA+FC1"
 
 
 def component_of(param_name: str) -> list[str]:
@@ -125,8 +124,9 @@ def partition(names: Iterable[str] | nn.Module) -> dict[str, list[str]]:
             msg.append(f"{len(orphans)} parameter(s) belong to no component: {_head(orphans)}")
         if ambiguous:
             msg.append(f"{len(ambiguous)} parameter(s) belong to several: {_head(ambiguous)}")
-        raise PartitionError("; ".join(msg) + " (has timm renamed something? extend "
-                             "the family's patterns in raystudy.architectures)")
+        raise PartitionError(
+            "; ".join(msg) + " (has timm renamed something? extend the family's patterns in raystudy.architectures)"
+        )
     return groups
 
 
@@ -150,15 +150,18 @@ def add_lora(model: nn.Module, rank: int = 8, alpha: int = 16) -> nn.Module:
         if targets:
             break
     else:
-        raise PartitionError("model has no attention linears for LoRA (" + "; ".join(
-            f"{a.title}: {' / '.join(a.lora_targets)}" for a in architectures.ARCHITECTURES.values()) + ")")
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets,
-                        fan_in_fan_out=arch.lora_fan_in_fan_out)
+        raise PartitionError(
+            "model has no attention linears for LoRA ("
+            + "; ".join(f"{a.title}: {' / '.join(a.lora_targets)}" for a in architectures.ARCHITECTURES.values())
+            + ")"
+        )
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets, fan_in_fan_out=arch.lora_fan_in_fan_out
+    )
     return inject_adapter_in_model(config, model)
 
 
-def apply_condition(model: nn.Module, condition: str, *, lora_rank: int = 8,
-                    lora_alpha: int = 16) -> dict[str, int]:
+def apply_condition(model: nn.Module, condition: str, *, lora_rank: int = 8, lora_alpha: int = 16) -> dict[str, int]:
     """Make exactly the condition's parameters trainable; returns trainable counts per component.
 
     For ``lora`` the adapters are injected first. Every other parameter gets
@@ -204,13 +207,23 @@ def build_parser():
     """The components CLI's argument parser (one-line errors, exit status 2)."""
     from raystudy.errors import OneLineParser
 
-    ap = OneLineParser(prog="python -m raystudy.components", description=(
-        "Print parameter counts per component and trainable counts per study condition "
-        "for a model architecture (random init, no weights needed)."))
-    ap.add_argument("--model", default="vit_base_patch16_224",
-                    help="timm ViT name, alias (vit_base, vit_large, vit_huge), vit_demo, gpt2 or gpt2_tiny")
-    ap.add_argument("--conditions", default=",".join(PAPER_CONDITIONS + ("EMBED", "lora")),
-                    help="comma-separated conditions (default: the paper's, EMBED and lora)")
+    ap = OneLineParser(
+        prog="python -m raystudy.components",
+        description=(
+            "Print parameter counts per component and trainable counts per study condition "
+            "for a model architecture (random init, no weights needed)."
+        ),
+    )
+    ap.add_argument(
+        "--model",
+        default="vit_base_patch16_224",
+        help="timm ViT name, alias (vit_base, vit_large, vit_huge), vit_demo, gpt2 or gpt2_tiny",
+    )
+    ap.add_argument(
+        "--conditions",
+        default=",".join(PAPER_CONDITIONS + ("EMBED", "lora")),
+        help="comma-separated conditions (default: the paper's, EMBED and lora)",
+    )
     return ap
 
 
@@ -232,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     total = sum(per_comp.values())
     head_input = models.architecture(args.model).head_input
-    print(f"{args.model}: {total:,} parameters (head for 100 classes"
-          + (f", {head_input})" if head_input else ")"))
+    print(f"{args.model}: {total:,} parameters (head for 100 classes" + (f", {head_input})" if head_input else ")"))
     print(f"{'component':<14}{'parameters':>14}")
     for c, n in per_comp.items():
         print(f"{c:<14}{n:>14,}")

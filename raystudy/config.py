@@ -36,7 +36,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 
 # Bounds of the counts a run takes, each from what it sizes; ``validate`` checks them before any
 # work, and the command lines that take the same counts share them (``cli.BOUNDS``).
-SEED_END = 2 ** 32  # seeds are 0 <= seed < 2**32
+SEED_END = 2**32  # seeds are 0 <= seed < 2**32
 SEED_WHY = "the seeds numpy's legacy seeding and scikit-learn take"
 MAX_STEPS = 10_000_000
 MAX_BATCH = 65_536
@@ -62,16 +62,16 @@ class FinetuneConfig:
 
     # what to train
     model: str = "vit_demo"
-    weights: str | None = None          # local checkpoint file; default: timm hub cache / demo cache
+    weights: str | None = None  # local checkpoint file; default: timm hub cache / demo cache
     pretrained: bool = True
     dataset: str = "digits_c"
-    data_root: str | None = None        # default: $RAYSTUDY_DATA or ~/.cache/raystudy/data
-    download: bool = False              # torchvision datasets only, on request
-    low_data: bool = False              # the low-data regime (low_data_split says which subsets)
-    low_data_split: str = "vtab1k"      # vtab1k: 800 train + 200 val images (the paper's, VTAB-1k);
-                                        # per_class: 10 training images per class
-    normalization: str = "checkpoint"   # checkpoint: the model's own mean/std; imagenet: ImageNet's
-                                        # (0.485, 0.456, 0.406) / (0.229, 0.224, 0.225), the paper's
+    data_root: str | None = None  # default: $RAYSTUDY_DATA or ~/.cache/raystudy/data
+    download: bool = False  # torchvision datasets only, on request
+    low_data: bool = False  # the low-data regime (low_data_split says which subsets)
+    low_data_split: str = "vtab1k"  # vtab1k: 800 train + 200 val images (the paper's, VTAB-1k);
+    # per_class: 10 training images per class
+    normalization: str = "checkpoint"  # checkpoint: the model's own mean/std; imagenet: ImageNet's
+    # (0.485, 0.456, 0.406) / (0.229, 0.224, 0.225), the paper's
     condition: str = "MHA"
     lora_rank: int = 8
     lora_alpha: int = 16
@@ -84,31 +84,31 @@ class FinetuneConfig:
     steps: int = 300
     warmup_steps: int = 30
     batch_size: int = 64
-    grad_accum: int = 1                 # micro-batches per step; batch_size is the effective batch
+    grad_accum: int = 1  # micro-batches per step; batch_size is the effective batch
     clip_grad: float = 1.0
     # measurement
     eval_every: int = 50
     log_every: int = 50
     eval_batch_size: int = 256
-    accuracy: str = "per_image"         # per_image: every image counts once; batch_mean: the mean of
-                                        # per-batch accuracies, as the paper's code counts (eval
-                                        # batches of 512 there; a last small batch weighs as much)
-    probe_pairs: int = 0                # plasticity pairs probed before and after (0: no probe)
-    probe_pairing: str = "random"       # random: seeded draws; sequential: each split in loader
-                                        # order, whole batches, cycled (the paper's measurement)
-    probe_batch_size: int = 0           # pairs per probe batch (0: eval_batch_size); with sequential
-                                        # pairing it decides which images pair, as in the paper
-    linear_probe_data: str = "clean"    # the linear probe's fit: clean (eval transform, every training
-                                        # image) or augmented (one pass of training batches with the
-                                        # training augmentation, the last partial batch dropped: the paper's)
+    accuracy: str = "per_image"  # per_image: every image counts once; batch_mean: the mean of
+    # per-batch accuracies, as the paper's code counts (eval
+    # batches of 512 there; a last small batch weighs as much)
+    probe_pairs: int = 0  # plasticity pairs probed before and after (0: no probe)
+    probe_pairing: str = "random"  # random: seeded draws; sequential: each split in loader
+    # order, whole batches, cycled (the paper's measurement)
+    probe_batch_size: int = 0  # pairs per probe batch (0: eval_batch_size); with sequential
+    # pairing it decides which images pair, as in the paper
+    linear_probe_data: str = "clean"  # the linear probe's fit: clean (eval transform, every training
+    # image) or augmented (one pass of training batches with the
+    # training augmentation, the last partial batch dropped: the paper's)
     # execution
-    precision: str = "bf16"             # bf16 autocast on GPU (fp32 on CPU either way), or fp32 (the paper's)
+    precision: str = "bf16"  # bf16 autocast on GPU (fp32 on CPU either way), or fp32 (the paper's)
     seed: int = 0
     device: str = "auto"
     num_workers: int = 0
     compile: bool = False
-    data_path: str = "auto"             # torchvision (per image) | cache (tensor cache, batched on
-                                        # the device) | auto (cache for the demo, else torchvision)
+    data_path: str = "auto"  # torchvision (per image) | cache (tensor cache, batched on
+    # the device) | auto (cache for the demo, else torchvision)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data (``betas`` a list), as YAML and MLflow take it."""
@@ -116,7 +116,7 @@ class FinetuneConfig:
         d["betas"] = list(self.betas)
         return d
 
-    def replace(self, **changes: Any) -> "FinetuneConfig":
+    def replace(self, **changes: Any) -> FinetuneConfig:
         """A copy with ``changes`` applied, checked as ``from_dict`` checks a config."""
         return from_dict({**self.to_dict(), **changes})
 
@@ -203,8 +203,9 @@ def parse_value(key: str, text: str) -> Any:
 
 
 # Config keys that say how a trial runs, not what it is: they do not enter its key.
-EXECUTION_KEYS = frozenset({"device", "num_workers", "data_root", "download", "compile",
-                            "eval_batch_size", "log_every"})
+EXECUTION_KEYS = frozenset(
+    {"device", "num_workers", "data_root", "download", "compile", "eval_batch_size", "log_every"}
+)
 
 
 # Identity keys added after studies were recorded: at these values they stay out of the key, so a
@@ -214,8 +215,11 @@ KEYS_ADDED = {"probe_batch_size": 0, "precision": "bf16", "accuracy": "per_image
 
 def trial_key(config: dict[str, Any]) -> str:
     """A stable key for a trial config: the hash of its identity keys, canonical JSON."""
-    ident = {k: v for k, v in sorted(config.items())
-             if k not in EXECUTION_KEYS and not (k in KEYS_ADDED and v == KEYS_ADDED[k])}
+    ident = {
+        k: v
+        for k, v in sorted(config.items())
+        if k not in EXECUTION_KEYS and not (k in KEYS_ADDED and v == KEYS_ADDED[k])
+    }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -249,8 +253,7 @@ def read_yaml(path: str | os.PathLike, what: str = "config file") -> dict[str, A
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
     if data is None or data == {}:
-        raise ConfigError(f"{what} {str(p)!r} is empty: give at least one key (an empty file would run "
-                          "every default)")
+        raise ConfigError(f"{what} {str(p)!r} is empty: give at least one key (an empty file would run every default)")
     return data
 
 
@@ -298,9 +301,14 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
         raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     if cfg.device not in DEVICES:
         raise ConfigError(f"unknown device {cfg.device!r}; valid: {', '.join(DEVICES)}")
-    for key, allowed in (("low_data_split", LOW_DATA_SPLITS), ("normalization", NORMALIZATIONS),
-                         ("probe_pairing", PAIRINGS), ("precision", PRECISIONS), ("accuracy", ACCURACY_COUNTS),
-                         ("linear_probe_data", LINEAR_PROBE_DATA)):
+    for key, allowed in (
+        ("low_data_split", LOW_DATA_SPLITS),
+        ("normalization", NORMALIZATIONS),
+        ("probe_pairing", PAIRINGS),
+        ("precision", PRECISIONS),
+        ("accuracy", ACCURACY_COUNTS),
+        ("linear_probe_data", LINEAR_PROBE_DATA),
+    ):
         if getattr(cfg, key) not in allowed:
             raise ConfigError(f"unknown {key} {getattr(cfg, key)!r}; valid: {', '.join(allowed)}")
     try:
@@ -313,18 +321,36 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     arch = models.architecture(cfg.model)
     if arch.tokens != datasets.check_dataset(cfg.dataset).tokens:
         fits = [n for n, i in datasets.DATASETS.items() if i.tokens == arch.tokens]
-        raise ConfigError(f"model {cfg.model!r} reads {arch.inputs}, dataset {cfg.dataset!r} does not; "
-                          f"datasets for it: {', '.join(fits)}")
+        raise ConfigError(
+            f"model {cfg.model!r} reads {arch.inputs}, dataset {cfg.dataset!r} does not; "
+            f"datasets for it: {', '.join(fits)}"
+        )
     models.normalization(cfg.model, cfg.normalization)
     if cfg.weights is not None:
         models.check_weights_file(cfg.weights)
-    positive = ("lr", "steps", "batch_size", "grad_accum", "eval_every", "log_every",
-                "eval_batch_size", "lora_rank", "lora_alpha")
+    positive = (
+        "lr",
+        "steps",
+        "batch_size",
+        "grad_accum",
+        "eval_every",
+        "log_every",
+        "eval_batch_size",
+        "lora_rank",
+        "lora_alpha",
+    )
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"config key {key!r} must be > 0, got {getattr(cfg, key)!r}")
-    for key in ("weight_decay", "momentum", "warmup_steps", "clip_grad", "probe_pairs", "probe_batch_size",
-                "num_workers"):
+    for key in (
+        "weight_decay",
+        "momentum",
+        "warmup_steps",
+        "clip_grad",
+        "probe_pairs",
+        "probe_batch_size",
+        "num_workers",
+    ):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)!r}")
     check_limits(cfg)
@@ -337,5 +363,14 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     return cfg
 
 
-__all__ = ["FinetuneConfig", "ConfigError", "load_config", "from_dict", "validate", "parse_value",
-           "trial_key", "read_yaml", "OPTIMIZERS"]
+__all__ = [
+    "FinetuneConfig",
+    "ConfigError",
+    "load_config",
+    "from_dict",
+    "validate",
+    "parse_value",
+    "trial_key",
+    "read_yaml",
+    "OPTIMIZERS",
+]

@@ -75,15 +75,17 @@ def outcome(result: dict[str, Any] | None, error: str | None = None) -> str:
     if status == "diverged":
         return f"diverged at step {int(result.get('steps_done', result.get('step', 0)))}"
     val, test = result.get("best_val_acc"), result.get("test_acc")
-    acc = "  ".join(f"{name} {100 * v:.1f}" for name, v in (("val", val), ("test", test))
-                    if isinstance(v, (int, float)) and v == v)
+    acc = "  ".join(
+        f"{name} {100 * v:.1f}" for name, v in (("val", val), ("test", test)) if isinstance(v, (int, float)) and v == v
+    )
     if status == "stopped" or not result.get("final"):
         return f"stopped at step {int(result.get('step', 0))}" + (f"  {acc}" if acc else "")
     return acc or status
 
 
-def trial_line(index: int, total: int, what: str, how: str, took_s: float,
-               running: int, pending: int, eta_s: float | None) -> str:
+def trial_line(
+    index: int, total: int, what: str, how: str, took_s: float, running: int, pending: int, eta_s: float | None
+) -> str:
     """The one line printed when a trial ends."""
     width = len(str(total))
     tail = f"{running} running, {pending} pending"
@@ -97,7 +99,7 @@ def error_line(text: str, limit: int = 160) -> str:
     module), shortened."""
     lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
     last = re.sub(r"^[\w.]+\.(\w+): ", r"\1: ", lines[-1]) if lines else "unknown error"
-    return last if len(last) <= limit else last[:limit - 3] + "..."
+    return last if len(last) <= limit else last[: limit - 3] + "..."
 
 
 class ConsoleTrials(tune.Callback):
@@ -109,8 +111,15 @@ class ConsoleTrials(tune.Callback):
     not counted twice.
     """
 
-    def __init__(self, total: int, done_keys: Iterable[str], shown: Iterable[str] = (), quiet: bool = False,
-                 log: Callable[[str], None] = print, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        total: int,
+        done_keys: Iterable[str],
+        shown: Iterable[str] = (),
+        quiet: bool = False,
+        log: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.time,
+    ):
         self.total, self.done_keys, self.shown, self.quiet = total, set(done_keys), tuple(shown), quiet
         self.log, self.clock = log, clock
         self.done = len(self.done_keys)

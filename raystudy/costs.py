@@ -74,9 +74,9 @@ class TrialCost:
 
     condition: str
     steps: int
-    batch: int           # images per optimizer step, all GPUs together
-    workers: int = 1     # DDP workers; each takes batch / workers images
-    gpus: float = 1.0    # GPUs the trial holds (all workers)
+    batch: int  # images per optimizer step, all GPUs together
+    workers: int = 1  # DDP workers; each takes batch / workers images
+    gpus: float = 1.0  # GPUs the trial holds (all workers)
     compiled: bool = False
 
 
@@ -84,27 +84,30 @@ class TrialCost:
 class Estimate:
     """GPU-hours of a list of trials, by condition, and which source priced how many trials."""
 
-    hours: float | None          # None: no trial could be priced
+    hours: float | None  # None: no trial could be priced
     by_condition: dict[str, float]
-    measured: int                # trials priced from the step-times file
-    estimated: int               # trials priced from the space's step_seconds
-    unpriced: int                # neither
+    measured: int  # trials priced from the step-times file
+    estimated: int  # trials priced from the space's step_seconds
+    unpriced: int  # neither
     table: StepTimes | None = None
     fallback: float | None = None
-    note: str = ""               # why a named file was not used, if it was not
+    note: str = ""  # why a named file was not used, if it was not
 
     def describe(self) -> str:
         """One line for ``--dry-run``: the hours and the source they rest on."""
         if self.hours is None:
             return "no GPU-hour estimate (no step_seconds and no measured step times" + (
-                f"; {self.note})" if self.note else ")")
+                f"; {self.note})" if self.note else ")"
+            )
         head = f"estimate {self.hours:,.0f} GPU-hours"
         fb = f"step_seconds={self.fallback} from the space, a FLOP estimate"
         if self.measured and not self.estimated:
             text = f"{head} from measured step times ({self.table.describe()})"
         elif self.measured:
-            text = (f"{head}: {self.measured} trials from measured step times "
-                    f"({self.table.describe()}), {self.estimated} from {fb}")
+            text = (
+                f"{head}: {self.measured} trials from measured step times "
+                f"({self.table.describe()}), {self.estimated} from {fb}"
+            )
         else:
             text = f"{head} ({fb}" + (f"; {self.note})" if self.note else ")")
         if self.unpriced:
@@ -113,6 +116,7 @@ class Estimate:
 
 
 # ---------------------------------------------------------------- names
+
 
 def shown(path: str | Path) -> str:
     """``path`` relative to the working directory when it lies below it (shorter lines)."""
@@ -141,6 +145,7 @@ def _condition(name: str) -> str:
 
 
 # ---------------------------------------------------------------- the file
+
 
 def _positive(where: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -175,18 +180,30 @@ def parse_step_times(doc: Any, source: str = "step times") -> StepTimes:
         where = f"{source}: models.{name}"
         if not isinstance(m, dict):
             raise StepTimesError(f"{where} must be a mapping, got {type(m).__name__}")
-        unknown = set(m) - {"batch_per_gpu", "seconds_per_step", "compiled_seconds_per_step",
-                            "data_feed_factor", "notes"}
+        unknown = set(m) - {
+            "batch_per_gpu",
+            "seconds_per_step",
+            "compiled_seconds_per_step",
+            "data_feed_factor",
+            "notes",
+        }
         if unknown:
-            raise StepTimesError(f"{where}: unknown key {sorted(unknown)[0]!r}; valid: batch_per_gpu, "
-                                 "seconds_per_step, compiled_seconds_per_step, data_feed_factor, notes")
+            raise StepTimesError(
+                f"{where}: unknown key {sorted(unknown)[0]!r}; valid: batch_per_gpu, "
+                "seconds_per_step, compiled_seconds_per_step, data_feed_factor, notes"
+            )
         models[arch(str(name))] = ModelTimes(
             batch_per_gpu=_positive(f"{where}.batch_per_gpu", m.get("batch_per_gpu")),
             seconds=_seconds(f"{where}.seconds_per_step", m.get("seconds_per_step")),
             compiled=_seconds(f"{where}.compiled_seconds_per_step", m.get("compiled_seconds_per_step") or {}),
-            data_feed_factor=_positive(f"{where}.data_feed_factor", m.get("data_feed_factor", 1.0)))
-    return StepTimes(models=models, gpu=str(doc.get("gpu", "unknown GPU")),
-                     date=str(doc.get("date", "unknown date")), command=str(doc.get("command", "")))
+            data_feed_factor=_positive(f"{where}.data_feed_factor", m.get("data_feed_factor", 1.0)),
+        )
+    return StepTimes(
+        models=models,
+        gpu=str(doc.get("gpu", "unknown GPU")),
+        date=str(doc.get("date", "unknown date")),
+        command=str(doc.get("command", "")),
+    )
 
 
 def load_step_times(path: str | Path) -> StepTimes:
@@ -214,8 +231,10 @@ def write_step_times(path: str | Path, doc: dict) -> Path:
 
 # ---------------------------------------------------------------- pricing
 
-def step_seconds(table: StepTimes, model: str, condition: str, batch_per_gpu: float,
-                 compiled: bool = False) -> float | None:
+
+def step_seconds(
+    table: StepTimes, model: str, condition: str, batch_per_gpu: float, compiled: bool = False
+) -> float | None:
     """Seconds of one step of ``condition`` with ``batch_per_gpu`` images per GPU; None if not measured.
 
     Compiled trials use compiled measurements where there are some, else eager ones.
@@ -230,9 +249,17 @@ def step_seconds(table: StepTimes, model: str, condition: str, batch_per_gpu: fl
     return secs * batch_per_gpu / m.batch_per_gpu * m.data_feed_factor
 
 
-def trial_seconds(model: str, condition: str, steps: int, batch: int, table: StepTimes | None = None,
-                  fallback: float | None = None, *, workers: int = 1,
-                  compiled: bool = False) -> tuple[float | None, str]:
+def trial_seconds(
+    model: str,
+    condition: str,
+    steps: int,
+    batch: int,
+    table: StepTimes | None = None,
+    fallback: float | None = None,
+    *,
+    workers: int = 1,
+    compiled: bool = False,
+) -> tuple[float | None, str]:
     """Wall seconds of a trial's ``steps`` training steps, and their source.
 
     ``table``'s measurement of (model, condition) scaled to ``batch / workers`` images per GPU
@@ -248,9 +275,13 @@ def trial_seconds(model: str, condition: str, steps: int, batch: int, table: Ste
     return None, "none"
 
 
-def estimate(model: str, trials: Iterable[TrialCost], *,
-             step_times: StepTimes | str | Path | None = None,
-             fallback: float | None = None) -> Estimate:
+def estimate(
+    model: str,
+    trials: Iterable[TrialCost],
+    *,
+    step_times: StepTimes | str | Path | None = None,
+    fallback: float | None = None,
+) -> Estimate:
     """GPU-hours of ``trials`` of ``model``: measured where ``step_times`` covers them, else ``fallback``.
 
     ``step_times`` is a StepTimes, a file path, or None. A path that does not exist yet is not an
@@ -269,12 +300,20 @@ def estimate(model: str, trials: Iterable[TrialCost], *,
     counts = {"measured": 0, "estimate": 0, "none": 0}
     by_cond: dict[str, float] = {}
     for t in trials:
-        secs, source = trial_seconds(model, t.condition, t.steps, t.batch, table, fallback,
-                                     workers=t.workers, compiled=t.compiled)
+        secs, source = trial_seconds(
+            model, t.condition, t.steps, t.batch, table, fallback, workers=t.workers, compiled=t.compiled
+        )
         counts[source] += 1
         if secs is not None:
             by_cond[t.condition] = by_cond.get(t.condition, 0.0) + secs * t.gpus / 3600.0
     priced = counts["measured"] + counts["estimate"]
-    return Estimate(hours=sum(by_cond.values()) if priced else None, by_condition=by_cond,
-                    measured=counts["measured"], estimated=counts["estimate"], unpriced=counts["none"],
-                    table=table if counts["measured"] else None, fallback=fallback, note=note)
+    return Estimate(
+        hours=sum(by_cond.values()) if priced else None,
+        by_condition=by_cond,
+        measured=counts["measured"],
+        estimated=counts["estimate"],
+        unpriced=counts["none"],
+        table=table if counts["measured"] else None,
+        fallback=fallback,
+        note=note,
+    )

@@ -23,13 +23,13 @@ from raystudy import paths
 from raystudy.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the registry alone (every CLI's
-    import torch   # config check) stays free of torch's seconds of import
+    import torch  # config check) stays free of torch's seconds of import
     from torch.utils.data import Dataset
 
     from raystudy.batches import TensorPool
 
 VAL_FRACTION = 0.2
-TEST_FRACTION = 0.2          # for datasets without an official test split
+TEST_FRACTION = 0.2  # for datasets without an official test split
 LOW_DATA_PER_CLASS = 10
 VTAB_TRAIN, VTAB_VAL = 800, 200  # VTAB-1k: the paper's low-data regime
 CIFAR10C_CORRUPTIONS = ("contrast", "gaussian_noise", "motion_blur", "snow", "speckle_noise")
@@ -56,7 +56,7 @@ class Source:
 
     train_pool: Pool
     test: Pool
-    val: Pool | None = None      # an official validation split, if the dataset has one
+    val: Pool | None = None  # an official validation split, if the dataset has one
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,11 @@ class DatasetInfo:
     name: str
     num_classes: int
     load: Callable[[Path, bool], Source]
-    where: str                   # where to get the files
-    image: bool = True           # PIL images (False: the demo's ready tensors)
-    tokens: bool = False         # token-id sequences, for GPT-2 (no transform, no tensor cache)
+    where: str  # where to get the files
+    image: bool = True  # PIL images (False: the demo's ready tensors)
+    tokens: bool = False  # token-id sequences, for GPT-2 (no transform, no tensor cache)
     val_fraction: float = VAL_FRACTION
-    cache_size: int = 256        # side of the tensor cache's squares (data_path: cache)
+    cache_size: int = 256  # side of the tensor cache's squares (data_path: cache)
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ class Splits:
 
 
 # ---------------------------------------------------------------- raw containers
+
 
 class ArrayImages:
     """uint8 images (N, H, W, C) as PIL images, without copying the array."""
@@ -130,6 +131,7 @@ class View:
 
 # ---------------------------------------------------------------- loaders
 
+
 def _require(path: Path, name: str, where: str) -> Path:
     if not path.exists():
         raise DatasetUnavailable(f"dataset {name!r}: expected files at {path}, not found; {where}")
@@ -141,8 +143,10 @@ def _download_failed(name: str, root: Path, e: OSError) -> DatasetUnavailable:
     socket error that says why, e.g. ``Connection refused``)."""
     inner = getattr(e, "reason", None)
     why = getattr(inner, "strerror", None) or inner or e.strerror or e
-    return DatasetUnavailable(f"dataset {name!r}: download failed ({why}); on a machine with network run "
-                              f"python -m raystudy.prefetch --datasets {name} and copy the files under {root}")
+    return DatasetUnavailable(
+        f"dataset {name!r}: download failed ({why}); on a machine with network run "
+        f"python -m raystudy.prefetch --datasets {name} and copy the files under {root}"
+    )
 
 
 def _cifar(cls_name: str, name: str, where: str):
@@ -156,13 +160,17 @@ def _cifar(cls_name: str, name: str, where: str):
             raise DatasetUnavailable(f"dataset {name!r}: not found under {root} ({e}); {where}") from None
         except OSError as e:  # a download that cannot reach its server (urllib's URLError)
             raise _download_failed(name, root, e) from None
-        return Source(Pool(ArrayImages(tr.data, tr.targets), np.asarray(tr.targets)),
-                      Pool(ArrayImages(te.data, te.targets), np.asarray(te.targets)))
+        return Source(
+            Pool(ArrayImages(tr.data, tr.targets), np.asarray(tr.targets)),
+            Pool(ArrayImages(te.data, te.targets), np.asarray(te.targets)),
+        )
+
     return load
 
 
 def _split_dataset(cls_name: str, name: str, where: str, splits: dict[str, str], **kw):
     """torchvision datasets with named splits (Flowers102, OxfordIIITPet)."""
+
     def load(root: Path, download: bool) -> Source:
         import torchvision.datasets as tvd
 
@@ -177,6 +185,7 @@ def _split_dataset(cls_name: str, name: str, where: str, splits: dict[str, str],
                 raise _download_failed(name, root, e) from None
             pools[role] = Pool(_RGB(ds), np.asarray(ds._labels))
         return Source(pools["train"], pools["test"], pools.get("val"))
+
     return load
 
 
@@ -218,9 +227,10 @@ def _cifar10c(corruption: str, name: str, where: str):
         d = _require(root / "CIFAR-10-C", name, where)
         imgs = np.load(_require(d / f"{corruption}.npy", name, where), mmap_mode="r")
         labels = np.load(_require(d / "labels.npy", name, where))
-        lo = (CIFAR10C_SEVERITY - 1) * 10_000   # rows are severities 1..5, 10k images each
-        imgs, labels = imgs[lo:lo + 10_000], labels[lo:lo + 10_000]
+        lo = (CIFAR10C_SEVERITY - 1) * 10_000  # rows are severities 1..5, 10k images each
+        imgs, labels = imgs[lo : lo + 10_000], labels[lo : lo + 10_000]
         return _pool_test(ArrayImages(imgs, labels), labels, reference_split)
+
     return load
 
 
@@ -231,6 +241,7 @@ def _domainnet(domain: str, name: str, where: str):
         d = _require(root / "domainnet" / domain, name, where)
         ds = ImageFolder(str(d))
         return _pool_test(_RGB(ds), np.asarray(ds.targets), reference_split)
+
     return load
 
 
@@ -253,9 +264,9 @@ def _pool_test(items, labels: np.ndarray, split=_fixed_split) -> Source:
 # The demo: scikit-learn's 1,797 handwritten digits (8x8), upscaled to 16x16, and shifts of them in
 # the spirit of CIFAR-10-C, one target dataset each, every corruption drawn once from a fixed seed.
 DEMO_NOISE = 0.3
-DEMO_BLUR_SIGMA = 2.0         # pixels of the 16x16 image; a lighter blur leaves the source model nearly as accurate
+DEMO_BLUR_SIGMA = 2.0  # pixels of the 16x16 image; a lighter blur leaves the source model nearly as accurate
 DEMO_ROTATION = (30.0, 60.0)  # degrees, either way
-DEMO_OCCLUDER = 6             # side of the bright square, pixels
+DEMO_OCCLUDER = 6  # side of the bright square, pixels
 DEMO_SEED = 1234
 DEMO_SHIFTS = {  # dataset -> (shift, what it does), as ``python -m raystudy.datasets`` lists them
     "digits_c": ("invert_noise", "contrast inversion + Gaussian noise"),
@@ -289,8 +300,13 @@ def _rotate(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     lo, hi = DEMO_ROTATION
     deg = (lo + (hi - lo) * torch.rand(len(x), generator=g)) * torch.randint(0, 2, (len(x),), generator=g).mul(2).sub(1)
     a = torch.deg2rad(deg)
-    theta = torch.stack([torch.stack([a.cos(), -a.sin(), torch.zeros_like(a)], 1),
-                         torch.stack([a.sin(), a.cos(), torch.zeros_like(a)], 1)], 1)
+    theta = torch.stack(
+        [
+            torch.stack([a.cos(), -a.sin(), torch.zeros_like(a)], 1),
+            torch.stack([a.sin(), a.cos(), torch.zeros_like(a)], 1),
+        ],
+        1,
+    )
     grid = torch.nn.functional.affine_grid(theta, list(x.shape), align_corners=False)
     return torch.nn.functional.grid_sample(x, grid, align_corners=False).clamp(0.0, 1.0)
 
@@ -301,8 +317,12 @@ def _occlude(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     s, side = DEMO_OCCLUDER, x.shape[-1]
     top, left = (torch.randint(0, side - s + 1, (len(x),), generator=g) for _ in range(2))
     rows, cols = torch.arange(side).view(1, -1, 1), torch.arange(side).view(1, 1, -1)
-    inside = ((rows >= top.view(-1, 1, 1)) & (rows < top.view(-1, 1, 1) + s)
-              & (cols >= left.view(-1, 1, 1)) & (cols < left.view(-1, 1, 1) + s))
+    inside = (
+        (rows >= top.view(-1, 1, 1))
+        & (rows < top.view(-1, 1, 1) + s)
+        & (cols >= left.view(-1, 1, 1))
+        & (cols < left.view(-1, 1, 1) + s)
+    )
     return x.masked_fill(inside.unsqueeze(1), 1.0)
 
 
@@ -332,21 +352,23 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
-        raise DatasetUnavailable("the demo digits ship with scikit-learn, which is not installed: "
-                                 "pip install scikit-learn")
-    data = np.loadtxt(Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz",
-                      delimiter=",")
+        raise DatasetUnavailable(
+            "the demo digits ship with scikit-learn, which is not installed: pip install scikit-learn"
+        )
+    data = np.loadtxt(Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz", delimiter=",")
     return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
 
 
 def _imagenet_val(name: str, where: str):
     """ImageNet val as a test-only pool: the pretraining distribution the plasticity probes draw x from."""
+
     def load(root: Path, download: bool) -> Source:
         from torchvision.datasets import ImageFolder
 
         ds = ImageFolder(str(_require(root / "imagenet" / "val", name, where)))
         empty = Pool([], np.zeros(0, dtype=np.int64))
         return Source(empty, Pool(_RGB(ds), np.asarray(ds.targets)))
+
     return load
 
 
@@ -354,6 +376,7 @@ def _demo(shift: str | None):
     def load(root: Path, download: bool) -> Source:
         x, y = demo_digits(shift)
         return _pool_test(TensorImages(x, y), y)
+
     return load
 
 
@@ -395,14 +418,22 @@ def _tokens_random(root: Path, download: bool) -> Source:
     return Source(Pool([], np.zeros(0, dtype=np.int64)), Pool(TokenRows(ids, labels), labels))
 
 
-_TV = ("prefetch it (python -m raystudy.prefetch --datasets NAME), pass download=true (--download) "
-       "to fetch it with torchvision, or place the files there")
-_C10C = ("download CIFAR-10-C from https://zenodo.org/records/2535967 and unpack it so that "
-         "<data_root>/CIFAR-10-C/<corruption>.npy and labels.npy exist")
-_IN = ("place the ImageNet-1k validation images, one folder per class, so that "
-       "<data_root>/imagenet/val/<wnid>/*.JPEG exist (https://image-net.org, licence required)")
-_DN = ("download DomainNet from https://ai.bu.edu/M3SDA/ and unpack each domain so that "
-       "<data_root>/domainnet/<domain>/<class>/*.jpg exist")
+_TV = (
+    "prefetch it (python -m raystudy.prefetch --datasets NAME), pass download=true (--download) "
+    "to fetch it with torchvision, or place the files there"
+)
+_C10C = (
+    "download CIFAR-10-C from https://zenodo.org/records/2535967 and unpack it so that "
+    "<data_root>/CIFAR-10-C/<corruption>.npy and labels.npy exist"
+)
+_IN = (
+    "place the ImageNet-1k validation images, one folder per class, so that "
+    "<data_root>/imagenet/val/<wnid>/*.JPEG exist (https://image-net.org, licence required)"
+)
+_DN = (
+    "download DomainNet from https://ai.bu.edu/M3SDA/ and unpack each domain so that "
+    "<data_root>/domainnet/<domain>/<class>/*.jpg exist"
+)
 
 DATASETS: dict[str, DatasetInfo] = {}
 
@@ -416,27 +447,48 @@ def _register(info: DatasetInfo) -> None:
 _register(DatasetInfo("cifar10", 10, _cifar("CIFAR10", "cifar10", _TV), _TV, cache_size=32))
 _register(DatasetInfo("cifar100", 100, _cifar("CIFAR100", "cifar100", _TV), _TV, cache_size=32))
 for _c in CIFAR10C_CORRUPTIONS:
-    _register(DatasetInfo(f"cifar10c_{_c}", 10, _cifar10c(_c, f"cifar10c_{_c}", _C10C), _C10C,
-                          cache_size=32))
+    _register(DatasetInfo(f"cifar10c_{_c}", 10, _cifar10c(_c, f"cifar10c_{_c}", _C10C), _C10C, cache_size=32))
 for _d in DOMAINNET_DOMAINS:
     _register(DatasetInfo(f"domainnet_{_d}", 345, _domainnet(_d, f"domainnet_{_d}", _DN), _DN))
-_register(DatasetInfo("flowers102", 102, _split_dataset(
-    "Flowers102", "flowers102", _TV, {"train": "train", "val": "val", "test": "test"}), _TV))
-_register(DatasetInfo("pets", 37, _split_dataset(
-    "OxfordIIITPet", "pets", _TV, {"train": "trainval", "test": "test"}, target_types="category"), _TV))
+_register(
+    DatasetInfo(
+        "flowers102",
+        102,
+        _split_dataset("Flowers102", "flowers102", _TV, {"train": "train", "val": "val", "test": "test"}),
+        _TV,
+    )
+)
+_register(
+    DatasetInfo(
+        "pets",
+        37,
+        _split_dataset("OxfordIIITPet", "pets", _TV, {"train": "trainval", "test": "test"}, target_types="category"),
+        _TV,
+    )
+)
 _register(DatasetInfo("imagenet_val", 1000, _imagenet_val("imagenet_val", _IN), _IN))
 # The demo splits 60/20/20: val is a quarter of the 80% pool.
 _register(DatasetInfo("digits", 10, _demo(None), "ships with scikit-learn", image=False, val_fraction=0.25))
 for _name, (_shift, _what) in DEMO_SHIFTS.items():
-    _register(DatasetInfo(_name, 10, _demo(_shift), f"ships with scikit-learn; {_what}", image=False,
-                          val_fraction=0.25))
-_register(DatasetInfo("tokens_rule", TOKEN_CLASSES, _tokens_rule, "generated (seeded)", image=False,
-                      tokens=True, val_fraction=0.25))
+    _register(
+        DatasetInfo(_name, 10, _demo(_shift), f"ships with scikit-learn; {_what}", image=False, val_fraction=0.25)
+    )
+_register(
+    DatasetInfo(
+        "tokens_rule", TOKEN_CLASSES, _tokens_rule, "generated (seeded)", image=False, tokens=True, val_fraction=0.25
+    )
+)
 _register(DatasetInfo("tokens_random", 1, _tokens_random, "generated (seeded)", image=False, tokens=True))
 
 # The study's 11 benchmarks, in its order.
-STUDY_DATASETS = ("cifar10", "cifar100", *(f"cifar10c_{c}" for c in CIFAR10C_CORRUPTIONS),
-                  *(f"domainnet_{d}" for d in DOMAINNET_DOMAINS), "flowers102", "pets")
+STUDY_DATASETS = (
+    "cifar10",
+    "cifar100",
+    *(f"cifar10c_{c}" for c in CIFAR10C_CORRUPTIONS),
+    *(f"domainnet_{d}" for d in DOMAINNET_DOMAINS),
+    "flowers102",
+    "pets",
+)
 
 
 def check_dataset(name: str) -> DatasetInfo:
@@ -447,6 +499,7 @@ def check_dataset(name: str) -> DatasetInfo:
 
 
 # ---------------------------------------------------------------- splits and transforms
+
 
 def transforms(img_size: int, mean: Sequence[float], std: Sequence[float], image: bool = True):
     """The paper's (train, eval) transforms; for ready tensors (the demo) only normalisation."""
@@ -460,8 +513,9 @@ def transforms(img_size: int, mean: Sequence[float], std: Sequence[float], image
     return train, evaluate
 
 
-def split_pool(labels: np.ndarray, seed: int, low_data: bool = False,
-               frac: float = VAL_FRACTION, low_data_split: str = "vtab1k") -> tuple[np.ndarray, np.ndarray]:
+def split_pool(
+    labels: np.ndarray, seed: int, low_data: bool = False, frac: float = VAL_FRACTION, low_data_split: str = "vtab1k"
+) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) indices of a pool: val is ``frac`` of it, chosen by ``seed``.
 
     ``low_data``: with ``low_data_split="vtab1k"`` (the paper's), 800 training and 200
@@ -472,9 +526,11 @@ def split_pool(labels: np.ndarray, seed: int, low_data: bool = False,
     perm = rng.permutation(len(labels))
     if low_data and low_data_split == "vtab1k":
         if len(labels) < VTAB_TRAIN + VTAB_VAL:
-            raise ConfigError(f"low_data_split vtab1k draws {VTAB_TRAIN} + {VTAB_VAL} images, but the "
-                              f"training pool holds {len(labels)}; use low_data_split: per_class")
-        return np.sort(perm[:VTAB_TRAIN]), np.sort(perm[VTAB_TRAIN:VTAB_TRAIN + VTAB_VAL])
+            raise ConfigError(
+                f"low_data_split vtab1k draws {VTAB_TRAIN} + {VTAB_VAL} images, but the "
+                f"training pool holds {len(labels)}; use low_data_split: per_class"
+            )
+        return np.sort(perm[:VTAB_TRAIN]), np.sort(perm[VTAB_TRAIN : VTAB_TRAIN + VTAB_VAL])
     n_val = int(round(len(labels) * frac))
     val, train = np.sort(perm[:n_val]), perm[n_val:]
     if low_data:
@@ -482,8 +538,7 @@ def split_pool(labels: np.ndarray, seed: int, low_data: bool = False,
     return np.sort(train), val
 
 
-def subsample_per_class(labels: np.ndarray, idx: np.ndarray, k: int,
-                        rng: np.random.Generator) -> np.ndarray:
+def subsample_per_class(labels: np.ndarray, idx: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """At most ``k`` of ``idx`` per class (drawn by ``rng``), sorted."""
     keep = []
     for c in np.unique(labels[idx]):
@@ -502,11 +557,21 @@ def resolve_data_path(data_path: str, name: str) -> str:
     return data_path
 
 
-def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
-                 std: Sequence[float], root: str | Path | None = None, download: bool = False,
-                 low_data: bool = False, low_data_split: str = "vtab1k",
-                 data_path: str = "torchvision", cache: str | Path | None = None,
-                 augment_train: bool = True) -> Splits:
+def build_splits(
+    name: str,
+    *,
+    seed: int,
+    img_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    root: str | Path | None = None,
+    download: bool = False,
+    low_data: bool = False,
+    low_data_split: str = "vtab1k",
+    data_path: str = "torchvision",
+    cache: str | Path | None = None,
+    augment_train: bool = True,
+) -> Splits:
     """Train/val/test datasets of ``name`` for a run with ``seed``.
 
     ``data_path="cache"`` gives CachedViews over the tensor cache (decoded on first use, under
@@ -520,6 +585,7 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
     root = Path(root) if root else paths.data_root()
     src = info.load(root, download)
     if info.tokens:  # ready ids: plain views on either data path, nothing to decode or normalise
+
         def view(role: str, pool: Pool, idx: np.ndarray, train: bool) -> Dataset:
             return View(pool.items, idx, None)
     elif resolve_data_path(data_path, name) == "cache":
@@ -527,10 +593,10 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
 
         def view(role: str, pool: Pool, idx: np.ndarray, train: bool) -> Dataset:
             if role not in pools:
-                pools[role] = (tensor_cache(name, role, pool, info.cache_size, root, cache)
-                               if info.image else tensor_pool(pool))
-            return CachedView(pools[role], idx, train=train, size=img_size, mean=mean, std=std,
-                              augment=info.image)
+                pools[role] = (
+                    tensor_cache(name, role, pool, info.cache_size, root, cache) if info.image else tensor_pool(pool)
+                )
+            return CachedView(pools[role], idx, train=train, size=img_size, mean=mean, std=std, augment=info.image)
     else:
         train_tf, eval_tf = transforms(img_size, mean, std, info.image)
 
@@ -550,18 +616,22 @@ def build_splits(name: str, *, seed: int, img_size: int, mean: Sequence[float],
     else:
         train_idx, val_idx = split_pool(pool.labels, seed, low_data, info.val_fraction, low_data_split)
         val = view("train", pool, val_idx, False)
-    return Splits(train=view("train", pool, train_idx, augment_train), val=val,
-                  test=view("test", src.test, np.arange(len(src.test.labels)), False),
-                  num_classes=info.num_classes)
-
+    return Splits(
+        train=view("train", pool, train_idx, augment_train),
+        val=val,
+        test=view("test", src.test, np.arange(len(src.test.labels)), False),
+        num_classes=info.num_classes,
+    )
 
 
 def build_parser():
     """The argument parser of ``python -m raystudy.datasets``."""
     from raystudy.errors import OneLineParser
 
-    return OneLineParser(prog="python -m raystudy.datasets",
-                         description="List the dataset registry, where its files live and their caches.")
+    return OneLineParser(
+        prog="python -m raystudy.datasets",
+        description="List the dataset registry, where its files live and their caches.",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ Report = Callable[[dict[str, Any], "dict[str, Any] | None"], None]
 
 # ---------------------------------------------------------------- pure helpers
 
+
 def get_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int) -> float:
     """Linear warmup to ``base_lr`` over ``warmup_steps``, then cosine decay to 0 at ``total_steps``."""
     if step < warmup_steps:
@@ -67,10 +68,10 @@ def build_optimizer(model: nn.Module, cfg: FinetuneConfig, device: torch.device)
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type in ("cuda", "cpu")
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay, fused=fused or None)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
-                             fused=fused or None)
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused or None
+        )
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused or None)
 
 
 def trainable_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
@@ -127,9 +128,15 @@ def autocast(device: torch.device, enabled: bool = True):
     return contextlib.nullcontext()
 
 
-def train_step(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
-               optimizer: torch.optim.Optimizer, groups: dict[str, list[nn.Parameter]],
-               clip: float, device: torch.device, amp: bool = True) -> dict[str, torch.Tensor]:
+def train_step(
+    model: nn.Module,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    optimizer: torch.optim.Optimizer,
+    groups: dict[str, list[nn.Parameter]],
+    clip: float,
+    device: torch.device,
+    amp: bool = True,
+) -> dict[str, torch.Tensor]:
     """One optimizer step over ``micro_batches`` (gradient accumulation); returns measurements.
 
     Under DDP only the last micro-batch all-reduces: the others accumulate locally (``no_sync``).
@@ -152,8 +159,9 @@ def train_step(model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.T
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, amp: bool = True,
-             batch_mean: bool = False) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, loader, device: torch.device, amp: bool = True, batch_mean: bool = False
+) -> dict[str, float]:
     """Accuracy and mean loss over ``loader`` (summed over DDP ranks when distributed).
 
     Every image counts once, unless ``batch_mean``: then both are the mean over batches of each
@@ -192,6 +200,7 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 # ---------------------------------------------------------------- building
 
+
 def build_model(cfg: FinetuneConfig, num_classes: int) -> nn.Module:
     """The config's model with a ``num_classes`` head, pretrained or from ``cfg.weights``."""
     return models.create_model(cfg.model, num_classes, pretrained=cfg.pretrained, weights=cfg.weights)
@@ -205,23 +214,34 @@ def build(cfg: FinetuneConfig, model: nn.Module | None = None, augment_train: bo
     """
     ic = models.input_config(cfg.model)
     mean, std = models.normalization(cfg.model, cfg.normalization)
-    splits = datasets.build_splits(cfg.dataset, seed=cfg.seed, img_size=ic["img_size"], mean=mean,
-                                   std=std, root=cfg.data_root, download=cfg.download,
-                                   low_data=cfg.low_data, low_data_split=cfg.low_data_split,
-                                   data_path=cfg.data_path, augment_train=augment_train)
+    splits = datasets.build_splits(
+        cfg.dataset,
+        seed=cfg.seed,
+        img_size=ic["img_size"],
+        mean=mean,
+        std=std,
+        root=cfg.data_root,
+        download=cfg.download,
+        low_data=cfg.low_data,
+        low_data_split=cfg.low_data_split,
+        data_path=cfg.data_path,
+        augment_train=augment_train,
+    )
     with seeded(cfg.seed):
         if model is None:
             model = build_model(cfg, splits.num_classes)
-        counts = components.apply_condition(model, cfg.condition, lora_rank=cfg.lora_rank,
-                                            lora_alpha=cfg.lora_alpha)
+        counts = components.apply_condition(model, cfg.condition, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha)
     return model, splits, counts
 
 
 @contextlib.contextmanager
 def seeded(seed: int, device: torch.device | None = None):
     """The global RNG (CPU, and ``device``'s if a GPU) seeded for a block, then put back as it was."""
-    cuda = [device.index if device.index is not None else torch.cuda.current_device()] \
-        if device is not None and device.type == "cuda" else []
+    cuda = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if device is not None and device.type == "cuda"
+        else []
+    )
     with torch.random.fork_rng(devices=cuda):
         torch.default_generator.manual_seed(seed)
         if cuda:
@@ -253,20 +273,35 @@ def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict
     """
     ic = models.input_config(cfg.model)
     mean, std = models.normalization(cfg.model, cfg.normalization)  # as the finetuning sees images
-    source = datasets.build_splits(models.source_dataset(cfg.model), seed=cfg.seed,
-                                   img_size=ic["img_size"], mean=mean, std=std, root=cfg.data_root)
-    df = plasticity.probe_model(model, source.test, splits.test, n_pairs=cfg.probe_pairs,
-                                batch_size=cfg.probe_batch_size or cfg.eval_batch_size, seed=cfg.seed,
-                                model_name=cfg.model,
-                                dataset_name=cfg.dataset, num_workers=cfg.num_workers,
-                                pairing=cfg.probe_pairing)
+    source = datasets.build_splits(
+        models.source_dataset(cfg.model), seed=cfg.seed, img_size=ic["img_size"], mean=mean, std=std, root=cfg.data_root
+    )
+    df = plasticity.probe_model(
+        model,
+        source.test,
+        splits.test,
+        n_pairs=cfg.probe_pairs,
+        batch_size=cfg.probe_batch_size or cfg.eval_batch_size,
+        seed=cfg.seed,
+        model_name=cfg.model,
+        dataset_name=cfg.dataset,
+        num_workers=cfg.num_workers,
+        pairing=cfg.probe_pairing,
+    )
     return df.to_dict("records")
 
 
 # ---------------------------------------------------------------- the loop
 
-def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | None = None,
-          model: nn.Module | None = None, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+
+def train(
+    cfg: FinetuneConfig,
+    *,
+    report: Report | None = None,
+    resume: dict | None = None,
+    model: nn.Module | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     """Finetune ``cfg.condition`` of ``cfg.model`` on ``cfg.dataset``; returns the results.
 
     ``report(metrics, state)`` is called every ``log_every`` steps with step measurements (loss,
@@ -290,8 +325,13 @@ def train(cfg: FinetuneConfig, *, report: Report | None = None, resume: dict | N
         return _train(cfg, report, resume, model, stop)
 
 
-def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, model: nn.Module | None,
-           stop: Callable[[], bool] | None) -> dict[str, Any]:
+def _train(
+    cfg: FinetuneConfig,
+    report: Report | None,
+    resume: dict | None,
+    model: nn.Module | None,
+    stop: Callable[[], bool] | None,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     rank, size = world()
     device = resolve_device(cfg.device)
@@ -311,10 +351,12 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
     micro = cfg.batch_size // cfg.grad_accum // size
     # Cache path: the tensor pools move to the device once; batches are cut and augmented there.
     placed = batches.place(splits, device)
-    val_loader = batches.eval_batches(batches.shard(placed.val, rank, size), cfg.eval_batch_size, device,
-                                   cfg.num_workers)
-    test_loader = batches.eval_batches(batches.shard(placed.test, rank, size), cfg.eval_batch_size, device,
-                                    cfg.num_workers)
+    val_loader = batches.eval_batches(
+        batches.shard(placed.val, rank, size), cfg.eval_batch_size, device, cfg.num_workers
+    )
+    test_loader = batches.eval_batches(
+        batches.shard(placed.test, rank, size), cfg.eval_batch_size, device, cfg.num_workers
+    )
     report = report or (lambda metrics, state: None)
 
     # -- resume
@@ -332,8 +374,14 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
     # Under DDP the checkpoint is rank 0's alone: each rank then draws a fresh stream from the step.
     exact = resume is not None and size == 1 and "stream" in resume
     seed = cfg.seed * 1_000_003 + rank + (start * 7919 if resume is not None and not exact else 0)
-    stream = batches.train_stream(placed.train, micro, seed=seed, device=device, num_workers=cfg.num_workers,
-                                  state=resume["stream"] if exact else None)
+    stream = batches.train_stream(
+        placed.train,
+        micro,
+        seed=seed,
+        device=device,
+        num_workers=cfg.num_workers,
+        state=resume["stream"] if exact else None,
+    )
     if exact:
         set_rng_state(resume["rng"], device)
     else:
@@ -342,9 +390,15 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
             torch.cuda.manual_seed(cfg.seed * 1_000_003 + 7919 + rank)
 
     def checkpoint(done: int) -> dict[str, Any]:
-        return {"step": done, "model": trainable_state(model), "optimizer": optimizer.state_dict(),
-                "best": best, "probe_before": probe_before, "stream": stream.state_dict(),
-                "rng": rng_state(device)}
+        return {
+            "step": done,
+            "model": trainable_state(model),
+            "optimizer": optimizer.state_dict(),
+            "best": best,
+            "probe_before": probe_before,
+            "stream": stream.state_dict(),
+            "rng": rng_state(device),
+        }
 
     status, last = "finished", {}
     amp, batch_mean = cfg.precision == "bf16", cfg.accuracy == "batch_mean"
@@ -353,8 +407,9 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
         for g in optimizer.param_groups:
             g["lr"] = lr
 
-        out = train_step(net, [next(stream) for _ in range(cfg.grad_accum)],
-                         optimizer, groups, cfg.clip_grad, device, amp=amp)
+        out = train_step(
+            net, [next(stream) for _ in range(cfg.grad_accum)], optimizer, groups, cfg.clip_grad, device, amp=amp
+        )
 
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
@@ -369,21 +424,31 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
             val = evaluate(net, val_loader, device, amp, batch_mean)
             if val["acc"] > best["val_acc"]:
                 best = {"val_acc": val["acc"], "step": done, "weights": trainable_state(model)}
-            report({"step": done, "val_acc": val["acc"], "val_loss": val["loss"],
-                    "best_val_acc": best["val_acc"]}, checkpoint(done))
+            report(
+                {"step": done, "val_acc": val["acc"], "val_loss": val["loss"], "best_val_acc": best["val_acc"]},
+                checkpoint(done),
+            )
         if stop is not None and done < cfg.steps and stop():
             report({"step": done, "preempted": 1.0}, checkpoint(done))
             raise Preempted(f"preempted after step {done}, checkpointed there")
 
     # -- test the best-validation weights
-    results: dict[str, Any] = {"status": status, "steps_done": last.get("step", start),
-                               "trainable_params": sum(counts.values()),
-                               **{f"trainable_params/{k}": v for k, v in counts.items()}}
+    results: dict[str, Any] = {
+        "status": status,
+        "steps_done": last.get("step", start),
+        "trainable_params": sum(counts.values()),
+        **{f"trainable_params/{k}": v for k, v in counts.items()},
+    }
     if status == "finished":
         model.load_state_dict(best["weights"], strict=False)
         test = evaluate(net, test_loader, device, amp, batch_mean)
-        results.update(best_val_acc=best["val_acc"], best_step=best["step"], test_acc=test["acc"],
-                       test_loss=test["loss"], final_loss=last.get("loss", float("nan")))
+        results.update(
+            best_val_acc=best["val_acc"],
+            best_step=best["step"],
+            test_acc=test["acc"],
+            test_loss=test["loss"],
+            final_loss=last.get("loss", float("nan")),
+        )
         if cfg.probe_pairs:  # the best-validation weights, finetuned
             results["plasticity_after"] = probe_plasticity(cfg, model, splits)
     if probe_before is not None:
@@ -393,6 +458,7 @@ def _train(cfg: FinetuneConfig, report: Report | None, resume: dict | None, mode
 
 
 # ---------------------------------------------------------------- the paper's linear probe
+
 
 @torch.no_grad()
 def pooled_features(model: nn.Module, loader, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
@@ -428,12 +494,17 @@ def linear_probe(cfg: FinetuneConfig) -> dict[str, Any]:
     model, splits, _ = build(cfg, augment_train=augmented)  # the head's init: seeded inside
     model.to(device)
     placed = batches.place(splits, device)
-    feats = {name: pooled_features(model, batches.eval_batches(getattr(placed, name), cfg.eval_batch_size,
-                                                                 device, cfg.num_workers), device)
-             for name in ("train", "val", "test") if not (augmented and name == "train")}
+    feats = {
+        name: pooled_features(
+            model, batches.eval_batches(getattr(placed, name), cfg.eval_batch_size, device, cfg.num_workers), device
+        )
+        for name in ("train", "val", "test")
+        if not (augmented and name == "train")
+    }
     if augmented:
-        stream = batches.train_stream(placed.train, cfg.batch_size, seed=cfg.seed, device=device,
-                                      num_workers=cfg.num_workers)
+        stream = batches.train_stream(
+            placed.train, cfg.batch_size, seed=cfg.seed, device=device, num_workers=cfg.num_workers
+        )
         epoch = max(1, len(placed.train) // cfg.batch_size)
         feats["train"] = pooled_features(model, (next(stream) for _ in range(epoch)), device)
 
@@ -450,9 +521,14 @@ def linear_probe(cfg: FinetuneConfig) -> dict[str, Any]:
 
     xt, yt = feats["test"]
     params = int(clf.coef_.size + clf.intercept_.size)
-    return {"status": "finished", "steps_done": 0, "trainable_params": params,
-            "trainable_params/HEAD": params, "best_val_acc": score("val"), "best_step": 0,
-            "test_acc": score("test"),
-            "test_loss": float(log_loss(yt, clf.predict_proba(scaler.transform(unit(xt))),
-                                        labels=clf.classes_)),
-            "wall_s": time.perf_counter() - t0}
+    return {
+        "status": "finished",
+        "steps_done": 0,
+        "trainable_params": params,
+        "trainable_params/HEAD": params,
+        "best_val_acc": score("val"),
+        "best_step": 0,
+        "test_acc": score("test"),
+        "test_loss": float(log_loss(yt, clf.predict_proba(scaler.transform(unit(xt))), labels=clf.classes_)),
+        "wall_s": time.perf_counter() - t0,
+    }

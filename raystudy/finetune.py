@@ -29,8 +29,23 @@ from raystudy.config import FinetuneConfig, limit_help, load_config, parse_value
 from raystudy.errors import ConfigError
 
 # Flags for the keys people change most; any other key goes through --set key=value.
-FLAGS = ("model", "weights", "dataset", "data_root", "condition", "optimizer", "lr", "steps",
-         "warmup_steps", "batch_size", "grad_accum", "seed", "device", "eval_every", "probe_pairs")
+FLAGS = (
+    "model",
+    "weights",
+    "dataset",
+    "data_root",
+    "condition",
+    "optimizer",
+    "lr",
+    "steps",
+    "warmup_steps",
+    "batch_size",
+    "grad_accum",
+    "seed",
+    "device",
+    "eval_every",
+    "probe_pairs",
+)
 
 
 def make_config(args: argparse.Namespace) -> FinetuneConfig:
@@ -44,16 +59,25 @@ def make_config(args: argparse.Namespace) -> FinetuneConfig:
 
 def printer(cfg: FinetuneConfig):
     """A report callback that prints progress lines."""
+
     def report(m: dict[str, Any], state) -> None:
         """Print one report: an evaluation line or a training line with the gradient norms."""
         if "val_acc" in m:
-            print(f"  step {m['step']:>6}/{cfg.steps}  val acc {m['val_acc']:.4f}  "
-                  f"val loss {m['val_loss']:.4f}  best {m['best_val_acc']:.4f}", flush=True)
+            print(
+                f"  step {m['step']:>6}/{cfg.steps}  val acc {m['val_acc']:.4f}  "
+                f"val loss {m['val_loss']:.4f}  best {m['best_val_acc']:.4f}",
+                flush=True,
+            )
             return
-        norms = "  ".join(f"{k.split('/')[1]} {v:.3g}" for k, v in m.items()
-                          if k.startswith("grad_norm/") and not k.endswith("total"))
-        print(f"  step {m['step']:>6}/{cfg.steps}  loss {m['loss']:.4f}  lr {m['scheduled_lr']:.3g}  "
-              f"|grad| {m['grad_norm/total']:.3g} ({norms})", flush=True)
+        norms = "  ".join(
+            f"{k.split('/')[1]} {v:.3g}" for k, v in m.items() if k.startswith("grad_norm/") and not k.endswith("total")
+        )
+        print(
+            f"  step {m['step']:>6}/{cfg.steps}  loss {m['loss']:.4f}  lr {m['scheduled_lr']:.3g}  "
+            f"|grad| {m['grad_norm/total']:.3g} ({norms})",
+            flush=True,
+        )
+
     return report
 
 
@@ -64,29 +88,42 @@ def build_parser() -> cli.Parser:
     types_ = FinetuneConfig.__annotations__
     for key in FLAGS:  # typed by the config itself (config.parse_value), one parser for every flag
         limit = limit_help(key)
-        ap.add_argument("--" + key.replace("_", "-"), dest=key, metavar=key.upper(),
-                        help=f"config key {key} ({types_[key]}; default: the config's"
-                             + (f"; {limit})" if limit else ")"))
+        ap.add_argument(
+            "--" + key.replace("_", "-"),
+            dest=key,
+            metavar=key.upper(),
+            help=f"config key {key} ({types_[key]}; default: the config's" + (f"; {limit})" if limit else ")"),
+        )
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config key (repeatable)")
-    ap.add_argument("--out", help="folder for config.yaml, results.json and the plasticity tables "
-                                  "(default: runs/finetune/<condition>-<dataset>-<optimizer>-lr<lr>-s<seed>)")
-    ap.add_argument("--no-save", action="store_true", help="write no files (MLflow still records the run); "
-                                                           "refused with --out")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="CPU threads for torch (default 1, as the grid's threads_per_trial: on a "
-                         f"shared machine more threads are often slower; {cli.bound('--threads')})")
+    ap.add_argument(
+        "--out",
+        help="folder for config.yaml, results.json and the plasticity tables "
+        "(default: runs/finetune/<condition>-<dataset>-<optimizer>-lr<lr>-s<seed>)",
+    )
+    ap.add_argument(
+        "--no-save", action="store_true", help="write no files (MLflow still records the run); refused with --out"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for torch (default 1, as the grid's threads_per_trial: on a "
+        f"shared machine more threads are often slower; {cli.bound('--threads')})",
+    )
     cli.add_tracking_args(ap)
-    ap.add_argument("--no-mlflow", action="store_true", help="do not record the run in MLflow; refused with "
-                                                             "--tracking-uri or --experiment")
+    ap.add_argument(
+        "--no-mlflow",
+        action="store_true",
+        help="do not record the run in MLflow; refused with --tracking-uri or --experiment",
+    )
     ap.add_argument("--quiet", action="store_true", help="print only the results")
     return ap
 
 
 def run_name(cfg: FinetuneConfig) -> str:
     """The run's folder name: ``<condition>-<dataset>-<optimizer>-lr<lr>-s<seed>``."""
-    return (f"{components.canonical_condition(cfg.condition)}-{cfg.dataset}-{cfg.optimizer}-"
-            f"lr{cfg.lr:g}-s{cfg.seed}")
+    return f"{components.canonical_condition(cfg.condition)}-{cfg.dataset}-{cfg.optimizer}-lr{cfg.lr:g}-s{cfg.seed}"
 
 
 def plasticity_summary(results: dict[str, Any]) -> str | None:
@@ -94,19 +131,26 @@ def plasticity_summary(results: dict[str, Any]) -> str | None:
     finetuning, most plastic first; None when the run did not probe."""
     import pandas as pd
 
-    tables = {when: pd.DataFrame(results[f"plasticity_{when}"]) for when in ("before", "after")
-              if results.get(f"plasticity_{when}")}
+    tables = {
+        when: pd.DataFrame(results[f"plasticity_{when}"])
+        for when in ("before", "after")
+        if results.get(f"plasticity_{when}")
+    }
     if not tables:
         return None
-    means = pd.concat({w: t.groupby(["mode", "component"], sort=False)["mean"].mean() for w, t in tables.items()},
-                      axis=1)
+    means = pd.concat(
+        {w: t.groupby(["mode", "component"], sort=False)["mean"].mean() for w, t in tables.items()}, axis=1
+    )
     whens = list(tables)
-    lines = ["plasticity, mean over layers (most plastic first):",
-             f"  {'mode':<8} {'component':<10}" + "".join(f"{w:>9}" for w in whens)]
+    lines = [
+        "plasticity, mean over layers (most plastic first):",
+        f"  {'mode':<8} {'component':<10}" + "".join(f"{w:>9}" for w in whens),
+    ]
     for mode, df in means.groupby(level="mode", sort=False):
         df = df.droplevel("mode").sort_values(whens[0], ascending=False)
-        lines += [f"  {mode:<8} {c:<10}" + "".join(f"{v:>9.3g}" for v in row)
-                  for c, row in zip(df.index, df.to_numpy())]
+        lines += [
+            f"  {mode:<8} {c:<10}" + "".join(f"{v:>9.3g}" for v in row) for c, row in zip(df.index, df.to_numpy())
+        ]
     return "\n".join(lines)
 
 
@@ -131,8 +175,9 @@ class Recorder:
             return
         self.cl = tracking.client(self.uri)
         exp_id = tracking.experiment_id(self.cl, self.experiment, tracking.default_artifact_location(self.uri))
-        self.run_id = tracking.open_trial(self.cl, exp_id, None, trial_key(self.config), self.config,
-                                          extra_tags={"raystudy.source": "finetune"})
+        self.run_id = tracking.open_trial(
+            self.cl, exp_id, None, trial_key(self.config), self.config, extra_tags={"raystudy.source": "finetune"}
+        )
         self.upto = tracking.logged_upto(self.cl, self.run_id)  # a rerun of the same config logs no point twice
 
     def report(self, m: dict[str, Any]) -> None:
@@ -170,8 +215,7 @@ def save(out: Path, cfg: FinetuneConfig, results: dict[str, Any]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "config.yaml", out / "results.json"]
     written[0].write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    written[1].write_text(json.dumps({k: v for k, v in results.items() if not k.startswith("plasticity_")},
-                                     indent=2))
+    written[1].write_text(json.dumps({k: v for k, v in results.items() if not k.startswith("plasticity_")}, indent=2))
     for name in ("plasticity_before", "plasticity_after"):
         if results.get(name):
             import pandas as pd
@@ -187,8 +231,9 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
     from raystudy import models, pretrain
 
     cli.check_unused("--no-save", args.no_save, {"--out": args.out})
-    cli.check_unused("--no-mlflow", args.no_mlflow, {"--tracking-uri": args.tracking_uri,
-                                                     "--experiment": args.experiment})
+    cli.check_unused(
+        "--no-mlflow", args.no_mlflow, {"--tracking-uri": args.tracking_uri, "--experiment": args.experiment}
+    )
     cfg = make_config(args)
     cli.check_device("--device", cfg.device)
     cli.check_count("--threads", args.threads)
@@ -238,13 +283,16 @@ def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[s
 def print_results(results: dict[str, Any]) -> None:
     """The run's outcome: trainable parameters, accuracies (or where it diverged), plasticity."""
     counts = {k.split("/")[1]: v for k, v in results.items() if k.startswith("trainable_params/")}
-    print(f"trainable parameters: {results['trainable_params']:,} "
-          f"({', '.join(f'{k} {v:,}' for k, v in counts.items())})")
+    print(
+        f"trainable parameters: {results['trainable_params']:,} ({', '.join(f'{k} {v:,}' for k, v in counts.items())})"
+    )
     if results["status"] == "diverged":
         print(f"DIVERGED at step {results['steps_done']} (non-finite loss); no test accuracy")
     else:
-        print(f"best val acc {results['best_val_acc']:.4f} at step {results['best_step']}; "
-              f"test acc {results['test_acc']:.4f}; {results['wall_s']:.1f} s")
+        print(
+            f"best val acc {results['best_val_acc']:.4f} at step {results['best_step']}; "
+            f"test acc {results['test_acc']:.4f}; {results['wall_s']:.1f} s"
+        )
     summary = plasticity_summary(results)
     if summary:
         print(summary)
@@ -264,9 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)  # as a grid trial: the same thread count gives the same numbers
-    print(f"raystudy finetune: {cfg.model} on {cfg.dataset}, condition "
-          f"{components.canonical_condition(cfg.condition)}, {cfg.optimizer} lr {cfg.lr:g}, "
-          f"{cfg.steps} steps, seed {cfg.seed}, {args.threads} thread(s)", flush=True)
+    print(
+        f"raystudy finetune: {cfg.model} on {cfg.dataset}, condition "
+        f"{components.canonical_condition(cfg.condition)}, {cfg.optimizer} lr {cfg.lr:g}, "
+        f"{cfg.steps} steps, seed {cfg.seed}, {args.threads} thread(s)",
+        flush=True,
+    )
     recorder = Recorder(uri, experiment, cfg) if uri else None
     try:
         results = train(cfg, recorder, args.quiet)

@@ -59,8 +59,9 @@ def is_gpt2(module: nn.Module) -> bool:
     return isinstance(module, GPT2Classifier)
 
 
-def create(arch: dict, num_classes: int, *, body: nn.Module | None = None,
-           weights: str | Path | None = None) -> GPT2Classifier:
+def create(
+    arch: dict, num_classes: int, *, body: nn.Module | None = None, weights: str | Path | None = None
+) -> GPT2Classifier:
     """A classifier of GPT2Config arguments ``arch``: random init, ``body`` (a loaded
     GPT2Model), or a ``weights`` file."""
     model = GPT2Classifier(gpt2_config(arch), num_classes, body=body)
@@ -80,13 +81,17 @@ def load_state(model: GPT2Classifier, path: str | Path) -> None:
     else:
         state = torch.load(p, map_location="cpu", weights_only=True)
         state = state.get("model", state)
-    state = {(k if k.startswith("transformer.") else f"transformer.{k}"): v for k, v in state.items()
-             if not k.startswith(("head.", "lm_head."))}
+    state = {
+        (k if k.startswith("transformer.") else f"transformer.{k}"): v
+        for k, v in state.items()
+        if not k.startswith(("head.", "lm_head."))
+    }
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("head.")]
     if missing or unexpected:
-        raise ConfigError(f"weights file {p} does not fit the model: missing {missing[:4]}, "
-                   f"unexpected {unexpected[:4]}")
+        raise ConfigError(
+            f"weights file {p} does not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
 
 
 def load_tokens(path: str | Path, vocab_size: int, max_len: int) -> torch.Tensor:
@@ -104,20 +109,30 @@ def load_tokens(path: str | Path, vocab_size: int, max_len: int) -> torch.Tensor
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the loader trips on, the file is the problem
-        raise ConfigError(f"token file {str(path)!r} cannot be read as an array of token ids: "
-                          f"{type(e).__name__}") from None
-    if not isinstance(arr, torch.Tensor) or arr.ndim != 2 or arr.is_floating_point() or arr.is_complex() \
-            or arr.dtype == torch.bool or arr.numel() == 0:
+        raise ConfigError(
+            f"token file {str(path)!r} cannot be read as an array of token ids: {type(e).__name__}"
+        ) from None
+    if (
+        not isinstance(arr, torch.Tensor)
+        or arr.ndim != 2
+        or arr.is_floating_point()
+        or arr.is_complex()
+        or arr.dtype == torch.bool
+        or arr.numel() == 0
+    ):
         what = f"{tuple(arr.shape)} {arr.dtype}" if isinstance(arr, torch.Tensor) else type(arr).__name__
-        raise ConfigError(f"token file {str(path)!r} must hold a non-empty 2-D integer array "
-                          f"(sequences, tokens), got {what}")
+        raise ConfigError(
+            f"token file {str(path)!r} must hold a non-empty 2-D integer array (sequences, tokens), got {what}"
+        )
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= vocab_size:
-        raise ConfigError(f"token file {str(path)!r} has ids in [{lo}, {hi}]; the model's "
-                          f"vocabulary is [0, {vocab_size - 1}]")
+        raise ConfigError(
+            f"token file {str(path)!r} has ids in [{lo}, {hi}]; the model's vocabulary is [0, {vocab_size - 1}]"
+        )
     if arr.shape[1] > max_len:
-        raise ConfigError(f"token file {str(path)!r} has sequences of {arr.shape[1]} tokens; the "
-                          f"model takes at most {max_len}")
+        raise ConfigError(
+            f"token file {str(path)!r} has sequences of {arr.shape[1]} tokens; the model takes at most {max_len}"
+        )
     return arr.long()
 
 

@@ -31,26 +31,42 @@ from raystudy.errors import ConfigError
 def build_parser() -> cli.Parser:
     """The grid's command line flags."""
     ap = cli.Parser("python -m raystudy.grid", __doc__)
-    ap.add_argument("--space", help="grid YAML file or name under search_spaces/ (default: demo, "
-                                    "or paper when --model is given)")
+    ap.add_argument(
+        "--space", help="grid YAML file or name under search_spaces/ (default: demo, or paper when --model is given)"
+    )
     ap.add_argument("--model", help="model for every trial (alias, timm ViT name or vit_demo)")
     ap.add_argument("--datasets", help="comma-separated subset of the space's datasets")
     ap.add_argument("--conditions", help="comma-separated conditions (default: the space's)")
     ap.add_argument("--optimizers", help="comma-separated subset of the space's optimizers")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every trial")
     ap.add_argument("--dry-run", action="store_true", help="validate, count trials and GPU-hours, start nothing")
-    ap.add_argument("--adaptive", metavar="POLICY",
-                    help=f"stop trials the study's answer does not need: {', '.join(adaptive.POLICIES)}")
+    ap.add_argument(
+        "--adaptive",
+        metavar="POLICY",
+        help=f"stop trials the study's answer does not need: {', '.join(adaptive.POLICIES)}",
+    )
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/ray")
-    ap.add_argument("--max-failures", type=int, help="retries of a failing trial (default: the space's, or 2; "
-                                                      f"{cli.bound('--max-failures')})")
-    ap.add_argument("--max-concurrent", type=int, help="cap on concurrent trials (default: by resources; "
-                                                        f"{cli.bound('--max-concurrent')})")
-    ap.add_argument("--quiet", action="store_true", help="print only the trials that did not finish "
-                                                         "(failed, diverged, retried), not one line per trial")
-    ap.add_argument("--tune-output", action="store_true", help="Ray Tune's own progress tables and result "
-                                                               "files (JSON, CSV, TensorBoard) as well")
+    ap.add_argument(
+        "--max-failures",
+        type=int,
+        help=f"retries of a failing trial (default: the space's, or 2; {cli.bound('--max-failures')})",
+    )
+    ap.add_argument(
+        "--max-concurrent",
+        type=int,
+        help=f"cap on concurrent trials (default: by resources; {cli.bound('--max-concurrent')})",
+    )
+    ap.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only the trials that did not finish (failed, diverged, retried), not one line per trial",
+    )
+    ap.add_argument(
+        "--tune-output",
+        action="store_true",
+        help="Ray Tune's own progress tables and result files (JSON, CSV, TensorBoard) as well",
+    )
     return ap
 
 
@@ -68,10 +84,14 @@ def ranking(runs):
     if best.empty:
         return pd.DataFrame(columns=cols)
     table = stats.wide(best)
-    out = pd.DataFrame({
-        "test_acc": table.mean(axis=0), "avg_rank": stats.ranks(table).mean(axis=0),
-        "best_lr": {c: _lrs(c, lrs) for c, lrs in best.groupby("condition")["lr"]},
-        "runs": best.groupby("condition")["n"].sum()})
+    out = pd.DataFrame(
+        {
+            "test_acc": table.mean(axis=0),
+            "avg_rank": stats.ranks(table).mean(axis=0),
+            "best_lr": {c: _lrs(c, lrs) for c, lrs in best.groupby("condition")["lr"]},
+            "runs": best.groupby("condition")["n"].sum(),
+        }
+    )
     out.index.name = "condition"
     return out.sort_values("test_acc", ascending=False).reset_index()[cols]
 
@@ -94,16 +114,18 @@ def projection(policy, space, model: str, trials: list) -> str:
     lines = [f"adaptive {policy.name} (replay a finished grid to measure it: python -m analysis.replay):"]
     ends = ((False, "from the grid's shape"),)
     if policy.race:
-        ends = ((False, "every lr stays in the race"),
-                (True, "one lr per cell is left at the first milestone"))
+        ends = ((False, "every lr stays in the race"), (True, "one lr per cell is left at the first milestone"))
     for settled, what in ends:
         steps = adaptive.planned_steps(policy, view, settled)
         items = [spaces.trial_cost({**t.config, "steps": steps[t.key]}, t.gpu, t.workers) for t in trials]
         hours = spaces.gpu_hours(space, model, items)
-        sgd = [v for v in view if components.has_lr(v["condition"])]   # the linear probe takes no steps
+        sgd = [v for v in view if components.has_lr(v["condition"])]  # the linear probe takes no steps
         frac = sum(steps[v["key"]] for v in sgd) / max(1, sum(v["steps"] for v in sgd))
-        cost = (f"{hours.hours:,.0f} of {full.hours:,.0f} GPU-hours" if hours.hours is not None and full.hours
-                else "no GPU-hour estimate")
+        cost = (
+            f"{hours.hours:,.0f} of {full.hours:,.0f} GPU-hours"
+            if hours.hours is not None and full.hours
+            else "no GPU-hour estimate"
+        )
         lines.append(f"  {what}: {100 * frac:.1f}% of the steps, {cost}")
     return "\n".join(lines)
 
@@ -144,9 +166,12 @@ def prepare(args) -> Job:
     space = spaces.load_grid(args.space or ("paper" if args.model else "demo"))
     model = args.model or space.base.get("model", FinetuneConfig.model)
     models.check_model(model)
-    conds = cli.parse_list("--conditions", args.conditions,
-                           [spaces.canonical_condition(c) for c in space.grid.get("condition", [])]
-                           or list(components.PAPER_CONDITIONS), spaces.canonical_condition)
+    conds = cli.parse_list(
+        "--conditions",
+        args.conditions,
+        [spaces.canonical_condition(c) for c in space.grid.get("condition", [])] or list(components.PAPER_CONDITIONS),
+        spaces.canonical_condition,
+    )
     datasets = cli.parse_list("--datasets", args.datasets, list(space.datasets))
     optimizers = cli.parse_list("--optimizers", args.optimizers, list(space.optimizers))
     overrides = cli.parse_set(args.set or [])
@@ -173,19 +198,39 @@ def prepare(args) -> Job:
     done = [t for t in trials if known.get(t.key) in tracking.TERMINAL]
     if not args.dry_run and len(done) < len(trials):  # Ray only when there is something to run
         local_ray.check_address(args.address)
-    return Job(args, space, model, (datasets, conds, optimizers, overrides), plan, mopts, hours, tuning,
-               max_failures, policy, uri, experiment, known, trials, done)
+    return Job(
+        args,
+        space,
+        model,
+        (datasets, conds, optimizers, overrides),
+        plan,
+        mopts,
+        hours,
+        tuning,
+        max_failures,
+        policy,
+        uri,
+        experiment,
+        known,
+        trials,
+        done,
+    )
 
 
 def run(job: Job) -> int:
     """The grid's plan, then its dry run, its ranking if MLflow holds it all, or its run; the exit status."""
     plan, mopts, hours = job.plan, job.mopts, job.hours
     gpus = mopts["gpu"] * mopts["workers"] if mopts["workers"] > 1 else mopts["gpu"]
-    print(f"grid {job.space.name} for {job.model}: {plan['trials']:,} trials = {len(plan['datasets'])} datasets × "
-          f"{len(plan['conditions'])} conditions × {len(plan['optimizers'])} optimizers × lrs × seeds")
+    print(
+        f"grid {job.space.name} for {job.model}: {plan['trials']:,} trials = {len(plan['datasets'])} datasets × "
+        f"{len(plan['conditions'])} conditions × {len(plan['optimizers'])} optimizers × lrs × seeds"
+    )
     print(f"  datasets: {', '.join(plan['datasets'])}")
-    print(f"  GPUs per trial: {gpus:g}" + (f" ({mopts['workers']} DDP workers)" if mopts["workers"] > 1 else "")
-          + f"; {hours.describe()}")
+    print(
+        f"  GPUs per trial: {gpus:g}"
+        + (f" ({mopts['workers']} DDP workers)" if mopts["workers"] > 1 else "")
+        + f"; {hours.describe()}"
+    )
     if hours.measured:  # per condition: frozen components cost less
         print("  GPU-hours per condition: " + ", ".join(f"{c} {h:,.0f}" for c, h in hours.by_condition.items()))
     if job.args.dry_run:
@@ -202,11 +247,14 @@ def dry_run(job: Job) -> int:
     """What MLflow already holds of the grid and, with ``--adaptive``, what the policy would spend; starts nothing."""
     total = job.plan["trials"]
     if job.done:
-        left = spaces.gpu_hours(job.space, job.model, [t for t in job.trials
-                                                       if job.known.get(t.key) not in tracking.TERMINAL])
-        print(f"  already done (in MLflow): {len(job.done):,} of {total:,} trials; "
-              f"{total - len(job.done):,} to run"
-              + (f", {left.hours:,.0f} GPU-hours" if left.hours is not None and job.hours.hours is not None else ""))
+        left = spaces.gpu_hours(
+            job.space, job.model, [t for t in job.trials if job.known.get(t.key) not in tracking.TERMINAL]
+        )
+        print(
+            f"  already done (in MLflow): {len(job.done):,} of {total:,} trials; "
+            f"{total - len(job.done):,} to run"
+            + (f", {left.hours:,.0f} GPU-hours" if left.hours is not None and job.hours.hours is not None else "")
+        )
     else:
         print(f"  already done (in MLflow): none of {total:,} trials")
     if job.policy is not None:
@@ -220,34 +268,60 @@ def drive(job: Job) -> int:
     from raystudy.driver import grid_run, session
 
     args, trials, uri = job.args, job.trials, job.uri
-    storage = (Path(args.storage or "runs/ray").resolve() if not (args.storage or "").startswith(("s3://", "gs://"))
-               else args.storage)
+    storage = (
+        Path(args.storage or "runs/ray").resolve()
+        if not (args.storage or "").startswith(("s3://", "gs://"))
+        else args.storage
+    )
     label = f"{job.space.study}-{job.model}"
     try:  # one driver per grid: a second one refuses before starting anything
-        with session.Session(storage, lock.grid_name(trials, label), job.model, address=args.address,
-                             num_cpus=args.num_cpus, temp_dir=args.ray_temp_dir,
-                             dashboard=any(t.workers > 1 for t in trials),
-                             banner=f"MLflow: {uri} (experiment {job.experiment!r}); checkpoints: {storage}",
-                             weights_log=lambda line: print(line, flush=True)) as s:
-            print(f"running {len(trials) - len(job.done)} of {len(trials)} trials"
-                  + (f" ({len(job.done)} already done)" if job.done else "") + "; one line as each ends", flush=True)
+        with session.Session(
+            storage,
+            lock.grid_name(trials, label),
+            job.model,
+            address=args.address,
+            num_cpus=args.num_cpus,
+            temp_dir=args.ray_temp_dir,
+            dashboard=any(t.workers > 1 for t in trials),
+            banner=f"MLflow: {uri} (experiment {job.experiment!r}); checkpoints: {storage}",
+            weights_log=lambda line: print(line, flush=True),
+        ) as s:
+            print(
+                f"running {len(trials) - len(job.done)} of {len(trials)} trials"
+                + (f" ({len(job.done)} already done)" if job.done else "")
+                + "; one line as each ends",
+                flush=True,
+            )
             counts = grid_run.run_grid(
-                trials, label=label, model=job.model, tracking_uri=uri, experiment=job.experiment, storage=storage,
-                max_failures=job.max_failures, threads=int(job.tuning["threads_per_trial"]),
-                max_concurrent=grid_run.concurrency(args.max_concurrent or job.tuning["max_concurrent"],
-                                                    job.mopts["workers"], job.mopts["gpu"]),
+                trials,
+                label=label,
+                model=job.model,
+                tracking_uri=uri,
+                experiment=job.experiment,
+                storage=storage,
+                max_failures=job.max_failures,
+                threads=int(job.tuning["threads_per_trial"]),
+                max_concurrent=grid_run.concurrency(
+                    args.max_concurrent or job.tuning["max_concurrent"], job.mopts["workers"], job.mopts["gpu"]
+                ),
                 checkpoint_every_s=float(job.tuning["checkpoint_every_s"]),
-                verbose=1 if args.tune_output else 0, quiet=args.quiet, policy=job.policy)
+                verbose=1 if args.tune_output else 0,
+                quiet=args.quiet,
+                policy=job.policy,
+            )
     except (ConfigError, models.WeightsUnavailable) as e:
         return cli.fail(e)
     except KeyboardInterrupt:  # Ctrl-C: the first once Tune has stopped (tune_glue.Stopped), or a second
         return stopped(uri, job.experiment, trials, job.model)
     if counts["unfinished"]:  # trials Tune left unfinished unasked: the rerun goes on with them too
         return stopped(uri, job.experiment, trials, job.model)
-    print(f"\ndone in {time.time() - s.started:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
-          f"{counts['failed']} failed, {counts['unfinished']} unfinished"
-          + (f", {counts['stopped']} stopped by the policy" if job.policy is not None else "") + " "
-          f"({counts['already_done']} were already done)")
+    print(
+        f"\ndone in {time.time() - s.started:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
+        f"{counts['failed']} failed, {counts['unfinished']} unfinished"
+        + (f", {counts['stopped']} stopped by the policy" if job.policy is not None else "")
+        + " "
+        f"({counts['already_done']} were already done)"
+    )
     show_results(tracking.client(uri), counts["experiment_id"], trials, job.model, uri)
     return 0 if counts["unfinished"] == 0 and counts["failed"] == 0 else 1
 
@@ -259,8 +333,14 @@ def stopped(uri: str, experiment: str, trials, model: str) -> int:
     print(f"\ngrid stopped: {done} of {len(trials)} trials done; run the same command to resume it", flush=True)
     if done:
         cl = tracking.client(uri)
-        show_results(cl, cl.get_experiment_by_name(experiment).experiment_id, trials, model, uri,
-                     partial=done if done < len(trials) else None)
+        show_results(
+            cl,
+            cl.get_experiment_by_name(experiment).experiment_id,
+            trials,
+            model,
+            uri,
+            partial=done if done < len(trials) else None,
+        )
     return 130
 
 
@@ -274,15 +354,24 @@ def show_results(cl, exp_id: str, trials, model: str, uri: str, partial: int | N
     runs = pd.DataFrame([r for r in tracking.rows(found) if r["key"] in keys])
     table = ranking(runs)
     if not table.empty:
-        parents = [r.data.tags.get("mlflow.parentRunId") for r in found
-                   if r.data.tags.get("raystudy.key") in keys and r.data.tags.get("mlflow.parentRunId")]
+        parents = [
+            r.data.tags.get("mlflow.parentRunId")
+            for r in found
+            if r.data.tags.get("raystudy.key") in keys and r.data.tags.get("mlflow.parentRunId")
+        ]
         if parents:  # the grid's parent run carries the ranking too (MLflow UI)
-            tracking.log_ranking(cl, max(set(parents), key=parents.count), table.to_dict("records"),
-                                 partial=partial is not None)
-        head = (f"PARTIAL ranking, over the {partial} of {len(keys)} trials done so far "
-                if partial is not None else "ranking ")
-        print(f"\n{head}(lr chosen on validation; test accuracy, mean over seeds then datasets; "
-              "average rank over datasets), as analysis.report computes it:")
+            tracking.log_ranking(
+                cl, max(set(parents), key=parents.count), table.to_dict("records"), partial=partial is not None
+            )
+        head = (
+            f"PARTIAL ranking, over the {partial} of {len(keys)} trials done so far "
+            if partial is not None
+            else "ranking "
+        )
+        print(
+            f"\n{head}(lr chosen on validation; test accuracy, mean over seeds then datasets; "
+            "average rank over datasets), as analysis.report computes it:"
+        )
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if models.note(model):
         print(f"\nnote: {models.note(model)}")

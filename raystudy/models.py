@@ -36,8 +36,9 @@ ALIASES = {
 # Their input settings, as timm's pretrained configs give them. tests/test_models.py checks both
 # against the installed timm, so a driver of the paper's grid validates it without importing timm
 # (and with it torch: seconds of CPU per driver start).
-ALIAS_INPUTS = {full: dict(img_size=224, in_chans=3, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
-                for full in ALIASES.values()}
+ALIAS_INPUTS = {
+    full: dict(img_size=224, in_chans=3, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)) for full in ALIASES.values()
+}
 
 # ImageNet's channel statistics: what the paper normalises every model's input with.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -49,13 +50,14 @@ HUB_SOURCE = "imagenet_val"
 # weights anywhere: random init, for tests and a laptop.
 GPT2_SIZES: dict[str, dict] = {
     "gpt2": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257),
-    "gpt2_tiny": dict(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=256,
-                      bos_token_id=255, eos_token_id=255),
+    "gpt2_tiny": dict(
+        n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=256, bos_token_id=255, eos_token_id=255
+    ),
 }
-GPT2_HUB_IDS = {"gpt2": "gpt2"}   # the hub id most caches already hold it under
+GPT2_HUB_IDS = {"gpt2": "gpt2"}  # the hub id most caches already hold it under
 GPT2_NOTES = {
     "gpt2_tiny": "gpt2_tiny is a random-init GPT-2 (no pretrained weights exist for it); it shows "
-                 "the machinery, not the study's claims.",
+    "the machinery, not the study's claims.",
 }
 
 
@@ -83,16 +85,32 @@ LOCAL_MODELS = {
     # clean digits with all components trained (AdamW), finetuned on shifted digits.
     "vit_demo": LocalModel(
         arch=dict(img_size=16, patch_size=4, in_chans=1, embed_dim=64, depth=4, num_heads=4),
-        mean=(0.5,), std=(0.5,), source="digits",
-        pretrain=dict(pretrained=False, dataset="digits", condition="full", optimizer="adamw",
-                      lr=1e-3, weight_decay=0.05, steps=1500, warmup_steps=100, batch_size=64,
-                      eval_every=500, log_every=100, seed=0, device="cpu"),
+        mean=(0.5,),
+        std=(0.5,),
+        source="digits",
+        pretrain=dict(
+            pretrained=False,
+            dataset="digits",
+            condition="full",
+            optimizer="adamw",
+            lr=1e-3,
+            weight_decay=0.05,
+            steps=1500,
+            warmup_steps=100,
+            batch_size=64,
+            eval_every=500,
+            log_every=100,
+            seed=0,
+            device="cpu",
+        ),
         note="this is the tiny offline demo; the paper's claims are about large pretrained ViTs.",
         plasticity_note=(
             "the paper's plasticity claim (MHA > FC1 ~ FC2 > LN2 > LN1) is about large pretrained "
             "ViTs; this tiny demo's ranking is expected to differ: its embedding tokens are small "
             "next to sqrt(d), so LayerNorm amplifies differences, and its linear weights stay near "
-            "their small initialisation. It is reported as measured.")),
+            "their small initialisation. It is reported as measured."
+        ),
+    ),
 }
 
 
@@ -126,17 +144,27 @@ def check_timm_vit(name: str) -> str:
     full = resolve_name(name)
     arch = full.split(".")[0]
     if not timm.is_model(arch):
-        raise ConfigError(f"unknown model {name!r}; valid: {', '.join(ALIASES)}, "
-                          f"{', '.join(LOCAL_MODELS)}, {', '.join(GPT2_SIZES)} or any timm ViT name "
-                          "(timm.list_models('vit_*'))")
+        raise ConfigError(
+            f"unknown model {name!r}; valid: {', '.join(ALIASES)}, "
+            f"{', '.join(LOCAL_MODELS)}, {', '.join(GPT2_SIZES)} or any timm ViT name "
+            "(timm.list_models('vit_*'))"
+        )
     if not timm.models.is_model_in_modules(arch, ["vision_transformer", "deit"]):
-        raise ConfigError(f"model {name!r} is not a timm VisionTransformer; the study's components "
-                          "(norm1, attn, norm2, mlp) are defined on timm's vision_transformer models")
+        raise ConfigError(
+            f"model {name!r} is not a timm VisionTransformer; the study's components "
+            "(norm1, attn, norm2, mlp) are defined on timm's vision_transformer models"
+        )
     return full
 
 
-def create_model(name: str, num_classes: int, *, pretrained: bool = True,
-                 weights: str | Path | None = None, img_size: int | None = None) -> nn.Module:
+def create_model(
+    name: str,
+    num_classes: int,
+    *,
+    pretrained: bool = True,
+    weights: str | Path | None = None,
+    img_size: int | None = None,
+) -> nn.Module:
     """Build ``name`` with a fresh ``num_classes`` head, loading pretrained weights if asked.
 
     ``weights`` is a local checkpoint file (timm or raystudy state dict); else timm's hub cache.
@@ -156,12 +184,14 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
             if not weights.is_file():
                 raise WeightsUnavailable(
                     f"{full}'s pretrained weights are not built yet ({weights}); build them once "
-                    f"with `python -m raystudy.prefetch --models {name}`, or pass --weights FILE")
+                    f"with `python -m raystudy.prefetch --models {name}`, or pass --weights FILE"
+                )
             problem = built_weights_problem(weights)
             if problem is not None:  # a trial never builds: it says which file to replace
                 raise WeightsUnavailable(
                     f"{full}'s weights file {weights} is corrupt ({problem}); delete it and rebuild "
-                    f"with `python -m raystudy.prefetch --models {name}`")
+                    f"with `python -m raystudy.prefetch --models {name}`"
+                )
         if weights is not None:
             load_backbone(model, weights)
         return model
@@ -170,29 +200,33 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = True,
 
     extra = {"img_size": img_size} if img_size else {}
     if weights is not None:
-        return timm.create_model(full, pretrained=True, num_classes=num_classes,
-                                 pretrained_cfg_overlay=dict(file=str(weights)), **extra)
+        return timm.create_model(
+            full, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay=dict(file=str(weights)), **extra
+        )
     if not pretrained:
         return timm.create_model(full, pretrained=False, num_classes=num_classes, **extra)
     cached = cached_weights(full)
     if cached is not None:  # load from the cache without touching the network
-        return timm.create_model(full, pretrained=True, num_classes=num_classes,
-                                 pretrained_cfg_overlay=dict(file=cached), **extra)
+        return timm.create_model(
+            full, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay=dict(file=cached), **extra
+        )
     if not hub_reachable():
         raise WeightsUnavailable(
             f"no cached weights for {full} and the Hugging Face hub is unreachable; prefetch them "
             f"on a machine with network: `python -m raystudy.prefetch --models {name}` (fills "
-            f"{hub_cache_dir()}), or pass --weights FILE")
+            f"{hub_cache_dir()}), or pass --weights FILE"
+        )
     try:
         return timm.create_model(full, pretrained=True, num_classes=num_classes, **extra)
     except Exception as e:  # noqa: BLE001 - any download failure gets the same advice
-        raise WeightsUnavailable(f"could not download weights for {full}: {type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else ''}; prefetch with "
-                                 f"`python -m raystudy.prefetch --models {name}` or pass --weights FILE") from None
+        raise WeightsUnavailable(
+            f"could not download weights for {full}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}; prefetch with "
+            f"`python -m raystudy.prefetch --models {name}` or pass --weights FILE"
+        ) from None
 
 
-def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool,
-                 weights: str | Path | None) -> nn.Module:
+def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool, weights: str | Path | None) -> nn.Module:
     """A GPT-2 classifier: a weights file, the hub's weights (cache first, then a download), or
     random init (``pretrained=False``, or a size with no weights anywhere such as gpt2_tiny)."""
     from raystudy import gpt2
@@ -212,12 +246,14 @@ def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool,
             raise WeightsUnavailable(
                 f"no cached weights for {full} ({repo}) and the Hugging Face hub is unreachable; "
                 f"prefetch them on a machine with network: `python -m raystudy.prefetch --model {name}` "
-                f"(fills {hub_cache_dir()}), or pass --weights FILE") from None
+                f"(fills {hub_cache_dir()}), or pass --weights FILE"
+            ) from None
         try:
             body = GPT2Model.from_pretrained(repo, attn_implementation="sdpa")
         except Exception as e:  # noqa: BLE001 - any download failure gets the same advice
-            raise WeightsUnavailable(f"could not download weights for {full} ({repo}): "
-                                     f"{type(e).__name__}; pass --weights FILE") from None
+            raise WeightsUnavailable(
+                f"could not download weights for {full} ({repo}): {type(e).__name__}; pass --weights FILE"
+            ) from None
     return gpt2.create(arch, num_classes, body=body)
 
 
@@ -284,8 +320,9 @@ def load_backbone(model: nn.Module, path: str | Path) -> None:
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("head.")]
     if missing or unexpected:
-        raise WeightsUnavailable(f"weights file {path} does not fit the model: missing {missing[:4]}, "
-                                 f"unexpected {unexpected[:4]}")
+        raise WeightsUnavailable(
+            f"weights file {path} does not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
 
 
 def check_weights_file(path: str | Path) -> Path:
@@ -314,11 +351,13 @@ def _check_weights(path: str, size: int, mtime_ns: int) -> None:
                 raise TypeError(f"holds a {type(state).__name__}, not a state dict")
     except Exception as e:  # noqa: BLE001 - whatever the loader trips on, the file is the problem
         detail = str(e).splitlines()[0][:160] if str(e) else ""
-        raise ConfigError(f"weights file {path!r} is not a model checkpoint (a torch.save'd state "
-                          f"dict or safetensors): {type(e).__name__}: {detail}") from None
+        raise ConfigError(
+            f"weights file {path!r} is not a model checkpoint (a torch.save'd state "
+            f"dict or safetensors): {type(e).__name__}: {detail}"
+        ) from None
 
 
-WEIGHTS_BUILDER = "raystudy-pretrain-2"   # 2: weights carry a manifest (size, SHA-256)
+WEIGHTS_BUILDER = "raystudy-pretrain-2"  # 2: weights carry a manifest (size, SHA-256)
 
 
 def weights_manifest(path: Path) -> Path:
@@ -368,11 +407,14 @@ def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...
     if kind == "checkpoint":
         return tuple(ic["mean"]), tuple(ic["std"])
     if ic.get("tokens"):
-        raise ConfigError(f"normalization {kind!r} is for image models; {name} reads token ids: "
-                          "use normalization: checkpoint")
+        raise ConfigError(
+            f"normalization {kind!r} is for image models; {name} reads token ids: use normalization: checkpoint"
+        )
     if ic["in_chans"] != 3:
-        raise ConfigError(f"normalization {kind!r} is for RGB models; {name} takes {ic['in_chans']} "
-                          "channel(s): use normalization: checkpoint")
+        raise ConfigError(
+            f"normalization {kind!r} is for RGB models; {name} takes {ic['in_chans']} "
+            "channel(s): use normalization: checkpoint"
+        )
     return IMAGENET_MEAN, IMAGENET_STD
 
 
@@ -390,16 +432,21 @@ def input_config(name: str) -> dict:
     full = check_model(name)
     if full in GPT2_SIZES:  # token ids: no image size, no normalisation
         size = GPT2_SIZES[full]
-        return dict(img_size=None, in_chans=None, mean=(), std=(), tokens=True,
-                    vocab_size=size["vocab_size"], max_len=size["n_positions"])
+        return dict(
+            img_size=None,
+            in_chans=None,
+            mean=(),
+            std=(),
+            tokens=True,
+            vocab_size=size["vocab_size"],
+            max_len=size["n_positions"],
+        )
     if full in LOCAL_MODELS:
         spec = LOCAL_MODELS[full]
-        return dict(img_size=spec.arch["img_size"], in_chans=spec.arch["in_chans"],
-                    mean=spec.mean, std=spec.std)
+        return dict(img_size=spec.arch["img_size"], in_chans=spec.arch["in_chans"], mean=spec.mean, std=spec.std)
     if full in ALIAS_INPUTS:
         return dict(ALIAS_INPUTS[full])
     import timm
 
     cfg = timm.models.get_pretrained_cfg(full)
-    return dict(img_size=cfg.input_size[-1], in_chans=cfg.input_size[0],
-                mean=tuple(cfg.mean), std=tuple(cfg.std))
+    return dict(img_size=cfg.input_size[-1], in_chans=cfg.input_size[0], mean=tuple(cfg.mean), std=tuple(cfg.std))

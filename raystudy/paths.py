@@ -32,6 +32,7 @@ def tensor_cache(root: str | os.PathLike | None = None) -> Path:
 # file's size and SHA-256 and the builder's version. It is checked when the cache is opened, so a
 # truncated, zeroed or edited file is found before a trial uses it, and named.
 
+
 def digest(path: str | os.PathLike) -> str:
     """The SHA-256 of a file's bytes, as hex."""
     import hashlib
@@ -48,8 +49,7 @@ def write_manifest(manifest: str | os.PathLike, files: list[Path], builder: str)
     import json
 
     m = Path(manifest)
-    entries = {str(Path(f).relative_to(m.parent)): {"size": Path(f).stat().st_size, "sha256": digest(f)}
-               for f in files}
+    entries = {str(Path(f).relative_to(m.parent)): {"size": Path(f).stat().st_size, "sha256": digest(f)} for f in files}
     tmp = m.with_name(f".{m.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps({"builder": builder, "files": entries}, indent=1))
     os.replace(tmp, m)

@@ -45,6 +45,7 @@ class ProbeError(ValueError):
 
 # ---------------------------------------------------------------- names
 
+
 def check_modes(mode: str | Sequence[str]) -> tuple[str, ...]:
     """Modes as a tuple in canonical order; ``"both"`` means every mode.
 
@@ -91,10 +92,14 @@ def unwrap_vit(model: nn.Module) -> nn.Module:
         inner = wrapped[0]
     if architectures.of_model(inner) is None:
         first, *others = architectures.ARCHITECTURES.values()
-        raise ProbeError(f"the plasticity probe needs {first.title}, got {type(inner).__name__} (or "
-                         + ", ".join(a.title for a in others) + "); its components are "
-                         + "; ".join(f"{a.blocks}.*.{', '.join(a.module_paths.values())}"
-                                     for a in architectures.ARCHITECTURES.values()))
+        raise ProbeError(
+            f"the plasticity probe needs {first.title}, got {type(inner).__name__} (or "
+            + ", ".join(a.title for a in others)
+            + "); its components are "
+            + "; ".join(
+                f"{a.blocks}.*.{', '.join(a.module_paths.values())}" for a in architectures.ARCHITECTURES.values()
+            )
+        )
     return inner
 
 
@@ -104,13 +109,16 @@ def block_module(block: nn.Module, component: str, paths: dict[str, str]) -> nn.
     for part in paths[component].split("."):
         mod = getattr(mod, part, None)
         if mod is None:
-            raise ProbeError(f"block {type(block).__name__} has no {paths[component]} "
-                             f"(component {component}); the probe needs timm's standard ViT blocks "
-                             "or GPT-2's")
+            raise ProbeError(
+                f"block {type(block).__name__} has no {paths[component]} "
+                f"(component {component}); the probe needs timm's standard ViT blocks "
+                "or GPT-2's"
+            )
     return mod
 
 
 # ---------------------------------------------------------------- measurement
+
 
 def pair_norms(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Per-sample Frobenius norm of ``a - b`` over every dimension but the first."""
@@ -215,7 +223,7 @@ class InputStats:
         self.tokens = 0
         self.n = 0
 
-    def update_sigma(self, t: torch.Tensor, scratch: "Scratch | None" = None) -> None:
+    def update_sigma(self, t: torch.Tensor, scratch: Scratch | None = None) -> None:
         """Fold the smallest per-token sqrt(var + eps) of ``t`` into ``sigma_min``."""
         sigma = token_sigma_min(t, self.eps, scratch)
         self.sigma_min = torch.minimum(self.sigma_min, sigma.to(self.sigma_min))
@@ -237,6 +245,7 @@ class InputStats:
 
 
 # ---------------------------------------------------------------- bounds
+
 
 def effective_weight(linear: nn.Module) -> torch.Tensor:
     """A linear layer's weight (out, in), with any unmerged active peft LoRA delta added."""
@@ -321,11 +330,15 @@ def mha_bound(attn: nn.Module, n: int, r: float) -> float:
     NaN for attentions the proposition does not cover (qk-norm, gating, fused variants, and
     GPT-2's causal attention).
     """
-    plain = (hasattr(attn, "qkv") and hasattr(attn, "proj") and hasattr(attn, "num_heads")
-             and isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity)
-             and isinstance(getattr(attn, "k_norm", nn.Identity()), nn.Identity)
-             and isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity)
-             and getattr(attn, "gate", None) is None)
+    plain = (
+        hasattr(attn, "qkv")
+        and hasattr(attn, "proj")
+        and hasattr(attn, "num_heads")
+        and isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity)
+        and isinstance(getattr(attn, "k_norm", nn.Identity()), nn.Identity)
+        and isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity)
+        and getattr(attn, "gate", None) is None
+    )
     if not plain or not math.isfinite(r):
         return float("nan")
     total = 0.0
@@ -335,11 +348,12 @@ def mha_bound(attn: nn.Module, n: int, r: float) -> float:
         ra = torch.linalg.qr(_as64(wq).T, mode="r").R
         rb = torch.linalg.qr(_as64(wk).T, mode="r").R
         a = torch.linalg.matrix_norm(ra @ rb.T, ord=2).item() / math.sqrt(dh)
-        total += spectral_norm(wo) * spectral_norm(wv) * math.sqrt(3 * n + (12 * n + 3) * r ** 4 * a ** 2)
+        total += spectral_norm(wo) * spectral_norm(wv) * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2)
     return total
 
 
 # ---------------------------------------------------------------- the probe
+
 
 def embed(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """E(x): the tokens that enter the first block of an unwrapped ViT or GPT-2, by its family's
@@ -373,8 +387,12 @@ class _Probe:
         self.arch = architectures.of_model(vit)
         self.paths = self.arch.module_paths
         self.mods = [{c: block_module(b, c, self.paths) for c in comps} for b in vit.blocks]
-        self.sites = {(m, i, c): _Site(device, getattr(mods[c], "eps", 0.0))
-                      for m in modes for i, mods in enumerate(self.mods) for c in comps}
+        self.sites = {
+            (m, i, c): _Site(device, getattr(mods[c], "eps", 0.0))
+            for m in modes
+            for i, mods in enumerate(self.mods)
+            for c in comps
+        }
         self.shared_inputs = InputStats(device)  # E(x), E(y): the data entering every component
         self.scratch = Scratch()
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -385,7 +403,7 @@ class _Probe:
         e = self.arch.embed(self.vit, xy)
         den = self.scratch.diff_norms(e, b)
         self.shared_inputs.update_radius(e)
-        padded: dict[int, torch.Tensor] = {}   # E zero-padded to FC2's width, once per batch
+        padded: dict[int, torch.Tensor] = {}  # E zero-padded to FC2's width, once per batch
         sigma: dict[float, torch.Tensor] = {}  # σ_min of E depends only on the LayerNorm's eps
         mask = self.arch.attention_mask(e.shape[1], e.dtype, e.device)  # once per batch
         for i, mods in enumerate(self.mods):
@@ -394,8 +412,10 @@ class _Probe:
                 if c == "FC2":
                     width = _width(mod)
                     if width is None:
-                        raise ProbeError(f"block {i}'s {self.paths[c]} is a {type(mod).__name__}, not a "
-                                         "linear layer; shared mode pads E(x) to its input width")
+                        raise ProbeError(
+                            f"block {i}'s {self.paths[c]} is a {type(mod).__name__}, not a "
+                            "linear layer; shared mode pads E(x) to its input width"
+                        )
                     if width not in padded:
                         padded[width] = F.pad(e, (0, width - e.shape[-1]))
                     out = mod(padded[width])
@@ -408,15 +428,17 @@ class _Probe:
                     eps = site.inputs.eps
                     if eps not in sigma:
                         sigma[eps] = token_sigma_min(e, eps, self.scratch)
-                    site.inputs.sigma_min = torch.minimum(site.inputs.sigma_min,
-                                                          sigma[eps].to(site.inputs.sigma_min))
+                    site.inputs.sigma_min = torch.minimum(site.inputs.sigma_min, sigma[eps].to(site.inputs.sigma_min))
                 del out  # one component output alive at a time
 
     # -- in situ: one forward over cat([x, y]); hooks measure what really enters each component
     def in_situ(self, xy: torch.Tensor, b: int) -> None:
         """Every component on the tensor that really enters it in one forward over ``xy``, for one batch."""
-        handles = [mod.register_forward_hook(self._hook(i, c, b))
-                   for i, mods in enumerate(self.mods) for c, mod in mods.items()]
+        handles = [
+            mod.register_forward_hook(self._hook(i, c, b))
+            for i, mods in enumerate(self.mods)
+            for c, mod in mods.items()
+        ]
         try:
             self.vit.forward_features(xy)
         finally:
@@ -438,8 +460,10 @@ class _Probe:
         def hook(module, args, out):
             out = _tensor(out)
             if not args or not isinstance(args[0], torch.Tensor) or not isinstance(out, torch.Tensor):
-                raise ProbeError(f"block {i}'s {self.paths[c]} does not map a tensor to a tensor; "
-                                 "in_situ mode needs timm's standard ViT blocks or GPT-2's")
+                raise ProbeError(
+                    f"block {i}'s {self.paths[c]} does not map a tensor to a tensor; "
+                    "in_situ mode needs timm's standard ViT blocks or GPT-2's"
+                )
             inp = args[0]
             den = self._norms(inp, b)
             site.stats.update(ratios(self._norms(out, b), den))
@@ -447,6 +471,7 @@ class _Probe:
                 site.inputs.update_sigma(inp, self.scratch)
             elif c == "MHA":
                 site.inputs.update_radius(inp)
+
         return hook
 
     def rows(self) -> list[dict]:
@@ -468,9 +493,12 @@ class _Probe:
         return out
 
 
-def probe(model: nn.Module, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
-          mode: str | Sequence[str] = "shared",
-          components: str | Sequence[str] = PROBE_COMPONENTS) -> list[dict]:
+def probe(
+    model: nn.Module,
+    pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    mode: str | Sequence[str] = "shared",
+    components: str | Sequence[str] = PROBE_COMPONENTS,
+) -> list[dict]:
     """Plasticity of each (layer, component) of a timm ViT or GPT-2 over a stream of (x, y) batches
     (images, or token ids of equal length for GPT-2).
 
@@ -498,8 +526,7 @@ def probe(model: nn.Module, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
                     raise ProbeError(f"x and y batches differ in shape: {tuple(x.shape)} vs {tuple(y.shape)}")
                 b = x.shape[0]
                 # images in the model's dtype; token ids stay integers
-                xy = torch.cat([x, y]).to(device, dtype if x.is_floating_point() else torch.long,
-                                          non_blocking=True)
+                xy = torch.cat([x, y]).to(device, dtype if x.is_floating_point() else torch.long, non_blocking=True)
                 for m in modes:
                     getattr(state, m)(xy, b)
                 seen += b
@@ -512,6 +539,7 @@ def probe(model: nn.Module, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
 
 # ---------------------------------------------------------------- pairs
 
+
 def _draw(rng: np.random.Generator, size: int, n: int) -> np.ndarray:
     """n indices of range(size): fresh permutations back to back (no repeat before all are used)."""
     reps = -(-n // size)
@@ -523,14 +551,16 @@ def image_of(ds, i: int) -> torch.Tensor:
     item = ds[i]
     img = item[0] if isinstance(item, (tuple, list)) else item
     if not isinstance(img, torch.Tensor):
-        raise ProbeError(f"dataset items must be image tensors (C, H, W), got {type(img).__name__}; "
-                         "build the datasets with their eval transform")
+        raise ProbeError(
+            f"dataset items must be image tensors (C, H, W), got {type(img).__name__}; "
+            "build the datasets with their eval transform"
+        )
     return img
 
 
-def pairs_from_datasets(source_ds, target_ds, n_pairs: int, batch_size: int, seed: int = 0,
-                        num_workers: int = 0, pairing: str = "random"
-                        ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def pairs_from_datasets(
+    source_ds, target_ds, n_pairs: int, batch_size: int, seed: int = 0, num_workers: int = 0, pairing: str = "random"
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Stream ``n_pairs`` (x, y) pairs in batches: x from ``source_ds``, y from ``target_ds``.
 
     ``random``: indices are seeded permutations (with ``seed``), so the same call gives the same
@@ -549,8 +579,9 @@ def pairs_from_datasets(source_ds, target_ds, n_pairs: int, batch_size: int, see
         raise ProbeError("source and target datasets must not be empty")
     sx, sy = tuple(image_of(source_ds, 0).shape), tuple(image_of(target_ds, 0).shape)
     if sx != sy:
-        raise ProbeError(f"image sizes differ: source {sx} vs target {sy}; "
-                         "both must be built at the model's input size")
+        raise ProbeError(
+            f"image sizes differ: source {sx} vs target {sy}; both must be built at the model's input size"
+        )
     if pairing == "sequential":
         ix = sequential_indices(len(source_ds), n_pairs, batch_size, "source")
         iy = sequential_indices(len(target_ds), n_pairs, batch_size, "target")
@@ -570,9 +601,11 @@ def sequential_indices(n_images: int, n_pairs: int, batch_size: int, which: str 
     """
     full = n_images // batch_size
     if full == 0:
-        raise ProbeError(f"sequential pairing reads whole batches of {batch_size} images (the last partial "
-                         f"batch is dropped, as the paper's loaders do), but the {which} split holds "
-                         f"{n_images}; use a probe batch size of at most {n_images}")
+        raise ProbeError(
+            f"sequential pairing reads whole batches of {batch_size} images (the last partial "
+            f"batch is dropped, as the paper's loaders do), but the {which} split holds "
+            f"{n_images}; use a probe batch size of at most {n_images}"
+        )
     k = np.arange(n_pairs)
     return (k // batch_size) % full * batch_size + k % batch_size
 
@@ -591,7 +624,8 @@ def _stream(source_ds, target_ds, ix, iy, batch_size, num_workers):
 
 # ---------------------------------------------------------------- the tidy table
 
-def to_frame(rows: Iterable[dict], **constants) -> "pd.DataFrame":  # noqa: F821
+
+def to_frame(rows: Iterable[dict], **constants) -> pd.DataFrame:  # noqa: F821
     """The tidy table: one row per (model, dataset, mode, layer, component).
 
     ``constants`` fill columns the rows lack (``model="vit_base", dataset="cifar100"``) or add
@@ -608,18 +642,30 @@ def to_frame(rows: Iterable[dict], **constants) -> "pd.DataFrame":  # noqa: F821
     return df.astype({"layer": int, "n": int})
 
 
-def probe_model(model: nn.Module, source_ds, target_ds, *, n_pairs: int, batch_size: int,
-                modes: str | Sequence[str] = MODES, seed: int = 0, model_name: str = "",
-                dataset_name: str = "", components: str | Sequence[str] = PROBE_COMPONENTS,
-                num_workers: int = 0, tags: dict | None = None,
-                pairing: str = "random") -> "pd.DataFrame":  # noqa: F821
+def probe_model(
+    model: nn.Module,
+    source_ds,
+    target_ds,
+    *,
+    n_pairs: int,
+    batch_size: int,
+    modes: str | Sequence[str] = MODES,
+    seed: int = 0,
+    model_name: str = "",
+    dataset_name: str = "",
+    components: str | Sequence[str] = PROBE_COMPONENTS,
+    num_workers: int = 0,
+    tags: dict | None = None,
+    pairing: str = "random",
+) -> pd.DataFrame:  # noqa: F821
     """Probe an already built model (any device) on (x, y) pairs; returns the tidy table.
 
     x from ``source_ds`` (pretraining-like), y from ``target_ds`` (downstream test split), both
     datasets of image tensors at the model's input size. All modes share one pass over the pairs.
     ``tags`` adds constant columns (``{"stage": "after_finetune", "run_id": ...}``).
     """
-    pairs = pairs_from_datasets(source_ds, target_ds, n_pairs, batch_size, seed, num_workers=num_workers,
-                                pairing=pairing)
+    pairs = pairs_from_datasets(
+        source_ds, target_ds, n_pairs, batch_size, seed, num_workers=num_workers, pairing=pairing
+    )
     rows = probe(model, pairs, mode=modes, components=components)
     return to_frame(rows, model=model_name, dataset=dataset_name, pairing=pairing, **(tags or {}))

@@ -75,6 +75,7 @@ def parse_datasets(value: str | None) -> list[str]:
 
 # ---------------------------------------------------------------- weights
 
+
 def fetch_weights(name: str, *, check_only: bool = False) -> str:
     """Make ``name``'s pretrained weights available offline; returns a one-line status."""
     from raystudy import models, pretrain
@@ -83,8 +84,10 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
     if models.pretrain_recipe(full) is not None:  # pretrained here, on data that ships offline
         if check_only:
             state = "built" if models.weights_file(full).is_file() else "built by prefetch"
-            return (f"local   {name}: {state} from data that ships offline "
-                    f"({models.weights_file(full)}); nothing to download")
+            return (
+                f"local   {name}: {state} from data that ships offline "
+                f"({models.weights_file(full)}); nothing to download"
+            )
         return f"ready   {name}: {pretrain.ensure_weights(full, log=None)}"
     arch = models.architecture(full)
     if arch.hubless_is_random_init and models.hf_hub_id(full) is None:
@@ -98,8 +101,10 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
     if check_only:
         raise Unfetchable(f"{name} ({full}): not in the Hugging Face cache {models.hub_cache_dir()}")
     if not models.hub_reachable(HUB_HOST):
-        raise Unfetchable(f"{name} ({full}): not in the Hugging Face cache {models.hub_cache_dir()} "
-                          f"and {HUB_HOST} is unreachable; run this where there is network, then copy the cache")
+        raise Unfetchable(
+            f"{name} ({full}): not in the Hugging Face cache {models.hub_cache_dir()} "
+            f"and {HUB_HOST} is unreachable; run this where there is network, then copy the cache"
+        )
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
 
@@ -113,14 +118,17 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
         except EntryNotFoundError:
             continue
         except Exception as e:  # noqa: BLE001 - any download failure is reported the same way
-            raise Unfetchable(f"{name} ({full}): download from {repo} failed: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
+            raise Unfetchable(
+                f"{name} ({full}): download from {repo} failed: {type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}"
+            ) from None
     else:
         raise Unfetchable(f"{name} ({full}): {repo} has none of {', '.join(WEIGHT_FILES)}")
     return f"fetched {name} ({full}): {path} ({time.time() - t0:.0f} s)"
 
 
 # ---------------------------------------------------------------- datasets
+
 
 def fetch_dataset(name: str, root: Path, *, check_only: bool = False) -> str:
     """Make dataset ``name`` available under ``root``; returns a one-line status."""
@@ -138,22 +146,30 @@ def fetch_dataset(name: str, root: Path, *, check_only: bool = False) -> str:
         raise Unfetchable(f"dataset {name!r}: not under {root}")
     host = urlparse(DOWNLOAD_URLS[name]).hostname
     if not models.hub_reachable(host):
-        raise Unfetchable(f"dataset {name!r}: not under {root} and {host} is unreachable; run this where "
-                          "there is network, or place the files there")
+        raise Unfetchable(
+            f"dataset {name!r}: not under {root} and {host} is unreachable; run this where "
+            "there is network, or place the files there"
+        )
     t0 = time.time()
     try:
         src = info.load(root, True)
     except Exception as e:  # noqa: BLE001 - a failed download of any kind
-        raise Unfetchable(f"dataset {name!r}: download into {root} failed: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
-    return (f"fetched {name}: {len(src.train_pool.labels) + len(src.test.labels)} images under {root} "
-            f"({time.time() - t0:.0f} s)")
+        raise Unfetchable(
+            f"dataset {name!r}: download into {root} failed: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
+    return (
+        f"fetched {name}: {len(src.train_pool.labels) + len(src.test.labels)} images under {root} "
+        f"({time.time() - t0:.0f} s)"
+    )
 
 
 # ---------------------------------------------------------------- CLI
 
-def prefetch(model_names: list[str], dataset_names: list[str], root: Path, *,
-             check_only: bool = False, out=print) -> list[str]:
+
+def prefetch(
+    model_names: list[str], dataset_names: list[str], root: Path, *, check_only: bool = False, out=print
+) -> list[str]:
     """Fetch every item, printing one line each; returns the items that could not be fetched."""
     failed = []
     jobs = [(m, lambda m=m: fetch_weights(m, check_only=check_only)) for m in model_names]
@@ -172,8 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     from raystudy import cli
 
     ap = cli.Parser("python -m raystudy.prefetch", __doc__)
-    ap.add_argument("--models", "--model", dest="models", help="comma-separated models (aliases vit_base, vit_large, "
-                    "vit_huge, any timm ViT name, vit_demo, gpt2 or gpt2_tiny)")
+    ap.add_argument(
+        "--models",
+        "--model",
+        dest="models",
+        help="comma-separated models (aliases vit_base, vit_large, "
+        "vit_huge, any timm ViT name, vit_demo, gpt2 or gpt2_tiny)",
+    )
     ap.add_argument("--datasets", help="comma-separated datasets, or 'study' for the 11 benchmarks")
     ap.add_argument("--data-root", help="dataset folder (default: $RAYSTUDY_DATA or ~/.cache/raystudy/data)")
     ap.add_argument("--hf-cache", help="Hugging Face hub cache (default: $HF_HUB_CACHE, from $HF_HOME)")
@@ -205,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.data_root).resolve() if args.data_root else paths.data_root()
     failed = prefetch(model_names, dataset_names, root, check_only=args.check)
     if failed:
-        print(f"{len(failed)} of {len(model_names) + len(dataset_names)} not available: {', '.join(failed)}",
-              file=sys.stderr)
+        print(
+            f"{len(failed)} of {len(model_names) + len(dataset_names)} not available: {', '.join(failed)}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -44,14 +44,18 @@ def ensure_weights(name: str, log: Callable[[str], None] | None = print) -> Path
 
         cfg = from_dict(recipe)
         if log:
-            log(f"first use: pretraining {cfg.model} on {cfg.dataset} once ({cfg.steps} steps on "
-                f"{cfg.device}, about a minute), cached at {path}")
+            log(
+                f"first use: pretraining {cfg.model} on {cfg.dataset} once ({cfg.steps} steps on "
+                f"{cfg.device}, about a minute), cached at {path}"
+            )
         t0 = time.perf_counter()
         model = models.create_model(cfg.model, datasets.check_dataset(cfg.dataset).num_classes, pretrained=False)
         res = engine.train(cfg, model=model)
         if log:
-            log(f"pretrained {cfg.model} in {time.perf_counter() - t0:.0f} s: source test accuracy "
-                f"{res['test_acc']:.3f}")
+            log(
+                f"pretrained {cfg.model} in {time.perf_counter() - t0:.0f} s: source test accuracy "
+                f"{res['test_acc']:.3f}"
+            )
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         torch.save(model.state_dict(), tmp)
         models.weights_manifest(path).unlink(missing_ok=True)

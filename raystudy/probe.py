@@ -11,8 +11,8 @@ x comes from the source (pretraining-like) dataset's test split (default: ``digi
 demo, ``imagenet_val`` otherwise), y from the downstream dataset's test split; both go through
 the model's eval transform. For GPT-2 x and y are token-id sequences: x from ``--tokens FILE``
 (.npy or .pt, sequences x tokens; default: uniform random tokens, ``tokens_random``), y from
-``--target-tokens FILE`` or the dataset's test split. Prints a table per mode and the model-level ranking, and writes the
-tidy table (CSV and Parquet) and a figure (PNG and PDF) to --out.
+``--target-tokens FILE`` or the dataset's test split. Prints a table per mode and the model-level
+ranking, and writes the tidy table (CSV and Parquet) and a figure (PNG and PDF) to --out.
 
 Bad input (unknown mode, component, model or dataset, a count or seed outside its bound (see
 --help), image sizes that differ, missing dataset files or weights) exits with status 2 and one
@@ -33,8 +33,7 @@ from raystudy.errors import ConfigError
 
 # From the torch-free registries, so that `--help` needs no torch.
 COMPONENTS = ",".join(PROBE_COMPONENTS)
-INTERVAL = ("ci_low", "ci_high")   # the 95% t interval of each mean, which the table and figure show
-
+INTERVAL = ("ci_low", "ci_high")  # the 95% t interval of each mean, which the table and figure show
 
 
 def aggregate(df):
@@ -48,10 +47,16 @@ def aggregate(df):
     keys = [k for k in ("model", "dataset", "mode") if k in df]
     extra = [c for c in df.columns if c not in (*plasticity.COLUMNS, *INTERVAL) and df[c].nunique(dropna=False) > 1]
     keys += extra
-    agg = (df.groupby(keys + ["component"], sort=False)
-             .agg(plasticity=("mean", "mean"), layer_min=("mean", "min"), layer_max=("mean", "max"),
-                  layers=("layer", "nunique"))
-             .reset_index())
+    agg = (
+        df.groupby(keys + ["component"], sort=False)
+        .agg(
+            plasticity=("mean", "mean"),
+            layer_min=("mean", "min"),
+            layer_max=("mean", "max"),
+            layers=("layer", "nunique"),
+        )
+        .reset_index()
+    )
     groups = agg.groupby(keys, sort=False)
     agg["rank"] = groups["plasticity"].rank(ascending=False, method="min").astype(int)
     order = groups.ngroup()  # keep the table's own order of modes, not the alphabet's
@@ -70,9 +75,8 @@ def save_table(df, path_stem: str | Path) -> list[Path]:
 
 def save_figure(df, path_stem: str | Path) -> list[Path]:
     """The report's plasticity figure (per-layer curves with 95% bands) as PNG and PDF."""
-    from raystudy import plasticity
-
     from analysis import figures
+    from raystudy import plasticity
 
     comps = [c for c in plasticity.PROBE_COMPONENTS if c in set(df["component"])]
     return figures.plasticity_layers(with_interval(df), comps, path_stem, modes=list(plasticity.MODES))
@@ -100,17 +104,20 @@ def format_tables(df) -> list[str]:
         lines.append(f"{'layer':<7}" + "".join(f"{c:>9}{'[bound]':>11}" for c in comps))
         for layer, rows in sub.groupby("layer"):
             cells = rows.set_index("component")
-            lines.append(f"{layer:<7}" + "".join(
-                f"{cells.at[c, 'mean']:>9.4g} [{cells.at[c, 'bound']:>8.3g}]" for c in comps))
+            lines.append(
+                f"{layer:<7}" + "".join(f"{cells.at[c, 'mean']:>9.4g} [{cells.at[c, 'bound']:>8.3g}]" for c in comps)
+            )
         a = agg[agg["mode"] == mode]
-        lines.append(f"{'model':<7}" + "".join(
-            f"{a.set_index('component').at[c, 'plasticity']:>9.4g}{'':11}" for c in comps))
+        lines.append(
+            f"{'model':<7}" + "".join(f"{a.set_index('component').at[c, 'plasticity']:>9.4g}{'':11}" for c in comps)
+        )
         over = sub[(sub["mean"] > sub["bound"] * (1 + 1e-6))]
         if len(over):
-            lines.append(f"warning: measured above the bound at {len(over)} (layer, component): "
-                         + ", ".join(f"{r.layer}/{r.component}" for r in over.itertuples()))
-        lines.append(f"ranking ({mode}): " + " > ".join(
-            f"{r.component} {r.plasticity:.3g}" for r in a.itertuples()))
+            lines.append(
+                f"warning: measured above the bound at {len(over)} (layer, component): "
+                + ", ".join(f"{r.layer}/{r.component}" for r in over.itertuples())
+            )
+        lines.append(f"ranking ({mode}): " + " > ".join(f"{r.component} {r.plasticity:.3g}" for r in a.itertuples()))
     return lines
 
 
@@ -118,30 +125,47 @@ def build_parser() -> cli.Parser:
     """The command line's flags: model, datasets, pairs, modes, components, outputs."""
     ap = cli.Parser("python -m raystudy.probe", __doc__)
     ap.add_argument("--model", default="vit_demo", help="vit_demo, vit_base/large/huge or any timm ViT")
-    ap.add_argument("--dataset", help="downstream dataset: y from its test split (default: digits_c; "
-                                      "tokens_rule for GPT-2)")
-    ap.add_argument("--source", help="pretraining-like dataset for x (default: the model's pretraining data: digits for vit_demo, "
-                                     "imagenet_val otherwise)")
-    ap.add_argument("--pairs", type=int, default=1024,
-                    help=f"number of (x, y) pairs (paper: 12800; {cli.bound('--pairs')})")
+    ap.add_argument(
+        "--dataset", help="downstream dataset: y from its test split (default: digits_c; tokens_rule for GPT-2)"
+    )
+    ap.add_argument(
+        "--source",
+        help="pretraining-like dataset for x (default: the model's pretraining data: digits for vit_demo, "
+        "imagenet_val otherwise)",
+    )
+    ap.add_argument(
+        "--pairs", type=int, default=1024, help=f"number of (x, y) pairs (paper: 12800; {cli.bound('--pairs')})"
+    )
     ap.add_argument("--batch-size", type=int, default=128, help=f"pairs per batch ({cli.bound('--batch-size')})")
     ap.add_argument("--mode", default="both", help="shared, in_situ or both (default)")
     ap.add_argument("--components", default=COMPONENTS, help="comma-separated subset of " + COMPONENTS)
     ap.add_argument("--weights", help="local checkpoint file (default: hub cache; the demo's own)")
-    ap.add_argument("--seed", type=int, help="seed of the random pairing (default 0; 0 <= seed < 2**32; "
-                                              "refused with --pairing sequential, which draws nothing)")
-    ap.add_argument("--pairing", default="random", choices=PAIRINGS,
-                    help="random (seeded draws, default) or sequential (the first N images of each "
-                         "split in loader order: the paper's measurement)")
-    ap.add_argument("--tokens", help="GPT-2: token ids for x, a .npy or .pt file (sequences, tokens) "
-                                     "of pretraining-like text (default: random tokens)")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the random pairing (default 0; 0 <= seed < 2**32; "
+        "refused with --pairing sequential, which draws nothing)",
+    )
+    ap.add_argument(
+        "--pairing",
+        default="random",
+        choices=PAIRINGS,
+        help="random (seeded draws, default) or sequential (the first N images of each "
+        "split in loader order: the paper's measurement)",
+    )
+    ap.add_argument(
+        "--tokens",
+        help="GPT-2: token ids for x, a .npy or .pt file (sequences, tokens) "
+        "of pretraining-like text (default: random tokens)",
+    )
     ap.add_argument("--target-tokens", help="GPT-2: token ids for y (default: the dataset's test split)")
     ap.add_argument("--out", help="output folder (default runs/probe/<model>_<dataset>)")
     ap.add_argument("--data-root", help="dataset root (default $RAYSTUDY_DATA)")
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--num-workers", type=int, default=0,
-                    help=f"data loading processes (default 0; {cli.bound('--num-workers')})")
+    ap.add_argument(
+        "--num-workers", type=int, default=0, help=f"data loading processes (default 0; {cli.bound('--num-workers')})"
+    )
     return ap
 
 
@@ -153,8 +177,11 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
 
     modes = plasticity.check_modes(args.mode)
     comps = plasticity.check_components(args.components)
-    for flag, value, low in (("--pairs", args.pairs, 1), ("--batch-size", args.batch_size, 1),
-                             ("--num-workers", args.num_workers, 0)):
+    for flag, value, low in (
+        ("--pairs", args.pairs, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--num-workers", args.num_workers, 0),
+    ):
         cli.check_count(flag, value, low)
     if args.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"unknown device {args.device!r}; valid: auto, cpu, cuda")
@@ -169,8 +196,10 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
     for name in (args.dataset, source):
         if datasets.check_dataset(name).tokens != tokens:
             fits = [n for n, i in datasets.DATASETS.items() if i.tokens == tokens]
-            raise ConfigError(f"dataset {name!r} does not fit model {args.model!r}, which reads "
-                              f"{arch.inputs}; valid: {', '.join(fits)}")
+            raise ConfigError(
+                f"dataset {name!r} does not fit model {args.model!r}, which reads "
+                f"{arch.inputs}; valid: {', '.join(fits)}"
+            )
     if args.weights is not None:
         models.check_weights_file(args.weights)
     cli.check_folder("--out", args.out)
@@ -196,11 +225,13 @@ def check_images(args: argparse.Namespace, plan: dict[str, Any], splits) -> None
         except RuntimeError as e:  # e.g. grey images normalised with an RGB model's mean
             raise plasticity.ProbeError(
                 f"dataset {name!r} does not fit model {args.model!r}, which expects images of "
-                f"shape {want}: {str(e).splitlines()[0]}") from None
+                f"shape {want}: {str(e).splitlines()[0]}"
+            ) from None
         if shape != want:
             raise plasticity.ProbeError(
                 f"dataset {name!r} gives images of shape {shape}, model {args.model!r} expects "
-                f"{want}; pick a source and dataset at the model's input size")
+                f"{want}; pick a source and dataset at the model's input size"
+            )
 
 
 def load_data(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
@@ -209,18 +240,29 @@ def load_data(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
     from raystudy import datasets, gpt2
 
     ic, supplied, source = plan["ic"], plan["supplied"], plan["source"]
-    split = dict(seed=args.seed or 0, img_size=ic["img_size"], mean=ic["mean"], std=ic["std"],
-                 root=args.data_root, download=args.download)
+    split = dict(
+        seed=args.seed or 0,
+        img_size=ic["img_size"],
+        mean=ic["mean"],
+        std=ic["std"],
+        root=args.data_root,
+        download=args.download,
+    )
     src, tgt = datasets.build_splits(source, **split), datasets.build_splits(args.dataset, **split)
-    data = dict(x=gpt2.TokenRows(supplied["--tokens"]) if "--tokens" in supplied else src.test,
-                y=gpt2.TokenRows(supplied["--target-tokens"]) if "--target-tokens" in supplied else tgt.test,
-                x_name=args.tokens or f"{source} test", y_name=args.target_tokens or f"{args.dataset} test",
-                num_classes=tgt.num_classes)
+    data = dict(
+        x=gpt2.TokenRows(supplied["--tokens"]) if "--tokens" in supplied else src.test,
+        y=gpt2.TokenRows(supplied["--target-tokens"]) if "--target-tokens" in supplied else tgt.test,
+        x_name=args.tokens or f"{source} test",
+        y_name=args.target_tokens or f"{args.dataset} test",
+        num_classes=tgt.num_classes,
+    )
     if plan["tokens"]:  # x and y pair position by position: equal lengths
         lx, ly = len(data["x"][0][0]), len(data["y"][0][0])
         if lx != ly:
-            raise ConfigError(f"x ({data['x_name']}) has sequences of {lx} tokens, y ({data['y_name']}) "
-                              f"of {ly}; give token files of equal sequence length")
+            raise ConfigError(
+                f"x ({data['x_name']}) has sequences of {lx} tokens, y ({data['y_name']}) "
+                f"of {ly}; give token files of equal sequence length"
+            )
     else:
         check_images(args, plan, ((source, src.test), (args.dataset, tgt.test)))
     return data
@@ -257,13 +299,26 @@ def main(argv: list[str] | None = None) -> int:
         return cli.fail(e)
 
     seed = args.seed or 0
-    print(f"raystudy probe: {args.model} on {args.dataset} (x: {data['x_name']}, y: {data['y_name']}), "
-          f"{args.pairs} pairs in batches of {args.batch_size}, modes {', '.join(plan['modes'])}, "
-          f"{args.pairing} pairs" + (f" (seed {seed})" if args.pairing == "random" else "")
-          + f", {device}", flush=True)
-    df = plasticity.probe_model(model, data["x"], data["y"], n_pairs=args.pairs, batch_size=args.batch_size,
-                                modes=plan["modes"], seed=seed, model_name=args.model, dataset_name=args.dataset,
-                                components=plan["comps"], num_workers=args.num_workers, pairing=args.pairing)
+    print(
+        f"raystudy probe: {args.model} on {args.dataset} (x: {data['x_name']}, y: {data['y_name']}), "
+        f"{args.pairs} pairs in batches of {args.batch_size}, modes {', '.join(plan['modes'])}, "
+        f"{args.pairing} pairs" + (f" (seed {seed})" if args.pairing == "random" else "") + f", {device}",
+        flush=True,
+    )
+    df = plasticity.probe_model(
+        model,
+        data["x"],
+        data["y"],
+        n_pairs=args.pairs,
+        batch_size=args.batch_size,
+        modes=plan["modes"],
+        seed=seed,
+        model_name=args.model,
+        dataset_name=args.dataset,
+        components=plan["comps"],
+        num_workers=args.num_workers,
+        pairing=args.pairing,
+    )
     for line in format_tables(df):
         print(line)
     if models.plasticity_note(plan["full"]):

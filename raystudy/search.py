@@ -34,9 +34,10 @@ def parse_seeds(text: str) -> list[int]:
         seeds = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
         seeds = []
-    if not seeds or min(seeds) < 0 or max(seeds) >= 2 ** 32 or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0 and < 2**32, "
-                          "such as 100,101,102")
+    if not seeds or min(seeds) < 0 or max(seeds) >= 2**32 or len(set(seeds)) != len(seeds):
+        raise ConfigError(
+            f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0 and < 2**32, such as 100,101,102"
+        )
     return seeds
 
 
@@ -47,10 +48,16 @@ def build_parser() -> cli.Parser:
     ap.add_argument("--model", help="model (default: the space's base model)")
     ap.add_argument("--dataset", help="dataset (default: the space's base dataset)")
     ap.add_argument("--conditions", help="comma-separated subset of the space's conditions")
-    ap.add_argument("--num-samples", type=int, help="trials per condition (default: the space's budget; "
-                                                     f"{cli.bound('--num-samples')})")
-    ap.add_argument("--time-budget", type=float, help="seconds per condition (default: the space's budget; "
-                                                       f"{cli.bound('--time-budget')})")
+    ap.add_argument(
+        "--num-samples",
+        type=int,
+        help=f"trials per condition (default: the space's budget; {cli.bound('--num-samples')})",
+    )
+    ap.add_argument(
+        "--time-budget",
+        type=float,
+        help=f"seconds per condition (default: the space's budget; {cli.bound('--time-budget')})",
+    )
     ap.add_argument("--test-seeds", help="comma-separated fresh seeds for the test evaluation (default: the space's)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base config key")
     cli.add_tracking_args(ap)
@@ -65,15 +72,16 @@ def budget_line(time_budget: float | None, studies: int, num_samples: int) -> st
     if not time_budget:
         return f"time budget: none; each of the {studies} studies runs its {num_samples} trials to the end"
     total = time_budget * studies
-    return (f"time budget: {time_budget:g} s per study, at most {total:g} s ({total / 3600:.2g} h) for the "
-            f"{studies} studies, then the test re-runs of each best config")
+    return (
+        f"time budget: {time_budget:g} s per study, at most {total:g} s ({total / 3600:.2g} h) for the "
+        f"{studies} studies, then the test re-runs of each best config"
+    )
 
 
 def browse_lines(uri: str, experiment: str, optuna_db: Path) -> str:
     """Where to look at a search: its MLflow runs and its Optuna studies."""
     mlflow = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else uri
-    return (f"browse: {mlflow}  (experiment {experiment!r})\n"
-            f"Optuna studies: optuna-dashboard sqlite:///{optuna_db}")
+    return f"browse: {mlflow}  (experiment {experiment!r})\nOptuna studies: optuna-dashboard sqlite:///{optuna_db}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,15 +155,31 @@ def prepare(args) -> Job | None:
     uri = args.tracking_uri or tracking.default_uri()
     tracking.check_uri(uri)  # before any summary line: a refusal is its one line
     experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
-    print(f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
-          f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}")
+    print(
+        f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
+        f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}"
+    )
     print(budget_line(time_budget, len(studies), num_samples))
     if args.dry_run:
         print("dry run: nothing started")
         return None
     local_ray.check_address(args.address)
-    return Job(args, space, base, model, dataset, conditions, studies, resources, num_samples, time_budget,
-               test_seeds, tuning, uri, experiment)
+    return Job(
+        args,
+        space,
+        base,
+        model,
+        dataset,
+        conditions,
+        studies,
+        resources,
+        num_samples,
+        time_budget,
+        test_seeds,
+        tuning,
+        uri,
+        experiment,
+    )
 
 
 def check_samples(space: spaces.SearchSpace, studies: list, base: dict[str, Any], resources: dict[str, Any]) -> None:
@@ -174,15 +198,33 @@ def run(job: Job) -> int:
 
     args = job.args
     storage = Path(args.storage or "runs/search").resolve()
-    skey = trial_key({"space": job.space.name, "model": job.model, "dataset": job.dataset, "base": job.base,
-                      "conditions": job.conditions})
+    skey = trial_key(
+        {
+            "space": job.space.name,
+            "model": job.model,
+            "dataset": job.dataset,
+            "base": job.base,
+            "conditions": job.conditions,
+        }
+    )
     try:  # one driver per search: a second one refuses before starting anything
-        with session.Session(storage, f"search-{job.space.study}-{skey}", job.model, address=args.address,
-                             num_cpus=args.num_cpus, temp_dir=args.ray_temp_dir):
+        with session.Session(
+            storage,
+            f"search-{job.space.study}-{skey}",
+            job.model,
+            address=args.address,
+            num_cpus=args.num_cpus,
+            temp_dir=args.ray_temp_dir,
+        ):
             cl, exp_id = session.experiment(job.uri, job.experiment)
-            with session.parent_run(cl, exp_id, skey, f"search-{job.space.name}-{job.model}-{job.dataset}",
-                                    {"space": job.space.name, "model": job.model, "dataset": job.dataset,
-                                     "num_samples": job.num_samples}, role="search") as parent:
+            with session.parent_run(
+                cl,
+                exp_id,
+                skey,
+                f"search-{job.space.name}-{job.model}-{job.dataset}",
+                {"space": job.space.name, "model": job.model, "dataset": job.dataset, "num_samples": job.num_samples},
+                role="search",
+            ) as parent:
                 summary = [study(job, label, cond, storage, cl, exp_id, parent.run_id) for label, cond in job.studies]
     except (ConfigError, models.WeightsUnavailable) as e:
         return cli.fail(e)
@@ -200,26 +242,57 @@ def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str
 
     tuning = job.tuning
     best = optuna_search.search_condition(
-        job.space, label, cond, model=job.model, dataset=job.dataset, base=job.base, tracking_uri=job.uri,
-        exp_id=exp_id, parent=parent, storage=storage, num_samples=job.num_samples, time_budget_s=job.time_budget,
-        resources=job.resources, tuning=tuning, verbose=0 if job.args.quiet else 1)
+        job.space,
+        label,
+        cond,
+        model=job.model,
+        dataset=job.dataset,
+        base=job.base,
+        tracking_uri=job.uri,
+        exp_id=exp_id,
+        parent=parent,
+        storage=storage,
+        num_samples=job.num_samples,
+        time_budget_s=job.time_budget,
+        resources=job.resources,
+        tuning=tuning,
+        verbose=0 if job.args.quiet else 1,
+    )
     if "config" not in best:
         print(f"[{label}] no trial finished: nothing to evaluate on test")
         return {"condition": label, **best}
-    trials = [spaces.Trial(trial_key(c), c, job.resources["gpu"], job.resources["cpu"], 1)
-              for c in ({**best["config"], "seed": s} for s in job.test_seeds)]
-    counts = grid_run.run_grid(trials, label=f"{best['study']}-test", model=job.model, tracking_uri=job.uri,
-                               experiment=job.experiment, storage=storage, max_failures=int(tuning["max_failures"]),
-                               max_concurrent=tuning["max_concurrent"], threads=int(tuning["threads_per_trial"]),
-                               checkpoint_every_s=float(tuning["checkpoint_every_s"]), verbose=0, role="search-test")
+    trials = [
+        spaces.Trial(trial_key(c), c, job.resources["gpu"], job.resources["cpu"], 1)
+        for c in ({**best["config"], "seed": s} for s in job.test_seeds)
+    ]
+    counts = grid_run.run_grid(
+        trials,
+        label=f"{best['study']}-test",
+        model=job.model,
+        tracking_uri=job.uri,
+        experiment=job.experiment,
+        storage=storage,
+        max_failures=int(tuning["max_failures"]),
+        max_concurrent=tuning["max_concurrent"],
+        threads=int(tuning["threads_per_trial"]),
+        checkpoint_every_s=float(tuning["checkpoint_every_s"]),
+        verbose=0,
+        role="search-test",
+    )
     keys = {t.key for t in trials}
-    rows = [r for r in tracking.rows(tracking.find_runs(cl, exp_id, raystudy__role="trial"))
-            if r["key"] in keys and r["status"] == "finished"]
+    rows = [
+        r
+        for r in tracking.rows(tracking.find_runs(cl, exp_id, raystudy__role="trial"))
+        if r["key"] in keys and r["status"] == "finished"
+    ]
     acc = [r["test_acc"] for r in rows]
-    return {"condition": best["config"]["condition"], **best,
-            "test_acc": sum(acc) / len(acc) if acc else math.nan,
-            "test_std": statistics.stdev(acc) if len(acc) > 1 else math.nan,
-            "test_runs": counts["finished"]}
+    return {
+        "condition": best["config"]["condition"],
+        **best,
+        "test_acc": sum(acc) / len(acc) if acc else math.nan,
+        "test_std": statistics.stdev(acc) if len(acc) > 1 else math.nan,
+        "test_runs": counts["finished"],
+    }
 
 
 def print_summary(summary: list[dict[str, Any]]) -> None:
@@ -230,11 +303,16 @@ def print_summary(summary: list[dict[str, Any]]) -> None:
             print(f"  {s['condition']:<16} no finished trial ({s['trials']} trials, {s['stopped']} stopped early)")
             continue
         c = s["config"]
-        knobs = ", ".join(f"{k}={c[k]:.3g}" if isinstance(c[k], float) else f"{k}={c[k]}"
-                          for k in ("optimizer", "lr", "weight_decay", "warmup_steps", "batch_size") if k in c)
-        print(f"  {s['condition']:<16} val {s['val_acc']:.4f}  test {s['test_acc']:.4f} ± {s['test_std']:.4f} "
-              f"({s['test_runs']} seeds)  [{knobs}]  trials: {s['finished']} finished, "
-              f"{s['stopped']} stopped early by ASHA")
+        knobs = ", ".join(
+            f"{k}={c[k]:.3g}" if isinstance(c[k], float) else f"{k}={c[k]}"
+            for k in ("optimizer", "lr", "weight_decay", "warmup_steps", "batch_size")
+            if k in c
+        )
+        print(
+            f"  {s['condition']:<16} val {s['val_acc']:.4f}  test {s['test_acc']:.4f} ± {s['test_std']:.4f} "
+            f"({s['test_runs']} seeds)  [{knobs}]  trials: {s['finished']} finished, "
+            f"{s['stopped']} stopped early by ASHA"
+        )
 
 
 if __name__ == "__main__":

@@ -29,13 +29,23 @@ from raystudy.errors import ConfigError, check_input_file
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 SEARCH_DIR = SPACES_DIR / "optuna"
-SAMPLERS = ("choice", "uniform", "loguniform", "quniform", "qloguniform", "randint", "lograndint",
-            "randn", "sample_from")
+SAMPLERS = (
+    "choice",
+    "uniform",
+    "loguniform",
+    "quniform",
+    "qloguniform",
+    "randint",
+    "lograndint",
+    "randn",
+    "sample_from",
+)
 PSEUDO_KEYS = ("beta1", "beta2", "components")  # mapped onto config keys (betas, condition)
 CONFIG_KEYS = tuple(FinetuneConfig.__dataclass_fields__)
 
 
 # ---------------------------------------------------------------- shared
+
 
 def space_path(name_or_path: str, folder: Path = SPACES_DIR) -> Path:
     """A space YAML given by path, or by name under ``folder``."""
@@ -67,8 +77,10 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 def study_name(where: str, value: Any) -> str:
     """A space's ``study``: it names folders under --storage, so one plain path component."""
     if not isinstance(value, str) or not NAME.fullmatch(value) or ".." in value:
-        raise ConfigError(f"{where}: study {value!r} must be a plain name (letters, digits, . _ + -; "
-                          "no '/' or '..'): it names a folder under --storage")
+        raise ConfigError(
+            f"{where}: study {value!r} must be a plain name (letters, digits, . _ + -; "
+            "no '/' or '..'): it names a folder under --storage"
+        )
     return value
 
 
@@ -84,21 +96,22 @@ def canonical_condition(c: Any) -> str:
 
 # ---------------------------------------------------------------- what a space file may hold
 
+
 @dataclass(frozen=True)
 class Key:
     """One key of a space file: its value's ``type`` (a name in ``CHECKS``), the bounds and
     default of that value, and for a section the keys it holds."""
 
     type: str
-    low: float | None = None       # int, number, finite, seeds: the least value allowed
-    above: bool = False            # the value must exceed ``low``, not merely reach it
-    none: bool = False             # None is allowed too
-    default: Any = None            # the value where the file leaves the key out
-    empty: bool = False            # an empty value (None, "", [], {}, 0) means the default as well
-    required: str = ""             # the value may not be empty: it must ``required``
+    low: float | None = None  # int, number, finite, seeds: the least value allowed
+    above: bool = False  # the value must exceed ``low``, not merely reach it
+    none: bool = False  # None is allowed too
+    default: Any = None  # the value where the file leaves the key out
+    empty: bool = False  # an empty value (None, "", [], {}, 0) means the default as well
+    required: str = ""  # the value may not be empty: it must ``required``
     keys: dict[str, Key] = field(default_factory=dict)  # section: its keys; config: those besides the config keys
-    each: Key | None = None        # map: each entry's value; config: each config key's value
-    fill: bool = False             # section: the loaded section holds every key, defaults filled in
+    each: Key | None = None  # map: each entry's value; config: each config key's value
+    fill: bool = False  # section: the loaded section holds every key, defaults filled in
 
 
 # Per-model resources (the grid's and the search's ``models.<model>``); ``model_options`` fills the defaults.
@@ -123,8 +136,12 @@ GRID = {
     "base": Key("config"),
     "grid": Key("config", each=Key("axis")),
     "datasets": Key("map", each=Key("config"), required="list at least one dataset"),
-    "optimizers": Key("map", empty=True, default={"sgd": {}},
-                      each=Key("config", keys={"lr_scale": Key("finite", low=0, above=True, default=1.0)})),
+    "optimizers": Key(
+        "map",
+        empty=True,
+        default={"sgd": {}},
+        each=Key("config", keys={"lr_scale": Key("finite", low=0, above=True, default=1.0)}),
+    ),
     "models": Key("map", each=Key("section", keys=MODEL)),
     "tune": Key("section", keys=TUNE),
     "step_times": Key("path", none=True),  # measured step times (raystudy.costs), relative to the file
@@ -136,10 +153,19 @@ SEARCH = {
     "base": Key("config"),
     "conditions": Key("conditions", empty=True, default=["MHA"]),
     "params": Key("params", required="map at least one parameter to a distribution"),
-    "budget": Key("section", fill=True, keys={"num_samples": Key("int", low=1, default=16),
-                                              "time_budget_s": Key("finite", low=0, above=True, none=True)}),
-    "scheduler": Key("section", fill=True, keys={"grace_period": Key("int", low=1, default=1),
-                                                 "reduction_factor": Key("int", low=2, default=3)}),
+    "budget": Key(
+        "section",
+        fill=True,
+        keys={
+            "num_samples": Key("int", low=1, default=16),
+            "time_budget_s": Key("finite", low=0, above=True, none=True),
+        },
+    ),
+    "scheduler": Key(
+        "section",
+        fill=True,
+        keys={"grace_period": Key("int", low=1, default=1), "reduction_factor": Key("int", low=2, default=3)},
+    ),
     "seed": Key("int", low=0, default=0),
     "test_seeds": Key("seeds", low=0, default=[100, 101, 102]),
     "models": Key("map", each=Key("section", keys=MODEL)),
@@ -154,7 +180,7 @@ class Dist:
 
     bounds: bool = True
     integer: bool = False
-    log: bool = False              # a log scale: the lower bound must be positive
+    log: bool = False  # a log scale: the lower bound must be positive
     among: tuple = ()
     only: str = ""
 
@@ -171,6 +197,7 @@ DISTRIBUTIONS = tuple(DISTS)
 
 
 # ---------------------------------------------------------------- the checker
+
 
 def check(file: str, path: tuple, value: Any, key: Key) -> Any:
     """``value``, found at ``path`` in ``file``, checked against ``key`` and returned as loaded
@@ -219,8 +246,10 @@ def _number(file: str, path: tuple, value: Any, key: Key) -> Any:
     ok = ok and not isinstance(value, bool) and (isinstance(value, int) or math.isfinite(value))
     ok = ok and (value > key.low if key.above else value >= key.low)
     if not ok:
-        raise ConfigError(f"{_at(file, path[:-1])}: {path[-1]} must be {NUMBERS[key.type]} "
-                          f"{'>' if key.above else '>='} {key.low:g}, got {value!r}")
+        raise ConfigError(
+            f"{_at(file, path[:-1])}: {path[-1]} must be {NUMBERS[key.type]} "
+            f"{'>' if key.above else '>='} {key.low:g}, got {value!r}"
+        )
     return value
 
 
@@ -240,10 +269,14 @@ def _conditions(file: str, path: tuple, value: Any, key: Key) -> list:
 
 def _seeds(file: str, path: tuple, value: Any, key: Key) -> list:
     """A non-empty list of integers >= ``key.low``."""
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= key.low for t in value)):
-        raise ConfigError(f"{_at(file, path[:-1])}: {path[-1]} must be a list of integers >= {key.low:g}, "
-                          f"got {value!r}")
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= key.low for t in value)
+    ):
+        raise ConfigError(
+            f"{_at(file, path[:-1])}: {path[-1]} must be a list of integers >= {key.low:g}, got {value!r}"
+        )
     return value
 
 
@@ -253,8 +286,10 @@ def _grid_values(where: str, value: Any) -> list:
         if set(value) == {"grid_search"} and isinstance(value["grid_search"], list) and value["grid_search"]:
             return list(value["grid_search"])
         if len(value) == 1 and next(iter(value)) in SAMPLERS:
-            raise ConfigError(f"{where}: {next(iter(value))!r} is a sampling distribution; a grid takes "
-                              "grid_search lists (sampled spaces run with python -m raystudy.search)")
+            raise ConfigError(
+                f"{where}: {next(iter(value))!r} is a sampling distribution; a grid takes "
+                "grid_search lists (sampled spaces run with python -m raystudy.search)"
+            )
         raise ConfigError(f"{where}: expected {{grid_search: [values]}} or a constant, got {value!r}")
     return [value]
 
@@ -298,8 +333,11 @@ def _dist_args(where: str, name: str, kind: str, args: Any) -> None:
         if d.among and (name != d.only or any(a not in d.among for a in args)):
             raise ConfigError(f"{where}: {kind} is for {d.only!r} over {', '.join(d.among)}; got {args!r}")
         return
-    if not (isinstance(args, list) and len(args) == 2
-            and all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in args)):
+    if not (
+        isinstance(args, list)
+        and len(args) == 2
+        and all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in args)
+    ):
         raise ConfigError(f"{where}: {kind} takes [low, high], two finite numbers, got {args!r}")
     lo, hi = args
     if lo >= hi:
@@ -316,19 +354,25 @@ def _check_when(file: str, params: tuple) -> None:
     for p in params:
         for dep, values in p.when.items():
             if dep not in names:
-                raise ConfigError(f"{file}: params.{p.name}.when names unknown parameter {dep!r}; "
-                                  f"valid: {', '.join(sorted(names - {p.name}))}")
+                raise ConfigError(
+                    f"{file}: params.{p.name}.when names unknown parameter {dep!r}; "
+                    f"valid: {', '.join(sorted(names - {p.name}))}"
+                )
             src = next(q for q in params if q.name == dep)
             if src.when:
-                raise ConfigError(f"{file}: params.{p.name}.when depends on {dep!r}, itself conditional; "
-                                  "conditions do not chain")
+                raise ConfigError(
+                    f"{file}: params.{p.name}.when depends on {dep!r}, itself conditional; conditions do not chain"
+                )
             if src.kind != "choice" or not set(values) <= set(src.args):
-                raise ConfigError(f"{file}: params.{p.name}.when: {dep} must be a choice among "
-                                  f"{list(src.args)}, got {list(values)}")
+                raise ConfigError(
+                    f"{file}: params.{p.name}.when: {dep} must be a choice among {list(src.args)}, got {list(values)}"
+                )
 
 
 CHECKS = {
-    "int": _number, "number": _number, "finite": _number,
+    "int": _number,
+    "number": _number,
+    "finite": _number,
     "name": lambda file, path, value, key: study_name(_at(file, path[:-1]), value),
     "text": lambda file, path, value, key: str(value),
     "path": _path,
@@ -336,7 +380,8 @@ CHECKS = {
     "seeds": _seeds,
     "axis": lambda file, path, value, key: _grid_values(_at(file, path), value),
     "params": _params,
-    "section": _section, "config": _section,
+    "section": _section,
+    "config": _section,
     "map": _map,
 }
 
@@ -366,6 +411,7 @@ def tune_options(space) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- grids
 
+
 @dataclass(frozen=True)
 class Space:
     """A grid as data: base config, grid axes, per-dataset/optimizer/model overrides."""
@@ -388,17 +434,27 @@ def load_grid(name_or_path: str) -> Space:
     f = read_space(path, GRID, study=path.stem)
     # Constants are typed here even where an axis overrides them (base lr: .nan is a mistake).
     typed = [("base", f["base"])]
-    typed += [(f"optimizers.{o}", {k: v for k, v in over.items() if k != "lr_scale"})
-              for o, over in f["optimizers"].items()]
+    typed += [
+        (f"optimizers.{o}", {k: v for k, v in over.items() if k != "lr_scale"}) for o, over in f["optimizers"].items()
+    ]
     typed += [(f"models.{m}.config", o.get("config") or {}) for m, o in f["models"].items()]
     for where, section in typed:
         try:
             from_dict(section)
         except ConfigError as e:
             raise ConfigError(f"{path.name}: {where}: {e}") from None
-    return Space(name=path.stem, study=f["study"], base=f["base"], grid=f["grid"], datasets=f["datasets"],
-                 optimizers=f["optimizers"], models=f["models"], tune=f["tune"], description=f["description"],
-                 step_times=path.parent / f["step_times"] if f["step_times"] else None)
+    return Space(
+        name=path.stem,
+        study=f["study"],
+        base=f["base"],
+        grid=f["grid"],
+        datasets=f["datasets"],
+        optimizers=f["optimizers"],
+        models=f["models"],
+        tune=f["tune"],
+        description=f["description"],
+        step_times=path.parent / f["step_times"] if f["step_times"] else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -413,12 +469,17 @@ class Trial:
 
     def as_dict(self) -> dict[str, Any]:
         """The trial as Tune carries it in its param space (``finetune``: the flat config)."""
-        return {"key": self.key, "finetune": self.config, "gpu": self.gpu, "cpu": self.cpu,
-                "workers": self.workers}
+        return {"key": self.key, "finetune": self.config, "gpu": self.gpu, "cpu": self.cpu, "workers": self.workers}
 
 
-def _cells(space: Space, model: str | None, datasets: list[str] | None, conditions: list[str] | None,
-           optimizers: list[str] | None, overrides: dict[str, Any] | None):
+def _cells(
+    space: Space,
+    model: str | None,
+    datasets: list[str] | None,
+    conditions: list[str] | None,
+    optimizers: list[str] | None,
+    overrides: dict[str, Any] | None,
+):
     """The grid as cells: per dataset × optimizer × combination of the axes other than ``seed``,
     the validated flat config (seed as the first of the cell's seeds) and the cell's seeds.
 
@@ -435,8 +496,10 @@ def _cells(space: Space, model: str | None, datasets: list[str] | None, conditio
         dover = space.datasets[ds]
         for opt in opt_list:
             if not isinstance(opt, str) or opt not in space.optimizers:
-                raise ConfigError(f"optimizer {opt!r} has no section in the space's 'optimizers'; "
-                                  f"valid: {', '.join(space.optimizers)}")
+                raise ConfigError(
+                    f"optimizer {opt!r} has no section in the space's 'optimizers'; "
+                    f"valid: {', '.join(space.optimizers)}"
+                )
             oover = dict(space.optimizers[opt])
             lr_scale = float(oover.pop("lr_scale", GRID["optimizers"].each.keys["lr_scale"].default))
             axes = {**space.grid, **{k: _grid_values(f"datasets.{ds}.{k}", v) for k, v in dover.items()}}
@@ -449,8 +512,16 @@ def _cells(space: Space, model: str | None, datasets: list[str] | None, conditio
             names = list(axes)
             for values in itertools.product(*(axes[n] for n in names)):
                 point = dict(zip(names, values))
-                cfg = {**space.base, **mopts["config"], "model": model, "dataset": ds, "optimizer": opt,
-                       **oover, **point, **overrides}
+                cfg = {
+                    **space.base,
+                    **mopts["config"],
+                    "model": model,
+                    "dataset": ds,
+                    "optimizer": opt,
+                    **oover,
+                    **point,
+                    **overrides,
+                }
                 cfg["condition"] = canonical_condition(cfg.get("condition", "MHA"))
                 # A condition fitted without SGD (the paper's linear probe) has no lr: one cell at
                 # the lr axis's first value (recorded, unused), not one per lr.
@@ -466,9 +537,14 @@ def _cells(space: Space, model: str | None, datasets: list[str] | None, conditio
                 yield checked[memo], seeds, mopts
 
 
-def plan(space: Space, model: str | None = None, datasets: list[str] | None = None,
-         conditions: list[str] | None = None, optimizers: list[str] | None = None,
-         overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def plan(
+    space: Space,
+    model: str | None = None,
+    datasets: list[str] | None = None,
+    conditions: list[str] | None = None,
+    optimizers: list[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """What ``expand`` would give, counted without building a trial: ``trials``, the
     ``datasets``, ``conditions`` and ``optimizers`` they cover, ``steps`` summed over trials,
     ``costs`` (one item per cell, for ``gpu_hours``); every check ``expand`` makes (configs
@@ -491,13 +567,24 @@ def plan(space: Space, model: str | None = None, datasets: list[str] | None = No
         opts.add(full["optimizer"])
     if not n:
         raise ConfigError("the grid is empty: no dataset × condition × lr × seed × optimizer left")
-    return {"trials": n, "datasets": ds, "conditions": sorted(conds), "optimizers": sorted(opts),
-            "steps": steps, "costs": items}
+    return {
+        "trials": n,
+        "datasets": ds,
+        "conditions": sorted(conds),
+        "optimizers": sorted(opts),
+        "steps": steps,
+        "costs": items,
+    }
 
 
-def expand(space: Space, model: str | None = None, datasets: list[str] | None = None,
-           conditions: list[str] | None = None, optimizers: list[str] | None = None,
-           overrides: dict[str, Any] | None = None) -> list[Trial]:
+def expand(
+    space: Space,
+    model: str | None = None,
+    datasets: list[str] | None = None,
+    conditions: list[str] | None = None,
+    optimizers: list[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> list[Trial]:
     """Every trial of the grid, each a validated flat config with its key and resources.
 
     A condition fitted without SGD (the paper's linear probe) has no lr: it gets one trial per
@@ -507,8 +594,7 @@ def expand(space: Space, model: str | None = None, datasets: list[str] | None = 
     for full, seeds, mopts in _cells(space, model, datasets, conditions, optimizers, overrides):
         for seed in seeds:
             cfg = full if seed is None else {**full, "seed": seed}
-            trials.append(Trial(trial_key(cfg), cfg, float(mopts["gpu"]),
-                                float(mopts["cpu"]), int(mopts["workers"])))
+            trials.append(Trial(trial_key(cfg), cfg, float(mopts["gpu"]), float(mopts["cpu"]), int(mopts["workers"])))
     keys = [t.key for t in trials]
     if len(set(keys)) != len(keys):
         raise ConfigError("the grid repeats a trial config (two axes give the same values)")
@@ -526,8 +612,9 @@ def trial_cost(config: dict[str, Any], gpu: float, workers: int, n: int = 1) -> 
     """What ``n`` trials of ``config`` cost; a closed-form condition (the linear probe) takes no
     steps: one forward pass over the data, priced as none."""
     steps = config["steps"] * n if components.has_lr(config["condition"]) else 0
-    return costs.TrialCost(config["condition"], steps, config["batch_size"], workers,
-                           max(gpu, 1) * workers, config["compile"])
+    return costs.TrialCost(
+        config["condition"], steps, config["batch_size"], workers, max(gpu, 1) * workers, config["compile"]
+    )
 
 
 def gpu_hours(space: Space, model: str, trials: list) -> costs.Estimate:
@@ -535,11 +622,13 @@ def gpu_hours(space: Space, model: str, trials: list) -> costs.Estimate:
     space's measured step times (``step_times``) where they cover a trial, else from its
     FLOP-based ``step_seconds``; see raystudy.costs."""
     items = [t if isinstance(t, costs.TrialCost) else trial_cost(t.config, t.gpu, t.workers) for t in trials]
-    return costs.estimate(model, items, step_times=space.step_times,
-                          fallback=model_options(space.models, model)["step_seconds"])
+    return costs.estimate(
+        model, items, step_times=space.step_times, fallback=model_options(space.models, model)["step_seconds"]
+    )
 
 
 # ---------------------------------------------------------------- searches
+
 
 @dataclass(frozen=True)
 class Param:
@@ -595,10 +684,20 @@ def load_search(name_or_path: str) -> SearchSpace:
             raise ConfigError(f"{path.name}: conditions: {e}") from None
     budget, sched = f["budget"], f["scheduler"]
     return SearchSpace(
-        name=path.stem, study=f["study"], base=f["base"], conditions=tuple(conds), params=f["params"],
-        num_samples=budget["num_samples"], time_budget_s=budget["time_budget_s"],
-        grace_period=sched["grace_period"], reduction_factor=sched["reduction_factor"], seed=f["seed"],
-        test_seeds=tuple(f["test_seeds"]), models=f["models"], tune=f["tune"])
+        name=path.stem,
+        study=f["study"],
+        base=f["base"],
+        conditions=tuple(conds),
+        params=f["params"],
+        num_samples=budget["num_samples"],
+        time_budget_s=budget["time_budget_s"],
+        grace_period=sched["grace_period"],
+        reduction_factor=sched["reduction_factor"],
+        seed=f["seed"],
+        test_seeds=tuple(f["test_seeds"]),
+        models=f["models"],
+        tune=f["tune"],
+    )
 
 
 class Sampler:
@@ -606,8 +705,7 @@ class Sampler:
     whole trial (key, config, resources) as a constant, so the trainable and the MLflow callback
     see the same trial a grid would give them."""
 
-    def __init__(self, space: SearchSpace, condition: str | None, base: dict[str, Any],
-                 resources: dict[str, Any]):
+    def __init__(self, space: SearchSpace, condition: str | None, base: dict[str, Any], resources: dict[str, Any]):
         self.space, self.condition, self.base, self.resources = space, condition, base, resources
 
     def __call__(self, ot_trial) -> dict[str, Any]:
@@ -650,8 +748,7 @@ def suggest(ot_trial, p: Param) -> Any:
     return ot_trial.suggest_float(p.name, *p.args, log=d.log)
 
 
-def make_trial(base: dict[str, Any], condition: str | None, values: dict[str, Any],
-               resources: dict[str, Any]) -> Trial:
+def make_trial(base: dict[str, Any], condition: str | None, values: dict[str, Any], resources: dict[str, Any]) -> Trial:
     """A trial (as the grid makes them) from base config + sampled values; ``condition`` None:
     the sampled ``components`` are the condition."""
     cfg = {**base, **{k: v for k, v in values.items() if k not in PSEUDO_KEYS}}
@@ -662,7 +759,6 @@ def make_trial(base: dict[str, Any], condition: str | None, values: dict[str, An
         b1, b2 = FinetuneConfig.betas
         cfg["betas"] = [values.get("beta1", b1), values.get("beta2", b2)]
     full = from_dict(cfg).to_dict()
-    return Trial(trial_key(full), full, float(resources["gpu"]), float(resources["cpu"]),
-                 int(resources.get("workers", 1)))
-
-
+    return Trial(
+        trial_key(full), full, float(resources["gpu"]), float(resources["cpu"]), int(resources.get("workers", 1))
+    )

@@ -33,13 +33,18 @@ from raystudy.config import FinetuneConfig, parse_value
 from raystudy.errors import ConfigError
 
 # Tag names of the run record.
-ROLE, KEY, STATUS, ERROR, ATTEMPTS = "raystudy.role", "raystudy.key", "raystudy.status", "raystudy.error", "raystudy.attempts"
+ROLE, KEY, STATUS, ERROR, ATTEMPTS = (
+    "raystudy.role",
+    "raystudy.key",
+    "raystudy.status",
+    "raystudy.error",
+    "raystudy.attempts",
+)
 STOPPED_AT = "raystudy.stopped_at"  # the step an adaptive policy stopped the trial at
 WORKER, RESUMED_FROM, LAST_ERROR = "raystudy.worker", "raystudy.resumed_from", "raystudy.last_error"
 
 # Final results logged as metrics.
-FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_done", "wall_s",
-                 "trainable_params")
+FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_done", "wall_s", "trainable_params")
 # Step metrics reported by the loop.
 STEP_METRICS = ("loss", "scheduled_lr", "val_acc", "val_loss", "best_val_acc")
 
@@ -60,7 +65,7 @@ class TrackingUnavailable(ConfigError):
 
 def sqlite_path(uri: str) -> Path | None:
     """The file of a ``sqlite:///PATH`` store; None for any other URI."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 def default_uri() -> str:
@@ -81,8 +86,10 @@ def check_uri(uri: str, timeout: float = 5.0, must_exist: bool = False) -> None:
             with socket.create_connection((host, port), timeout=timeout):
                 pass
         except OSError as e:
-            raise TrackingUnavailable(f"MLflow tracking server {uri} is unreachable ({e.strerror or e}); "
-                                      "start it (mlflow server ...) or pass another --tracking-uri") from None
+            raise TrackingUnavailable(
+                f"MLflow tracking server {uri} is unreachable ({e.strerror or e}); "
+                "start it (mlflow server ...) or pass another --tracking-uri"
+            ) from None
         import urllib.request
 
         try:
@@ -96,14 +103,18 @@ def check_uri(uri: str, timeout: float = 5.0, must_exist: bool = False) -> None:
         if path is None or not path.parent.is_dir():
             raise TrackingUnavailable(f"tracking URI {uri!r}: folder {path.parent if path else '?'} does not exist")
         if must_exist and not path.is_file():
-            raise TrackingUnavailable(f"no MLflow store at {path}: run the grid there first, or pass "
-                                      "--tracking-uri (sqlite:///PATH or http://HOST:PORT)")
+            raise TrackingUnavailable(
+                f"no MLflow store at {path}: run the grid there first, or pass "
+                "--tracking-uri (sqlite:///PATH or http://HOST:PORT)"
+            )
         _check_sqlite(uri, path)
     elif p.scheme in ("postgresql", "mysql", "mssql") or p.scheme.startswith(("postgresql+", "mysql+")):
         pass  # checked by the first query
     else:
-        raise TrackingUnavailable(f"unsupported tracking URI {uri!r}; use sqlite:///PATH, "
-                                  "http(s)://HOST:PORT or a database URI (the file store is disabled in MLflow 3)")
+        raise TrackingUnavailable(
+            f"unsupported tracking URI {uri!r}; use sqlite:///PATH, "
+            "http(s)://HOST:PORT or a database URI (the file store is disabled in MLflow 3)"
+        )
 
 
 def _check_sqlite(uri: str, path: Path) -> None:
@@ -149,7 +160,8 @@ def _check_intact(path: Path, size: int, mtime_ns: int) -> None:
         raise TrackingUnavailable(
             f"MLflow store {path} is damaged (SQLite: {' '.join(problem.split())[:160]}); it was left as it is. "
             f"Restore a snapshot of it, or recover what SQLite can read with a sqlite3 that has the dbpage "
-            f"module: sqlite3 {path} .recover | sqlite3 {rescued}, then pass --tracking-uri sqlite:///{rescued}")
+            f"module: sqlite3 {path} .recover | sqlite3 {rescued}, then pass --tracking-uri sqlite:///{rescued}"
+        )
 
 
 def _quick_check(path: Path, locked: bool) -> str | None:
@@ -204,7 +216,7 @@ def experiment_id(cl, name: str, artifact_location: str | None = None) -> str:
         return exp.experiment_id
     try:
         return cl.create_experiment(name, artifact_location=artifact_location, tags=experiment_tags())
-    except Exception:  # noqa: BLE001 - created concurrently by someone else
+    except Exception:
         exp = cl.get_experiment_by_name(name)
         if exp is None:
             raise
@@ -215,8 +227,11 @@ def experiment_id(cl, name: str, artifact_location: str | None = None) -> str:
 # defaults, Source, Models and Dataset, are empty here), best test accuracy first. Stored as a
 # view the UI shares by URL (an experiment tag ``mlflow.sharedViewState.<key>``, JSON).
 VIEW_KEY = "raystudy"
-RUNS_VIEW = {"orderByKey": "metrics.`test_acc`", "orderByAsc": False,
-             "selectedColumns": ["metrics.`test_acc`", "metrics.`best_val_acc`", "tags.`raystudy.status`"]}
+RUNS_VIEW = {
+    "orderByKey": "metrics.`test_acc`",
+    "orderByAsc": False,
+    "selectedColumns": ["metrics.`test_acc`", "metrics.`best_val_acc`", "tags.`raystudy.status`"],
+}
 
 
 def experiment_tags() -> dict[str, str]:
@@ -252,8 +267,9 @@ def find_runs(cl, exp_id: str, **tags: str):
     flt = " and ".join(f"tags.`{k.replace('__', '.')}` = '{v}'" for k, v in tags.items())
     runs, token = [], None
     while True:
-        page = cl.search_runs([exp_id], filter_string=flt, max_results=5000,
-                              order_by=["attributes.start_time ASC"], page_token=token)
+        page = cl.search_runs(
+            [exp_id], filter_string=flt, max_results=5000, order_by=["attributes.start_time ASC"], page_token=token
+        )
         runs += list(page)
         token = page.token
         if not token:
@@ -294,8 +310,9 @@ def versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             pass
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        ).stdout.strip()
         if sha:
             out["mlflow.source.git.commit"] = sha
     except (OSError, subprocess.SubprocessError):
@@ -303,8 +320,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-def parent_run(cl, exp_id: str, grid_key: str, name: str, params: dict[str, Any],
-               role: str = "grid") -> str:
+def parent_run(cl, exp_id: str, grid_key: str, name: str, params: dict[str, Any], role: str = "grid") -> str:
     """The grid's parent run: found by its key, created once."""
     from mlflow.entities import Param
 
@@ -323,12 +339,22 @@ def ranking_note(rows: list[dict[str, Any]], partial: bool = False) -> str:
     """The parent run's description (Markdown): the ranking of the conditions, best first. Each
     row: condition, test_acc, avg_rank, best_lr, runs (``grid.ranking``'s columns)."""
     head = "## Ranking" + (" (partial: the grid has unfinished trials)" if partial else "")
-    lines = [head, "",
-             ("lr chosen on validation accuracy per dataset; test accuracy at that lr, mean over seeds "
-              "then datasets; average rank over datasets (1 = best)."), "",
-             "| # | condition | test acc (%) | avg rank | lr | runs |", "|---:|---|---:|---:|---|---:|"]
-    lines += [f"| {i} | {r['condition']} | {100 * _num(r['test_acc']):.2f} | {_num(r['avg_rank']):.2f} | "
-              f"{r['best_lr']} | {r['runs']} |" for i, r in enumerate(rows, 1)]
+    lines = [
+        head,
+        "",
+        (
+            "lr chosen on validation accuracy per dataset; test accuracy at that lr, mean over seeds "
+            "then datasets; average rank over datasets (1 = best)."
+        ),
+        "",
+        "| # | condition | test acc (%) | avg rank | lr | runs |",
+        "|---:|---|---:|---:|---|---:|",
+    ]
+    lines += [
+        f"| {i} | {r['condition']} | {100 * _num(r['test_acc']):.2f} | {_num(r['avg_rank']):.2f} | "
+        f"{r['best_lr']} | {r['runs']} |"
+        for i, r in enumerate(rows, 1)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -341,9 +367,13 @@ def log_ranking(cl, run_id: str, rows: list[dict[str, Any]], partial: bool = Fal
     run = cl.get_run(run_id)
     # Only what changed: a rerun of a finished grid ranks the same runs again, and a second point
     # of the same value would chart as history that never happened.
-    metrics = [Metric(k, v, ts, 0) for r in rows for name, col in (("test_acc", "test_acc"), ("rank", "avg_rank"))
-               for k, v in [(f"{name}/{r['condition']}", _num(r[col]))]
-               if math.isfinite(v) and run.data.metrics.get(k) != v]
+    metrics = [
+        Metric(k, v, ts, 0)
+        for r in rows
+        for name, col in (("test_acc", "test_acc"), ("rank", "avg_rank"))
+        for k, v in [(f"{name}/{r['condition']}", _num(r[col]))]
+        if math.isfinite(v) and run.data.metrics.get(k) != v
+    ]
     # A report attached earlier stays (a rerun of a finished grid logs the ranking again).
     report = run.data.tags.get(NOTE, "").partition(REPORT_HEAD)[1:]
     note = ranking_note(rows, partial) + ("".join(report) if report[0] else "")
@@ -360,7 +390,7 @@ def attach_report(cl, run_id: str, report_md: str, artifact: str = "analysis/rep
     if len(report_md) <= room:
         body = report_md
     else:  # whole lines, then a mark where it was cut
-        body = report_md[:max(room - 40, 0)].rsplit("\n", 1)[0] + "\n\n… (cut; see the artifact)"
+        body = report_md[: max(room - 40, 0)].rsplit("\n", 1)[0] + "\n\n… (cut; see the artifact)"
     cl.set_tag(run_id, NOTE, note + section + body)
 
 
@@ -374,8 +404,15 @@ def trial_status(cl, exp_id: str, key: str) -> tuple[str | None, Any]:
     return found[0].data.tags.get(STATUS), found[0]
 
 
-def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[str, Any],
-               extra_tags: dict[str, str] | None = None, name: str | None = None) -> str:
+def open_trial(
+    cl,
+    exp_id: str,
+    parent_id: str | None,
+    key: str,
+    config: dict[str, Any],
+    extra_tags: dict[str, str] | None = None,
+    name: str | None = None,
+) -> str:
     """Find the run of ``key`` and mark it running, or create it (named ``name``, else after its
     condition, dataset, optimizer, lr and seed): never two runs for one key."""
     from mlflow.entities import Param, RunTag
@@ -385,14 +422,19 @@ def open_trial(cl, exp_id: str, parent_id: str | None, key: str, config: dict[st
         run_id = run.info.run_id
         attempts = int(run.data.tags.get(ATTEMPTS, "1")) + 1
         cl.update_run(run_id, status="RUNNING")
-        cl.log_batch(run_id, tags=[RunTag(STATUS, "running"),
-                                   RunTag(ATTEMPTS, str(attempts))])
+        cl.log_batch(run_id, tags=[RunTag(STATUS, "running"), RunTag(ATTEMPTS, str(attempts))])
         return run_id
     name = name or trial_name(config)
-    tags = {ROLE: "trial", KEY: key, STATUS: "running",
-            ATTEMPTS: "1", "mlflow.runName": name,
-            **{k: str(config.get(k)) for k in ("condition", "dataset", "model", "optimizer")},
-            **versions(), **(extra_tags or {})}
+    tags = {
+        ROLE: "trial",
+        KEY: key,
+        STATUS: "running",
+        ATTEMPTS: "1",
+        "mlflow.runName": name,
+        **{k: str(config.get(k)) for k in ("condition", "dataset", "model", "optimizer")},
+        **versions(),
+        **(extra_tags or {}),
+    }
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     run = cl.create_run(exp_id, tags=tags, run_name=name)
@@ -449,7 +491,7 @@ def log_steps(cl, run_id: str, reports: list[dict[str, Any]], upto: dict[str, in
         for kind in kinds:
             upto[kind] = step
     for i in range(0, len(batch), 1000):  # MLflow takes at most 1,000 metrics a batch
-        cl.log_batch(run_id, metrics=batch[i:i + 1000])
+        cl.log_batch(run_id, metrics=batch[i : i + 1000])
 
 
 def _kind(metric: str) -> str:
@@ -460,8 +502,10 @@ def _kind(metric: str) -> str:
 def logged_upto(cl, run_id: str) -> dict[str, int]:
     """The last step of each kind (``_kind``) a run already has: where a resumed attempt's
     points become new."""
-    return {kind: max((m.step for m in cl.get_metric_history(run_id, key)), default=-1)
-            for kind, key in (("train", "loss"), ("eval", "val_acc"))}
+    return {
+        kind: max((m.step for m in cl.get_metric_history(run_id, key)), default=-1)
+        for kind, key in (("train", "loss"), ("eval", "val_acc"))
+    }
 
 
 def _is_step_metric(k: str) -> bool:
@@ -473,9 +517,11 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
     from mlflow.entities import Metric, RunTag
 
     ts = int(time.time() * 1000)
-    metrics = [Metric(k, float(v), ts, 0) for k, v in results.items()
-               if (k in FINAL_METRICS or k.startswith("trainable_params/"))
-               and isinstance(v, (int, float)) and v == v]
+    metrics = [
+        Metric(k, float(v), ts, 0)
+        for k, v in results.items()
+        if (k in FINAL_METRICS or k.startswith("trainable_params/")) and isinstance(v, (int, float)) and v == v
+    ]
     status = results.get("status", "finished")
     if status == "stopped":  # stopped early: its partial numbers are not final results
         metrics = [m for m in metrics if m.key in ("steps_done", "wall_s")]
@@ -487,7 +533,7 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
     if status == "finished" and "test_acc" in results:  # the runs table shows descriptions by default
         tags.append(RunTag(NOTE, _result_note(results)))
     for i in range(0, len(metrics), 1000):  # MLflow takes at most 1,000 metrics a batch
-        cl.log_batch(run_id, metrics=metrics[i:i + 1000], tags=tags if i == 0 else [])
+        cl.log_batch(run_id, metrics=metrics[i : i + 1000], tags=tags if i == 0 else [])
     if not metrics:
         cl.log_batch(run_id, tags=tags)
     for name in ("plasticity_before", "plasticity_after"):
@@ -559,8 +605,15 @@ def mark_stopped_late(cl, run_id: str, step: int, rule: str) -> None:
     decision came after the trial ended."""
     from mlflow.entities import RunTag
 
-    cl.log_batch(run_id, tags=[RunTag(STATUS, "stopped"), RunTag(STOPPED_AT, str(step)),
-                               RunTag("raystudy.stopped_late", "1"), RunTag("raystudy.stop_rule", rule)])
+    cl.log_batch(
+        run_id,
+        tags=[
+            RunTag(STATUS, "stopped"),
+            RunTag(STOPPED_AT, str(step)),
+            RunTag("raystudy.stopped_late", "1"),
+            RunTag("raystudy.stop_rule", rule),
+        ],
+    )
 
 
 def tag_parent(cl, run_id: str, status: str) -> None:
@@ -581,8 +634,13 @@ def _yaml(d: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- the run record, read back
 
-_MLFLOW_STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "failed",
-                  "RUNNING": "running", "SCHEDULED": "running"}
+_MLFLOW_STATUS = {
+    "FINISHED": "finished",
+    "FAILED": "failed",
+    "KILLED": "failed",
+    "RUNNING": "running",
+    "SCHEDULED": "running",
+}
 CONFIG_TYPES = set(FinetuneConfig.__dataclass_fields__)
 
 
@@ -610,8 +668,9 @@ def run_status_of(run_status: str, tags: dict[str, str], metrics: dict[str, floa
     return status, ""
 
 
-def run_row(run_id: str, run_status: str, tags: dict[str, str], params: dict[str, str],
-            metrics: dict[str, float]) -> dict[str, Any]:
+def run_row(
+    run_id: str, run_status: str, tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]
+) -> dict[str, Any]:
     """The row of one trial run in the runs table, from its MLflow status, tags, params, metrics.
 
     ``val_acc`` is the final ``best_val_acc`` (the validation accuracy of the checkpoint that was
@@ -665,11 +724,41 @@ def policy_view(cl, run):
 
 def rows(runs) -> list[dict[str, Any]]:
     """The rows of MLflow ``Run`` objects, with their start times (for deduplication)."""
-    return [{**run_row(r.info.run_id, r.info.status, r.data.tags, r.data.params, r.data.metrics),
-             "start_time": r.info.start_time or 0} for r in runs]
+    return [
+        {
+            **run_row(r.info.run_id, r.info.status, r.data.tags, r.data.params, r.data.metrics),
+            "start_time": r.info.start_time or 0,
+        }
+        for r in runs
+    ]
 
 
-__all__ = ["default_uri", "runs_url", "browse_lines", "trial_name", "plasticity_metrics", "experiment_tags",
-           "ranking_note", "log_ranking", "attach_report", "check_uri", "client", "experiment_id", "parent_run", "open_trial",
-           "log_steps", "finish_trial", "fail_trial", "trial_status", "find_runs", "statuses",
-           "close_stale", "run_status_of", "run_row", "policy_view", "rows", "run_config", "TrackingUnavailable"]
+__all__ = [
+    "default_uri",
+    "runs_url",
+    "browse_lines",
+    "trial_name",
+    "plasticity_metrics",
+    "experiment_tags",
+    "ranking_note",
+    "log_ranking",
+    "attach_report",
+    "check_uri",
+    "client",
+    "experiment_id",
+    "parent_run",
+    "open_trial",
+    "log_steps",
+    "finish_trial",
+    "fail_trial",
+    "trial_status",
+    "find_runs",
+    "statuses",
+    "close_stale",
+    "run_status_of",
+    "run_row",
+    "policy_view",
+    "rows",
+    "run_config",
+    "TrackingUnavailable",
+]

@@ -6,7 +6,7 @@ from inside the trial, the interop pattern of Ray 2.5x/2.60 (``Tuner(TorchTraine
 The same loop, ``engine.train``, runs in both. Checkpoints go through Tune (or Train) to the
 run's storage path, so a retried trial continues from its last evaluation, not from step 0.
 
-Workers never touch MLflow: the driver records what they report (``raystudy.runner``).
+Workers never touch MLflow: the driver records what they report (``raystudy.driver.records``).
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ def _load_state(checkpoint) -> dict | None:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
-            raise RuntimeError(f"checkpoint {checkpoint.path}/{STATE_FILE} holds more than tensors and "
-                               f"plain types; refusing to load it ({str(e).splitlines()[0]})") from None
+            raise RuntimeError(
+                f"checkpoint {checkpoint.path}/{STATE_FILE} holds more than tensors and "
+                f"plain types; refusing to load it ({str(e).splitlines()[0]})"
+            ) from None
 
 
 class Reporter:
@@ -78,8 +80,11 @@ class Reporter:
         out = {**metrics, "score": self.best, "history": self.pending}
         self.pending = []
         now = time.monotonic()
-        if state is None or self.checkpoint_cls is None or (now - self.last < self.every_s
-                                                            and not metrics.get("preempted")):
+        if (
+            state is None
+            or self.checkpoint_cls is None
+            or (now - self.last < self.every_s and not metrics.get("preempted"))
+        ):
             self.report_fn(out)
             return
         # The interval runs from when this state was taken: the report's round trip to the driver
@@ -91,8 +96,15 @@ class Reporter:
 
     def final(self, results: dict[str, Any]) -> None:
         """Report the trial's final results, with the metrics still held back."""
-        self.report_fn({**results, "final": 1, "step": results["steps_done"],
-                        "score": results.get("best_val_acc", self.best), "history": self.pending})
+        self.report_fn(
+            {
+                **results,
+                "final": 1,
+                "step": results["steps_done"],
+                "score": results.get("best_val_acc", self.best),
+                "history": self.pending,
+            }
+        )
         self.pending = []
 
 
@@ -116,7 +128,10 @@ class _Notice:
     def setup(self, config):
         """Install the SIGTERM handler (main thread only), then set the trainable up."""
         global _ray_handler
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is not _on_sigterm
+        ):
             _ray_handler = signal.signal(signal.SIGTERM, _on_sigterm)
         super().setup(config)
 
@@ -165,8 +180,9 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
 
     # Every worker reports (Train's collective); only rank 0 saves and carries the checkpoint
     # (the others' copies of a ViT-H state would be written to disk and dropped).
-    reporter = Reporter(ray.train.report, ray.train.Checkpoint if rank == 0 else None,
-                        float(loop_config.get("checkpoint_every_s", 0)))
+    reporter = Reporter(
+        ray.train.report, ray.train.Checkpoint if rank == 0 else None, float(loop_config.get("checkpoint_every_s", 0))
+    )
     reporter.final(engine.train(cfg, report=reporter, resume=resume))
 
 
@@ -184,14 +200,19 @@ def _run_ddp(trial: dict[str, Any], tune_config: dict[str, Any]) -> None:
     per_worker = {"GPU": 1, "CPU": trial["cpu"]} if use_gpu else {"CPU": trial["cpu"]}
     trainer = TorchTrainer(
         _ddp_loop,
-        train_loop_config={"finetune": trial["finetune"],
-                           "checkpoint_every_s": tune_config.get("checkpoint_every_s", 0)},
-        scaling_config=ray.train.ScalingConfig(num_workers=trial["workers"], use_gpu=use_gpu,
-                                               resources_per_worker=per_worker),
+        train_loop_config={
+            "finetune": trial["finetune"],
+            "checkpoint_every_s": tune_config.get("checkpoint_every_s", 0),
+        },
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=trial["workers"], use_gpu=use_gpu, resources_per_worker=per_worker
+        ),
         run_config=ray.train.RunConfig(
-            name=f"ddp-{trial['key']}", storage_path=tune_config["storage_path"],
+            name=f"ddp-{trial['key']}",
+            storage_path=tune_config["storage_path"],
             callbacks=[TuneReportCallback()],
             failure_config=ray.train.FailureConfig(max_failures=0),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1)),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
+        ),
     )
     trainer.fit()

@@ -30,9 +30,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 from raystudy import tracking
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 
 def fail(msg: str) -> int:
@@ -47,9 +55,12 @@ def free_port() -> int:
 
 
 def rest(base: str, path: str, body: dict | None = None) -> dict:
-    req = urllib.request.Request(f"{base}/api/2.0/mlflow/{path}", method="POST" if body is not None else "GET",
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{base}/api/2.0/mlflow/{path}",
+        method="POST" if body is not None else "GET",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.load(r)
 
@@ -57,9 +68,26 @@ def rest(base: str, path: str, body: dict | None = None) -> dict:
 def start_server(uri: str, port: int) -> subprocess.Popen:
     """``mlflow server`` over ``uri``, healthy (one worker, no job runner: a fast start)."""
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1", "--backend-store-uri", uri], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            uri,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
@@ -67,7 +95,7 @@ def start_server(uri: str, port: int) -> subprocess.Popen:
             return proc
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with status {proc.returncode}")
+                raise RuntimeError(f"mlflow server exited with status {proc.returncode}") from None
             time.sleep(0.5)
     stop(proc)
     raise RuntimeError("mlflow server did not become healthy in 120 s")
@@ -87,10 +115,13 @@ def shoot(chromium: str, base: str, shots: list[tuple], out: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        ctx = p.chromium.launch_persistent_context(profile, executable_path=chromium, headless=True,
-                                                   args=[f for f in FLAGS if f != "--headless"])
-        ctx.add_init_script("localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
-                            "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');")
+        ctx = p.chromium.launch_persistent_context(
+            profile, executable_path=chromium, headless=True, args=[f for f in FLAGS if f != "--headless"]
+        )
+        ctx.add_init_script(
+            "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
+            "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');"
+        )
         page = ctx.new_page()
         for name, url, (width, height), action in shots:
             page.set_viewport_size({"width": width, "height": height})
@@ -144,24 +175,29 @@ def pages(base: str, experiment: str) -> list[tuple]:
     if not parents or not trials:
         raise LookupError(f"experiment {experiment!r} has no grid parent run or no trial runs; run a grid first")
     best = max(trials, key=lambda r: metric(r, "test_acc"))
-    return [("runs.png", tracking.runs_url(base, exp), (1400, 760), wait_text("test_acc")),
-            ("trial.png", f"{base}/#/experiments/{exp}/runs/{best['info']['run_id']}", (1100, 1300), trial_action),
-            ("parent.png", f"{base}/#/experiments/{exp}/runs/{parents[-1]['info']['run_id']}", (1100, 2400),
-             parent_action)]
+    return [
+        ("runs.png", tracking.runs_url(base, exp), (1400, 760), wait_text("test_acc")),
+        ("trial.png", f"{base}/#/experiments/{exp}/runs/{best['info']['run_id']}", (1100, 1300), trial_action),
+        ("parent.png", f"{base}/#/experiments/{exp}/runs/{parents[-1]['info']['run_id']}", (1100, 2400), parent_action),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python scripts/mlflow_screenshots.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db",
-                    help="store of a finished grid (sqlite:///mlflow.db)")
+    ap = argparse.ArgumentParser(
+        prog="python scripts/mlflow_screenshots.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--tracking-uri", default="sqlite:///mlflow.db", help="store of a finished grid (sqlite:///mlflow.db)"
+    )
     ap.add_argument("--experiment", default="raystudy-demo-vit_demo", help="experiment name (raystudy-demo-vit_demo)")
     ap.add_argument("--out", default="docs/img", help="folder for the PNGs (docs/img)")
     ap.add_argument("--chromium", default=shutil.which("chromium") or "chromium", help="Chromium binary")
     args = ap.parse_args(argv)
     if not args.tracking_uri.startswith("sqlite:///"):
         return fail(f"--tracking-uri {args.tracking_uri!r}: expected sqlite:///PATH (a grid's local store)")
-    db = Path(args.tracking_uri[len("sqlite:///"):])
+    db = Path(args.tracking_uri[len("sqlite:///") :])
     if not db.is_file():
         return fail(f"--tracking-uri {args.tracking_uri}: {db} does not exist; run a grid first")
     if not shutil.which(args.chromium):

@@ -33,8 +33,10 @@ def pytest_sessionfinish(session, exitstatus):
     before, after = _SESSION["study_files"], _study_files()
     changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
     if changed:
-        _SESSION["stray"] = (f"the tests wrote into {', '.join(str(_REPO / n) for n in changed)}: a test used "
-                             "the working directory's MLflow store; give it its own (tmp_path)")
+        _SESSION["stray"] = (
+            f"the tests wrote into {', '.join(str(_REPO / n) for n in changed)}: a test used "
+            "the working directory's MLflow store; give it its own (tmp_path)"
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

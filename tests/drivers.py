@@ -35,8 +35,14 @@ sys.stdin.read()
 def hold_ray(temp_dir: str) -> tuple[subprocess.Popen, str]:
     """A local two-CPU Ray in a session of its own, for drivers to join with ``--address``; the
     process that holds it, and its address. It ends when that process's stdin is closed."""
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD_RAY, temp_dir], env=driver_env(), text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_RAY, temp_dir],
+        env=driver_env(),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     address = proc.stdout.readline().strip()
     if not address:
         kill_group(proc)
@@ -56,8 +62,15 @@ def release_ray(proc: subprocess.Popen) -> None:
 
 def start(cmd, cwd, stdout=subprocess.PIPE, env=None) -> subprocess.Popen:
     """``cmd`` in a session of its own, so that ``kill_group`` also ends the Ray it started."""
-    return subprocess.Popen(cmd, cwd=cwd, env=env or driver_env(), stdout=stdout, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env or driver_env(),
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for(ready, proc=None, timeout=300, every=0.5):
@@ -179,8 +192,9 @@ def count_status(db, *statuses: str) -> int:
     marks = ", ".join("?" * len(statuses))
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
-            return c.execute(f"select count(*) from tags where key='raystudy.status' and value in ({marks})",
-                             statuses).fetchone()[0]
+            return c.execute(
+                f"select count(*) from tags where key='raystudy.status' and value in ({marks})", statuses
+            ).fetchone()[0]
     except sqlite3.Error:
         return 0
 

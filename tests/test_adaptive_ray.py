@@ -5,23 +5,32 @@ import signal
 import subprocess
 
 import pytest
-from drivers import count_status, kill_group, start, wait_for
 
+from drivers import count_status, kill_group, start, wait_for
 from test_grid_ray import grid_cmd, run, trial_runs, work, write_space  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow
 
 # 2 conditions x 3 lrs x 3 seeds; halving at step 5 drops one lr per cell for every seed.
 SPACE = {
-    "study": "t", "base": {"model": "vit_demo", "steps": 20, "warmup_steps": 2, "eval_every": 5,
-                           "log_every": 5, "batch_size": 32, "probe_pairs": 0},
-    "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": {"grid_search": [0.03, 0.1, 0.3]},
-             "seed": {"grid_search": [0, 1, 2]}},
+    "study": "t",
+    "base": {
+        "model": "vit_demo",
+        "steps": 20,
+        "warmup_steps": 2,
+        "eval_every": 5,
+        "log_every": 5,
+        "batch_size": 32,
+        "probe_pairs": 0,
+    },
+    "grid": {
+        "condition": {"grid_search": ["MHA", "LN2"]},
+        "lr": {"grid_search": [0.03, 0.1, 0.3]},
+        "seed": {"grid_search": [0, 1, 2]},
+    },
     "datasets": {"digits_c": {}},
     "tune": {"max_failures": 1, "checkpoint_every_s": 0},
 }
-
-
 
 
 def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(work):  # noqa: F811
@@ -60,21 +69,26 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
     decided = adaptive.decide(adaptive.policy("halving"), grid["trials"], grid["seen"])
     assert set(decided) == set(stopped["tags.raystudy.key"])
     halved = {k for k, s in decided.items() if s.rule.startswith("halving")}
-    assert len(halved) == 2 * 3                      # one lr of each condition, all three seeds
+    assert len(halved) == 2 * 3  # one lr of each condition, all three seeds
     by_key = stopped.set_index("tags.raystudy.key")
-    for key in halved:                               # a stop never comes before its milestone
+    for key in halved:  # a stop never comes before its milestone
         at = int(by_key.loc[key, "tags.raystudy.stopped_at"])
         assert at == 0 or at >= decided[key].step
     # later seeds of a dropped lr never start: no evaluation was logged for them
     later = [k for k in halved if decided[k].step == 0]
     early = set(stopped.loc[~late, "tags.raystudy.key"])
-    assert all(not grid["seen"][k].points for k in later if k in early and
-               by_key.loc[k, "tags.raystudy.stopped_at"] == "0") and len(later) == 4
+    assert (
+        all(
+            not grid["seen"][k].points for k in later if k in early and by_key.loc[k, "tags.raystudy.stopped_at"] == "0"
+        )
+        and len(later) == 4
+    )
 
     # and the analysis: stopped runs are counted, never averaged; the conclusions equal the replay's
     r = replay.replay(grid, adaptive.policy("identity"))
     assert r["stopped"] == n and (r["runs"]["status"] == "stopped").sum() == n
     live = replay.conclusions(grid["runs"])
-    assert all(lr not in {t["lr"] for t in grid["trials"] if t["key"] in halved
-                          and (t["dataset"], t["condition"]) == cell}
-               for cell, lr in live["chosen_lr"].items())
+    assert all(
+        lr not in {t["lr"] for t in grid["trials"] if t["key"] in halved and (t["dataset"], t["condition"]) == cell}
+        for cell, lr in live["chosen_lr"].items()
+    )

@@ -26,23 +26,24 @@ def test_palette_gives_each_condition_one_colour_whatever_else_is_shown():
 
 
 def _best(means: dict[str, dict[str, float]], std: float = 0.01) -> pd.DataFrame:
-    return pd.DataFrame([dict(dataset=d, condition=c, test_mean=m, test_std=std)
-                         for d, row in means.items() for c, m in row.items()])
+    return pd.DataFrame(
+        [dict(dataset=d, condition=c, test_mean=m, test_std=std) for d, row in means.items() for c, m in row.items()]
+    )
 
 
 def test_rank_order_is_by_average_rank_then_mean_then_given_order():
-    best = _best({"a": {"MHA": 0.95, "LN1": 0.8, "FC1": 0.7, "FC2": 0.7},
-                  "b": {"MHA": 0.5, "LN1": 0.6, "FC1": 0.4, "FC2": 0.4}})
+    best = _best(
+        {"a": {"MHA": 0.95, "LN1": 0.8, "FC1": 0.7, "FC2": 0.7}, "b": {"MHA": 0.5, "LN1": 0.6, "FC1": 0.4, "FC2": 0.4}}
+    )
     # average ranks: MHA 1.5, LN1 1.5 (MHA's mean higher), FC1 = FC2 = 3.5 (FC1 given first)
     assert figures.rank_order(best, ["FC1", "FC2", "LN1", "MHA"]) == ["MHA", "LN1", "FC1", "FC2"]
 
 
 def test_accuracy_figure_sorts_by_rank_uses_the_palette_and_has_error_bars_on_the_average():
-    best = _best({"x": {"LN1": 0.60, "MHA": 0.80, "FC1": 0.75},
-                  "y": {"LN1": 0.50, "MHA": 0.70, "FC1": 0.72}}, std=0.03)
+    best = _best({"x": {"LN1": 0.60, "MHA": 0.80, "FC1": 0.75}, "y": {"LN1": 0.50, "MHA": 0.70, "FC1": 0.72}}, std=0.03)
     fig = figures.accuracy_figure(best, ["LN1", "MHA", "FC1"], scale=100)
     per_dataset, average = fig.axes
-    order = ["MHA", "FC1", "LN1"]   # average ranks 1.5, 1.5 (MHA's mean higher), 3
+    order = ["MHA", "FC1", "LN1"]  # average ranks 1.5, 1.5 (MHA's mean higher), 3
     assert [t.get_text() for t in average.get_xticklabels()] == order
     assert [h.get_label() for h in per_dataset.containers] == order
     col = figures.palette(order)
@@ -51,8 +52,8 @@ def test_accuracy_figure_sorts_by_rank_uses_the_palette_and_has_error_bars_on_th
         assert to_rgba(line.get_color()) == col[c]
         assert line.get_xdata()[0] == i
         # the average's error: sqrt(0.03² + 0.03²) / 2 datasets, in points
-        (lo, hi), = [seg[:, 1] for seg in bars.get_segments()]
-        assert hi - lo == pytest.approx(2 * 100 * math.sqrt(2 * 0.03 ** 2) / 2)
+        ((lo, hi),) = [seg[:, 1] for seg in bars.get_segments()]
+        assert hi - lo == pytest.approx(2 * 100 * math.sqrt(2 * 0.03**2) / 2)
     assert average.get_xticklabels()[0].get_text() == "MHA"
 
 
@@ -69,11 +70,16 @@ def test_cd_diagram_is_refused_with_one_dataset(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("ranks,cd", [({"MHA": 1.2, "LN1": 1.8, "FC1": 3.0}, 2.34),  # CD past k
-                                      ({c: 1.0 + i for i, c in enumerate(CONDITIONS)}, 4.5)])
+@pytest.mark.parametrize(
+    "ranks,cd",
+    [
+        ({"MHA": 1.2, "LN1": 1.8, "FC1": 3.0}, 2.34),  # CD past k
+        ({c: 1.0 + i for i, c in enumerate(CONDITIONS)}, 4.5),
+    ],
+)
 def test_cd_bar_lies_inside_the_rank_axis(ranks, cd):
     fig = figures.cd_figure(pd.Series(ranks), cd, [], n_datasets=4)
-    ax, = fig.axes
+    (ax,) = fig.axes
     axis = next(line for line in ax.lines if line.get_gid() == "rank_axis").get_xdata()
     bar = next(line for line in ax.lines if line.get_gid() == "cd_bar").get_xdata()
     assert min(axis) <= min(bar) and max(bar) <= max(axis)
@@ -103,17 +109,31 @@ def test_log_axes_label_every_tick_in_one_style(lo, hi, plain):
 
 
 def _pooled(datasets=("d1", "d2"), layers=3) -> pd.DataFrame:
-    rows = [dict(model="vit_base_patch16_224.orig_in21k", dataset=d, mode=m, layer=layer, component=c,
-                 mean=v * (1 + 0.1 * layer), std=0.1, n=10, ci_low=v * 0.9, ci_high=v * 1.2)
-            for d in datasets for m in ("shared", "in_situ") for layer in range(layers)
-            for c, v in (("MHA", 2.0), ("LN1", 0.5))]
+    rows = [
+        dict(
+            model="vit_base_patch16_224.orig_in21k",
+            dataset=d,
+            mode=m,
+            layer=layer,
+            component=c,
+            mean=v * (1 + 0.1 * layer),
+            std=0.1,
+            n=10,
+            ci_low=v * 0.9,
+            ci_high=v * 1.2,
+        )
+        for d in datasets
+        for m in ("shared", "in_situ")
+        for layer in range(layers)
+        for c, v in (("MHA", 2.0), ("LN1", 0.5))
+    ]
     return pd.DataFrame(rows)
 
 
 def test_plasticity_figure_has_log_component_bars_with_intervals_beside_per_layer_curves():
     pooled = _pooled()
     fig = figures.plasticity_figure(pooled, ["LN1", "MHA"])
-    axes = np.array(fig.axes).reshape(2, 3)   # shared, in situ × (bars, d1, d2)
+    axes = np.array(fig.axes).reshape(2, 3)  # shared, in situ × (bars, d1, d2)
     assert all(ax.get_yscale() == "log" for ax in axes.ravel())
     bars = axes[0, 0]
     col = figures.palette(["LN1", "MHA"])
@@ -138,7 +158,7 @@ def test_a_multi_dataset_report_computes_friedman_and_draws_the_cd_diagram(tmp_p
     runs = fake_runs(n_datasets=4, lrs=(0.01, 0.03), seeds=(0, 1), diverge=0.0)
     report = analyse(tmp_path, runs=runs)
     omnibus = pd.read_csv(tmp_path / "omnibus.csv").set_index("test")
-    assert omnibus.loc["friedman", "p"] < 0.05   # the synthetic conditions differ
+    assert omnibus.loc["friedman", "p"] < 0.05  # the synthetic conditions differ
     k, n = len(CONDITIONS), 4
     assert omnibus.loc["nemenyi_cd", "statistic"] == pytest.approx(stats.nemenyi_cd(k, n))
     assert "Friedman test over 7 conditions and 4 datasets: chi2 =" in report.text
@@ -146,8 +166,13 @@ def test_a_multi_dataset_report_computes_friedman_and_draws_the_cd_diagram(tmp_p
 
 
 def test_intervals_figure_puts_the_best_mean_on_top_in_palette_colours():
-    agg = pd.DataFrame([dict(condition=c, statistic=s, estimate=m, low=m - 0.02, high=m + 0.02)
-                        for c, m in (("LN1", 0.6), ("MHA", 0.8), ("FC1", 0.7)) for s in ("mean", "iqm")])
+    agg = pd.DataFrame(
+        [
+            dict(condition=c, statistic=s, estimate=m, low=m - 0.02, high=m + 0.02)
+            for c, m in (("LN1", 0.6), ("MHA", 0.8), ("FC1", 0.7))
+            for s in ("mean", "iqm")
+        ]
+    )
     fig = figures.intervals_figure(agg, ["LN1", "MHA", "FC1"])
     first = fig.axes[0]
     top_down = sorted(first.get_yticklabels(), key=lambda t: -t.get_position()[1])

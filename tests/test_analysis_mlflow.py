@@ -34,22 +34,39 @@ def accuracies(dataset, condition, lr, seed):
     val = base + {0.1: 0.02, 0.3: 0.0}[lr] + 0.01 * seed
     test = base + {0.1: 0.0, 0.3: 0.01}[lr] + 0.005 * seed
     if dataset == "digits" or condition != "FC1":
-        test = val - 0.02                      # elsewhere test follows val: lr 0.1 on both
+        test = val - 0.02  # elsewhere test follows val: lr 0.1 on both
     return round(val, 4), round(test, 4)
 
 
 def trial_config(dataset, condition, lr, seed) -> dict:
     """Seed 0 runs probe plasticity (and log plasticity_before.csv); the others do not."""
-    return FinetuneConfig(model="vit_demo", pretrained=False, dataset=dataset, condition=condition,
-                          lr=lr, seed=seed, probe_pairs=64 if seed == 0 else 0).to_dict()
+    return FinetuneConfig(
+        model="vit_demo",
+        pretrained=False,
+        dataset=dataset,
+        condition=condition,
+        lr=lr,
+        seed=seed,
+        probe_pairs=64 if seed == 0 else 0,
+    ).to_dict()
 
 
 def log_trial(c, exp_id, parent, cfg, status, val=None, test=None, artifacts=True):
     """One trial written by raystudy's own tracking writer, as the grid's driver does."""
     rid = tracking.open_trial(c, exp_id, parent, trial_key(cfg), cfg)
     for i, step in enumerate(range(10, 70, 10)):
-        tracking.log_steps(c, rid, [{"loss": 2.0 / (i + 1), "grad_norm/total": 1.0 + i,
-                                     f"grad_norm/{cfg['condition']}": 0.5 + i, "step": step}])
+        tracking.log_steps(
+            c,
+            rid,
+            [
+                {
+                    "loss": 2.0 / (i + 1),
+                    "grad_norm/total": 1.0 + i,
+                    f"grad_norm/{cfg['condition']}": 0.5 + i,
+                    "step": step,
+                }
+            ],
+        )
     for step in (30, 60):
         tracking.log_steps(c, rid, [{"val_loss": 1.0 / step, "val_acc": 0.5, "step": step}])
     if status == "failed":
@@ -57,15 +74,30 @@ def log_trial(c, exp_id, parent, cfg, status, val=None, test=None, artifacts=Tru
         return rid
     # the engine logs the count whether the run finished or diverged (head: 10 classes)
     count = TRAINABLE[cfg["condition"]] + 650
-    results = {"status": status, "trainable_params": count,
-               f"trainable_params/{cfg['condition']}": TRAINABLE[cfg["condition"]]}
+    results = {
+        "status": status,
+        "trainable_params": count,
+        f"trainable_params/{cfg['condition']}": TRAINABLE[cfg["condition"]],
+    }
     if status == "finished":
         results.update(best_val_acc=val, test_acc=test, best_step=60)
     if artifacts and cfg["probe_pairs"]:  # what the probe measures: n, mean and std, no interval
         results["plasticity_before"] = [
-            {"model": "vit_demo", "dataset": cfg["dataset"], "mode": mode, "layer": layer,
-             "component": comp, "mean": (5 - k) * (1 + 0.1 * layer), "std": 0.1, "n": 64, "bound": 100.0}
-            for mode in ("shared", "in_situ") for layer in range(4) for k, comp in enumerate(COMPONENTS)]
+            {
+                "model": "vit_demo",
+                "dataset": cfg["dataset"],
+                "mode": mode,
+                "layer": layer,
+                "component": comp,
+                "mean": (5 - k) * (1 + 0.1 * layer),
+                "std": 0.1,
+                "n": 64,
+                "bound": 100.0,
+            }
+            for mode in ("shared", "in_situ")
+            for layer in range(4)
+            for k, comp in enumerate(COMPONENTS)
+        ]
     tracking.finish_trial(c, rid, results)
     return rid
 
@@ -88,8 +120,7 @@ def store(tmp_path_factory):
     ids = {}
     for d, cond, lr, seed in toy_rows():
         val, test = accuracies(d, cond, lr, seed)
-        ids[(d, cond, lr, seed)] = log_trial(c, exp_id, parent, trial_config(d, cond, lr, seed),
-                                             "finished", val, test)
+        ids[(d, cond, lr, seed)] = log_trial(c, exp_id, parent, trial_config(d, cond, lr, seed), "finished", val, test)
     ids["diverged"] = log_trial(c, exp_id, parent, trial_config("digits", "LN1", 0.3, 2), "diverged")
     ids["failed"] = log_trial(c, exp_id, parent, trial_config("digits_c", "MHA", 0.3, 2), "failed")
     c.set_terminated(parent, "FINISHED")
@@ -132,23 +163,28 @@ def test_step_metrics_and_plasticity_artifacts(store):
     assert len(plast) == 3 * 2 * 4 * 5 and set(plast["condition"]) == set(CONDITIONS)
     from scipy import stats as st
 
-    half = st.t.ppf(0.975, 63) * 0.1 / 8   # the interval the report shows, from n, mean and std alone
+    half = st.t.ppf(0.975, 63) * 0.1 / 8  # the interval the report shows, from n, mean and std alone
     assert np.allclose(plast["ci_low"], plast["mean"] - half, rtol=1e-12, atol=0)
     assert np.allclose(plast["ci_high"], plast["mean"] + half, rtol=1e-12, atol=0)
-    assert load.plasticity(two, "after", store["uri"]).empty   # no such artifact: nothing, no error
+    assert load.plasticity(two, "after", store["uri"]).empty  # no such artifact: nothing, no error
 
 
 def test_report_from_mlflow_logs_to_the_grid_run(store, tmp_path, capsys):
     out = tmp_path / "out"
-    assert report.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"],
-                        "--out", str(out)]) == 0
+    assert report.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "26 runs (24 finished, 1 diverged, 1 failed)" in printed
     assert "raystudy analysis: vit_demo, sgd" in printed
     # the lr choice differs on (digits_c, FC1): val picks 0.1, test 0.3
     assert "0.1 / 0.3" in (out / "chosen_lr.md").read_text()
-    for fig in ("accuracy_val_selected", "cd_diagram", "curves_val_loss", "curves_grad_norm_total",
-                "curves_grad_norm_own", "plasticity"):
+    for fig in (
+        "accuracy_val_selected",
+        "cd_diagram",
+        "curves_val_loss",
+        "curves_grad_norm_total",
+        "curves_grad_norm_own",
+        "plasticity",
+    ):
         assert (out / "figures" / f"{fig}.png").is_file() and (out / "figures" / f"{fig}.pdf").is_file(), fig
     # toy plasticity is LN1 > MHA > LN2 > FC1 > FC2; accuracy MHA > FC1 > LN1
     ranking = pd.read_csv(out / "plasticity_ranking_shared.csv", index_col=0)
@@ -175,34 +211,56 @@ def test_report_from_mlflow_logs_to_the_grid_run(store, tmp_path, capsys):
 
 def test_csv_path_gives_the_same_tables_as_mlflow(store, tmp_path):
     """The same runs given as a CSV of per-run results (as published elsewhere) → same tables."""
-    rows = [dict(dataset=d, condition=cond, lr=lr, seed=seed, model="vit_demo", optimizer="sgd",
-                 val_acc=accuracies(d, cond, lr, seed)[0], test_acc=accuracies(d, cond, lr, seed)[1],
-                 status="finished") for d, cond, lr, seed in toy_rows()]
-    rows += [dict(dataset="digits", condition="LN1", lr=0.3, seed=2, model="vit_demo", optimizer="sgd",
-                  status="diverged"),
-             dict(dataset="digits_c", condition="MHA", lr=0.3, seed=2, model="vit_demo", optimizer="sgd",
-                  status="failed")]
+    rows = [
+        dict(
+            dataset=d,
+            condition=cond,
+            lr=lr,
+            seed=seed,
+            model="vit_demo",
+            optimizer="sgd",
+            val_acc=accuracies(d, cond, lr, seed)[0],
+            test_acc=accuracies(d, cond, lr, seed)[1],
+            status="finished",
+        )
+        for d, cond, lr, seed in toy_rows()
+    ]
+    rows += [
+        dict(dataset="digits", condition="LN1", lr=0.3, seed=2, model="vit_demo", optimizer="sgd", status="diverged"),
+        dict(dataset="digits_c", condition="MHA", lr=0.3, seed=2, model="vit_demo", optimizer="sgd", status="failed"),
+    ]
     csv = tmp_path / "elsewhere.csv"
     pd.DataFrame(rows).to_csv(csv, index=False)
     a, b = tmp_path / "mlflow", tmp_path / "csv"
     # tables only: test_report_from_mlflow_logs_to_the_grid_run draws these runs' figures
     report.report_from_mlflow(EXPERIMENT, a, store["uri"], curves=False, log=False, draw_figures=False)
     report.report_from_csv(csv, b, draw_figures=False)
-    for name in ("accuracy_val_selected.md", "accuracy_test_selected.csv", "selection.md",
-                 "chosen_lr.md", "ranks.csv", "lr_robustness.csv", "run_status.md", "tests.csv",
-                 "posthoc.csv", "omnibus.csv"):
+    for name in (
+        "accuracy_val_selected.md",
+        "accuracy_test_selected.csv",
+        "selection.md",
+        "chosen_lr.md",
+        "ranks.csv",
+        "lr_robustness.csv",
+        "run_status.md",
+        "tests.csv",
+        "posthoc.csv",
+        "omnibus.csv",
+    ):
         assert (a / name).read_text() == (b / name).read_text(), name
 
 
-@pytest.mark.parametrize("experiment,needle", [
-    ("nope", "unknown MLflow experiment 'nope' at sqlite:"),
-    ("empty", "experiment 'empty' has no trial runs"),
-    ("broken", "experiment 'broken': no finished runs (2 failed, 1 diverged)"),
-])
+@pytest.mark.parametrize(
+    "experiment,needle",
+    [
+        ("nope", "unknown MLflow experiment 'nope' at sqlite:"),
+        ("empty", "experiment 'empty' has no trial runs"),
+        ("broken", "experiment 'broken': no finished runs (2 failed, 1 diverged)"),
+    ],
+)
 def test_bad_experiments_exit_2_with_one_line(store, tmp_path, capsys, experiment, needle):
     for main in (report.main, export_best.main):
-        assert main(["--experiment", experiment, "--tracking-uri", store["uri"],
-                     "--out", str(tmp_path / "out")]) == 2
+        assert main(["--experiment", experiment, "--tracking-uri", store["uri"], "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
     with pytest.raises(AnalysisError, match="experiments there: .*toy-study"):
@@ -211,7 +269,7 @@ def test_bad_experiments_exit_2_with_one_line(store, tmp_path, capsys, experimen
 
 def test_coerce_params_round_trips_every_config_key():
     cfg = FinetuneConfig(weights=None, data_root="/data", low_data=True, betas=(0.8, 0.99), lr=3e-3)
-    params = {k: str(v) for k, v in cfg.to_dict().items()}       # what MLflow stores
+    params = {k: str(v) for k, v in cfg.to_dict().items()}  # what MLflow stores
     assert export_best.coerce_params(params) == cfg.to_dict()
     with pytest.raises(AnalysisError, match="'steps' must be an integer, got 1.5"):
         export_best.coerce_params({"steps": "1.5"})
@@ -222,8 +280,9 @@ def test_run_config_from_params_when_there_is_no_config_artifact(store):
 
     c = mlflow.MlflowClient(tracking_uri=store["uri"])
     exp = tracking.experiment_id(c, "params-only", (store["root"] / "a4").as_uri())
-    cfg = FinetuneConfig(model="vit_demo", pretrained=False, weights=None, betas=(0.8, 0.99),
-                         lr=3e-3, low_data=True).to_dict()
+    cfg = FinetuneConfig(
+        model="vit_demo", pretrained=False, weights=None, betas=(0.8, 0.99), lr=3e-3, low_data=True
+    ).to_dict()
     rid = c.create_run(exp).info.run_id
     c.log_batch(rid, params=[Param(k, str(v)) for k, v in cfg.items()])
     assert load.read_artifact(rid, "config.yaml", store["uri"]) is None
@@ -234,8 +293,12 @@ def test_run_config_from_params_when_there_is_no_config_artifact(store):
 
 def test_export_per_dataset(store, tmp_path, capsys):
     out = tmp_path / "best"
-    assert export_best.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"],
-                             "--per-dataset", "--out", str(out)]) == 0
+    assert (
+        export_best.main(
+            ["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--per-dataset", "--out", str(out)]
+        )
+        == 0
+    )
     assert "warning" not in capsys.readouterr().err
     files = sorted(out.rglob("*.yaml"))
     assert len(files) == len(DATASETS) * len(CONDITIONS)
@@ -247,8 +310,22 @@ def test_export_per_dataset(store, tmp_path, capsys):
         assert (cfg.lr, cfg.seed) == (0.1, 1), f
         assert cfg.to_dict() == trial_config(f.parent.name, f.stem, 0.1, 1)
     on_test = tmp_path / "best_test"
-    assert export_best.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--per-dataset",
-                             "--select-on", "test", "--out", str(on_test)]) == 0
+    assert (
+        export_best.main(
+            [
+                "--experiment",
+                EXPERIMENT,
+                "--tracking-uri",
+                store["uri"],
+                "--per-dataset",
+                "--select-on",
+                "test",
+                "--out",
+                str(on_test),
+            ]
+        )
+        == 0
+    )
     assert load_config(on_test / "digits_c" / "FC1.yaml").lr == 0.3
     assert load_config(on_test / "digits" / "FC1.yaml").lr == 0.1
 
@@ -257,8 +334,7 @@ def test_export_over_all_datasets_and_rerun(store, tmp_path, capsys):
     from raystudy import finetune
 
     out = tmp_path / "best"
-    assert export_best.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"],
-                             "--out", str(out)]) == 0
+    assert export_best.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--out", str(out)]) == 0
     files = {p.stem: p for p in out.glob("*.yaml")}
     assert set(files) == set(CONDITIONS)
     text = files["FC1"].read_text()
@@ -266,13 +342,33 @@ def test_export_over_all_datasets_and_rerun(store, tmp_path, capsys):
     cfg = validate(load_config(files["FC1"]))
     assert (cfg.dataset, cfg.lr, cfg.seed, cfg.pretrained) == ("digits", 0.1, 1, False)
     capsys.readouterr()
-    assert finetune.main(["--config", str(files["MHA"]), "--quiet", "--set", "steps=6", "--set",
-                          "warmup_steps=1", "--set", "eval_every=3", "--no-mlflow", "--no-save"]) == 0
+    assert (
+        finetune.main(
+            [
+                "--config",
+                str(files["MHA"]),
+                "--quiet",
+                "--set",
+                "steps=6",
+                "--set",
+                "warmup_steps=1",
+                "--set",
+                "eval_every=3",
+                "--no-mlflow",
+                "--no-save",
+            ]
+        )
+        == 0
+    )
     assert "test acc" in capsys.readouterr().out
 
 
 def test_export_bad_condition(store, tmp_path, capsys):
-    assert export_best.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"],
-                             "--conditions", "LN2", "--out", str(tmp_path)]) == 2
+    assert (
+        export_best.main(
+            ["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--conditions", "LN2", "--out", str(tmp_path)]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err == "error: no condition 'LN2' in experiment 'toy-study'; there are: FC1, LN1, MHA"

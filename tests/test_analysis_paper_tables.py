@@ -35,6 +35,7 @@ def wide_csv(tmp_path):
 
 # ---------------------------------------------------------------- pure functions
 
+
 def test_relative_gain_by_hand():
     table = pd.DataFrame({"lp": [50.0, 80.0], "MHA": [60.0, 84.0]}, index=["a", "b"])
     g = stats.relative_gain(table, "lp")
@@ -64,15 +65,19 @@ def test_setting_means_over_common_datasets():
 
 
 def test_trainable_params_and_efficiency_by_hand():
-    runs = pd.DataFrame({"dataset": ["a", "a", "b", "a", "b"],
-                         "condition": ["MHA", "MHA", "MHA", "full", "full"],
-                         "trainable_params": [100.0, 100.0, 120.0, 1000.0, float("nan")]})
+    runs = pd.DataFrame(
+        {
+            "dataset": ["a", "a", "b", "a", "b"],
+            "condition": ["MHA", "MHA", "MHA", "full", "full"],
+            "trainable_params": [100.0, 100.0, 120.0, 1000.0, float("nan")],
+        }
+    )
     params = stats.trainable_params(runs)
     assert params.loc["a", "MHA"] == 100 and params.loc["b", "MHA"] == 120
     assert math.isnan(params.loc["b", "full"])
     acc = pd.DataFrame({"MHA": [0.8, 0.6], "full": [0.9, 0.7]}, index=["a", "b"])
     eff = stats.parameter_efficiency(params, acc)
-    assert list(eff.index) == ["MHA", "full"]                  # by count
+    assert list(eff.index) == ["MHA", "full"]  # by count
     assert eff.loc["MHA", "params"] == 110 and eff.loc["MHA", "accuracy"] == pytest.approx(0.7)
     # full has a count on a only: its accuracy is a's, over the same datasets as the count
     assert eff.loc["full", "accuracy"] == pytest.approx(0.9) and eff.loc["full", "datasets"] == 1
@@ -83,8 +88,14 @@ def test_trainable_params_and_efficiency_by_hand():
 
 
 def test_main_table_is_datasets_by_conditions_with_average():
-    best = pd.DataFrame({"dataset": ["a", "a", "b", "b"], "condition": ["X", "Y", "X", "Y"],
-                         "test_mean": [0.8, 0.6, 0.7, 0.9], "test_std": [0.01, math.nan, 0.02, 0.0]})
+    best = pd.DataFrame(
+        {
+            "dataset": ["a", "a", "b", "b"],
+            "condition": ["X", "Y", "X", "Y"],
+            "test_mean": [0.8, 0.6, 0.7, 0.9],
+            "test_std": [0.01, math.nan, 0.02, 0.0],
+        }
+    )
     t = tables.main_table(best, ["X", "Y"], pd.Series({"X": 1.5, "Y": 1.5}), scale=100)
     assert list(t.index) == ["a", "b", "average", "avg rank"]
     assert t.loc["a"].tolist() == ["80.0 ± 1.0", "60.0"] and t.loc["average"].tolist() == ["75.0", "75.0"]
@@ -101,13 +112,19 @@ def test_tests_table_names_each_alternative():
 
 def test_run_row_carries_the_trainable_parameter_count():
     tags = {"condition": "MHA", "dataset": "d", "raystudy.status": "finished"}
-    row = load.run_row("r", "FINISHED", tags, {"lr": "0.1", "seed": "0"},
-                       {"best_val_acc": 0.8, "test_acc": 0.7, "trainable_params": 2_362_368})
+    row = load.run_row(
+        "r",
+        "FINISHED",
+        tags,
+        {"lr": "0.1", "seed": "0"},
+        {"best_val_acc": 0.8, "test_acc": 0.7, "trainable_params": 2_362_368},
+    )
     assert row["trainable_params"] == 2_362_368
     assert math.isnan(load.run_row("r", "FINISHED", tags, {}, {"test_acc": 0.7})["trainable_params"])
 
 
 # ---------------------------------------------------------------- the paper's table shape
+
 
 def test_wide_csv_reads_as_a_summary(wide_csv, tmp_path):
     kind, s = load.read_csv(wide_csv)
@@ -124,17 +141,31 @@ def test_wide_csv_reads_as_a_summary(wide_csv, tmp_path):
 def test_report_from_the_paper_shape(wide_csv, tmp_path, capsys):
     """Two-sided t-tests, five-component Friedman and ranks, labelled."""
     out = tmp_path / "out"
-    assert report.main(["--csv", str(wide_csv), "--paper-comparison", "--out", str(out),
-                        "--bootstrap-reps", "200", "--no-hierarchical"]) == 0
+    assert (
+        report.main(
+            [
+                "--csv",
+                str(wide_csv),
+                "--paper-comparison",
+                "--out",
+                str(out),
+                "--bootstrap-reps",
+                "200",
+                "--no-hierarchical",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "Ranks, paired tests, Friedman and the CD diagram over 5 of them: LN1, MHA, LN2, FC1, FC2" in printed
     assert "1 average row(s) of the input table left out" in printed
     tests = pd.read_csv(out / "tests.csv").set_index("other")
-    assert list(tests.index) == ["LN1", "LN2", "FC1", "FC2"]          # full, linear_probe not tested
+    assert list(tests.index) == ["LN1", "LN2", "FC1", "FC2"]  # full, linear_probe not tested
     for other in tests.index:
         assert tests.loc[other, "t_p"] == pytest.approx(st.ttest_rel(WIDE["MHA"], WIDE[other]).pvalue)
         assert tests.loc[other, "wilcoxon_p"] == pytest.approx(
-            st.wilcoxon(WIDE["MHA"], WIDE[other], alternative="greater").pvalue)
+            st.wilcoxon(WIDE["MHA"], WIDE[other], alternative="greater").pvalue
+        )
     assert (tests["t_alternative"] == "two-sided").all() and (tests["wilcoxon_alternative"] == "greater").all()
     assert "t-test p (two-sided)" in (out / "tests.md").read_text()
     assert "paired t-test two-sided, as in the paper" in printed
@@ -149,7 +180,7 @@ def test_report_from_the_paper_shape(wide_csv, tmp_path, capsys):
     main = (out / "main_table.md").read_text()
     assert "| avg rank | 5.00" in main and "full" in main
     avg_rank = next(ln for ln in main.splitlines() if ln.startswith("| avg rank"))
-    assert avg_rank.rstrip().endswith("| —            |")             # linear_probe: not ranked
+    assert avg_rank.rstrip().endswith("| —            |")  # linear_probe: not ranked
     # gains over linear_probe (present), per dataset and averaged
     gain = pd.read_csv(out / "relative_gain.csv", index_col=0)
     assert gain.loc["d1", "MHA"] == pytest.approx(20.0)
@@ -165,8 +196,23 @@ def test_without_the_flag_every_condition_is_compared(wide_csv, tmp_path):
 
 def test_one_sided_t_option(wide_csv, tmp_path, capsys):
     out = tmp_path / "out"
-    assert report.main(["--csv", str(wide_csv), "--t-alternative", "greater", "--out", str(out),
-                        "--bootstrap-reps", "200", "--no-hierarchical", "--no-figures"]) == 0
+    assert (
+        report.main(
+            [
+                "--csv",
+                str(wide_csv),
+                "--t-alternative",
+                "greater",
+                "--out",
+                str(out),
+                "--bootstrap-reps",
+                "200",
+                "--no-hierarchical",
+                "--no-figures",
+            ]
+        )
+        == 0
+    )
     tests = pd.read_csv(out / "tests.csv").set_index("other")
     p = st.ttest_rel(WIDE["MHA"], WIDE["LN1"], alternative="greater").pvalue
     assert tests.loc["LN1", "t_p"] == pytest.approx(p) and tests.loc["LN1", "t_alternative"] == "greater"
@@ -182,8 +228,23 @@ def _quick():
 
 def test_one_dataset_refuses_the_cd_diagram(wide_csv, tmp_path, capsys):
     out = tmp_path / "out"
-    assert report.main(["--csv", str(wide_csv), "--datasets", "d1", "--paper-comparison",
-                        "--out", str(out), "--bootstrap-reps", "200", "--no-hierarchical"]) == 0
+    assert (
+        report.main(
+            [
+                "--csv",
+                str(wide_csv),
+                "--datasets",
+                "d1",
+                "--paper-comparison",
+                "--out",
+                str(out),
+                "--bootstrap-reps",
+                "200",
+                "--no-hierarchical",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "One dataset (d1): every test here compares conditions across datasets." in printed
     assert "- No Friedman test: it needs two or more datasets." in printed
@@ -195,14 +256,19 @@ def test_one_dataset_refuses_the_cd_diagram(wide_csv, tmp_path, capsys):
 
 
 def test_unknown_compared_or_gain_reference_exits_2(wide_csv, tmp_path, capsys):
-    assert report.main(["--csv", str(wide_csv), "--conditions", "MHA,LN1,full", "--paper-comparison",
-                        "--out", str(tmp_path)]) == 2
+    assert (
+        report.main(
+            ["--csv", str(wide_csv), "--conditions", "MHA,LN1,full", "--paper-comparison", "--out", str(tmp_path)]
+        )
+        == 2
+    )
     assert "compared condition(s) LN2, FC1, FC2 are not among" in capsys.readouterr().err
     assert report.main(["--csv", str(wide_csv), "--gain-reference", "lora", "--out", str(tmp_path)]) == 2
     assert "gain reference 'lora'" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- runs: settings and parameters
+
 
 def _runs(optimizer: str, model: str, shift: float, params: bool = True) -> pd.DataFrame:
     """Two datasets × (MHA, full, lora) × one lr × two seeds; accuracy = base + shift."""
@@ -212,16 +278,24 @@ def _runs(optimizer: str, model: str, shift: float, params: bool = True) -> pd.D
     for d, head in (("a", 10), ("b", 100)):
         for c, acc in base.items():
             for seed in (0, 1):
-                rows.append({"model": model, "optimizer": optimizer, "dataset": d, "condition": c,
-                             "lr": 0.1, "seed": seed, "val_acc": acc + shift,
-                             "test_acc": acc + shift + (0.02 if d == "b" else 0) + 0.01 * seed,
-                             "trainable_params": count[c] + 769 * head if params else math.nan})
+                rows.append(
+                    {
+                        "model": model,
+                        "optimizer": optimizer,
+                        "dataset": d,
+                        "condition": c,
+                        "lr": 0.1,
+                        "seed": seed,
+                        "val_acc": acc + shift,
+                        "test_acc": acc + shift + (0.02 if d == "b" else 0) + 0.01 * seed,
+                        "trainable_params": count[c] + 769 * head if params else math.nan,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def test_optimizer_ablation_and_settings_tables(tmp_path, capsys):
-    df = pd.concat([_runs("sgd", "vit_a", 0.0), _runs("adamw", "vit_a", 0.05),
-                    _runs("sgd", "vit_b", 0.1)])
+    df = pd.concat([_runs("sgd", "vit_a", 0.0), _runs("adamw", "vit_a", 0.05), _runs("sgd", "vit_b", 0.1)])
     p = tmp_path / "runs.csv"
     df.to_csv(p, index=False)
     out = tmp_path / "out"
@@ -247,13 +321,13 @@ def test_parameter_efficiency_from_runs(tmp_path):
     out = tmp_path / "out"
     r = report.report_from_csv(p, out, reference="MHA", options=_quick())
     eff = pd.read_csv(out / "parameter_efficiency.csv", index_col=0)
-    assert list(eff.index) == ["lora", "MHA", "full"]                       # by count
-    assert eff.loc["lora", "params"] == 300_000 + 769 * 55                  # heads of 10 and 100 classes
+    assert list(eff.index) == ["lora", "MHA", "full"]  # by count
+    assert eff.loc["lora", "params"] == 300_000 + 769 * 55  # heads of 10 and 100 classes
     assert eff.loc["MHA", "accuracy"] == pytest.approx(0.815)
     assert "lora" in r.text and "Parameter efficiency" in r.text
     for suffix in (".png", ".pdf"):
         assert (out / "figures" / f"parameter_efficiency{suffix}").stat().st_size > 1000
-    assert "trainable_params" in pd.read_csv(out / "runs.csv").columns     # kept for a rerun
+    assert "trainable_params" in pd.read_csv(out / "runs.csv").columns  # kept for a rerun
     # without counts, one line and no table
     _runs("sgd", "vit_a", 0.0, params=False).drop(columns="trainable_params").to_csv(p, index=False)
     r = report.report_from_csv(p, tmp_path / "none", reference="MHA", options=_quick())

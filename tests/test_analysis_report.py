@@ -45,15 +45,28 @@ B,Z,0.3,1,0.40,0.40,finished
 # The paper's headline numbers (the paper: MHA 90.8, FC1 90.7, FC2 90.3, LN2 89.9, LN1 89.8 on
 # average over 11 datasets) need per-dataset values for the tests: a made-up table whose column
 # means round to them.
-PAPER_LIKE = pd.DataFrame({
-    "MHA": [99.7, 92.3, 94.3, 89.5, 92.7, 93.8, 91.1, 79.4, 72.1, 99.9, 94.5],
-    "FC1": [99.7, 91.6, 94.0, 89.1, 92.7, 93.5, 90.6, 79.2, 72.6, 99.9, 95.3],
-    "FC2": [99.1, 92.0, 94.0, 89.1, 92.3, 93.0, 90.2, 78.8, 71.6, 99.8, 93.9],
-    "LN2": [98.9, 91.4, 93.2, 88.3, 91.9, 92.9, 90.1, 77.7, 71.8, 99.7, 93.5],
-    "LN1": [98.7, 91.1, 93.4, 89.0, 92.3, 93.0, 89.7, 77.6, 71.2, 99.4, 92.9],
-}, index=["cifar10", "cifar100", "cifar10c_contrast", "cifar10c_gaussian_noise",
-          "cifar10c_motion_blur", "cifar10c_snow", "cifar10c_speckle_noise", "domainnet_clipart",
-          "domainnet_sketch", "flowers102", "pets"])
+PAPER_LIKE = pd.DataFrame(
+    {
+        "MHA": [99.7, 92.3, 94.3, 89.5, 92.7, 93.8, 91.1, 79.4, 72.1, 99.9, 94.5],
+        "FC1": [99.7, 91.6, 94.0, 89.1, 92.7, 93.5, 90.6, 79.2, 72.6, 99.9, 95.3],
+        "FC2": [99.1, 92.0, 94.0, 89.1, 92.3, 93.0, 90.2, 78.8, 71.6, 99.8, 93.9],
+        "LN2": [98.9, 91.4, 93.2, 88.3, 91.9, 92.9, 90.1, 77.7, 71.8, 99.7, 93.5],
+        "LN1": [98.7, 91.1, 93.4, 89.0, 92.3, 93.0, 89.7, 77.6, 71.2, 99.4, 92.9],
+    },
+    index=[
+        "cifar10",
+        "cifar100",
+        "cifar10c_contrast",
+        "cifar10c_gaussian_noise",
+        "cifar10c_motion_blur",
+        "cifar10c_snow",
+        "cifar10c_speckle_noise",
+        "domainnet_clipart",
+        "domainnet_sketch",
+        "flowers102",
+        "pets",
+    ],
+)
 
 
 @pytest.fixture
@@ -65,8 +78,7 @@ def runs_csv(tmp_path):
 
 @pytest.fixture
 def paper_csv(tmp_path):
-    long = PAPER_LIKE.rename_axis("dataset").reset_index().melt("dataset", var_name="condition",
-                                                                value_name="mean")
+    long = PAPER_LIKE.rename_axis("dataset").reset_index().melt("dataset", var_name="condition", value_name="mean")
     p = tmp_path / "paper.csv"
     long.to_csv(p, index=False)
     return p
@@ -110,8 +122,16 @@ def test_report_on_per_run_csv(runs_csv, tmp_path, capsys):
     table = stats.wide(stats.best_lr(stats.seed_means(load.read_csv(runs_csv)[1]), "val"))
     ref = st.wilcoxon(table["X"], table["Z"], alternative="greater")
     assert tests.loc["Z", "wilcoxon_p"] == pytest.approx(ref.pvalue)
-    for name in ("accuracy_val_selected", "accuracy_test_selected", "ranks", "lr_robustness",
-                 "tests", "posthoc", "selection", "chosen_lr"):
+    for name in (
+        "accuracy_val_selected",
+        "accuracy_test_selected",
+        "ranks",
+        "lr_robustness",
+        "tests",
+        "posthoc",
+        "selection",
+        "chosen_lr",
+    ):
         for suffix in (".md", ".csv", ".tex"):
             assert (out / f"{name}{suffix}").stat().st_size > 0, name + suffix
     assert r"$\pm$" in (out / "accuracy_val_selected.tex").read_text()
@@ -132,8 +152,12 @@ def test_report_on_per_run_csv(runs_csv, tmp_path, capsys):
 
 def test_select_on_test_flag(runs_csv, tmp_path, capsys):
     out = tmp_path / "out"
-    assert report.main(["--csv", str(runs_csv), "--reference", "X", "--select-on", "test",
-                        "--no-figures", "--out", str(out)]) == 0
+    assert (
+        report.main(
+            ["--csv", str(runs_csv), "--reference", "X", "--select-on", "test", "--no-figures", "--out", str(out)]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "| A        | 76.0 ± 1.0 | 61.0 ± 1.0 | 41.0 ± 1.0 |" in printed
     assert "lr chosen on test accuracy (as the paper did) — used by the rest" in printed
@@ -144,8 +168,14 @@ def test_the_written_runs_csv_gives_the_same_tables(runs_csv, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     report.report_from_csv(runs_csv, first, reference="X", draw_figures=False)
     report.report_from_csv(first / "runs.csv", second, reference="X", draw_figures=False)
-    for name in ("accuracy_val_selected.md", "accuracy_test_selected.csv", "tests.csv",
-                 "lr_robustness.csv", "ranks.csv", "posthoc.csv"):
+    for name in (
+        "accuracy_val_selected.md",
+        "accuracy_test_selected.csv",
+        "tests.csv",
+        "lr_robustness.csv",
+        "ranks.csv",
+        "posthoc.csv",
+    ):
         assert (first / name).read_text() == (second / name).read_text(), name
 
 
@@ -161,7 +191,7 @@ def test_summary_csv_of_paper_means(paper_csv, tmp_path, capsys):
     tests = pd.read_csv(out / "tests.csv").set_index("other")
     for other in ("FC1", "FC2", "LN2", "LN1"):
         w = st.wilcoxon(PAPER_LIKE["MHA"], PAPER_LIKE[other], alternative="greater")
-        t = st.ttest_rel(PAPER_LIKE["MHA"], PAPER_LIKE[other])       # two-sided, as the paper
+        t = st.ttest_rel(PAPER_LIKE["MHA"], PAPER_LIKE[other])  # two-sided, as the paper
         assert tests.loc[other, "wilcoxon_p"] == pytest.approx(w.pvalue)
         assert tests.loc[other, "t_p"] == pytest.approx(t.pvalue)
         assert tests.loc[other, "t_alternative"] == "two-sided"
@@ -174,7 +204,7 @@ def test_summary_csv_of_paper_means(paper_csv, tmp_path, capsys):
     ranks = pd.read_csv(out / "ranks.csv", index_col=0)
     assert ranks.loc["cifar10"].to_dict() == {"MHA": 1.5, "FC1": 1.5, "FC2": 3.0, "LN2": 4.0, "LN1": 5.0}
     assert "Friedman test over 5 conditions and 11 datasets" in printed
-    assert not (out / "lr_robustness.csv").exists()      # no lrs in a summary
+    assert not (out / "lr_robustness.csv").exists()  # no lrs in a summary
 
 
 def test_summary_and_runs_give_the_same_tests(runs_csv, tmp_path):
@@ -182,8 +212,9 @@ def test_summary_and_runs_give_the_same_tests(runs_csv, tmp_path):
     _, runs = load.read_csv(runs_csv)
     best = stats.best_lr(stats.seed_means(runs), "val")
     summary = tmp_path / "summary.csv"
-    best.rename(columns={"test_mean": "mean", "test_std": "std"})[["dataset", "condition", "mean", "std"]] \
-        .to_csv(summary, index=False)
+    best.rename(columns={"test_mean": "mean", "test_std": "std"})[["dataset", "condition", "mean", "std"]].to_csv(
+        summary, index=False
+    )
     report.report_from_csv(runs_csv, tmp_path / "a", reference="X", draw_figures=False)
     report.report_from_csv(summary, tmp_path / "b", reference="X", draw_figures=False)
     for name in ("tests.csv", "posthoc.csv", "ranks.csv", "omnibus.csv"):
@@ -213,11 +244,25 @@ def test_one_condition_has_nothing_to_compare(tmp_path, capsys):
 
 def test_plasticity_csv_next_to_accuracy(paper_csv, tmp_path, capsys):
     # plasticity of the five components, one layer, in the paper's order on every dataset
-    plast = pd.DataFrame([{"model": "vit_base", "dataset": d, "mode": "shared", "layer": 0,
-                           "component": c, "mean": m, "std": 0.1, "n": 100, "ci_low": m - 0.02,
-                           "ci_high": m + 0.02, "bound": math.nan}
-                          for d in PAPER_LIKE.index
-                          for c, m in (("MHA", 9.0), ("FC1", 6.0), ("FC2", 5.0), ("LN2", 2.0), ("LN1", 1.0))])
+    plast = pd.DataFrame(
+        [
+            {
+                "model": "vit_base",
+                "dataset": d,
+                "mode": "shared",
+                "layer": 0,
+                "component": c,
+                "mean": m,
+                "std": 0.1,
+                "n": 100,
+                "ci_low": m - 0.02,
+                "ci_high": m + 0.02,
+                "bound": math.nan,
+            }
+            for d in PAPER_LIKE.index
+            for c, m in (("MHA", 9.0), ("FC1", 6.0), ("FC2", 5.0), ("LN2", 2.0), ("LN1", 1.0))
+        ]
+    )
     p = tmp_path / "plasticity.csv"
     plast.to_csv(p, index=False)
     out = tmp_path / "out"
@@ -227,25 +272,48 @@ def test_plasticity_csv_next_to_accuracy(paper_csv, tmp_path, capsys):
     corr = pd.read_csv(out / "plasticity_correlation_shared.csv").set_index("dataset")
     means = PAPER_LIKE.mean()
     assert corr.loc["all", "rho"] == pytest.approx(
-        st.spearmanr([9, 6, 5, 2, 1], [means[c] for c in ("MHA", "FC1", "FC2", "LN2", "LN1")]).statistic)
-    assert corr.loc["all", "rho"] == pytest.approx(1.0)   # the means keep the paper's order
+        st.spearmanr([9, 6, 5, 2, 1], [means[c] for c in ("MHA", "FC1", "FC2", "LN2", "LN1")]).statistic
+    )
+    assert corr.loc["all", "rho"] == pytest.approx(1.0)  # the means keep the paper's order
     assert (out / "figures" / "plasticity.png").is_file()
 
 
-@pytest.mark.parametrize("edit,args,needle", [
-    (None, ["--reference", "MHA"], "reference condition 'MHA' is not among the conditions: X, Y, Z"),
-    (lambda t: t.replace("test_acc", "acc"), [], "missing column(s) test_acc"),
-    (lambda t: "\n".join(ln for ln in t.splitlines() if not ln.startswith("B,Z")), ["--reference", "X"],
-     "condition 'Z' has no runs on 1 of 2 datasets: B"),
-    (lambda t: "\n".join(ln if ln.startswith(("dataset", "A,")) or not ln.startswith("B,Y") else
-                         ln.rsplit(",", 3)[0] + ",,,failed" for ln in t.splitlines()),
-     ["--reference", "X"], "condition 'Y' has no usable finished run on B"),
-    (lambda t: "\n".join(ln.rsplit(",", 3)[0] + ",,,failed" if not ln.startswith("dataset") else ln
-                         for ln in t.splitlines()), [], "no finished runs (24 failed)"),
-    (lambda t: t.replace("val_acc", "other"), ["--reference", "X"], "choose it on test accuracy with --select-on test"),
-    (None, ["--reference", "X", "--conditions", "X,W"], "no condition 'W'; there are: X, Y, Z"),
-    (None, ["--reference", "X", "--datasets", "C"], "no dataset 'C'; there are: A, B"),
-])
+@pytest.mark.parametrize(
+    "edit,args,needle",
+    [
+        (None, ["--reference", "MHA"], "reference condition 'MHA' is not among the conditions: X, Y, Z"),
+        (lambda t: t.replace("test_acc", "acc"), [], "missing column(s) test_acc"),
+        (
+            lambda t: "\n".join(ln for ln in t.splitlines() if not ln.startswith("B,Z")),
+            ["--reference", "X"],
+            "condition 'Z' has no runs on 1 of 2 datasets: B",
+        ),
+        (
+            lambda t: "\n".join(
+                ln
+                if ln.startswith(("dataset", "A,")) or not ln.startswith("B,Y")
+                else ln.rsplit(",", 3)[0] + ",,,failed"
+                for ln in t.splitlines()
+            ),
+            ["--reference", "X"],
+            "condition 'Y' has no usable finished run on B",
+        ),
+        (
+            lambda t: "\n".join(
+                ln.rsplit(",", 3)[0] + ",,,failed" if not ln.startswith("dataset") else ln for ln in t.splitlines()
+            ),
+            [],
+            "no finished runs (24 failed)",
+        ),
+        (
+            lambda t: t.replace("val_acc", "other"),
+            ["--reference", "X"],
+            "choose it on test accuracy with --select-on test",
+        ),
+        (None, ["--reference", "X", "--conditions", "X,W"], "no condition 'W'; there are: X, Y, Z"),
+        (None, ["--reference", "X", "--datasets", "C"], "no dataset 'C'; there are: A, B"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, edit, args, needle):
     p = tmp_path / "runs.csv"
     p.write_text(edit(RUNS_CSV) if edit else RUNS_CSV)
@@ -265,16 +333,23 @@ def test_bad_summary_and_missing_file(tmp_path, capsys):
 
 
 def test_cli_subprocess(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "analysis.report", "--csv", str(tmp_path / "nope.csv")],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "analysis.report", "--csv", str(tmp_path / "nope.csv")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert p.stderr.strip() == f"error: CSV file {str(tmp_path / 'nope.csv')!r} does not exist"
 
 
-@pytest.mark.parametrize("uri,needle", [
-    ("sqlite:////nonexistent/dir/m.db", "folder /nonexistent/dir does not exist"),
-    ("ftp://host/x", "unsupported tracking URI"),
-])
+@pytest.mark.parametrize(
+    "uri,needle",
+    [
+        ("sqlite:////nonexistent/dir/m.db", "folder /nonexistent/dir does not exist"),
+        ("ftp://host/x", "unsupported tracking URI"),
+    ],
+)
 def test_unusable_tracking_uri_exits_2(tmp_path, capsys, uri, needle):
     from analysis import export_best
 
@@ -286,6 +361,7 @@ def test_unusable_tracking_uri_exits_2(tmp_path, capsys, uri, needle):
 
 # ---------------------------------------------------------------- the reason each skipped test gives
 
+
 def _summary(tmp_path, table: pd.DataFrame):
     p = tmp_path / "summary.csv"
     table.to_csv(p, index_label="dataset")
@@ -295,12 +371,29 @@ def _summary(tmp_path, table: pd.DataFrame):
 @pytest.mark.parametrize("k", [4, 6])
 def test_friedman_skip_names_identical_conditions_not_their_number(tmp_path, capsys, k):
     table = pd.DataFrame({f"C{i}": [80.0, 70.0, 90.0] for i in range(k)}, index=["a", "b", "c"])
-    assert stats.friedman_skip(table) == (f"all {k} conditions have the same accuracy on every dataset "
-                                          "(every dataset ties them): there is no order to test")
+    assert stats.friedman_skip(table) == (
+        f"all {k} conditions have the same accuracy on every dataset "
+        "(every dataset ties them): there is no order to test"
+    )
     assert stats.friedman_skip(table.iloc[:, :2]) == "needs at least 3 conditions (have 2)"
     assert stats.friedman_skip(table.iloc[:1]) == "needs at least 2 datasets (have 1)"
-    assert report.main(["--csv", str(_summary(tmp_path, table)), "--out", str(tmp_path / "o"), "--reference", "C0",
-                        "--no-figures", "--bootstrap-reps", "50", "--no-hierarchical"]) == 0
+    assert (
+        report.main(
+            [
+                "--csv",
+                str(_summary(tmp_path, table)),
+                "--out",
+                str(tmp_path / "o"),
+                "--reference",
+                "C0",
+                "--no-figures",
+                "--bootstrap-reps",
+                "50",
+                "--no-hierarchical",
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert f"Friedman test: not run: all {k} conditions have the same accuracy on every dataset" in out
     assert "needs at least 3 conditions" not in out and "Warning" not in err
@@ -319,10 +412,27 @@ def test_hierarchical_skip_says_the_differences_have_no_spread():
 
 def test_a_shift_without_its_interval_says_why(tmp_path, capsys):
     # four datasets: the exact 95% Hodges-Lehmann interval needs six
-    table = pd.DataFrame({"A": [80.0, 70.0, 90.0, 60.0], "B": [78.0, 71.0, 85.0, 59.0],
-                          "C": [70.0, 65.0, 80.0, 50.0]}, index=["a", "b", "c", "d"])
-    assert report.main(["--csv", str(_summary(tmp_path, table)), "--out", str(tmp_path / "o"), "--reference", "A",
-                        "--no-figures", "--bootstrap-reps", "50", "--no-hierarchical"]) == 0
+    table = pd.DataFrame(
+        {"A": [80.0, 70.0, 90.0, 60.0], "B": [78.0, 71.0, 85.0, 59.0], "C": [70.0, 65.0, 80.0, 50.0]},
+        index=["a", "b", "c", "d"],
+    )
+    assert (
+        report.main(
+            [
+                "--csv",
+                str(_summary(tmp_path, table)),
+                "--out",
+                str(tmp_path / "o"),
+                "--reference",
+                "A",
+                "--no-figures",
+                "--bootstrap-reps",
+                "50",
+                "--no-hierarchical",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "(no CI: n < 6)" in (tmp_path / "o" / "posthoc.md").read_text()
     assert "has no interval: the exact 95% interval inverts the signed-rank test" in out
@@ -335,28 +445,61 @@ def test_a_finished_run_without_a_test_accuracy_is_counted_as_failed_with_a_line
     assert kind == "runs"
     row = runs[(runs["dataset"] == "A") & (runs["condition"] == "X") & (runs["lr"] == 0.1) & (runs["seed"] == 1)]
     assert row["status"].tolist() == ["failed"] and row["error"].tolist() == [load.NO_TEST_ACC]
-    assert report.main(["--csv", str(p), "--out", str(tmp_path / "o"), "--no-figures", "--reference", "X",
-                        "--bootstrap-reps", "50"]) == 0
+    assert (
+        report.main(
+            [
+                "--csv",
+                str(p),
+                "--out",
+                str(tmp_path / "o"),
+                "--no-figures",
+                "--reference",
+                "X",
+                "--bootstrap-reps",
+                "50",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert ("1 run(s) recorded as finished have no test accuracy: counted as failed, not averaged "
-            "(first: X on A, lr 0.1, seed 1)") in out
+    assert (
+        "1 run(s) recorded as finished have no test accuracy: counted as failed, not averaged "
+        "(first: X on A, lr 0.1, seed 1)"
+    ) in out
 
 
 def test_the_report_says_how_accuracy_was_counted_and_the_probe_fitted(tmp_path, capsys):
     lines = RUNS_CSV.strip().splitlines()
-    csv = "\n".join([lines[0] + ",accuracy,linear_probe_data"]
-                    + [ln + ",batch_mean,augmented" for ln in lines[1:]]).replace(",Z,", ",linear_probe,")
+    csv = "\n".join(
+        [lines[0] + ",accuracy,linear_probe_data"] + [ln + ",batch_mean,augmented" for ln in lines[1:]]
+    ).replace(",Z,", ",linear_probe,")
     p = tmp_path / "runs.csv"
     p.write_text(csv + "\n")
-    assert report.main(["--csv", str(p), "--out", str(tmp_path / "o"), "--no-figures", "--reference", "X",
-                        "--bootstrap-reps", "50"]) == 0
+    assert (
+        report.main(
+            [
+                "--csv",
+                str(p),
+                "--out",
+                str(tmp_path / "o"),
+                "--no-figures",
+                "--reference",
+                "X",
+                "--bootstrap-reps",
+                "50",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert ("Accuracy: the mean of per-batch accuracies, as the paper's code counts (accuracy: batch_mean)"
-            in out)
-    assert ("Linear probe: fitted on one augmented pass of training batches, as the paper's code "
-            "(linear_probe_data: augmented)") in out
+    assert "Accuracy: the mean of per-batch accuracies, as the paper's code counts (accuracy: batch_mean)" in out
+    assert (
+        "Linear probe: fitted on one augmented pass of training batches, as the paper's code "
+        "(linear_probe_data: augmented)"
+    ) in out
     from raystudy import tracking
 
-    row = tracking.run_row("r", "FINISHED", {"raystudy.status": "finished"}, {"lr": "0.1", "seed": "0"},
-                           {"test_acc": 0.5})
+    row = tracking.run_row(
+        "r", "FINISHED", {"raystudy.status": "finished"}, {"lr": "0.1", "seed": "0"}, {"test_acc": 0.5}
+    )
     assert (row["accuracy"], row["linear_probe_data"]) == ("per_image", "clean")  # runs before the keys

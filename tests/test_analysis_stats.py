@@ -37,8 +37,7 @@ def toy_runs() -> pd.DataFrame:
         ("B", "Y", 0.3, 0, 0.95, 0.96, "finished"),
         ("B", "Y", 0.3, 1, math.nan, math.nan, "diverged"),
     ]
-    return pd.DataFrame(rows, columns=["dataset", "condition", "lr", "seed", "val_acc", "test_acc",
-                                       "status"])
+    return pd.DataFrame(rows, columns=["dataset", "condition", "lr", "seed", "val_acc", "test_acc", "status"])
 
 
 def test_seed_means_count_statuses_and_skip_unfinished():
@@ -120,9 +119,9 @@ def test_holm_by_hand():
     adj = stats.holm([0.01, 0.04, 0.03])
     assert adj.tolist() == pytest.approx([0.03, 0.06, 0.06])
     assert (adj <= 0.05).tolist() == [True, False, False]
-    assert stats.holm([0.5, 0.9]).tolist() == [1.0, 1.0]          # capped at 1
+    assert stats.holm([0.5, 0.9]).tolist() == [1.0, 1.0]  # capped at 1
     out = stats.holm([0.02, math.nan])
-    assert out[0] == pytest.approx(0.02) and math.isnan(out[1])   # NaN stays out of m
+    assert out[0] == pytest.approx(0.02) and math.isnan(out[1])  # NaN stays out of m
 
 
 @settings(max_examples=50, deadline=None)
@@ -165,8 +164,7 @@ def test_signed_rank_null_with_ties_by_hand_and_against_scipy():
     # scipy computes the same exact p by a (slow) permutation test when |d| has ties
     d = np.array([0.4, 0.4, -0.1, 0.9, 0.4, 1.2, -0.9, 0.3, 0.3, 0.7, 0.8])
     for alt in ("greater", "less", "two-sided"):
-        assert stats.wilcoxon(d, np.zeros_like(d), alt)[1] == pytest.approx(
-            st.wilcoxon(d, alternative=alt).pvalue)
+        assert stats.wilcoxon(d, np.zeros_like(d), alt)[1] == pytest.approx(st.wilcoxon(d, alternative=alt).pvalue)
 
 
 def test_paired_t_by_hand_and_against_scipy():
@@ -184,7 +182,7 @@ def test_paired_tests_table_reference_against_each_other():
     assert list(tests.index) == ["LN1", "FC1"]
     ln1 = tests.loc["LN1"]
     assert ln1["mean_diff"] == 1.0 and ln1["wilcoxon_W"] == 15.0 and ln1["wilcoxon_p"] == pytest.approx(1 / 32)
-    assert math.isnan(ln1["t"])                     # identical differences: t undefined
+    assert math.isnan(ln1["t"])  # identical differences: t undefined
     fc1 = tests.loc["FC1"]
     # the paper's t-test is two-sided (scipy's default); the Wilcoxon one-sided
     assert fc1["t_p"] == pytest.approx(st.ttest_rel(table["MHA"], table["FC1"]).pvalue)
@@ -244,10 +242,20 @@ def test_spearman():
 
 
 def test_pool_plasticity():
-    df = pd.DataFrame({
-        "model": "m", "dataset": "d", "mode": "shared", "layer": 0, "component": "MHA",
-        "mean": [1.0, 3.0], "std": [1.0, 1.0], "n": [10, 10], "ci_low": 0.0, "ci_high": 0.0,
-    })
+    df = pd.DataFrame(
+        {
+            "model": "m",
+            "dataset": "d",
+            "mode": "shared",
+            "layer": 0,
+            "component": "MHA",
+            "mean": [1.0, 3.0],
+            "std": [1.0, 1.0],
+            "n": [10, 10],
+            "ci_low": 0.0,
+            "ci_high": 0.0,
+        }
+    )
     p = stats.pool_plasticity(df).iloc[0]
     # mean 2; var = (9·1 + 9·1 + 10·1 + 10·1) / 19 = 2; half = 1.96 · sqrt(2/20)
     assert p["mean"] == 2.0 and p["n"] == 20 and p["std"] == pytest.approx(math.sqrt(2))
@@ -258,8 +266,9 @@ def test_pool_plasticity():
 
 def test_plasticity_vs_accuracy():
     plast = pd.DataFrame({"MHA": [3.0, 2.5], "FC1": [2.0, 2.0], "LN1": [1.0, 0.5]}, index=["d1", "d2"])
-    acc = pd.DataFrame({"MHA": [90.0, 80], "FC1": [85.0, 70], "LN1": [80.0, 75], "full": [95.0, 90]},
-                       index=["d1", "d2"])
+    acc = pd.DataFrame(
+        {"MHA": [90.0, 80], "FC1": [85.0, 70], "LN1": [80.0, 75], "full": [95.0, 90]}, index=["d1", "d2"]
+    )
     ranking, corr = stats.plasticity_vs_accuracy(plast, acc)
     assert list(ranking.index) == ["MHA", "FC1", "LN1"]
     assert ranking.loc["MHA", "plasticity_rank"] == 1.0 and ranking.loc["LN1", "accuracy_rank"] == 2.5
@@ -283,6 +292,7 @@ def _exact_signed_rank(d_hundredths, alternative):
     import itertools
 
     from scipy import stats as st
+
     nz = [x for x in d_hundredths if x != 0]
     r = st.rankdata([abs(x) for x in nz])
     w = sum(ri for ri, x in zip(r, nz) if x > 0)

@@ -8,8 +8,10 @@ from analysis import tables
 
 
 def small() -> pd.DataFrame:
-    df = pd.DataFrame({"cifar_10": ["90.8 ± 0.3", tables.DASH], "avg": [1.5, math.nan]},
-                      index=pd.Index(["MHA", "LN1"], name="condition"))
+    df = pd.DataFrame(
+        {"cifar_10": ["90.8 ± 0.3", tables.DASH], "avg": [1.5, math.nan]},
+        index=pd.Index(["MHA", "LN1"], name="condition"),
+    )
     return df
 
 
@@ -24,18 +26,27 @@ def test_cell_formats():
 
 def test_markdown_lines_up():
     text = tables.markdown(small())
-    assert text == ("| condition | cifar_10   | avg    |\n"
-                    "|-----------|------------|--------|\n"
-                    "| MHA       | 90.8 ± 0.3 | 1.5000 |\n"
-                    "| LN1       | —          | —      |\n")
+    assert text == (
+        "| condition | cifar_10   | avg    |\n"
+        "|-----------|------------|--------|\n"
+        "| MHA       | 90.8 ± 0.3 | 1.5000 |\n"
+        "| LN1       | —          | —      |\n"
+    )
     assert tables.markdown(pd.DataFrame({"a|b": ["x"]}), index=False).splitlines()[0] == r"| a\|b |"
 
 
 def test_latex_escapes():
     text = tables.latex(small())
     assert text.splitlines() == [
-        r"\begin{tabular}{lrr}", r"\toprule", r"condition & cifar\_10 & avg \\", r"\midrule",
-        r"MHA & 90.8 $\pm$ 0.3 & 1.5000 \\", r"LN1 & -- & -- \\", r"\bottomrule", r"\end{tabular}"]
+        r"\begin{tabular}{lrr}",
+        r"\toprule",
+        r"condition & cifar\_10 & avg \\",
+        r"\midrule",
+        r"MHA & 90.8 $\pm$ 0.3 & 1.5000 \\",
+        r"LN1 & -- & -- \\",
+        r"\bottomrule",
+        r"\end{tabular}",
+    ]
     assert tables.latex_escape("50% & #1") == r"50\% \& \#1"
 
 
@@ -50,13 +61,18 @@ def test_write_table_keeps_numbers_in_csv(tmp_path):
 
 
 def test_accuracy_and_status_tables():
-    best = pd.DataFrame({"dataset": ["A", "A", "B"], "condition": ["X", "Y", "X"],
-                         "test_mean": [0.71, 0.61, 0.91], "test_std": [0.01, 0.01, math.nan]})
+    best = pd.DataFrame(
+        {
+            "dataset": ["A", "A", "B"],
+            "condition": ["X", "Y", "X"],
+            "test_mean": [0.71, 0.61, 0.91],
+            "test_std": [0.01, 0.01, math.nan],
+        }
+    )
     avg = pd.Series({"X": 0.81, "Y": 0.61})
     t = tables.accuracy_table(best, ["X", "Y"], avg, pd.Series({"X": 1.0, "Y": 2.0}), scale=100)
     assert t.loc["X"].tolist() == ["71.0 ± 1.0", "91.0", "81.0", "1.00"]
     assert t.loc["Y", "B"] == tables.DASH
-    runs = pd.DataFrame({"condition": ["X", "X", "Y", "Y"],
-                         "status": ["finished", "diverged", "finished", "running"]})
+    runs = pd.DataFrame({"condition": ["X", "X", "Y", "Y"], "status": ["finished", "diverged", "finished", "running"]})
     s = tables.status_table(runs, ["X", "Y"])
     assert s.loc["X"].tolist() == [2, 1, 1, 0, 0] and s.loc["Y", "running"] == 1

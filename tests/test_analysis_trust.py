@@ -16,8 +16,14 @@ from analysis import AnalysisError, bayes, intervals, stats
 
 
 def test_score_array_pairs_runs_by_seed_and_leaves_gaps():
-    sel = pd.DataFrame({"condition": ["A", "A", "B", "A"], "dataset": ["d1", "d1", "d1", "d2"],
-                        "seed": [0, 2, 2, 0], "test_acc": [0.1, 0.2, 0.3, 0.4]})
+    sel = pd.DataFrame(
+        {
+            "condition": ["A", "A", "B", "A"],
+            "dataset": ["d1", "d1", "d1", "d2"],
+            "seed": [0, 2, 2, 0],
+            "test_acc": [0.1, 0.2, 0.3, 0.4],
+        }
+    )
     scores, seeds = intervals.score_array(sel, ["A", "B"], ["d1", "d2"])
     assert seeds == [0, 2] and scores.shape == (2, 2, 2)
     assert scores[0, 0].tolist() == [0.1, 0.2] and scores[0, 1, 0] == 0.4
@@ -46,7 +52,7 @@ def toy_scores(seed=3, K=3, D=5, S=4):
     rng = np.random.default_rng(seed)
     base = rng.uniform(0.6, 0.95, size=(1, D, 1))
     scores = base + np.array([0.0, -0.01, -0.03])[:K, None, None] + rng.normal(0, 0.01, (K, D, S))
-    scores[1, 2, 3] = np.nan                        # a missing seed is never drawn
+    scores[1, 2, 3] = np.nan  # a missing seed is never drawn
     return scores
 
 
@@ -66,8 +72,9 @@ def naive_bootstrap(scores, reps, seed):
                 rows.append(rng.choice(seeds, len(seeds)))
             drawn.append(rows)
             means[r, k] = np.mean([row.mean() for row in rows])
-        poi[r] = np.mean([np.mean([(a > b) + 0.5 * (a == b) for a in xa for b in xb])
-                          for xa, xb in zip(drawn[0], drawn[1])])
+        poi[r] = np.mean(
+            [np.mean([(a > b) + 0.5 * (a == b) for a in xa for b in xb]) for xa, xb in zip(drawn[0], drawn[1])]
+        )
     return means, poi
 
 
@@ -113,7 +120,7 @@ def test_rank_correlation_rows_is_spearman():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
     y[0] = x[0] ** 3
-    x[1, :2] = 1.0                                   # ties
+    x[1, :2] = 1.0  # ties
     rho = intervals.rank_correlation_rows(x, y)
     for i in range(4):
         assert rho[i] == pytest.approx(st.spearmanr(x[i], y[i]).statistic)
@@ -121,19 +128,17 @@ def test_rank_correlation_rows_is_spearman():
 
 
 def test_correlation_intervals_shapes_and_perfect_order():
-    scores = toy_scores(K=3)                          # A > B > C on average
-    measure = pd.DataFrame([[3.0, 2.0, 1.0]] * 5, columns=["A", "B", "C"],
-                           index=[f"d{i}" for i in range(5)])
-    corr = intervals.correlation_intervals(measure, scores, ["A", "B", "C"], list(measure.index),
-                                           reps=200, seed=0)
+    scores = toy_scores(K=3)  # A > B > C on average
+    measure = pd.DataFrame([[3.0, 2.0, 1.0]] * 5, columns=["A", "B", "C"], index=[f"d{i}" for i in range(5)])
+    corr = intervals.correlation_intervals(measure, scores, ["A", "B", "C"], list(measure.index), reps=200, seed=0)
     assert list(corr["dataset"]) == list(measure.index) + ["mean"]
     assert ((corr["low"] <= corr["rho"] + 1e-12) & (corr["rho"] <= corr["high"] + 1e-12)).all()
     with pytest.raises(AnalysisError, match="at least three components"):
-        intervals.correlation_intervals(measure[["A", "B"]], scores, ["A", "B", "C"],
-                                        list(measure.index))
+        intervals.correlation_intervals(measure[["A", "B"]], scores, ["A", "B", "C"], list(measure.index))
 
 
 # ---------------------------------------------------------------- Bayesian tests
+
 
 def test_signed_rank_is_baycomps_test():
     baycomp = pytest.importorskip("baycomp")
@@ -153,7 +158,7 @@ def test_signed_rank_by_hand_on_clear_cases():
     x = np.arange(8.0)
     # b better on every dataset; only the prior's pseudo-observation at 0 leaves a little doubt
     assert bayes.signed_rank(x, x + 2.0, 0.5)["p_b"] > 0.999
-    assert bayes.signed_rank(x, x + 0.1, 0.5)["p_rope"] == 1.0       # always inside the ROPE
+    assert bayes.signed_rank(x, x + 0.1, 0.5)["p_rope"] == 1.0  # always inside the ROPE
     assert math.isnan(bayes.signed_rank([1.0], [2.0], 0.5)["p_rope"])  # one dataset: no test
 
 
@@ -203,13 +208,15 @@ def test_truncated_samplers_match_their_distributions():
     mean = integrate.quad(lambda t: t * pdf(t), 1, 3)[0] / integrate.quad(pdf, 1, 3)[0]
     assert g.min() >= 1 and g.max() <= 3 and g.mean() == pytest.approx(mean, abs=0.01)
     h = bayes._gamma_above(np.full(40000, 2.0), np.ones(40000), np.full(40000, 1.0), rng)
-    assert h.min() >= 1 and h.mean() == pytest.approx(st.gamma.expect(lambda t: t, (2.0,), lb=1,
-                                                                      conditional=True), abs=0.02)
+    assert h.min() >= 1 and h.mean() == pytest.approx(
+        st.gamma.expect(lambda t: t, (2.0,), lb=1, conditional=True), abs=0.02
+    )
     n = bayes._trunc_normal(np.zeros(40000), np.ones(40000), -0.5, 2.0, rng)
     assert n.min() >= -0.5 and n.mean() == pytest.approx(st.truncnorm.mean(-0.5, 2.0), abs=0.01)
 
 
 # ---------------------------------------------------------------- effect sizes
+
 
 def test_hodges_lehmann_by_hand():
     # d = 1, 2, 10: Walsh averages 1, 1.5, 2, 5.5, 6, 10 -> median 3.75; n = 3: no 95% interval
@@ -246,8 +253,9 @@ def test_holm_matches_statsmodels():
 
 def test_wilcoxon_cliques_follow_the_holm_decisions():
     r = pd.Series({"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0})
-    pairs = pd.DataFrame({"a": ["a", "a", "b", "c"], "b": ["c", "d", "d", "d"],
-                          "significant": [True, True, False, False]})
+    pairs = pd.DataFrame(
+        {"a": ["a", "a", "b", "c"], "b": ["c", "d", "d", "d"], "significant": [True, True, False, False]}
+    )
     # a–c significant: a joins b only; b, c, d share no significant pair
     assert stats.wilcoxon_cliques(r, pairs) == [["a", "b"], ["b", "c", "d"]]
     # the Nemenyi bars are rank_cliques with "ranks apart by CD or more"
@@ -256,6 +264,7 @@ def test_wilcoxon_cliques_follow_the_holm_decisions():
 
 
 # ---------------------------------------------------------------- tuning budget, variance
+
 
 def test_expected_max_by_hand():
     # values 1, 2, 3: E[max of 1] = 2; of 2: 1·1/9 + 2·3/9 + 3·5/9 = 22/9
@@ -267,11 +276,21 @@ def test_expected_max_by_hand():
 
 
 def test_tuning_budget_and_lr_edges():
-    means = pd.DataFrame({"dataset": ["d"] * 3 + ["e"] * 2, "condition": ["X"] * 5,
-                          "lr": [0.1, 0.3, 1.0, 0.1, 0.3],
-                          "val_mean": [1.0, 2.0, 3.0, 5.0, 4.0], "test_mean": [1.0, 2.0, 3.0, 5.0, 4.0],
-                          "val_std": 0.0, "test_std": 0.0, "n_runs": 1, "n": 1, "n_diverged": 0,
-                          "n_failed": 0})
+    means = pd.DataFrame(
+        {
+            "dataset": ["d"] * 3 + ["e"] * 2,
+            "condition": ["X"] * 5,
+            "lr": [0.1, 0.3, 1.0, 0.1, 0.3],
+            "val_mean": [1.0, 2.0, 3.0, 5.0, 4.0],
+            "test_mean": [1.0, 2.0, 3.0, 5.0, 4.0],
+            "val_std": 0.0,
+            "test_std": 0.0,
+            "n_runs": 1,
+            "n": 1,
+            "n_diverged": 0,
+            "n_failed": 0,
+        }
+    )
     b = stats.tuning_budget(means).set_index("n_lrs")
     # n = 2: d gives 22/9; e (values 4, 5): 4·1/4 + 5·3/4 = 4.75; mean over the datasets
     assert b.loc[2, "expected_val"] == pytest.approx((22 / 9 + 4.75) / 2)
@@ -283,16 +302,23 @@ def test_tuning_budget_and_lr_edges():
 
 def test_variance_decomposition_by_hand():
     # one dataset pair: d1 has lr a (1, 3) and lr b (5, 7); d2 has lr a (11, 13)
-    runs = pd.DataFrame({"condition": "X", "dataset": ["d1"] * 4 + ["d2"] * 2,
-                         "lr": ["a", "a", "b", "b", "a", "a"], "seed": [0, 1, 0, 1, 0, 1],
-                         "test_acc": [1.0, 3.0, 5.0, 7.0, 11.0, 13.0], "status": "finished"})
+    runs = pd.DataFrame(
+        {
+            "condition": "X",
+            "dataset": ["d1"] * 4 + ["d2"] * 2,
+            "lr": ["a", "a", "b", "b", "a", "a"],
+            "seed": [0, 1, 0, 1, 0, 1],
+            "test_acc": [1.0, 3.0, 5.0, 7.0, 11.0, 13.0],
+            "status": "finished",
+        }
+    )
     v = stats.variance_decomposition(runs).iloc[0]
     # grand mean 40/6; dataset means 4 (x4) and 12 (x2); lr means 2, 6 (d1) and 12
     y = runs["test_acc"].to_numpy()
     assert v["var_total"] == pytest.approx(np.var(y))
     assert v["var_dataset"] == pytest.approx((4 * (4 - 40 / 6) ** 2 + 2 * (12 - 40 / 6) ** 2) / 6)
-    assert v["var_lr"] == pytest.approx(4 * 4 / 6)            # |2 − 4| = |6 − 4| = 2 on four runs
-    assert v["var_seed"] == pytest.approx(1.0)                # every run 1 from its cell mean
+    assert v["var_lr"] == pytest.approx(4 * 4 / 6)  # |2 − 4| = |6 − 4| = 2 on four runs
+    assert v["var_seed"] == pytest.approx(1.0)  # every run 1 from its cell mean
     assert v["var_dataset"] + v["var_lr"] + v["var_seed"] == pytest.approx(v["var_total"])
 
 
@@ -307,8 +333,9 @@ def study_csv(tmp_path_factory):
     from analysis.synthetic import fake_runs
 
     p = tmp_path_factory.mktemp("study") / "runs.csv"
-    fake_runs(n_datasets=4, conditions=("LN1", "MHA", "FC1", "linear_probe"), lrs=(0.001, 0.01, 0.1),
-              seeds=(0, 1, 2), seed=1).to_csv(p, index=False)
+    fake_runs(
+        n_datasets=4, conditions=("LN1", "MHA", "FC1", "linear_probe"), lrs=(0.001, 0.01, 0.1), seeds=(0, 1, 2), seed=1
+    ).to_csv(p, index=False)
     return p
 
 
@@ -318,9 +345,12 @@ def test_report_writes_every_new_table_and_figure(study_csv, tmp_path, capsys):
     out = tmp_path / "out"
     assert report.main(["--csv", str(study_csv), "--out", str(out), "--bootstrap-reps", "300"]) == 0
     text = capsys.readouterr().out
-    for title in ("## Interval estimates (stratified bootstrap)",
-                  "## Practical equivalence (ROPE ±0.5 accuracy points)",
-                  "## Tuning budget and the lr grid", "## Where the spread comes from"):
+    for title in (
+        "## Interval estimates (stratified bootstrap)",
+        "## Practical equivalence (ROPE ±0.5 accuracy points)",
+        "## Tuning budget and the lr grid",
+        "## Where the spread comes from",
+    ):
         assert title in text
     assert "- MHA vs FC1: " in text and "hierarchical: " in text
     for name in NEW_TABLES:
@@ -330,7 +360,7 @@ def test_report_writes_every_new_table_and_figure(study_csv, tmp_path, capsys):
         assert (out / "figures" / f"{fig}.png").read_bytes()[:4] == b"\x89PNG"
         assert (out / "figures" / f"{fig}.pdf").read_bytes()[:4] == b"%PDF"
     rope = pd.read_csv(out / "rope.csv")
-    assert len(rope) == 6 and list(rope.loc[:2, "a"]) == ["MHA"] * 3          # reference first
+    assert len(rope) == 6 and list(rope.loc[:2, "a"]) == ["MHA"] * 3  # reference first
     for t in ("signed_rank", "hierarchical"):
         assert rope[[f"{t}_p_a", f"{t}_p_rope", f"{t}_p_b"]].sum(axis=1).to_numpy() == pytest.approx(1.0)
     # the signed-rank column is the function's output on the per-dataset means of the tables
@@ -356,9 +386,29 @@ def test_report_flags(study_csv, tmp_path, capsys):
     from analysis import report
 
     out = tmp_path / "out"
-    assert report.main(["--csv", str(study_csv), "--out", str(out), "--bootstrap-reps", "200",
-                        "--rope", "2", "--no-hierarchical", "--cd-cliques", "wilcoxon",
-                        "--bootstrap-over", "seeds", "--bootstrap-seed", "3", "--no-figures"]) == 0
+    assert (
+        report.main(
+            [
+                "--csv",
+                str(study_csv),
+                "--out",
+                str(out),
+                "--bootstrap-reps",
+                "200",
+                "--rope",
+                "2",
+                "--no-hierarchical",
+                "--cd-cliques",
+                "wilcoxon",
+                "--bootstrap-over",
+                "seeds",
+                "--bootstrap-seed",
+                "3",
+                "--no-figures",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "## Practical equivalence (ROPE ±2 accuracy points)" in text
     assert "Hierarchical test: off (--no-hierarchical)." in text
@@ -372,8 +422,12 @@ def test_report_flags(study_csv, tmp_path, capsys):
 def test_report_degrades_on_one_dataset_and_one_seed(study_csv, tmp_path, capsys):
     from analysis import report
 
-    assert report.main(["--csv", str(study_csv), "--out", str(tmp_path / "a"), "--datasets", "ds00",
-                        "--bootstrap-reps", "100"]) == 0
+    assert (
+        report.main(
+            ["--csv", str(study_csv), "--out", str(tmp_path / "a"), "--datasets", "ds00", "--bootstrap-reps", "100"]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "One dataset (ds00): the Bayesian tests compare conditions over datasets" in text
     assert "One dataset: the intervals reflect seeds only." in text
@@ -400,7 +454,9 @@ def test_report_says_when_no_interval_can_be_estimated(study_csv, tmp_path, caps
     runs = pd.read_csv(study_csv)
     one = tmp_path / "one_seed.csv"
     runs[runs["seed"] == 0].to_csv(one, index=False)
-    assert report.main(["--csv", str(one), "--out", str(tmp_path / "a"), "--bootstrap-over", "seeds",
-                        "--no-hierarchical"]) == 0
+    assert (
+        report.main(["--csv", str(one), "--out", str(tmp_path / "a"), "--bootstrap-over", "seeds", "--no-hierarchical"])
+        == 0
+    )
     assert "datasets fixed (--bootstrap-over seeds): no interval can be estimated." in capsys.readouterr().out
     assert not (tmp_path / "a" / "intervals.csv").exists()

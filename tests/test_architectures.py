@@ -18,8 +18,9 @@ from raystudy import plasticity as P
 
 
 def vit(**kw):
-    return VisionTransformer(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2,
-                             num_classes=10, **kw)
+    return VisionTransformer(
+        img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_classes=10, **kw
+    )
 
 
 def gpt2_tiny(attention: str = "sdpa"):
@@ -32,10 +33,12 @@ def gpt2_tiny(attention: str = "sdpa"):
 # pooling's fc_norm, CLIP's pre-norm) each get a case.
 MODELS = {
     "vit": (A.VIT, vit, lambda: torch.randn(3, 1, 16, 16)),
-    "vit_layerscale_registers": (A.VIT, lambda: vit(init_values=1e-5, reg_tokens=2),
-                                 lambda: torch.randn(3, 1, 16, 16)),
-    "vit_avg_pool_no_cls": (A.VIT, lambda: vit(class_token=False, global_pool="avg"),
-                            lambda: torch.randn(3, 1, 16, 16)),
+    "vit_layerscale_registers": (A.VIT, lambda: vit(init_values=1e-5, reg_tokens=2), lambda: torch.randn(3, 1, 16, 16)),
+    "vit_avg_pool_no_cls": (
+        A.VIT,
+        lambda: vit(class_token=False, global_pool="avg"),
+        lambda: torch.randn(3, 1, 16, 16),
+    ),
     "vit_pre_norm": (A.VIT, lambda: vit(pre_norm=True), lambda: torch.randn(3, 1, 16, 16)),
     "gpt2": (A.GPT2, gpt2_tiny, lambda: torch.randint(0, 256, (3, 12))),
     "gpt2_eager": (A.GPT2, lambda: gpt2_tiny("eager"), lambda: torch.randint(0, 256, (3, 12))),
@@ -93,8 +96,9 @@ def test_the_model_and_its_name_find_the_record(case):
     assert A.of_model(torch.nn.Linear(2, 2)) is None
 
 
-@pytest.mark.parametrize("name,arch", [("vit_demo", A.VIT), ("vit_base", A.VIT), ("gpt2_tiny", A.GPT2),
-                                       ("gpt2", A.GPT2)])
+@pytest.mark.parametrize(
+    "name,arch", [("vit_demo", A.VIT), ("vit_base", A.VIT), ("gpt2_tiny", A.GPT2), ("gpt2", A.GPT2)]
+)
 def test_a_model_name_finds_its_record(name, arch):
     assert models.architecture(name) is arch
     assert models.takes_tokens(name) == arch.tokens == (arch.inputs == "token ids")

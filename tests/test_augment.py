@@ -20,8 +20,7 @@ def boxes(H, W, n=N, seed=0):
 def torchvision_boxes(H, W, n=N, seed=1):
     torch.manual_seed(seed)
     img = torch.zeros(1, H, W)
-    return np.array([RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(n)],
-                    dtype=float)
+    return np.array([RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(n)], dtype=float)
 
 
 def fallback_box(H, W):
@@ -89,8 +88,9 @@ def test_crop_resample_is_torchvisions_resized_crop(box):
     pixels outside it: the two differ only within half a source pixel of the edge.
     """
     img = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (1, 3, 32, 32), dtype=np.uint8))
-    got = augment.resample(img, torch.tensor([[32, 32]]), torch.tensor([box], dtype=torch.float64),
-                           224, (0,) * 3, (1,) * 3)[0]
+    got = augment.resample(
+        img, torch.tensor([[32, 32]]), torch.tensor([box], dtype=torch.float64), 224, (0,) * 3, (1,) * 3
+    )[0]
     want = TF.resized_crop(img[0].float() / 255, *box, [224, 224], antialias=False)
     m = int(np.ceil(224 / (2 * min(box[2], box[3])))) + 1
     assert (got - want)[:, m:-m, m:-m].abs().max() < 1e-4

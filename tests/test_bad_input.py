@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from drivers import driver_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,7 +61,7 @@ GARBAGE_PT = {"garbage.pt": b"PK\x03\x04 this is not a checkpoint" * 8}
 STORE = {"mlflow.db": "TEMPLATE"}  # an empty MLflow store (a copy of the session's template)
 DAMAGED = {"mlflow.db": "DAMAGED"}  # a real MLflow store holding a run, pages in its middle overwritten
 DB = "sqlite:///{in}/mlflow.db"
-BIG = str(10 ** 12)
+BIG = str(10**12)
 
 CASES = [
     # ------------------------------------------------------------------ grid
@@ -83,8 +84,12 @@ CASES = [
     ("grid", GS, G(models={"vit_demo": {"workers": 0}}), "workers must be an integer >= 1"),
     ("grid", GS, G(models={"vit_demo": {"cpu": -1}}), "cpu must be a number >= 0"),
     ("grid", ["--adaptive", "asha", "--dry-run"], {}, "--adaptive 'asha': unknown policy; valid: identity"),
-    ("grid", ["--adaptive", "seeds", "--dry-run"], {},
-     "--adaptive 'seeds': unknown policy; valid: identity, halving, race"),
+    (
+        "grid",
+        ["--adaptive", "seeds", "--dry-run"],
+        {},
+        "--adaptive 'seeds': unknown policy; valid: identity, halving, race",
+    ),
     ("grid", GS, G(models={"vit_demo": {"gpu": "a"}}), "gpu must be a number >= 0"),
     ("grid", GS, G(models={"vit_demo": {"cpu": 1, "step_seconds": -2}}), "step_seconds must be"),
     ("grid", GS, G(models={"vit_demo": []}), "must be a mapping"),
@@ -109,8 +114,12 @@ CASES = [
     ("grid", ["--storage", "{in}/afile", "--dry-run"], AFILE, "is a file, not a folder"),
     ("grid", ["--storage", "/proc/raystudy-ro/ray", "--dry-run"], {}, "cannot write"),
     ("grid", ["--tracking-uri", "sqlite:////proc/mlflow.db", "--dry-run"], {}, "cannot write"),
-    ("grid", ["--tracking-uri", "sqlite:///{in}/garbage.db", "--dry-run"], {"garbage.db": BINARY * 10},
-     "is not an SQLite database"),
+    (
+        "grid",
+        ["--tracking-uri", "sqlite:///{in}/garbage.db", "--dry-run"],
+        {"garbage.db": BINARY * 10},
+        "is not an SQLite database",
+    ),
     ("grid", ["--tracking-uri", "ftp://x", "--dry-run"], {}, "unsupported tracking URI"),
     ("grid", ["--set", "weights={in}/garbage.pt", "--dry-run"], GARBAGE_PT, "is not a model checkpoint"),
     ("grid", ["--set", "device=tpu", "--dry-run"], {}, "unknown device 'tpu'"),
@@ -190,10 +199,18 @@ CASES = [
     ("finetune", ["--threads", "0"] + FAST, {}, "--threads must be >= 1"),
     ("finetune", ["--threads", "x"] + FAST, {}, "invalid int value"),
     ("finetune", ["--tracking-uri", "ftp://x"] + FAST, {}, "unsupported tracking URI"),
-    ("finetune", ["--tracking-uri", "sqlite:///{in}/garbage.db"] + FAST, {"garbage.db": BINARY * 10},
-     "is not an SQLite database"),
-    ("finetune", ["--dataset", "cifar10c_snow", "--set", "data_root={in}/none", "--set", "pretrained=false"] + FAST,
-     {}, "CIFAR-10-C"),  # found missing at load time: no MLflow run, no files
+    (
+        "finetune",
+        ["--tracking-uri", "sqlite:///{in}/garbage.db"] + FAST,
+        {"garbage.db": BINARY * 10},
+        "is not an SQLite database",
+    ),
+    (
+        "finetune",
+        ["--dataset", "cifar10c_snow", "--set", "data_root={in}/none", "--set", "pretrained=false"] + FAST,
+        {},
+        "CIFAR-10-C",
+    ),  # found missing at load time: no MLflow run, no files
     # ------------------------------------------------------------------ probe
     ("probe", ["--pairs", "0"], {}, "--pairs must be >= 1"),
     ("probe", ["--pairs", "x"], {}, "invalid int value"),
@@ -245,59 +262,127 @@ CASES = [
     ("report", ["--csv", "{in}/r.csv", "--bootstrap-reps", "x"], {"r.csv": "RUNS"}, "invalid int value"),
     ("report", ["--csv", "{in}/r.csv", "--select-on", "train"], {"r.csv": "RUNS"}, "invalid choice"),
     ("report", ["--csv", "{in}/r.csv", "--out", "{in}/afile"], {"r.csv": "RUNS", **AFILE}, "is a file, not a folder"),
-    ("report", ["--csv", "{in}/r.csv", "--plasticity", "{in}/bin.csv"], {"r.csv": "RUNS", "bin.csv": BINARY * 4},
-     "is not a readable CSV"),
+    (
+        "report",
+        ["--csv", "{in}/r.csv", "--plasticity", "{in}/bin.csv"],
+        {"r.csv": "RUNS", "bin.csv": BINARY * 4},
+        "is not a readable CSV",
+    ),
     ("report", ["--experiment", "nope", "--tracking-uri", "sqlite:///{in}/mlflow.db"], STORE, "nope"),
-    ("report", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/garbage.db"], {"garbage.db": BINARY * 10},
-     "is not an SQLite database"),
+    (
+        "report",
+        ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/garbage.db"],
+        {"garbage.db": BINARY * 10},
+        "is not an SQLite database",
+    ),
     ("report", ["--experiment", "x", "--tracking-uri", "ftp://x"], {}, "unsupported tracking URI"),
     ("report", ["--experiment", "x"], {}, "no MLflow store at"),  # and no empty mlflow.db made
     ("report", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/none.db"], {}, "no MLflow store at"),
     # refused once the runs are read, still before the output folder (the default, analysis_out) exists
-    ("report", ["--csv", "{in}/r.csv", "--reference", "XYZ"], {"r.csv": "RUNS"},
-     "reference condition 'XYZ' is not among the conditions: MHA, FC1"),
-    ("report", ["--csv", "{in}/r.csv", "--gain-reference", "XYZ"], {"r.csv": "RUNS"},
-     "gain reference 'XYZ' is not among the conditions: MHA, FC1"),
+    (
+        "report",
+        ["--csv", "{in}/r.csv", "--reference", "XYZ"],
+        {"r.csv": "RUNS"},
+        "reference condition 'XYZ' is not among the conditions: MHA, FC1",
+    ),
+    (
+        "report",
+        ["--csv", "{in}/r.csv", "--gain-reference", "XYZ"],
+        {"r.csv": "RUNS"},
+        "gain reference 'XYZ' is not among the conditions: MHA, FC1",
+    ),
     ("report", ["--csv", "{in}/r.csv", "--conditions", "MHA,XYZ"], {"r.csv": "RUNS"}, "no condition 'XYZ'"),
     ("report", ["--csv", "{in}/r.csv", "--datasets", "ds00,nope"], {"r.csv": "RUNS"}, "no dataset 'nope'"),
-    ("report", ["--csv", "{in}/r.csv", "--paper-comparison"], {"r.csv": "RUNS"},
-     "the compared condition(s) LN1, LN2, FC2 are not among the conditions analysed"),
-    ("report", ["--csv", "{in}/s.csv"],
-     {"s.csv": "dataset,condition,mean\nA,MHA,0.9\nA,FC1,\nB,MHA,0.8\nB,FC1,0.7\n"},
-     "condition 'FC1' has no usable finished run on A"),
-    ("report", ["--csv", "{in}/w.csv"], {"w.csv": "dataset,MHA,FC1\nA,90.1,\nB,80.0,79.0\n"},
-     "condition 'FC1' has no usable finished run on A"),
-    ("report", ["--csv", "{in}/r.csv"],
-     {"r.csv": RUN_HEADER + "A,MHA,0.1,0,0.8,0.7\nA,FC1,0.1,0,0.8,0.6\nB,MHA,0.1,0,0.8,0.7\n"},
-     "condition 'FC1' has no runs on 1 of 2 datasets: B"),
-    ("report", ["--csv", "{in}/r.csv"], {"r.csv": RUN_HEADER + "A,MHA,0.1,0,,0.7\nA,FC1,0.1,0,,0.6\n"},
-     "no validation accuracies (val_acc) to choose the lr on"),
+    (
+        "report",
+        ["--csv", "{in}/r.csv", "--paper-comparison"],
+        {"r.csv": "RUNS"},
+        "the compared condition(s) LN1, LN2, FC2 are not among the conditions analysed",
+    ),
+    (
+        "report",
+        ["--csv", "{in}/s.csv"],
+        {"s.csv": "dataset,condition,mean\nA,MHA,0.9\nA,FC1,\nB,MHA,0.8\nB,FC1,0.7\n"},
+        "condition 'FC1' has no usable finished run on A",
+    ),
+    (
+        "report",
+        ["--csv", "{in}/w.csv"],
+        {"w.csv": "dataset,MHA,FC1\nA,90.1,\nB,80.0,79.0\n"},
+        "condition 'FC1' has no usable finished run on A",
+    ),
+    (
+        "report",
+        ["--csv", "{in}/r.csv"],
+        {"r.csv": RUN_HEADER + "A,MHA,0.1,0,0.8,0.7\nA,FC1,0.1,0,0.8,0.6\nB,MHA,0.1,0,0.8,0.7\n"},
+        "condition 'FC1' has no runs on 1 of 2 datasets: B",
+    ),
+    (
+        "report",
+        ["--csv", "{in}/r.csv"],
+        {"r.csv": RUN_HEADER + "A,MHA,0.1,0,,0.7\nA,FC1,0.1,0,,0.6\n"},
+        "no validation accuracies (val_acc) to choose the lr on",
+    ),
     # the first setting (model a) is fine, the second (model b) lacks FC1: neither is written
-    ("report", ["--csv", "{in}/r.csv", "--conditions", "MHA,FC1"],
-     {"r.csv": "model," + RUN_HEADER + "a,A,MHA,0.1,0,0.8,0.7\na,A,FC1,0.1,0,0.8,0.6\n"
-               "b,A,MHA,0.1,0,0.8,0.7\nb,A,LN1,0.1,0,0.8,0.6\n"}, "no condition 'FC1'"),
+    (
+        "report",
+        ["--csv", "{in}/r.csv", "--conditions", "MHA,FC1"],
+        {
+            "r.csv": "model," + RUN_HEADER + "a,A,MHA,0.1,0,0.8,0.7\na,A,FC1,0.1,0,0.8,0.6\n"
+            "b,A,MHA,0.1,0,0.8,0.7\nb,A,LN1,0.1,0,0.8,0.6\n"
+        },
+        "no condition 'FC1'",
+    ),
     # ------------------------------------------------------------------ analysis.export_best
     ("export_best", [], {}, "the following arguments are required"),
     ("export_best", ["--experiment", "x", "--out", "{in}/o", "--bogus"], {}, "unrecognized arguments: --bogus"),
-    ("export_best", ["--experiment", "nope", "--tracking-uri", "sqlite:///{in}/mlflow.db", "--out", "{in}/o"],
-     STORE, "nope"),
-    ("export_best", ["--experiment", "x", "--tracking-uri", "ftp://x", "--out", "{in}/o"], {},
-     "unsupported tracking URI"),
-    ("export_best", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/garbage.db", "--out", "{in}/o"],
-     {"garbage.db": BINARY * 10}, "is not an SQLite database"),
-    ("export_best", ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/mlflow.db", "--out", "{in}/afile"],
-     {**STORE, **AFILE}, "is a file, not a folder"),
+    (
+        "export_best",
+        ["--experiment", "nope", "--tracking-uri", "sqlite:///{in}/mlflow.db", "--out", "{in}/o"],
+        STORE,
+        "nope",
+    ),
+    (
+        "export_best",
+        ["--experiment", "x", "--tracking-uri", "ftp://x", "--out", "{in}/o"],
+        {},
+        "unsupported tracking URI",
+    ),
+    (
+        "export_best",
+        ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/garbage.db", "--out", "{in}/o"],
+        {"garbage.db": BINARY * 10},
+        "is not an SQLite database",
+    ),
+    (
+        "export_best",
+        ["--experiment", "x", "--tracking-uri", "sqlite:///{in}/mlflow.db", "--out", "{in}/afile"],
+        {**STORE, **AFILE},
+        "is a file, not a folder",
+    ),
     ("export_best", ["--experiment", "x", "--select-on", "train", "--out", "{in}/o"], {}, "invalid choice"),
     ("export_best", ["--experiment", "x", "--out", "{in}/o"], {}, "no MLflow store at"),
     # ------------------------------------------------------------------ analysis.replay
     ("replay", ["--experiment", "x"], {}, "the following arguments are required: --policy"),
     ("replay", ["--experiment", "x", "--policy", "asha"], {}, "--policy 'asha': unknown policy; valid: identity"),
-    ("replay", ["--experiment", "nope", "--policy", "halving", "--tracking-uri", "sqlite:///{in}/mlflow.db"],
-     STORE, "nope"),
-    ("replay", ["--experiment", "x", "--policy", "halving", "--tracking-uri", "ftp://x"], {},
-     "unsupported tracking URI"),
-    ("replay", ["--experiment", "x", "--policy", "all", "--tracking-uri", "sqlite:///{in}/mlflow.db",
-                "--out", "{in}/afile"], {**STORE, **AFILE}, "is a file, not a folder"),
+    (
+        "replay",
+        ["--experiment", "nope", "--policy", "halving", "--tracking-uri", "sqlite:///{in}/mlflow.db"],
+        STORE,
+        "nope",
+    ),
+    (
+        "replay",
+        ["--experiment", "x", "--policy", "halving", "--tracking-uri", "ftp://x"],
+        {},
+        "unsupported tracking URI",
+    ),
+    (
+        "replay",
+        ["--experiment", "x", "--policy", "all", "--tracking-uri", "sqlite:///{in}/mlflow.db", "--out", "{in}/afile"],
+        {**STORE, **AFILE},
+        "is a file, not a folder",
+    ),
 ]
 
 CASES += [
@@ -311,9 +396,14 @@ CASES += [
     ("replay", ["--experiment", "x", "--policy", "all", "--tracking-uri", DB], DAMAGED, "is damaged"),
     # ------------------------------------------------ every count and seed within its bound
     ("finetune", ["--seed", "-1"] + FAST, {}, "'seed' must be >= 0 and < 2**32"),
-    ("finetune", ["--seed", str(2 ** 64 + 1)] + FAST, {}, "'seed' must be >= 0 and < 2**32"),
-    ("finetune", ["--seed", str(2 ** 32)] + FAST, {}, "'seed' must be >= 0 and < 2**32"),
-    ("finetune", ["--steps", BIG, "--set", "warmup_steps=1", "--set", "eval_every=1"], {}, "'steps' must be <= 10,000,000"),
+    ("finetune", ["--seed", str(2**64 + 1)] + FAST, {}, "'seed' must be >= 0 and < 2**32"),
+    ("finetune", ["--seed", str(2**32)] + FAST, {}, "'seed' must be >= 0 and < 2**32"),
+    (
+        "finetune",
+        ["--steps", BIG, "--set", "warmup_steps=1", "--set", "eval_every=1"],
+        {},
+        "'steps' must be <= 10,000,000",
+    ),
     ("finetune", ["--batch-size", BIG] + FAST, {}, "'batch_size' must be <= 65,536"),
     ("finetune", ["--probe-pairs", BIG] + FAST, {}, "'probe_pairs' must be <= 1,000,000"),
     ("finetune", ["--set", f"num_workers={BIG}"] + FAST, {}, "'num_workers' must be <= 256"),
@@ -321,22 +411,22 @@ CASES += [
     ("finetune", ["--set", f"lora_rank={BIG}"] + FAST, {}, "'lora_rank' must be <="),
     ("finetune", ["--threads", BIG] + FAST, {}, "--threads must be <= 1,024"),
     ("grid", ["--set", "seed=-1", "--dry-run"], {}, "'seed' must be >= 0 and < 2**32"),
-    ("grid", GS, G(grid={"seed": {"grid_search": [0, 2 ** 40]}}), "'seed' must be >= 0 and < 2**32"),
+    ("grid", GS, G(grid={"seed": {"grid_search": [0, 2**40]}}), "'seed' must be >= 0 and < 2**32"),
     ("grid", ["--set", f"steps={BIG}", "--dry-run"], {}, "'steps' must be <="),
     ("grid", ["--max-concurrent", BIG, "--dry-run"], {}, "--max-concurrent must be <="),
     ("grid", ["--max-failures", BIG, "--dry-run"], {}, "--max-failures must be <= 100"),
     ("grid", ["--num-cpus", BIG, "--dry-run"], {}, "--num-cpus must be <= 1,024"),
     ("search", ["--num-samples", BIG, "--dry-run"], {}, "--num-samples must be <="),
     ("search", ["--time-budget", "1e300", "--dry-run"], {}, "--time-budget must be <="),
-    ("search", ["--test-seeds", f"1,{2 ** 40}", "--dry-run"], {}, "< 2**32"),
+    ("search", ["--test-seeds", f"1,{2**40}", "--dry-run"], {}, "< 2**32"),
     ("search", ["--num-cpus", BIG, "--dry-run"], {}, "--num-cpus must be <="),
     ("search", ["--set", "seed=-1", "--dry-run"], {}, "'seed' must be >= 0 and < 2**32"),
     ("probe", ["--pairs", BIG], {}, "--pairs must be <= 1,000,000"),
     ("probe", ["--batch-size", BIG, "--pairs", "8"], {}, "--batch-size must be <= 65,536"),
     ("probe", ["--num-workers", BIG, "--pairs", "8"], {}, "--num-workers must be <= 256"),
-    ("probe", ["--seed", str(2 ** 32), "--pairs", "8"], {}, "--seed must be >= 0 and < 2**32"),
+    ("probe", ["--seed", str(2**32), "--pairs", "8"], {}, "--seed must be >= 0 and < 2**32"),
     ("report", ["--csv", "{in}/r.csv", "--bootstrap-seed", "-1"], {"r.csv": "RUNS"}, "--bootstrap-seed must be >= 0"),
-    ("report", ["--csv", "{in}/r.csv", "--bootstrap-seed", str(2 ** 64)], {"r.csv": "RUNS"}, "< 2**32"),
+    ("report", ["--csv", "{in}/r.csv", "--bootstrap-seed", str(2**64)], {"r.csv": "RUNS"}, "< 2**32"),
     ("report", ["--csv", "{in}/r.csv", "--bootstrap-reps", BIG], {"r.csv": "RUNS"}, "--bootstrap-reps must be <="),
     # ------------------------------------------------ flags that contradict, and a file that says nothing
     ("finetune", ["--no-save", "--out", "{in}/o"] + FAST, {}, "--out with --no-save"),
@@ -350,23 +440,41 @@ CASES += [
     ("probe", ["--pairing", "sequential", "--seed", "3", "--pairs", "8"], {}, "--seed with --pairing sequential"),
     ("report", ["--csv", "{in}/r.csv", "--tracking-uri", "ftp://x"], {"r.csv": "RUNS"}, "--tracking-uri with --csv"),
     ("report", ["--csv", "{in}/r.csv", "--no-log"], {"r.csv": "RUNS"}, "--no-log with --csv"),
-    ("report", ["--experiment", "x", "--plasticity", "{in}/p.csv", "--tracking-uri", DB], {**STORE, "p.csv": "a\n"},
-     "--plasticity with --experiment"),
+    (
+        "report",
+        ["--experiment", "x", "--plasticity", "{in}/p.csv", "--tracking-uri", DB],
+        {**STORE, "p.csv": "a\n"},
+        "--plasticity with --experiment",
+    ),
     # ------------------------------------------------ a folder where a file belongs
     ("search", ["--space", "{in}/d.yaml", "--dry-run"], {"d.yaml/": None}, "is a folder, not a file"),
     ("finetune", ["--weights", "{in}/w.pt"] + FAST, {"w.pt/": None}, "is a folder, not a file"),
     ("probe", ["--weights", "{in}/w.pt", "--pairs", "8"], {"w.pt/": None}, "is a folder, not a file"),
-    ("probe", ["--model", "gpt2_tiny", "--tokens", "{in}/t.npy", "--pairs", "8"], {"t.npy/": None},
-     "is a folder, not a file"),
-    ("report", ["--csv", "{in}/r.csv", "--plasticity", "{in}/p.csv"], {"r.csv": "RUNS", "p.csv/": None},
-     "is a folder, not a file"),
+    (
+        "probe",
+        ["--model", "gpt2_tiny", "--tokens", "{in}/t.npy", "--pairs", "8"],
+        {"t.npy/": None},
+        "is a folder, not a file",
+    ),
+    (
+        "report",
+        ["--csv", "{in}/r.csv", "--plasticity", "{in}/p.csv"],
+        {"r.csv": "RUNS", "p.csv/": None},
+        "is a folder, not a file",
+    ),
     ("search", ["--tracking-uri", "foo://bar", "--dry-run"], {}, "unsupported tracking URI"),  # and nothing before it
 ]
 
 MAINS = {
-    "grid": "raystudy.grid", "search": "raystudy.search", "finetune": "raystudy.finetune",
-    "probe": "raystudy.probe", "prefetch": "raystudy.prefetch", "components": "raystudy.components",
-    "datasets": "raystudy.datasets", "report": "analysis.report", "export_best": "analysis.export_best",
+    "grid": "raystudy.grid",
+    "search": "raystudy.search",
+    "finetune": "raystudy.finetune",
+    "probe": "raystudy.probe",
+    "prefetch": "raystudy.prefetch",
+    "components": "raystudy.components",
+    "datasets": "raystudy.datasets",
+    "report": "analysis.report",
+    "export_best": "analysis.export_best",
     "replay": "analysis.replay",
 }
 
@@ -452,8 +560,9 @@ SAYS_FIRST = {"finetune:--dataset cifar10c_snow"}
 
 
 @pytest.mark.parametrize("cli,argv,files,needle", CASES, ids=[case_id(c) for c in CASES])
-def test_bad_input_is_one_line_exit_2_before_any_work(cli, argv, files, needle, tmp_path, capsys,
-                                                      _empty_mlflow_db, _damaged_mlflow_db, monkeypatch):
+def test_bad_input_is_one_line_exit_2_before_any_work(
+    cli, argv, files, needle, tmp_path, capsys, _empty_mlflow_db, _damaged_mlflow_db, monkeypatch
+):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     stores = {"TEMPLATE": _empty_mlflow_db, "DAMAGED": _damaged_mlflow_db}
@@ -470,8 +579,9 @@ def test_bad_input_is_one_line_exit_2_before_any_work(cli, argv, files, needle, 
     if "DAMAGED" in files.values():  # the store is left as it was: same bytes, no lock or journal beside it
         inputs = tmp_path / "in"
         assert sorted(p.name for p in inputs.iterdir()) == sorted(n.rstrip("/") for n in files)
-        assert all((inputs / n).read_bytes() == _damaged_mlflow_db.read_bytes()
-                   for n, c in files.items() if c == "DAMAGED")
+        assert all(
+            (inputs / n).read_bytes() == _damaged_mlflow_db.read_bytes() for n, c in files.items() if c == "DAMAGED"
+        )
 
 
 SUBPROCESS_CASES = [
@@ -482,11 +592,14 @@ SUBPROCESS_CASES = [
 ]
 
 
-@pytest.mark.parametrize("cli,argv,needle", SUBPROCESS_CASES, ids=[f"{c}:{' '.join(a)}" for c, a, _ in SUBPROCESS_CASES])
+@pytest.mark.parametrize(
+    "cli,argv,needle", SUBPROCESS_CASES, ids=[f"{c}:{' '.join(a)}" for c, a, _ in SUBPROCESS_CASES]
+)
 def test_bad_input_as_a_user_types_it(cli, argv, needle, tmp_path):
     env = driver_env(PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, "-m", MAINS[cli], *argv], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", MAINS[cli], *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines[-10:]
@@ -494,16 +607,25 @@ def test_bad_input_as_a_user_types_it(cli, argv, needle, tmp_path):
 
 
 def test_a_700000_trial_dry_run_answers_in_seconds(tmp_path):
-    space = grid_space(grid={"seed": {"grid_search": list(range(12_500))},  # x 4 demo datasets
-                             "lr": {"grid_search": [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]},
-                             "condition": {"grid_search": ["MHA", "FC1"]}})
+    space = grid_space(
+        grid={
+            "seed": {"grid_search": list(range(12_500))},  # x 4 demo datasets
+            "lr": {"grid_search": [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]},
+            "condition": {"grid_search": ["MHA", "FC1"]},
+        }
+    )
     (tmp_path / "big.yaml").write_text(space)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "raystudy.grid", "--space", str(tmp_path / "big.yaml"), "--dry-run"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "raystudy.grid", "--space", str(tmp_path / "big.yaml"), "--dry-run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     took = time.monotonic() - t0
     assert p.returncode == 0, p.stderr[-2000:]
     assert "700000 trials" in p.stdout.replace(",", "")
     assert took < 30, f"{took:.0f} s"  # includes interpreter and torch start-up on a loaded 2-core box
-

@@ -10,8 +10,17 @@ import torch
 from raystudy import batches, datasets, engine, models, paths
 from raystudy.config import ConfigError, FinetuneConfig, validate
 
-FAST = dict(model="vit_demo", pretrained=False, dataset="digits_c", steps=12, warmup_steps=2,
-            batch_size=32, eval_every=6, log_every=3, eval_batch_size=512)
+FAST = dict(
+    model="vit_demo",
+    pretrained=False,
+    dataset="digits_c",
+    steps=12,
+    warmup_steps=2,
+    batch_size=32,
+    eval_every=6,
+    log_every=3,
+    eval_batch_size=512,
+)
 
 
 def array_pool(n=300, hw=(32, 32), seed=0):
@@ -63,8 +72,7 @@ def test_concurrent_runs_decode_the_cache_once(tmp_path):
     logs, pools = [], []
 
     def open_it():
-        pools.append(batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path,
-                                       log=logs.append))
+        pools.append(batches.tensor_cache("toy", "train", pool, 32, tmp_path, cache=tmp_path, log=logs.append))
 
     threads = [threading.Thread(target=open_it) for _ in range(3)]
     [t.start() for t in threads]
@@ -189,26 +197,42 @@ def test_an_image_dataset_trains_from_its_tensor_cache(tmp_path, monkeypatch, im
     """End to end: DomainNet-like PNG folders, decoded once into the default cache, a timm ViT at 224."""
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
     image_folder(tmp_path, n=6)
-    cfg = FinetuneConfig(model="vit_tiny_patch16_224", pretrained=False, dataset="domainnet_sketch",
-                         data_root=str(tmp_path), data_path="cache", condition="LN1", steps=2,
-                         warmup_steps=1, batch_size=4, eval_every=2, log_every=1, eval_batch_size=8)
+    cfg = FinetuneConfig(
+        model="vit_tiny_patch16_224",
+        pretrained=False,
+        dataset="domainnet_sketch",
+        data_root=str(tmp_path),
+        data_path="cache",
+        condition="LN1",
+        steps=2,
+        warmup_steps=1,
+        batch_size=4,
+        eval_every=2,
+        log_every=1,
+        eval_batch_size=8,
+    )
     res = engine.train(cfg)
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
-    made = sorted(p.name.split("-")[2] for p in paths.tensor_cache(tmp_path / "cache").iterdir()
-                  if not p.name.startswith("."))
+    made = sorted(
+        p.name.split("-")[2] for p in paths.tensor_cache(tmp_path / "cache").iterdir() if not p.name.startswith(".")
+    )
     assert made == ["256px", "256px"]  # train pool and test, decoded once each
     engine.train(cfg.replace(seed=1))  # another run reuses them
     assert len([p for p in paths.tensor_cache(tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 2
 
 
 @pytest.mark.parametrize("data_path", ["torchvision", "cache"])
-def test_the_normalisation_a_config_names_is_what_reaches_the_model(tmp_path, monkeypatch, data_path,
-                                                                   image_folder):
+def test_the_normalisation_a_config_names_is_what_reaches_the_model(tmp_path, monkeypatch, data_path, image_folder):
     """The same pixels, normalised by the checkpoint's (0.5, 0.5) or ImageNet's mean/std."""
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
     image_folder(tmp_path, n=6)
-    base = FinetuneConfig(model="vit_tiny_patch16_224", pretrained=False, dataset="domainnet_sketch",
-                          data_root=str(tmp_path), data_path=data_path)
+    base = FinetuneConfig(
+        model="vit_tiny_patch16_224",
+        pretrained=False,
+        dataset="domainnet_sketch",
+        data_root=str(tmp_path),
+        data_path=data_path,
+    )
     seen = {}
     for norm in ("checkpoint", "imagenet"):
         _, splits, _ = engine.build(base.replace(normalization=norm))

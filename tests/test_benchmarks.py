@@ -11,9 +11,28 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_report_benchmark_runs_at_toy_size(tmp_path):
-    p = subprocess.run([sys.executable, "benchmarks/bench_report.py", "--models", "1", "--datasets", "2",
-                        "--seeds", "2", "--lrs", "2", "--bootstrap-reps", "50", "--keep", str(tmp_path)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/bench_report.py",
+            "--models",
+            "1",
+            "--datasets",
+            "2",
+            "--seeds",
+            "2",
+            "--lrs",
+            "2",
+            "--bootstrap-reps",
+            "50",
+            "--keep",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     lines = {line.split()[0]: line for line in p.stdout.splitlines() if line.strip()}
     assert {"load", "stats", "figures", "analysis", "total"} <= set(lines)
@@ -23,21 +42,35 @@ def test_report_benchmark_runs_at_toy_size(tmp_path):
 
 @pytest.mark.slow
 def test_suite_cpu_charges_each_test_and_totals_by_file():
-    p = subprocess.run([sys.executable, "benchmarks/suite_cpu.py", "--top", "2", "tests/test_analysis_stats.py",
-                        "-k", "holm or nemenyi"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/suite_cpu.py",
+            "--top",
+            "2",
+            "tests/test_analysis_stats.py",
+            "-k",
+            "holm or nemenyi",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     out = p.stdout.splitlines()
     tests = [ln for ln in out if "tests/test_analysis_stats.py::" in ln]
     assert len(tests) == 2 and all(float(ln.split()[0]) >= 0 for ln in tests), out
-    more = next(ln for ln in out if "more," in ln).split("...")[1].split()   # ['N', 'more,', 'X', 'CPU', 's']
+    more = next(ln for ln in out if "more," in ln).split("...")[1].split()  # ['N', 'more,', 'X', 'CPU', 's']
     assert int(more[0]) >= 1
     assert f"CPU s in {2 + int(more[0])} tests" in next(ln for ln in out if "CPU s in" in ln)
     # the file's total is its tests' CPU: the two listed and the rest
     file_total = next(float(ln.split()[0]) for ln in out if ln.strip().endswith("  tests/test_analysis_stats.py"))
     listed = sum(float(ln.split()[0]) for ln in tests) + float(more[2])
     assert abs(file_total - listed) <= 0.15, out
-    bad = subprocess.run([sys.executable, "benchmarks/suite_cpu.py", "--top", "-1"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "benchmarks/suite_cpu.py", "--top", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --top must be >= 0, got -1"
 
 
@@ -59,12 +92,17 @@ def test_suite_cpu_names_each_kind_of_process():
     assert kind("ray::RayTrainWo | ray::RayTrainWorker") == "Ray Train controller or worker"
     assert kind("ray::TrainContr | ray::TrainController") == "Ray Train controller or worker"
     assert kind("ray::IDLE | ray::IDLE") == "Ray worker never given an actor"
-    assert kind(f"python | {py} {site}/_private/workers/setup_worker.py --language PYTHON") == \
-        "Ray worker never given an actor"
-    for label in ("ray::DashboardA | ray::DashboardAgent", f"gcs_server | {site}/core/src/ray/gcs/gcs_server --log_dir=/t",
-                  f"raylet | {site}/core/src/ray/raylet/raylet --raylet_socket_name=/t",
-                  f"python | {py} {site}/dashboard/dashboard.py --host=127.0.0.1",
-                  f"python | {py} -u {site}/_private/log_monitor.py --session-dir=/t"):
+    assert (
+        kind(f"python | {py} {site}/_private/workers/setup_worker.py --language PYTHON")
+        == "Ray worker never given an actor"
+    )
+    for label in (
+        "ray::DashboardA | ray::DashboardAgent",
+        f"gcs_server | {site}/core/src/ray/gcs/gcs_server --log_dir=/t",
+        f"raylet | {site}/core/src/ray/raylet/raylet --raylet_socket_name=/t",
+        f"python | {py} {site}/dashboard/dashboard.py --host=127.0.0.1",
+        f"python | {py} -u {site}/_private/log_monitor.py --session-dir=/t",
+    ):
         assert kind(label) == "Ray's servers and agents", label
     assert kind(f"python | {py} -m raystudy.grid --space space.yaml --address 10.0.0.1:6379") == "grid driver"
     assert kind(f"python | {py} -m raystudy.search --space s.yaml") == "search driver"
@@ -79,8 +117,22 @@ def test_suite_cpu_names_each_kind_of_process():
 @pytest.mark.slow
 def test_suite_cpu_counts_the_processes_a_test_starts():
     # the probe's CLI test starts one `python -m raystudy.probe`: one process of that kind
-    p = subprocess.run([sys.executable, "benchmarks/suite_cpu.py", "--processes", "--top", "1", "tests/test_probe.py",
-                        "-k", "unknown_mode"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/suite_cpu.py",
+            "--processes",
+            "--top",
+            "1",
+            "tests/test_probe.py",
+            "-k",
+            "unknown_mode",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     out = p.stdout.splitlines()
     (row,) = [ln for ln in out if ln.endswith("  other raystudy command")]
@@ -94,8 +146,13 @@ def test_suite_cpu_counts_the_processes_a_test_starts():
 
 @pytest.mark.slow
 def test_startup_benchmark_prints_both_variants_and_their_ratio():
-    p = subprocess.run([sys.executable, "benchmarks/bench_startup.py", "--only", "driver", "--reps", "1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "benchmarks/bench_startup.py", "--only", "driver", "--reps", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     now, before, ratio = (float(v) for v in p.stdout.splitlines()[-1].split()[1:])
     assert p.stdout.splitlines()[-1].startswith("driver") and now > 0 and before > 0

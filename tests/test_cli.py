@@ -20,15 +20,26 @@ REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "ray", "mlflow", "optuna", "timm")
 # raystudy.datasets holds the registry next to its torch Datasets: listing it imports torch.
 LIGHT = [c for c in COMMANDS if c != "data"]
-QUICK = ["--set", "pretrained=false", "--steps", "4", "--warmup-steps", "1", "--eval-every", "2",
-         "--set", "log_every=2"]
+QUICK = [
+    "--set",
+    "pretrained=false",
+    "--steps",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--eval-every",
+    "2",
+    "--set",
+    "log_every=2",
+]
 
 
 def run(*argv: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run([sys.executable, "-m", "raystudy", *argv], cwd=cwd or REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "raystudy", *argv], cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_console_script_is_the_module_entry_point():
@@ -50,8 +61,9 @@ def test_version_and_overview():
 def test_unknown_command_is_one_line_exit_2():
     p = run("gird")
     assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.splitlines() == ["error: unknown command 'gird'; valid: " + ", ".join(COMMANDS)
-                                     + " (see raystudy --help)"]
+    assert p.stderr.splitlines() == [
+        "error: unknown command 'gird'; valid: " + ", ".join(COMMANDS) + " (see raystudy --help)"
+    ]
 
 
 def test_subcommands_dispatch_to_their_module():
@@ -59,26 +71,35 @@ def test_subcommands_dispatch_to_their_module():
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("grid demo for vit_demo: ") and p.stdout.endswith("dry run: nothing started\n")
     p = run("grid", "--bogus")
-    assert p.returncode == 2 and p.stderr.strip() == ("error: unrecognized arguments: --bogus "
-                                                      "(see python -m raystudy.grid --help)")
+    assert p.returncode == 2 and p.stderr.strip() == (
+        "error: unrecognized arguments: --bogus (see python -m raystudy.grid --help)"
+    )
 
 
 def test_help_imports_no_torch_ray_or_mlflow():
     """Every --help (the overview and each command but `data`) is parsed before anything heavy
     loads: checked by what is in sys.modules after it, in a fresh interpreter per command."""
-    code = ("import sys, io, contextlib\n"
-            "from raystudy.__main__ import main\n"
-            "argv = sys.argv[1:]\n"
-            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
-            "    try:\n"
-            "        main(argv)\n"
-            "    except SystemExit as e:\n"
-            "        assert e.code == 0, e.code\n"
-            f"assert 'usage:' in out.getvalue()\n"
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n")
+    code = (
+        "import sys, io, contextlib\n"
+        "from raystudy.__main__ import main\n"
+        "argv = sys.argv[1:]\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, e.code\n"
+        f"assert 'usage:' in out.getvalue()\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
+    )
     for argv in [["--help"]] + [[c, "--help"] for c in LIGHT]:
-        p = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+        p = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=60,
+        )
         assert p.returncode == 0, (argv, p.stderr[-2000:])
         assert p.stdout.strip() == "[]", (argv, p.stdout)
 
@@ -118,18 +139,33 @@ def test_finetune_records_its_run_in_mlflow_and_saves_results(mlflow_uri, tmp_pa
     monkeypatch.chdir(work)
     before = torch.get_num_threads()
     try:
-        rc = finetune.main(QUICK + ["--condition", "FC1", "--lr", "0.3", "--set", "probe_pairs=16",
-                                    "--threads", "2", "--tracking-uri", mlflow_uri, "--quiet"])
+        rc = finetune.main(
+            QUICK
+            + [
+                "--condition",
+                "FC1",
+                "--lr",
+                "0.3",
+                "--set",
+                "probe_pairs=16",
+                "--threads",
+                "2",
+                "--tracking-uri",
+                mlflow_uri,
+                "--quiet",
+            ]
+        )
         threads = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
     out = capsys.readouterr().out
     assert rc == 0 and threads == 2, out
     # the probe summary: both modes, every component, before and after
-    summary = out[out.index("plasticity, mean over layers"):].splitlines()
+    summary = out[out.index("plasticity, mean over layers") :].splitlines()
     assert summary[1].split() == ["mode", "component", "before", "after"]
-    assert {(l.split()[0], l.split()[1]) for l in summary[2:12]} == {
-        (m, c) for m in ("shared", "in_situ") for c in ("LN1", "MHA", "LN2", "FC1", "FC2")}
+    assert {(ln.split()[0], ln.split()[1]) for ln in summary[2:12]} == {
+        (m, c) for m in ("shared", "in_situ") for c in ("LN1", "MHA", "LN2", "FC1", "FC2")
+    }
     # results saved by default, under a name that says what ran
     folder = work / "runs" / "finetune" / "FC1-digits_c-sgd-lr0.3-s0"
     saved = json.loads((folder / "results.json").read_text())
@@ -161,12 +197,16 @@ def test_finetune_no_mlflow_no_save_writes_nothing(tmp_path, monkeypatch, capsys
 
 
 def test_report_against_a_missing_store_is_one_line_and_creates_nothing(tmp_path):
-    for argv in (["report", "--experiment", "raystudy-demo-vit_demo"],
-                 ["export", "--experiment", "raystudy-demo-vit_demo", "--out", "best"]):
+    for argv in (
+        ["report", "--experiment", "raystudy-demo-vit_demo"],
+        ["export", "--experiment", "raystudy-demo-vit_demo", "--out", "best"],
+    ):
         p = run(*argv, cwd=tmp_path)
         assert p.returncode == 2
-        assert p.stderr.splitlines() == [f"error: no MLflow store at {tmp_path / 'mlflow.db'}: run the grid "
-                                         "there first, or pass --tracking-uri (sqlite:///PATH or http://HOST:PORT)"]
+        assert p.stderr.splitlines() == [
+            f"error: no MLflow store at {tmp_path / 'mlflow.db'}: run the grid "
+            "there first, or pass --tracking-uri (sqlite:///PATH or http://HOST:PORT)"
+        ]
         assert list(tmp_path.iterdir()) == []
 
 
@@ -174,10 +214,26 @@ def test_download_without_network_is_one_line_exit_2(tmp_path):
     """A download that cannot reach its server (a proxy on a closed port stands in for no
     network, whatever this machine has) ends in one line, not urllib's traceback."""
     closed = "http://127.0.0.1:9"
-    p = run("finetune", "--dataset", "cifar10", "--download", "--data-root", str(tmp_path / "data"),
-            "--no-mlflow", "--no-save", *QUICK, cwd=tmp_path,
-            env={"http_proxy": closed, "https_proxy": closed, "HTTP_PROXY": closed, "HTTPS_PROXY": closed,
-                 "no_proxy": "", "NO_PROXY": ""})
+    p = run(
+        "finetune",
+        "--dataset",
+        "cifar10",
+        "--download",
+        "--data-root",
+        str(tmp_path / "data"),
+        "--no-mlflow",
+        "--no-save",
+        *QUICK,
+        cwd=tmp_path,
+        env={
+            "http_proxy": closed,
+            "https_proxy": closed,
+            "HTTP_PROXY": closed,
+            "HTTPS_PROXY": closed,
+            "no_proxy": "",
+            "NO_PROXY": "",
+        },
+    )
     assert p.returncode == 2, p.stderr[-3000:]
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: dataset 'cifar10': download failed ("), lines[-5:]

@@ -36,12 +36,19 @@ def load(name: str) -> dict:
 
 
 def commands(cfg: dict) -> list[str]:
-    keys = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
-            "head_start_ray_commands", "worker_start_ray_commands")
+    keys = (
+        "initialization_commands",
+        "setup_commands",
+        "head_setup_commands",
+        "worker_setup_commands",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    )
     return [c for k in keys for c in cfg.get(k, [])]
 
 
 # ---------------------------------------------------------------- the files, offline
+
 
 @pytest.mark.parametrize("name", CLUSTER_FILES)
 def test_cluster_file_passes_rays_autoscaler_schema(name):
@@ -89,7 +96,7 @@ def test_services_are_never_open_to_the_internet():
         assert "0.0.0.0" not in (REPO / name).read_text(), name
         head = " ".join(cfg["head_start_ray_commands"])
         assert "--dashboard-host=127.0.0.1" in head, name
-        assert "cluster/node.sh mlflow" in head, name   # binds the head's private address only
+        assert "cluster/node.sh mlflow" in head, name  # binds the head's private address only
     node_sh = (REPO / "cluster" / "node.sh").read_text()
     assert '--host "$ip"' in node_sh and "--allowed-hosts" in node_sh
     # Every AWS node type names the security group (SSH from your address only): Ray then creates
@@ -112,7 +119,7 @@ def test_aws_cluster_shape():
     assert cfg["file_mounts"] == {"~/raystudy-src": "."}
     assert "python -m pip install -q -e ~/raystudy-src" in cfg["setup_commands"]
     head_cmds = " ".join(cfg["head_start_ray_commands"])
-    assert '"$RAYSTUDY_STORAGE/mlflow"' in head_cmds                 # artifacts in the bucket
+    assert '"$RAYSTUDY_STORAGE/mlflow"' in head_cmds  # artifacts in the bucket
     assert any("node.sh env" in c and "$RAY_HEAD_IP" in c for c in cfg["worker_setup_commands"])
 
 
@@ -141,8 +148,12 @@ def test_aws_workers_get_a_profile_limited_to_the_bucket_prefix_and_only_the_hea
             assert t["node_config"]["IamInstanceProfile"] == {"Name": "raystudy-worker"}, name
 
     def actions(policy):
-        return {a for st in policy["Statement"] if st["Effect"] == "Allow"
-                for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+        return {
+            a
+            for st in policy["Statement"]
+            if st["Effect"] == "Allow"
+            for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])
+        }
 
     worker = json.loads((iam / "worker-policy.json").read_text())
     assert all(a.startswith("s3:") for a in actions(worker)), actions(worker)
@@ -171,6 +182,7 @@ def test_local_cluster_installs_the_tree_and_tells_every_node_the_head():
 
 # ---------------------------------------------------------------- the shared-host `ray`
 
+
 @pytest.mark.slow
 def test_shared_host_ray_stop_stops_only_its_own_cluster():
     import psutil
@@ -178,13 +190,24 @@ def test_shared_host_ray_stop_stops_only_its_own_cluster():
     mine = tempfile.mkdtemp(prefix="rsc", dir="/tmp")
     # A stand-in for someone else's Ray: a process named like a Ray one, under another temp dir.
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "--temp-dir=/tmp/someone-else"])
-    env = {**os.environ, "RAYSTUDY_RAY_TEMP_DIR": mine, "RAY_AUTH_MODE": "disabled",
-           "RAYSTUDY_RAY_START_ARGS": " ".join(f"--{k}={free_port()}" for k in (
-               "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port", "metrics-export-port")),
-           "PATH": f"{WRAPPER.parent}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "RAYSTUDY_RAY_TEMP_DIR": mine,
+        "RAY_AUTH_MODE": "disabled",
+        "RAYSTUDY_RAY_START_ARGS": " ".join(
+            f"--{k}={free_port()}"
+            for k in ("dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port", "metrics-export-port")
+        ),
+        "PATH": f"{WRAPPER.parent}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     try:
-        p = subprocess.run(["ray", "start", "--head", f"--port={free_port()}", "--num-cpus=1",
-                            "--dashboard-host=127.0.0.1"], env=env, capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            ["ray", "start", "--head", f"--port={free_port()}", "--num-cpus=1", "--dashboard-host=127.0.0.1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         procs = [q for q in psutil.process_iter(["cmdline"]) if mine in " ".join(q.info["cmdline"] or ())]
         assert {q.name() for q in procs} >= {"raylet", "gcs_server"}
@@ -197,12 +220,17 @@ def test_shared_host_ray_stop_stops_only_its_own_cluster():
         assert p.returncode == 2 and "refusing a machine-wide `ray stop`" in p.stderr
     finally:
         other.kill()
-        subprocess.run([sys.executable, str(WRAPPER), "stop"], env={**env, "RAYSTUDY_RAY_TEMP_DIR": mine},
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [sys.executable, str(WRAPPER), "stop"],
+            env={**env, "RAYSTUDY_RAY_TEMP_DIR": mine},
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(mine, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- `ray up cluster.local.yaml`, for real
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -263,22 +291,43 @@ class LocalCluster:
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(f)], check=True)
         (w / "authorized_keys").write_text((w / "id_ed25519.pub").read_text())
         session = w / "session.sh"  # ForceCommand: every SSH command runs with this cluster's HOME
-        session.write_text(f'#!/bin/bash\nexport HOME={self.home}\ncd "$HOME"\n'
-                           'if [ -n "$SSH_ORIGINAL_COMMAND" ]; then exec /bin/bash -c "$SSH_ORIGINAL_COMMAND"; '
-                           'else exec /bin/bash -l; fi\n')
+        session.write_text(
+            f'#!/bin/bash\nexport HOME={self.home}\ncd "$HOME"\n'
+            'if [ -n "$SSH_ORIGINAL_COMMAND" ]; then exec /bin/bash -c "$SSH_ORIGINAL_COMMAND"; '
+            "else exec /bin/bash -l; fi\n"
+        )
         session.chmod(0o755)
-        (w / "sshd_config").write_text("\n".join([
-            f"Port {self.ports['ssh']}", "ListenAddress 127.0.0.1", f"HostKey {w / 'host_key'}",
-            f"PidFile {w / 'sshd.pid'}", f"AuthorizedKeysFile {w / 'authorized_keys'}",
-            "StrictModes no",  # the keys live under /tmp
-            "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password", "UsePAM no", "AllowTcpForwarding yes", "X11Forwarding no",
-            "PrintMotd no", f"ForceCommand {session}", ""]))
+        (w / "sshd_config").write_text(
+            "\n".join(
+                [
+                    f"Port {self.ports['ssh']}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {w / 'host_key'}",
+                    f"PidFile {w / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {w / 'authorized_keys'}",
+                    "StrictModes no",  # the keys live under /tmp
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PermitRootLogin prohibit-password",
+                    "UsePAM no",
+                    "AllowTcpForwarding yes",
+                    "X11Forwarding no",
+                    "PrintMotd no",
+                    f"ForceCommand {session}",
+                    "",
+                ]
+            )
+        )
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", exist_ok=True)  # its privilege-separation directory
         log = open(w / "sshd.log", "w")
-        self.sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(w / "sshd_config")],
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.sshd = subprocess.Popen(
+            ["/usr/sbin/sshd", "-D", "-e", "-f", str(w / "sshd_config")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
         def listening():
             if self.sshd.poll() is not None:
@@ -288,6 +337,7 @@ class LocalCluster:
                 return True
             except OSError:
                 return False
+
         wait_for(listening, 20, "sshd")
 
     def write_user_env(self):
@@ -301,33 +351,51 @@ class LocalCluster:
         # add this one's site-packages (.pth files included) after the new venv's own.
         import site
 
-        own = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print('\\n'.join(sys.path))"],
-                             capture_output=True, text=True, check=True).stdout.split()
+        own = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sys; print('\\n'.join(sys.path))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         extra = [d for d in site.getsitepackages() if d not in own]
         if extra:
             new_site = next(d for d in own if d.startswith(str(venv)) and d.endswith("site-packages"))
             (Path(new_site) / "zz_test_python.pth").write_text(
-                "".join(f"import site; site.addsitedir({d!r})\n" for d in extra))
+                "".join(f"import site; site.addsitedir({d!r})\n" for d in extra)
+            )
         p = self.ports
-        start_args = (f"--num-cpus=2 --ray-client-server-port={p['client']} "
-                      f"--dashboard-agent-listen-port={p['agent']} --metrics-export-port={p['metrics']}")
-        (self.home / ".bashrc").write_text("\n".join([
-            f"export PATH={WRAPPER.parent}:{self.home / 'venv' / 'bin'}:$PATH",
-            f"export RAYSTUDY_RAY_TEMP_DIR={self.ray_tmp}",
-            f'export RAYSTUDY_RAY_START_ARGS="{start_args}"',
-            "export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0", ""]))
+        start_args = (
+            f"--num-cpus=2 --ray-client-server-port={p['client']} "
+            f"--dashboard-agent-listen-port={p['agent']} --metrics-export-port={p['metrics']}"
+        )
+        (self.home / ".bashrc").write_text(
+            "\n".join(
+                [
+                    f"export PATH={WRAPPER.parent}:{self.home / 'venv' / 'bin'}:$PATH",
+                    f"export RAYSTUDY_RAY_TEMP_DIR={self.ray_tmp}",
+                    f'export RAYSTUDY_RAY_START_ARGS="{start_args}"',
+                    "export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0",
+                    "",
+                ]
+            )
+        )
 
     def write_config(self) -> Path:
         """cluster.local.yaml with this machine filled in; what the test adapts is listed here."""
         cfg = load("cluster.local.yaml")
         cfg["cluster_name"] = self.name
         cfg["provider"].update(head_ip="127.0.0.1", worker_ips=[])
-        cfg["auth"] = {"ssh_user": self.user, "ssh_private_key": str(self.key),
-                       "ssh_proxy_command": f"nc 127.0.0.1 {self.ports['ssh']}"}  # Ray has no SSH-port option
+        cfg["auth"] = {
+            "ssh_user": self.user,
+            "ssh_private_key": str(self.key),
+            "ssh_proxy_command": f"nc 127.0.0.1 {self.ports['ssh']}",
+        }  # Ray has no SSH-port option
         install = "pip install -q -e ~/raystudy-src"
         assert any(install in c for c in cfg["setup_commands"])
-        cfg["setup_commands"] = [c.replace(install, "pip install -q --no-deps --no-build-isolation -e ~/raystudy-src")
-                                 for c in cfg["setup_commands"]]  # offline: the venv already has the dependencies
+        cfg["setup_commands"] = [
+            c.replace(install, "pip install -q --no-deps --no-build-isolation -e ~/raystudy-src")
+            for c in cfg["setup_commands"]
+        ]  # offline: the venv already has the dependencies
         for default, port in (("6379", "ray"), ("8265", "dashboard"), ("5000", "mlflow")):
             assert default in " ".join(cfg["head_start_ray_commands"]), default
             for k in ("head_start_ray_commands", "worker_start_ray_commands", "worker_setup_commands"):
@@ -348,7 +416,7 @@ class LocalCluster:
         out = {}
         for line in (self.home / "raystudy.env").read_text().splitlines():
             if line.startswith("export "):
-                k, _, v = line[len("export "):].partition("=")
+                k, _, v = line[len("export ") :].partition("=")
                 out[k] = v
         return out
 
@@ -357,8 +425,9 @@ class LocalCluster:
         if self.sshd is not None and not self.downed:
             self.ray("down", "-y", str(self.config), timeout=120)
         env = {**os.environ, "HOME": str(self.home), "RAYSTUDY_RAY_TEMP_DIR": self.ray_tmp}
-        subprocess.run(["bash", str(REPO / "cluster" / "node.sh"), "stop-mlflow"], env=env,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            ["bash", str(REPO / "cluster" / "node.sh"), "stop-mlflow"], env=env, capture_output=True, timeout=60
+        )
         subprocess.run([sys.executable, str(WRAPPER), "stop"], env=env, capture_output=True, timeout=60)
         self.close_ssh()
         from ray.autoscaler._private.local.config import get_lock_path, get_state_path
@@ -401,8 +470,10 @@ RAYLET_SLOW = "The current node timed out during startup"
 @pytest.fixture(scope="module")
 def cluster(demo_weights, tmp_path_factory):
     if MISSING:
-        pytest.skip(f"`ray up` against 127.0.0.1 needs {', '.join(MISSING)}: apt-get install -y "
-                    "openssh-server rsync netcat-openbsd (.ci/run installs them)")
+        pytest.skip(
+            f"`ray up` against 127.0.0.1 needs {', '.join(MISSING)}: apt-get install -y "
+            "openssh-server rsync netcat-openbsd (.ci/run installs them)"
+        )
     c = LocalCluster(tmp_path_factory.mktemp("cluster"), Path(demo_weights))
     try:
         c.start_sshd()
@@ -445,22 +516,44 @@ def test_ray_up_starts_ray_and_mlflow_on_the_head_and_tells_every_node(cluster):
 def test_mlflow_and_the_dashboard_are_reachable_only_as_the_config_promises(cluster):
     env = cluster.head_env()
     ip, mport, dport = env["RAYSTUDY_HEAD_IP"], cluster.ports["mlflow"], cluster.ports["dashboard"]
-    assert answers(f"http://127.0.0.1:{dport}/") == 200                      # the dashboard: loopback only
+    assert answers(f"http://127.0.0.1:{dport}/") == 200  # the dashboard: loopback only
     # a request naming another host is refused (DNS rebinding)
-    assert answers(f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1",
-                   host="mlflow.example.com") == 403
+    assert (
+        answers(
+            f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1", host="mlflow.example.com"
+        )
+        == 403
+    )
     if ip.startswith("127."):
-        pytest.skip(f"this machine's only address is {ip}: private-address binding and the SSH tunnel "
-                    "cannot be told apart from loopback here")
-    assert answers(f"http://{ip}:{dport}/") is None                          # not on the cluster address
-    assert answers(f"http://127.0.0.1:{mport}/health") is None               # MLflow: the cluster address only
+        pytest.skip(
+            f"this machine's only address is {ip}: private-address binding and the SSH tunnel "
+            "cannot be told apart from loopback here"
+        )
+    assert answers(f"http://{ip}:{dport}/") is None  # not on the cluster address
+    assert answers(f"http://127.0.0.1:{mport}/health") is None  # MLflow: the cluster address only
     # from a laptop: an SSH tunnel to the head's private address
     local = free_port()
     tunnel = subprocess.Popen(
-        ["ssh", "-N", "-i", str(cluster.key), "-o", f"ProxyCommand=nc 127.0.0.1 {cluster.ports['ssh']}",
-         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ExitOnForwardFailure=yes",
-         "-L", f"{local}:{ip}:{mport}", f"{cluster.user}@127.0.0.1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            "ssh",
+            "-N",
+            "-i",
+            str(cluster.key),
+            "-o",
+            f"ProxyCommand=nc 127.0.0.1 {cluster.ports['ssh']}",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-L",
+            f"{local}:{ip}:{mport}",
+            f"{cluster.user}@127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_for(lambda: answers(f"http://localhost:{local}/health") == 200, 30, "MLflow through the SSH tunnel")
     finally:
@@ -473,9 +566,11 @@ def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster
     from mlflow import MlflowClient
 
     # As the README submits it: on the head, where RAY_ADDRESS and MLFLOW_TRACKING_URI are set.
-    grid = ("python -m raystudy.grid --space demo --datasets digits_c --conditions MHA,LN1 --set steps=40 "
-            "--set warmup_steps=4 --set eval_every=20 --set log_every=10 --set batch_size=32 "
-            f"--storage {cluster.storage}/ray --quiet")
+    grid = (
+        "python -m raystudy.grid --space demo --datasets digits_c --conditions MHA,LN1 --set steps=40 "
+        "--set warmup_steps=4 --set eval_every=20 --set log_every=10 --set batch_size=32 "
+        f"--storage {cluster.storage}/ray --quiet"
+    )
     t0 = time.time()
     p = cluster.ray("exec", str(cluster.config), grid, timeout=900)
     out = p.stdout + p.stderr
@@ -506,7 +601,9 @@ def test_ray_down_stops_this_cluster_and_only_it(cluster):
         return [q for q in psutil.process_iter(["cmdline"]) if cluster.ray_tmp in " ".join(q.info["cmdline"] or ())]
 
     assert ours(), "the cluster is not running"
-    p = cluster.ray("exec", str(cluster.config), "bash ~/raystudy-src/cluster/node.sh stop-mlflow")  # as the README says
+    p = cluster.ray(
+        "exec", str(cluster.config), "bash ~/raystudy-src/cluster/node.sh stop-mlflow"
+    )  # as the README says
     assert p.returncode == 0, p.stdout + p.stderr
     assert not (cluster.home / "raystudy-state" / "mlflow.pid").exists()
     p = cluster.ray("down", "-y", str(cluster.config), timeout=120)

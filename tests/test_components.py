@@ -12,8 +12,9 @@ def vit_base():
 
 
 def tiny(**kw):
-    return VisionTransformer(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2,
-                             num_heads=2, num_classes=10, **kw)
+    return VisionTransformer(
+        img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_classes=10, **kw
+    )
 
 
 def test_vit_base_partition_counts_match_the_study(vit_base):
@@ -32,14 +33,16 @@ def test_every_parameter_in_exactly_one_component(vit_base):
     names = [n for ns in groups.values() for n in ns]
     assert sorted(names) == sorted(n for n, _ in vit_base.named_parameters())
     assert groups["HEAD"] == ["norm.weight", "norm.bias", "head.weight", "head.bias"]
-    assert set(groups["EMBED"]) == {"cls_token", "pos_embed", "patch_embed.proj.weight",
-                                    "patch_embed.proj.bias"}
+    assert set(groups["EMBED"]) == {"cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias"}
 
 
-@pytest.mark.parametrize("names,culprit", [
-    (["blocks.0.norm1.weight", "blocks.0.attn.gate"], "blocks.0.attn.gate"),  # a name timm never had
-    (["blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc1_g.weight"], "fc1_g"),       # SwiGLU: not a study MLP
-])
+@pytest.mark.parametrize(
+    "names,culprit",
+    [
+        (["blocks.0.norm1.weight", "blocks.0.attn.gate"], "blocks.0.attn.gate"),  # a name timm never had
+        (["blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc1_g.weight"], "fc1_g"),  # SwiGLU: not a study MLP
+    ],
+)
 def test_partition_fails_loudly_on_unknown_parameters(names, culprit):
     with pytest.raises(C.PartitionError, match=culprit):
         C.partition(names)
@@ -63,7 +66,7 @@ def test_components_cli_counts_a_dinov2_style_vit_with_registers(capsys):
     out = capsys.readouterr().out
     per = {line.split()[0]: int(line.split()[1].replace(",", "")) for line in out.splitlines()[2:9]}
     assert per["MHA"] == 12 * (384 * 1152 + 1152 + 384 * 384 + 384 + 384)  # qkv, proj, ls1
-    assert per["FC2"] == 12 * (1536 * 384 + 384 + 384)                      # fc2, ls2
+    assert per["FC2"] == 12 * (1536 * 384 + 384 + 384)  # fc2, ls2
 
 
 def test_ambiguous_parameter_is_refused(monkeypatch):
@@ -75,11 +78,18 @@ def test_ambiguous_parameter_is_refused(monkeypatch):
         C.partition(["head.weight"])
 
 
-@pytest.mark.parametrize("cond,expected", [
-    ("MHA", {"MHA"}), ("mha+fc1", {"MHA", "FC1"}), ("FC1+MHA", {"MHA", "FC1"}),
-    ("full", set(C.STUDY_COMPONENTS)), ("linear_probe", set()), ("lora", {"LORA"}),
-    ("EMBED", {"EMBED"}),
-])
+@pytest.mark.parametrize(
+    "cond,expected",
+    [
+        ("MHA", {"MHA"}),
+        ("mha+fc1", {"MHA", "FC1"}),
+        ("FC1+MHA", {"MHA", "FC1"}),
+        ("full", set(C.STUDY_COMPONENTS)),
+        ("linear_probe", set()),
+        ("lora", {"LORA"}),
+        ("EMBED", {"EMBED"}),
+    ],
+)
 def test_parse_condition(cond, expected):
     assert C.parse_condition(cond) == expected
 
@@ -98,8 +108,7 @@ def test_bad_condition_names_the_value_and_the_choices(bad):
     assert "valid" in msg or "twice" in msg
 
 
-@pytest.mark.parametrize("cond", ["LN1", "MHA", "LN2", "FC1", "FC2", "EMBED", "full",
-                                  "linear_probe", "MHA+FC1"])
+@pytest.mark.parametrize("cond", ["LN1", "MHA", "LN2", "FC1", "FC2", "EMBED", "full", "linear_probe", "MHA+FC1"])
 def test_apply_condition_sets_exactly_the_trainable_set(cond):
     model = tiny()
     counts = C.apply_condition(model, cond)

@@ -14,8 +14,10 @@ def test_unknown_key_is_refused_with_a_suggestion():
         from_dict({"lrr": 0.1})
 
 
-@pytest.mark.parametrize("key,value", [("steps", 1.5), ("steps", "ten"), ("lr", "fast"),
-                                       ("low_data", "yes"), ("betas", [0.9]), ("condition", 3)])
+@pytest.mark.parametrize(
+    "key,value",
+    [("steps", 1.5), ("steps", "ten"), ("lr", "fast"), ("low_data", "yes"), ("betas", [0.9]), ("condition", 3)],
+)
 def test_mistyped_values_are_refused(key, value):
     with pytest.raises(ConfigError, match=key):
         from_dict({key: value})
@@ -37,18 +39,21 @@ def test_yaml_round_trip(tmp_path):
     assert load_config(p) == cfg
 
 
-@pytest.mark.parametrize("changes,needle", [
-    ({"model": "vit_nonexistent"}, "unknown model 'vit_nonexistent'"),
-    ({"model": "resnet50"}, "not a timm VisionTransformer"),
-    ({"dataset": "imagenet9"}, "unknown dataset 'imagenet9'; valid: cifar10"),
-    ({"condition": "FC3"}, "unknown component 'FC3'"),
-    ({"optimizer": "adam"}, "unknown optimizer 'adam'; valid: sgd, adamw"),
-    ({"steps": 0}, "'steps' must be > 0"),
-    ({"batch_size": 64, "grad_accum": 5}, "divisible"),
-    ({"warmup_steps": 400}, "warmup_steps"),
-    ({"weights": "/nonexistent/w.pt"}, "weights file"),
-    ({"device": "tpu"}, "unknown device"),
-])
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        ({"model": "vit_nonexistent"}, "unknown model 'vit_nonexistent'"),
+        ({"model": "resnet50"}, "not a timm VisionTransformer"),
+        ({"dataset": "imagenet9"}, "unknown dataset 'imagenet9'; valid: cifar10"),
+        ({"condition": "FC3"}, "unknown component 'FC3'"),
+        ({"optimizer": "adam"}, "unknown optimizer 'adam'; valid: sgd, adamw"),
+        ({"steps": 0}, "'steps' must be > 0"),
+        ({"batch_size": 64, "grad_accum": 5}, "divisible"),
+        ({"warmup_steps": 400}, "warmup_steps"),
+        ({"weights": "/nonexistent/w.pt"}, "weights file"),
+        ({"device": "tpu"}, "unknown device"),
+    ],
+)
 def test_validate_names_the_bad_value(changes, needle):
     with pytest.raises(ConfigError) as e:
         validate(FinetuneConfig().replace(**changes))
@@ -71,7 +76,9 @@ def test_missing_or_malformed_files(tmp_path):
 
 def test_config_is_frozen():
     cfg = FinetuneConfig()
-    with pytest.raises(Exception):
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.lr = 3.0  # type: ignore[misc]
 
 

@@ -9,11 +9,16 @@ from raystudy import costs, grid, spaces
 
 
 def doc(models=None, **extra):
-    return {"format": costs.FORMAT, "gpu": "NVIDIA H200", "date": "2026-05-01T12:00:00+00:00",
-            "command": "python benchmarks/gpu_acceptance.py --out /tmp/gpu",
-            "models": models if models is not None else
-            {"vit_base_patch16_224": {"batch_per_gpu": 256, "seconds_per_step": {"full": 0.2, "MHA": 0.1}}},
-            **extra}
+    return {
+        "format": costs.FORMAT,
+        "gpu": "NVIDIA H200",
+        "date": "2026-05-01T12:00:00+00:00",
+        "command": "python benchmarks/gpu_acceptance.py --out /tmp/gpu",
+        "models": models
+        if models is not None
+        else {"vit_base_patch16_224": {"batch_per_gpu": 256, "seconds_per_step": {"full": 0.2, "MHA": 0.1}}},
+        **extra,
+    }
 
 
 def table(**model):
@@ -63,16 +68,18 @@ def test_what_the_table_lacks_falls_back_to_the_flop_estimate():
 
 
 def test_a_missing_file_is_a_note_not_an_error(tmp_path):
-    est = costs.estimate("vit_base", [costs.TrialCost("full", 10, 512)], step_times=tmp_path / "none.json",
-                         fallback=0.36)
+    est = costs.estimate(
+        "vit_base", [costs.TrialCost("full", 10, 512)], step_times=tmp_path / "none.json", fallback=0.36
+    )
     assert est.hours == pytest.approx(3.6 / 3600)
     assert "step_seconds=0.36 from the space, a FLOP estimate" in est.describe()
     assert "none.json not found" in est.describe()
 
 
 def test_write_and_load_round_trip_with_canonical_conditions(tmp_path):
-    d = doc({"vit_base": {"batch_per_gpu": 256, "seconds_per_step": {"full": 0.2, "mha+fc1": 0.15,
-                                                                     "Linear_Probe": 0.05}}})
+    d = doc(
+        {"vit_base": {"batch_per_gpu": 256, "seconds_per_step": {"full": 0.2, "mha+fc1": 0.15, "Linear_Probe": 0.05}}}
+    )
     p = costs.write_step_times(tmp_path / "st.json", d)
     t = costs.load_step_times(p)
     assert t.path == str(p) and t.gpu == "NVIDIA H200"
@@ -80,16 +87,23 @@ def test_write_and_load_round_trip_with_canonical_conditions(tmp_path):
     assert costs.step_seconds(t, "vit_base_patch16_224.orig_in21k", "FC1+MHA", 512) == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize("bad,needle", [
-    ({"format": "v0"}, "format must be 'raystudy-step-times/1'"),
-    ({"models": {}}, "'models' must map architectures"),
-    ({"models": {"vit_base": {"batch_per_gpu": 0, "seconds_per_step": {"full": 1}}}},
-     "batch_per_gpu must be a positive"),
-    ({"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {"full": -1}}}},
-     "seconds_per_step.full must be a positive"),
-    ({"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {"FC3": 1}}}}, "unknown component 'FC3'"),
-    ({"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {}, "speed": 1}}}, "unknown key 'speed'"),
-])
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        ({"format": "v0"}, "format must be 'raystudy-step-times/1'"),
+        ({"models": {}}, "'models' must map architectures"),
+        (
+            {"models": {"vit_base": {"batch_per_gpu": 0, "seconds_per_step": {"full": 1}}}},
+            "batch_per_gpu must be a positive",
+        ),
+        (
+            {"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {"full": -1}}}},
+            "seconds_per_step.full must be a positive",
+        ),
+        ({"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {"FC3": 1}}}}, "unknown component 'FC3'"),
+        ({"models": {"vit_base": {"batch_per_gpu": 8, "seconds_per_step": {}, "speed": 1}}}, "unknown key 'speed'"),
+    ],
+)
 def test_bad_step_times_are_refused_in_one_line(tmp_path, bad, needle):
     p = tmp_path / "st.json"
     p.write_text(json.dumps({**doc(), **bad}))
@@ -102,6 +116,7 @@ def test_bad_step_times_are_refused_in_one_line(tmp_path, bad, needle):
 
 
 # ---------------------------------------------------------------- the grid's dry run
+
 
 def paper_space(tmp_path, step_times):
     raw = yaml.safe_load(spaces.space_path("paper").read_text())
@@ -117,8 +132,9 @@ PER_CONDITION = {"full": 0.2, "LN1": 0.1, "MHA": 0.1, "LN2": 0.1, "FC1": 0.1, "F
 def test_dry_run_prices_trials_from_the_measured_file_the_space_names(tmp_path, capsys):
     sub = tmp_path / "measured"
     sub.mkdir()
-    costs.write_step_times(sub / "h200.json", doc({"vit_base": {"batch_per_gpu": 256,
-                                                                "seconds_per_step": PER_CONDITION}}))
+    costs.write_step_times(
+        sub / "h200.json", doc({"vit_base": {"batch_per_gpu": 256, "seconds_per_step": PER_CONDITION}})
+    )
     space_file = paper_space(tmp_path, "measured/h200.json")  # relative to the space's folder
     assert grid.main(["--space", str(space_file), "--model", "vit_base", "--datasets", "pets", "--dry-run"]) == 0
     out = capsys.readouterr().out

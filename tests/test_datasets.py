@@ -39,7 +39,10 @@ def test_low_data_is_vtab1k_800_train_200_val_seeded_and_test_unchanged():
     labels = np.repeat(np.arange(10), 150)
     tr, va = datasets.split_pool(labels, seed=3, low_data=True)
     assert (len(tr), len(va)) == (800, 200) and not set(tr) & set(va)
-    again, other = datasets.split_pool(labels, seed=3, low_data=True), datasets.split_pool(labels, seed=4, low_data=True)
+    again, other = (
+        datasets.split_pool(labels, seed=3, low_data=True),
+        datasets.split_pool(labels, seed=4, low_data=True),
+    )
     assert np.array_equal(again[0], tr) and np.array_equal(again[1], va)
     assert not np.array_equal(other[0], tr)
     with pytest.raises(ConfigError, match="vtab1k draws 800 \\+ 200 images, but the training pool holds 280"):
@@ -118,8 +121,11 @@ def _orientation(x: torch.Tensor) -> torch.Tensor:
     r, c = torch.meshgrid(torch.arange(16.0), torch.arange(16.0), indexing="ij")
     w = x[:, 0] / x[:, 0].sum(dim=(1, 2), keepdim=True)
     mr, mc = (w * r).sum(dim=(1, 2), keepdim=True), (w * c).sum(dim=(1, 2), keepdim=True)
-    rr, cc, rc = ((w * (r - mr) ** 2).sum(dim=(1, 2)), (w * (c - mc) ** 2).sum(dim=(1, 2)),
-                  (w * (r - mr) * (c - mc)).sum(dim=(1, 2)))
+    rr, cc, rc = (
+        (w * (r - mr) ** 2).sum(dim=(1, 2)),
+        (w * (c - mc) ** 2).sum(dim=(1, 2)),
+        (w * (r - mr) * (c - mc)).sum(dim=(1, 2)),
+    )
     return torch.rad2deg(0.5 * torch.atan2(2 * rc, cc - rr)) % 180
 
 
@@ -155,9 +161,9 @@ def test_demo_splits_are_60_20_20():
     assert x.shape == (1, 16, 16) and -1 <= x.min() and x.max() <= 1
 
 
-@pytest.mark.parametrize("name,needle", [("cifar10c_snow", "CIFAR-10-C"),
-                                         ("domainnet_clipart", "domainnet"),
-                                         ("cifar10", "download")])
+@pytest.mark.parametrize(
+    "name,needle", [("cifar10c_snow", "CIFAR-10-C"), ("domainnet_clipart", "domainnet"), ("cifar10", "download")]
+)
 def test_missing_files_name_the_expected_path(tmp_path, name, needle):
     with pytest.raises(datasets.DatasetUnavailable) as e:
         datasets.build_splits(name, seed=0, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
@@ -172,8 +178,7 @@ def test_cifar10c_reads_severity_5(tmp_path):
     imgs[40_000:] = 255  # severity 5 rows white, the rest black
     imgs.flush()
     np.save(d / "labels.npy", np.tile(np.arange(10), 5_000))
-    s = datasets.build_splits("cifar10c_snow", seed=0, img_size=32, mean=(0.5,) * 3, std=(0.5,) * 3,
-                          root=tmp_path)
+    s = datasets.build_splits("cifar10c_snow", seed=0, img_size=32, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
     assert len(s.train) + len(s.val) + len(s.test) == 10_000 and len(s.test) == 2_000
     x, _ = s.test[0]
     assert x.shape == (3, 32, 32) and torch.allclose(x, torch.ones_like(x))
@@ -186,8 +191,7 @@ def test_domainnet_folders_and_paper_transforms(tmp_path):
         (tmp_path / "domainnet" / "sketch" / c).mkdir(parents=True)
         for i in range(10):
             Image.new("RGB", (300, 200), (i * 20, 0, 0)).save(tmp_path / "domainnet" / "sketch" / c / f"{i}.png")
-    s = datasets.build_splits("domainnet_sketch", seed=0, img_size=224, mean=(0.5,) * 3,
-                          std=(0.5,) * 3, root=tmp_path)
+    s = datasets.build_splits("domainnet_sketch", seed=0, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
     assert len(s.test) == 4 and len(s.train) + len(s.val) == 16
     xt, _ = s.train[0]
     xe, _ = s.test[0]

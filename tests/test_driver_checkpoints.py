@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+
 from drivers import driver_env
 
 CHECKPOINTS = r"""
@@ -77,14 +78,19 @@ def test_a_saved_experiment_state_never_names_a_deleted_checkpoint(tmp_path, sha
     # deletes the old checkpoint before the next snapshot names the new one. A witness reads the
     # saved state after every result and checkpoint: what a kill at that instant would restore.
     env = driver_env(TUNE_GLOBAL_CHECKPOINT_S="1", OMP_NUM_THREADS="1")  # a snapshot a second
-    p = subprocess.run([sys.executable, "-c", CHECKPOINTS, shared_ray[1], str(tmp_path)], env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", CHECKPOINTS, shared_ray[1], str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     # Tune's pruning: states that name a deleted checkpoint (the witness sees the failure)
     assert got["tune"]["missing"] > 0, got["tune"]
     ours = got["raystudy"]
-    assert ours["looks"] >= 30 and ours["named"] >= 4, ours   # several snapshots, each naming newer ones
+    assert ours["looks"] >= 30 and ours["named"] >= 4, ours  # several snapshots, each naming newer ones
     assert ours["missing"] == 0, ours
     # old checkpoints still go: of each trial's 30, only those since the last snapshots remain
     assert 2 <= len(ours["left"]) <= 2 * 15 and "checkpoint_000000" not in ours["left"], ours["left"]

@@ -40,8 +40,7 @@ def test_local_ray_listens_on_loopback_only_with_token_auth(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
     env.update(HOME=str(home), OMP_NUM_THREADS="1")
     temp = tempfile.mkdtemp(prefix="rlb", dir="/tmp")  # Ray's socket paths must stay short
-    p = subprocess.run([sys.executable, "-c", CODE, temp], env=env, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run([sys.executable, "-c", CODE, temp], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     names = {name for name, _, _ in got["socks"]}
@@ -53,8 +52,9 @@ def test_local_ray_listens_on_loopback_only_with_token_auth(tmp_path):
     assert token.is_file() and token.stat().st_mode & 0o077 == 0  # the token: its owner's alone
 
 
-@pytest.mark.parametrize("address,needle", [("nohost", "expected auto, local or HOST:PORT"),
-                                            ("127.0.0.1:9", "no Ray cluster answers there")])
+@pytest.mark.parametrize(
+    "address,needle", [("nohost", "expected auto, local or HOST:PORT"), ("127.0.0.1:9", "no Ray cluster answers there")]
+)
 def test_an_address_that_cannot_be_joined_is_refused_before_ray_starts(address, needle):
     with pytest.raises(ConfigError, match=needle):
         local_ray.check_address(address)

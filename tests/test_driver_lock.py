@@ -10,8 +10,10 @@ from raystudy.driver import lock
 
 
 def _hold(storage, name, then="time.sleep(120)"):
-    code = ("import time; from raystudy.driver import lock\n"
-            f"with lock.grid_lock({str(storage)!r}, {name!r}):\n    print('held', flush=True); {then}")
+    code = (
+        "import time; from raystudy.driver import lock\n"
+        f"with lock.grid_lock({str(storage)!r}, {name!r}):\n    print('held', flush=True); {then}"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     return p

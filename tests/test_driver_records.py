@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 from raystudy.driver import records
 
+
 def test_a_trials_error_text_is_its_error_file_or_says_there_is_none(tmp_path):
     f = tmp_path / "error.txt"
     f.write_text("Traceback ...\nRuntimeError: boom\n")

@@ -11,8 +11,10 @@ from raystudy.driver import session
 
 def test_importing_the_session_loads_no_ray_mlflow_or_torch():
     # the command lines import it for their --help and --dry-run, which need none of them
-    code = ("import sys, raystudy.driver.session, raystudy.driver.lock, raystudy.driver.local_ray; "
-            "print(sorted(m for m in ('ray', 'mlflow', 'torch', 'optuna') if m in sys.modules))")
+    code = (
+        "import sys, raystudy.driver.session, raystudy.driver.lock, raystudy.driver.local_ray; "
+        "print(sorted(m for m in ('ray', 'mlflow', 'torch', 'optuna') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

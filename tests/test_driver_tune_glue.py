@@ -53,8 +53,12 @@ def test_the_first_ctrl_c_is_the_grids_line_and_tunes_other_warnings_stay_muted(
         assert loud.received
     finally:
         tune_log.removeHandler(keep)
-    assert seen == ["a trial failed", "outside the grid's Tune run", "call Tuner.restore(...) to resume",
-                    "Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run."]
+    assert seen == [
+        "a trial failed",
+        "outside the grid's Tune run",
+        "call Tuner.restore(...) to resume",
+        "Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run.",
+    ]
     out = capsys.readouterr().out
     assert out == "\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once\n"
 

@@ -6,8 +6,17 @@ import torch
 from raystudy import batches, engine
 from raystudy.config import FinetuneConfig
 
-FAST = dict(model="vit_demo", pretrained=False, dataset="digits_c", steps=12, warmup_steps=2,
-            batch_size=32, eval_every=6, log_every=3, eval_batch_size=512)
+FAST = dict(
+    model="vit_demo",
+    pretrained=False,
+    dataset="digits_c",
+    steps=12,
+    warmup_steps=2,
+    batch_size=32,
+    eval_every=6,
+    log_every=3,
+    eval_batch_size=512,
+)
 
 
 def test_get_lr_warmup_then_cosine():
@@ -97,8 +106,9 @@ def test_grad_accumulation_matches_one_big_batch():
     o1 = engine.build_optimizer(model, cfg, torch.device("cpu"))
     o2 = engine.build_optimizer(m2, cfg, torch.device("cpu"))
     r1 = engine.train_step(model, [(x, y)], o1, groups, 0.0, torch.device("cpu"))
-    r2 = engine.train_step(m2, [(x[:16], y[:16]), (x[16:], y[16:])], o2, engine.trainable_groups(m2),
-                           0.0, torch.device("cpu"))
+    r2 = engine.train_step(
+        m2, [(x[:16], y[:16]), (x[16:], y[16:])], o2, engine.trainable_groups(m2), 0.0, torch.device("cpu")
+    )
     assert r1["loss"].item() == pytest.approx(r2["loss"].item(), rel=1e-5)
     assert r1["grad_norm/total"].item() == pytest.approx(r2["grad_norm/total"].item(), rel=1e-4)
 
@@ -160,7 +170,7 @@ def test_gradient_accumulation_under_ddp_all_reduces_only_the_last_micro_batch(t
         engine.train_step(ddp, [(x[:4], y[:4])], opt, groups, 1.0, torch.device("cpu"))
         one = len(calls)
         calls.clear()
-        micro = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 16, 4)]
+        micro = [(x[i : i + 4], y[i : i + 4]) for i in range(0, 16, 4)]
         engine.train_step(ddp, micro, opt, groups, 1.0, torch.device("cpu"))
         assert one >= 1 and len(calls) == one
     finally:
@@ -180,8 +190,9 @@ def test_linear_probe_is_the_papers_logistic_regression_on_frozen_pooled_feature
     assert res["status"] == "finished" and res["steps_done"] == 0 and res["trainable_params"] == 10 * 65
 
     model = models.create_model("vit_demo", 10, weights=demo_weights).eval()
-    splits = datasets.build_splits("digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,),
-                                   data_path="cache", augment_train=False)
+    splits = datasets.build_splits(
+        "digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache", augment_train=False
+    )
 
     def feats(ds):
         x = torch.stack([ds[i][0] for i in range(len(ds))])
@@ -206,9 +217,20 @@ def test_a_layer_scale_and_register_vit_finetunes_and_probes(tmp_path, monkeypat
     """DINOv2-style (LayerScale + 4 registers, random init): a short MHA finetune with probes."""
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
     image_folder(tmp_path, n=4)
-    cfg = FinetuneConfig(model="vit_small_patch14_reg4_dinov2", pretrained=False, dataset="domainnet_sketch",
-                         data_root=str(tmp_path), data_path="cache", condition="MHA", steps=2, warmup_steps=1,
-                         batch_size=2, eval_every=2, log_every=1, eval_batch_size=4)
+    cfg = FinetuneConfig(
+        model="vit_small_patch14_reg4_dinov2",
+        pretrained=False,
+        dataset="domainnet_sketch",
+        data_root=str(tmp_path),
+        data_path="cache",
+        condition="MHA",
+        steps=2,
+        warmup_steps=1,
+        batch_size=2,
+        eval_every=2,
+        log_every=1,
+        eval_batch_size=4,
+    )
     res = engine.train(cfg)
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
     assert res["trainable_params/MHA"] == 12 * (384 * 1152 + 1152 + 384 * 384 + 384 + 384)  # with ls1
@@ -216,8 +238,9 @@ def test_a_layer_scale_and_register_vit_finetunes_and_probes(tmp_path, monkeypat
     from raystudy import plasticity
 
     model, splits, _ = engine.build(cfg)  # x and y both from the folder: ImageNet val is not here
-    df = plasticity.probe_model(model.eval(), splits.train, splits.test, n_pairs=2, batch_size=2,
-                                components=("MHA", "FC2"))
+    df = plasticity.probe_model(
+        model.eval(), splits.train, splits.test, n_pairs=2, batch_size=2, components=("MHA", "FC2")
+    )
     assert len(df) == 2 * 12 * 2 and (df["mean"] <= df["bound"]).all() and (df["mean"] > 0).all()
 
 
@@ -228,6 +251,7 @@ def _record(into, states=None):
         into.append(m)
         if s is not None and states is not None:
             states.append(copy.deepcopy(s))  # as saved to disk: later steps must not change it
+
     return report
 
 
@@ -263,9 +287,20 @@ def test_same_seed_same_result_after_a_cache_build_and_a_disturbed_rng(tmp_path,
     # process drew before must not change a trial's head init, dropout or data.
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
     _images(tmp_path)
-    cfg = FinetuneConfig(model="vit_tiny_patch16_224", pretrained=False, dataset="domainnet_sketch",
-                         data_root=str(tmp_path), data_path="cache", condition="FC2", steps=2,
-                         warmup_steps=1, batch_size=4, eval_every=2, log_every=1, eval_batch_size=8)
+    cfg = FinetuneConfig(
+        model="vit_tiny_patch16_224",
+        pretrained=False,
+        dataset="domainnet_sketch",
+        data_root=str(tmp_path),
+        data_path="cache",
+        condition="FC2",
+        steps=2,
+        warmup_steps=1,
+        batch_size=4,
+        eval_every=2,
+        log_every=1,
+        eval_batch_size=8,
+    )
     first = engine.train(cfg)  # decodes the cache
     torch.rand(17)
     second = engine.train(cfg)  # reads it

@@ -9,8 +9,18 @@ import yaml
 
 from raystudy import finetune
 
-QUICK = ["--set", "pretrained=false", "--steps", "6", "--warmup-steps", "1", "--eval-every", "3",
-         "--set", "log_every=3"]
+QUICK = [
+    "--set",
+    "pretrained=false",
+    "--steps",
+    "6",
+    "--warmup-steps",
+    "1",
+    "--eval-every",
+    "3",
+    "--set",
+    "log_every=3",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -20,16 +30,19 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--model", "vit_bogus"], "unknown model 'vit_bogus'"),
-    (["--dataset", "mnist"], "unknown dataset 'mnist'"),
-    (["--condition", "FC3+MHA"], "unknown component 'FC3'"),
-    (["--optimizer", "lion"], "unknown optimizer 'lion'"),
-    (["--set", "learning_rate=0.1"], "unknown config key 'learning_rate'"),
-    (["--set", "steps"], "--set expects key=value"),
-    (["--config", "/nonexistent.yaml"], "does not exist"),
-    (["--dataset", "cifar10c_snow", "--set", "data_root=/nonexistent"], "CIFAR-10-C"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--model", "vit_bogus"], "unknown model 'vit_bogus'"),
+        (["--dataset", "mnist"], "unknown dataset 'mnist'"),
+        (["--condition", "FC3+MHA"], "unknown component 'FC3'"),
+        (["--optimizer", "lion"], "unknown optimizer 'lion'"),
+        (["--set", "learning_rate=0.1"], "unknown config key 'learning_rate'"),
+        (["--set", "steps"], "--set expects key=value"),
+        (["--config", "/nonexistent.yaml"], "does not exist"),
+        (["--dataset", "cifar10c_snow", "--set", "data_root=/nonexistent"], "CIFAR-10-C"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
     assert finetune.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -58,8 +71,12 @@ def test_run_writes_config_and_results_that_rerun(tmp_path, capsys):
 
 
 def test_cli_subprocess_exit_status():
-    p = subprocess.run([sys.executable, "-m", "raystudy.finetune", "--optimizer", "adam"],
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "raystudy.finetune", "--optimizer", "adam"],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert p.stderr.strip() == "error: unknown optimizer 'adam'; valid: sgd, adamw"

@@ -36,6 +36,7 @@ def tokens(n, length, seed):
 
 # ---------------------------------------------------------------- components
 
+
 def test_gpt2_sizes_partition_into_exactly_one_component_each():
     with torch.device("meta"):  # the real 124M sizes without allocating them
         model = models.create_model("gpt2", 100, pretrained=False)
@@ -89,6 +90,7 @@ def test_lora_on_gpt2_trains_only_adapters_and_starts_as_the_identity():
 
 # ---------------------------------------------------------------- plasticity
 
+
 def ref_layer_norm(ln, x):
     mu = x.mean(-1, keepdim=True)
     var = ((x - mu) ** 2).mean(-1, keepdim=True)
@@ -112,8 +114,9 @@ def ref_attention(attn, x, causal=True):
 
 
 def ref_ratio(f, a, b):
-    return (torch.linalg.vector_norm((f(a) - f(b)).flatten(1), dim=1)
-            / torch.linalg.vector_norm((a - b).flatten(1), dim=1))
+    return torch.linalg.vector_norm((f(a) - f(b)).flatten(1), dim=1) / torch.linalg.vector_norm(
+        (a - b).flatten(1), dim=1
+    )
 
 
 @torch.no_grad()
@@ -126,11 +129,13 @@ def test_shared_mode_matches_a_hand_computation_with_causal_attention():
     ex, ey = t.wte.weight[x] + t.wpe.weight[pos], t.wte.weight[y] + t.wpe.weight[pos]
     for i, block in enumerate(t.h):
         width = block.mlp.c_proj.weight.shape[0]
-        refs = {"LN1": lambda e: ref_layer_norm(block.ln_1, e),
-                "MHA": lambda e: ref_attention(block.attn, e),
-                "LN2": lambda e: ref_layer_norm(block.ln_2, e),
-                "FC1": lambda e: ref_conv1d(block.mlp.c_fc, e),
-                "FC2": lambda e: ref_conv1d(block.mlp.c_proj, F.pad(e, (0, width - e.shape[-1])))}
+        refs = {
+            "LN1": lambda e: ref_layer_norm(block.ln_1, e),
+            "MHA": lambda e: ref_attention(block.attn, e),
+            "LN2": lambda e: ref_layer_norm(block.ln_2, e),
+            "FC1": lambda e: ref_conv1d(block.mlp.c_fc, e),
+            "FC2": lambda e: ref_conv1d(block.mlp.c_proj, F.pad(e, (0, width - e.shape[-1]))),
+        }
         for comp, f in refs.items():
             r = ref_ratio(f, ex, ey)
             assert rows[(i, comp)]["mean"] == pytest.approx(r.mean().item(), rel=1e-9), (i, comp)
@@ -156,6 +161,7 @@ def test_in_situ_mode_measures_what_enters_each_component_in_the_forward():
     pos = torch.arange(9)
     hx, hy = t.wte.weight[x] + t.wpe.weight[pos], t.wte.weight[y] + t.wpe.weight[pos]
     for i, block in enumerate(t.h):
+
         def measured(comp, f, a, b):
             return rows[(i, comp)]["mean"] == pytest.approx(ref_ratio(f, a, b).mean().item(), rel=1e-9)
 
@@ -184,6 +190,7 @@ def test_probe_model_streams_token_datasets():
 
 # ---------------------------------------------------------------- token data
 
+
 def test_tokens_rule_is_a_learnable_rule_and_fits_every_gpt2():
     ids, labels = datasets.rule_tokens()
     assert ids.dtype == torch.int64 and ids.shape == (2000, datasets.TOKEN_LEN)
@@ -193,13 +200,16 @@ def test_tokens_rule_is_a_learnable_rule_and_fits_every_gpt2():
     assert np.bincount(labels).min() > 400
 
 
-@pytest.mark.parametrize("make,msg", [
-    (lambda p: np.save(p, np.zeros((3, 4), dtype=np.float32)), "2-D integer array"),
-    (lambda p: np.save(p, np.zeros(4, dtype=np.int64)), "2-D integer array"),
-    (lambda p: np.save(p, np.full((3, 4), 256)), "ids in [256, 256]"),
-    (lambda p: np.save(p, np.zeros((3, 65), dtype=np.int64)), "sequences of 65 tokens"),
-    (lambda p: open(p, "w").write("not numpy"), "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "make,msg",
+    [
+        (lambda p: np.save(p, np.zeros((3, 4), dtype=np.float32)), "2-D integer array"),
+        (lambda p: np.save(p, np.zeros(4, dtype=np.int64)), "2-D integer array"),
+        (lambda p: np.save(p, np.full((3, 4), 256)), "ids in [256, 256]"),
+        (lambda p: np.save(p, np.zeros((3, 65), dtype=np.int64)), "sequences of 65 tokens"),
+        (lambda p: open(p, "w").write("not numpy"), "cannot be read"),
+    ],
+)
 def test_bad_token_files_say_what_is_wrong(tmp_path, make, msg):
     p = tmp_path / "x.npy"
     make(p)
@@ -220,9 +230,24 @@ def test_probe_cli_on_a_supplied_token_file(tmp_path, capsys):
     from raystudy import probe
 
     np.save(tmp_path / "x.npy", tokens(20, datasets.TOKEN_LEN, 5).numpy())
-    rc = probe.main(["--model", "gpt2_tiny", "--tokens", str(tmp_path / "x.npy"),  # y: tokens_rule
-                     "--pairs", "8", "--batch-size", "4", "--mode", "shared", "--device", "cpu",
-                     "--out", str(tmp_path / "out")])
+    rc = probe.main(
+        [
+            "--model",
+            "gpt2_tiny",
+            "--tokens",
+            str(tmp_path / "x.npy"),  # y: tokens_rule
+            "--pairs",
+            "8",
+            "--batch-size",
+            "4",
+            "--mode",
+            "shared",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert f"x: {tmp_path / 'x.npy'}, y: tokens_rule test" in out and "ranking (shared)" in out
@@ -232,11 +257,14 @@ def test_probe_cli_on_a_supplied_token_file(tmp_path, capsys):
     assert set(df["component"]) == set(P.PROBE_COMPONENTS) and (df["n"] == 8).all()
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["--model", "gpt2_tiny", "--dataset", "digits_c"], "reads token ids"),
-    (["--model", "vit_demo", "--tokens", "x.npy"], "--tokens is for GPT-2"),
-    (["--model", "gpt2_tiny", "--dataset", "tokens_rule", "--tokens", "SHORT"], "equal sequence length"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--model", "gpt2_tiny", "--dataset", "digits_c"], "reads token ids"),
+        (["--model", "vit_demo", "--tokens", "x.npy"], "--tokens is for GPT-2"),
+        (["--model", "gpt2_tiny", "--dataset", "tokens_rule", "--tokens", "SHORT"], "equal sequence length"),
+    ],
+)
 def test_probe_cli_refuses_tokens_that_do_not_fit(tmp_path, capsys, argv, msg):
     from raystudy import probe
 
@@ -249,8 +277,18 @@ def test_probe_cli_refuses_tokens_that_do_not_fit(tmp_path, capsys, argv, msg):
 
 # ---------------------------------------------------------------- finetuning
 
-FAST = dict(model="gpt2_tiny", dataset="tokens_rule", steps=4, warmup_steps=1, batch_size=16,
-            eval_every=2, log_every=2, eval_batch_size=128, device="cpu", lr=0.1)
+FAST = dict(
+    model="gpt2_tiny",
+    dataset="tokens_rule",
+    steps=4,
+    warmup_steps=1,
+    batch_size=16,
+    eval_every=2,
+    log_every=2,
+    eval_batch_size=128,
+    device="cpu",
+    lr=0.1,
+)
 
 
 def test_a_token_model_and_an_image_dataset_are_refused_before_any_work():
@@ -285,15 +323,36 @@ def test_finetune_cli_runs_a_gpt2_condition(tmp_path, capsys, monkeypatch):
     from raystudy import finetune
 
     monkeypatch.chdir(tmp_path)  # its run goes to the default store, ./mlflow.db: the test's own
-    rc = finetune.main(["--model", "gpt2_tiny", "--dataset", "tokens_rule", "--condition", "FC1",
-                        "--steps", "3", "--warmup-steps", "1", "--batch-size", "8", "--eval-every", "3",
-                        "--device", "cpu", "--quiet", "--out", str(tmp_path)])
+    rc = finetune.main(
+        [
+            "--model",
+            "gpt2_tiny",
+            "--dataset",
+            "tokens_rule",
+            "--condition",
+            "FC1",
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--batch-size",
+            "8",
+            "--eval-every",
+            "3",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "condition FC1" in out and "FC1 8,448" in out and "test acc" in out
 
 
 # ---------------------------------------------------------------- weights
+
 
 def test_prefetch_knows_gpt2s_hub_repo_and_that_gpt2_tiny_has_no_weights(tmp_path, monkeypatch, capsys):
     from raystudy import prefetch

@@ -33,9 +33,11 @@ def device_stream(batch: int = 16, n: int = 64, size: int = 64):
     """Training batches cut and augmented on the GPU from a synthetic uint8 pool: the cache path."""
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(0)
-    pool = batches.TensorPool(torch.randint(0, 256, (n, 3, 80, 80), dtype=torch.uint8, generator=g),
-                           torch.tensor([[120, 100]]).expand(n, 2).contiguous(),
-                           torch.randint(0, 10, (n,), generator=g))
+    pool = batches.TensorPool(
+        torch.randint(0, 256, (n, 3, 80, 80), dtype=torch.uint8, generator=g),
+        torch.tensor([[120, 100]]).expand(n, 2).contiguous(),
+        torch.randint(0, 10, (n,), generator=g),
+    )
     view = batches.CachedView(pool, np.arange(n), train=True, size=size, mean=(0.5,) * 3, std=(0.5,) * 3)
     placed = batches.place(datasets.Splits(view, view, view, 10), dev)
     assert placed.train.pool.images.device.type == dev.type  # the pool moved to the GPU once
@@ -102,9 +104,21 @@ def test_frozen_weights_are_bit_identical_after_steps(condition):
 def test_single_process_loop_runs_end_to_end_without_ddp(tmp_path, monkeypatch, data_path, image_folder):
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
     image_folder(tmp_path, n=12, max_side=300)
-    cfg = FinetuneConfig(model=MODEL, pretrained=False, dataset="domainnet_sketch", data_root=str(tmp_path),
-                         data_path=data_path, device="cuda", condition="MHA", steps=4, warmup_steps=1,
-                         batch_size=8, eval_every=2, log_every=2, eval_batch_size=16)
+    cfg = FinetuneConfig(
+        model=MODEL,
+        pretrained=False,
+        dataset="domainnet_sketch",
+        data_root=str(tmp_path),
+        data_path=data_path,
+        device="cuda",
+        condition="MHA",
+        steps=4,
+        warmup_steps=1,
+        batch_size=8,
+        eval_every=2,
+        log_every=2,
+        eval_batch_size=16,
+    )
     logs = []
     res = engine.train(cfg, report=lambda m, s: logs.append(m))
     assert not (dist.is_available() and dist.is_initialized()) and engine.world() == (0, 1)

@@ -32,8 +32,14 @@ G = script_module()
 
 
 def smoke(out: Path, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), *flags], cwd=ROOT,
-                          env=ENV, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--out", str(out), *flags],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
@@ -52,7 +58,9 @@ def test_smoke_run_goes_through_every_part_and_records_everything(tmp_path):
             assert part["reason"], key
         else:
             assert part["results"] and part["notes"] and part["seconds"] >= 0, key
-    assert all(p["status"] == "ok" for p in doc["parts"].values()), {k: p.get("reason") for k, p in doc["parts"].items()}
+    assert all(p["status"] == "ok" for p in doc["parts"].values()), {
+        k: p.get("reason") for k, p in doc["parts"].items()
+    }
 
     env = doc["environment"]
     assert env["blocked_imports"] == ["ray", "mlflow", "optuna"]
@@ -111,8 +119,14 @@ def test_a_budget_too_small_skips_every_part_with_its_reason(tmp_path):
 
 
 def test_sigterm_mid_part_records_it_and_stops(tmp_path):
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path), "--parts", "6,7"],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path), "--parts", "6,7"],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline:  # wait until the finetunes are under way
@@ -146,13 +160,16 @@ def test_the_import_blocker_refuses_exactly_the_absent_packages():
     assert b.attempts == ["ray", "ray.tune", "mlflow", "mlflow.tracking", "optuna"]
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--smoke"], "the following arguments are required: --out"),
-    (["--out", "x", "--smoke", "--budget-s", "-1"], "--budget-s must be > 0"),
-    (["--out", "x", "--smoke", "--parts", "1,9"], "--parts: 9 unknown"),
-    (["--out", "x", "--smoke", "--workers", "-2"], "--workers must be >= 0"),
-    (["--out", "x", "--smoke", "--device", "tpu"], "invalid choice: 'tpu'"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--smoke"], "the following arguments are required: --out"),
+        (["--out", "x", "--smoke", "--budget-s", "-1"], "--budget-s must be > 0"),
+        (["--out", "x", "--smoke", "--parts", "1,9"], "--parts: 9 unknown"),
+        (["--out", "x", "--smoke", "--workers", "-2"], "--workers must be >= 0"),
+        (["--out", "x", "--smoke", "--device", "tpu"], "invalid choice: 'tpu'"),
+    ],
+)
 def test_bad_flags_exit_2_in_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
         G.parse_args(argv)

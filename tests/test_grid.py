@@ -60,33 +60,39 @@ def _space(tmp_path, **changes):
     return str(p)
 
 
-@pytest.mark.parametrize("changes,needle", [
-    (dict(colour="red"), "unknown key 'colour' in search space"),
-    (dict(grid={"lr": {"loguniform": [1e-3, 1e-1]}}), "sampling distribution"),
-    (dict(grid={"lrr": {"grid_search": [0.1]}}), "unknown key 'lrr'"),
-    (dict(grid={"lr": {"grid_search": []}}), "expected {grid_search"),
-    (dict(datasets={}), "at least one dataset"),
-    (dict(datasets={"mnist": {}}), "unknown dataset 'mnist'"),
-    (dict(tune={"retries": 3}), "unknown key 'retries'"),
-    (dict(study="../../x"), "study '../../x'"),  # it names the folder under --storage
-    (dict(study="a/b"), "study 'a/b'"),
-])
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        (dict(colour="red"), "unknown key 'colour' in search space"),
+        (dict(grid={"lr": {"loguniform": [1e-3, 1e-1]}}), "sampling distribution"),
+        (dict(grid={"lrr": {"grid_search": [0.1]}}), "unknown key 'lrr'"),
+        (dict(grid={"lr": {"grid_search": []}}), "expected {grid_search"),
+        (dict(datasets={}), "at least one dataset"),
+        (dict(datasets={"mnist": {}}), "unknown dataset 'mnist'"),
+        (dict(tune={"retries": 3}), "unknown key 'retries'"),
+        (dict(study="../../x"), "study '../../x'"),  # it names the folder under --storage
+        (dict(study="a/b"), "study 'a/b'"),
+    ],
+)
 def test_bad_spaces_are_refused_before_any_trial(tmp_path, changes, needle, capsys):
     assert grid.main(["--space", _space(tmp_path, **changes), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--space", "nope"], "unknown search space 'nope'"),
-    (["--space", "demo", "--datasets", "cifar10"], "--datasets: cifar10 not in this space"),
-    (["--space", "demo", "--conditions", "EMBED"], "--conditions: EMBED not in this space"),
-    (["--space", "demo", "--conditions", "FC3"], "unknown component 'FC3'"),
-    (["--space", "demo", "--optimizers", "lion"], "--optimizers: lion not in this space"),
-    (["--space", "demo", "--model", "resnet50"], "not a timm VisionTransformer"),
-    (["--space", "demo", "--set", "lrr=1"], "unknown config key 'lrr'"),
-    (["--space", "demo", "--max-failures", "-1"], "--max-failures"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--space", "nope"], "unknown search space 'nope'"),
+        (["--space", "demo", "--datasets", "cifar10"], "--datasets: cifar10 not in this space"),
+        (["--space", "demo", "--conditions", "EMBED"], "--conditions: EMBED not in this space"),
+        (["--space", "demo", "--conditions", "FC3"], "unknown component 'FC3'"),
+        (["--space", "demo", "--optimizers", "lion"], "--optimizers: lion not in this space"),
+        (["--space", "demo", "--model", "resnet50"], "not a timm VisionTransformer"),
+        (["--space", "demo", "--set", "lrr=1"], "unknown config key 'lrr'"),
+        (["--space", "demo", "--max-failures", "-1"], "--max-failures"),
+    ],
+)
 def test_bad_flags_exit_2(argv, needle, capsys):
     assert grid.main(argv + ["--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -121,13 +127,15 @@ def test_unreachable_tracking_server_and_unknown_address_exit_2(tmp_path, capsys
 def test_ranking_chooses_lr_on_validation():
     import pandas as pd
 
-    df = pd.DataFrame([
-        # MHA: lr 0.1 wins on val (0.9) though lr 0.3 has the better test accuracy
-        dict(dataset="d", condition="MHA", lr=0.1, seed=0, status="finished", val_acc=0.9, test_acc=0.70),
-        dict(dataset="d", condition="MHA", lr=0.3, seed=0, status="finished", val_acc=0.5, test_acc=0.80),
-        dict(dataset="d", condition="LN1", lr=0.1, seed=0, status="finished", val_acc=0.4, test_acc=0.40),
-        dict(dataset="d", condition="LN1", lr=0.3, seed=0, status="diverged", val_acc=None, test_acc=None),
-    ])
+    df = pd.DataFrame(
+        [
+            # MHA: lr 0.1 wins on val (0.9) though lr 0.3 has the better test accuracy
+            dict(dataset="d", condition="MHA", lr=0.1, seed=0, status="finished", val_acc=0.9, test_acc=0.70),
+            dict(dataset="d", condition="MHA", lr=0.3, seed=0, status="finished", val_acc=0.5, test_acc=0.80),
+            dict(dataset="d", condition="LN1", lr=0.1, seed=0, status="finished", val_acc=0.4, test_acc=0.40),
+            dict(dataset="d", condition="LN1", lr=0.3, seed=0, status="diverged", val_acc=None, test_acc=None),
+        ]
+    )
     r = grid.ranking(df)
     assert list(r["condition"]) == ["MHA", "LN1"]
     assert r.iloc[0]["test_acc"] == pytest.approx(0.70)
@@ -137,8 +145,12 @@ def test_ranking_shows_no_lr_for_the_linear_probe():
     import pandas as pd
 
     # the linear probe's closed form has no lr: its runs carry the space's lr, which means nothing
-    df = pd.DataFrame([dict(dataset="d", condition=c, lr=lr, seed=0, status="finished", val_acc=v, test_acc=v)
-                       for c, lr, v in (("MHA", 0.1, 0.5), ("MHA", 0.3, 0.6), ("linear_probe", 0.1, 0.4))])
+    df = pd.DataFrame(
+        [
+            dict(dataset="d", condition=c, lr=lr, seed=0, status="finished", val_acc=v, test_acc=v)
+            for c, lr, v in (("MHA", 0.1, 0.5), ("MHA", 0.3, 0.6), ("linear_probe", 0.1, 0.4))
+        ]
+    )
     r = grid.ranking(df).set_index("condition")
     assert r.loc["MHA", "best_lr"] == "0.3" and r.loc["linear_probe", "best_lr"] == "-"
 
@@ -149,18 +161,23 @@ def test_ranking_is_the_reports_average_and_average_rank():
     rows = []
     for d, accs in {"a": {"MHA": (0.8, 0.6), "LN1": (0.5, 0.5)}, "b": {"MHA": (0.4, 0.4), "LN1": (0.7, 0.5)}}.items():
         for c, (s0, s1) in accs.items():
-            rows += [dict(dataset=d, condition=c, lr=0.1, seed=0, status="finished", val_acc=0.5, test_acc=s0),
-                     dict(dataset=d, condition=c, lr=0.1, seed=1, status="finished", val_acc=0.5, test_acc=s1)]
+            rows += [
+                dict(dataset=d, condition=c, lr=0.1, seed=0, status="finished", val_acc=0.5, test_acc=s0),
+                dict(dataset=d, condition=c, lr=0.1, seed=1, status="finished", val_acc=0.5, test_acc=s1),
+            ]
     r = grid.ranking(pd.DataFrame(rows)).set_index("condition")
     # seed means: MHA a 0.7, b 0.4 -> 0.55; LN1 a 0.5, b 0.6 -> 0.55; ranks: a MHA 1, b LN1 1
     assert r.loc["MHA", "test_acc"] == pytest.approx(0.55) and r.loc["LN1", "test_acc"] == pytest.approx(0.55)
     assert r.loc["MHA", "avg_rank"] == r.loc["LN1", "avg_rank"] == 1.5 and r.loc["MHA", "runs"] == 4
 
 
-SMALL = {"study": "t", "base": {"model": "vit_demo", "steps": 40},
-         "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": {"grid_search": [0.1, 0.3]}, "seed": 0},
-         "datasets": {"digits_c": {}},
-         "models": {"vit_demo": {"gpu": 1, "cpu": 1, "step_seconds": 90}}}
+SMALL = {
+    "study": "t",
+    "base": {"model": "vit_demo", "steps": 40},
+    "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": {"grid_search": [0.1, 0.3]}, "seed": 0},
+    "datasets": {"digits_c": {}},
+    "models": {"vit_demo": {"gpu": 1, "cpu": 1, "step_seconds": 90}},
+}
 
 
 def _record(uri, trials, accs):
@@ -184,11 +201,14 @@ def test_dry_run_counts_what_mlflow_holds_and_a_finished_grid_answers_without_ra
     import sys
 
     def grid_run(*extra):  # a fresh process: whether it imported Ray is its own
-        code = ("import sys; from raystudy import grid; rc = grid.main(sys.argv[1:]); "
-                "print('ray imported:', 'ray' in sys.modules, "
-                "'; scipy.stats imported:', 'scipy.stats' in sys.modules); sys.exit(rc)")
-        return subprocess.run([sys.executable, "-c", code, *flags, *extra], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=300)
+        code = (
+            "import sys; from raystudy import grid; rc = grid.main(sys.argv[1:]); "
+            "print('ray imported:', 'ray' in sys.modules, "
+            "'; scipy.stats imported:', 'scipy.stats' in sys.modules); sys.exit(rc)"
+        )
+        return subprocess.run(
+            [sys.executable, "-c", code, *flags, *extra], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
 
     fresh = tmp_path / "fresh.db"
     assert grid.main(["--space", str(space_file), "--tracking-uri", f"sqlite:///{fresh}", "--dry-run"]) == 0

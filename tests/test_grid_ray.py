@@ -10,8 +10,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from drivers import (checkpoint_steps, count_status, ctrl_c_twice, driver_env, free_port, freeze_running_trials, kill_group,
-                     search_runs, start, thaw, wait_for)
+
+from drivers import (
+    checkpoint_steps,
+    count_status,
+    ctrl_c_twice,
+    driver_env,
+    free_port,
+    freeze_running_trials,
+    kill_group,
+    search_runs,
+    start,
+    thaw,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -19,10 +31,9 @@ pytestmark = pytest.mark.slow
 # second trial at once adds a process start (about ten CPU seconds of imports) and no speed;
 # trials side by side are the end-to-end test's and the second-driver test's.
 SPACE = {
-    "study": "t", "base": {"model": "vit_demo", "steps": 40, "warmup_steps": 4, "eval_every": 20,
-                           "log_every": 10, "batch_size": 32},
-    "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": {"grid_search": [0.1, 1.0e30]},
-             "seed": 0},
+    "study": "t",
+    "base": {"model": "vit_demo", "steps": 40, "warmup_steps": 4, "eval_every": 20, "log_every": 10, "batch_size": 32},
+    "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": {"grid_search": [0.1, 1.0e30]}, "seed": 0},
     "datasets": {"digits_c": {}},
     "tune": {"max_failures": 1, "checkpoint_every_s": 0, "max_concurrent": 1},
 }
@@ -63,18 +74,28 @@ def trial_runs(uri, experiment="raystudy-t-vit_demo"):
 
 def test_failing_trial_is_retried_then_failed_and_the_rest_completes(work):
     tmp, ray = work
-    space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1},
-             "datasets": {"digits_c": {}, "cifar10c_snow": {"data_root": str(tmp / "no-data")}}}
+    space = {
+        **SPACE,
+        "grid": {**SPACE["grid"], "lr": 0.1},
+        "datasets": {"digits_c": {}, "cifar10c_snow": {"data_root": str(tmp / "no-data")}},
+    }
     p = run(grid_cmd(write_space(tmp, space), ray, "--max-failures", "1", "--quiet"), tmp)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert "2 finished, 0 diverged, 2 failed" in p.stdout
     # --quiet: a line for each retry and each failed trial, none for the finished ones
     out = p.stdout.splitlines()
     failed = [ln for ln in out if ln.startswith("[") and "cifar10c_snow" in ln]
-    assert len(failed) == 2 and all("FAILED: DatasetUnavailable: dataset 'cifar10c_snow'" in ln
-                                for ln in failed), out
-    assert len([ln for ln in out if ln.startswith("retrying LN2 cifar10c_snow") or
-                ln.startswith("retrying MHA cifar10c_snow")]) == 2, out
+    assert len(failed) == 2 and all("FAILED: DatasetUnavailable: dataset 'cifar10c_snow'" in ln for ln in failed), out
+    assert (
+        len(
+            [
+                ln
+                for ln in out
+                if ln.startswith("retrying LN2 cifar10c_snow") or ln.startswith("retrying MHA cifar10c_snow")
+            ]
+        )
+        == 2
+    ), out
     assert not [ln for ln in out if ln.startswith("[") and "digits_c" in ln], out
     df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
     assert len(df) == 4
@@ -85,13 +106,13 @@ def test_failing_trial_is_retried_then_failed_and_the_rest_completes(work):
     assert set(df[df["params.dataset"] == "digits_c"]["tags.raystudy.status"]) == {"finished"}
 
 
-
-
 def test_killed_driver_then_rerun_completes_exactly_once(work):
     tmp, ray = work
-    space = {**SPACE, "base": {**SPACE["base"], "steps": 120, "eval_every": 30},
-             "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": {"grid_search": [0.1, 0.2]},
-                      "seed": 0}}
+    space = {
+        **SPACE,
+        "base": {**SPACE["base"], "steps": 120, "eval_every": 30},
+        "grid": {"condition": {"grid_search": ["MHA", "LN2", "FC1"]}, "lr": {"grid_search": [0.1, 0.2]}, "seed": 0},
+    }
     cmd = grid_cmd(write_space(tmp, space), ray)
     proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
     try:
@@ -144,9 +165,12 @@ def _rest(uri, path, body=None):
     import json
     import urllib.request
 
-    req = urllib.request.Request(f"{uri}/api/2.0/mlflow/{path}", method="POST" if body is not None else "GET",
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{uri}/api/2.0/mlflow/{path}",
+        method="POST" if body is not None else "GET",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.load(r)
 
@@ -156,11 +180,29 @@ def test_grid_against_a_real_mlflow_server(work):
     (tmp / "mlflow.db").unlink()  # this grid must write nothing locally
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp}/server.db",
-                               "--artifacts-destination", str(tmp / "artifacts")],
-                              cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp}/server.db",
+            "--artifacts-destination",
+            str(tmp / "artifacts"),
+        ],
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     uri = f"http://127.0.0.1:{port}"
     try:
         import urllib.request
@@ -175,7 +217,10 @@ def test_grid_against_a_real_mlflow_server(work):
         from mlflow import MlflowClient
 
         assert {a.path for a in MlflowClient(uri).list_artifacts(df.iloc[0]["run_id"])} == {
-            "config.yaml", "plasticity_before.csv", "plasticity_after.csv"}
+            "config.yaml",
+            "plasticity_before.csv",
+            "plasticity_after.csv",
+        }
 
         # What the UI's pages show, read through the server's REST API as the UI reads it.
         exp = _rest(uri, "experiments/get-by-name?experiment_name=raystudy-t-vit_demo")["experiment"]
@@ -203,8 +248,24 @@ def test_grid_against_a_real_mlflow_server(work):
         assert note.startswith("## Ranking") and "| 1 |" in note and "| 2 |" in note
 
         # The report, once run, is in the parent's description and artifacts.
-        p = run([sys.executable, "-m", "analysis.report", "--experiment", "raystudy-t-vit_demo", "--tracking-uri",
-                 uri, "--out", str(tmp / "report"), "--no-curves", "--bootstrap-reps", "200", "--no-hierarchical"], tmp)
+        p = run(
+            [
+                sys.executable,
+                "-m",
+                "analysis.report",
+                "--experiment",
+                "raystudy-t-vit_demo",
+                "--tracking-uri",
+                uri,
+                "--out",
+                str(tmp / "report"),
+                "--no-curves",
+                "--bootstrap-reps",
+                "200",
+                "--no-hierarchical",
+            ],
+            tmp,
+        )
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         note = _rest(uri, f"runs/get?run_id={parent}")["run"]["data"]["tags"]
         note = {t["key"]: t["value"] for t in note}["mlflow.note.content"]
@@ -219,8 +280,11 @@ def test_multi_worker_trial_runs_a_nested_torchtrainer(work, ray_tmp):
     # The ViT-H pattern on CPU: the Tune trial launches a TorchTrainer with 2 DDP (gloo) workers,
     # on a Ray of its own: the driver starts Ray's dashboard for Ray Train.
     tmp, _ = work
-    space = {**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 0},
-             "models": {"vit_demo": {"workers": 2, "cpu": 0.5}}}
+    space = {
+        **SPACE,
+        "grid": {"condition": "MHA", "lr": 0.1, "seed": 0},
+        "models": {"vit_demo": {"workers": 2, "cpu": 0.5}},
+    }
     p = run(grid_cmd(write_space(tmp, space), own_ray(ray_tmp)), tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "(2 DDP workers)" in p.stdout and "1 finished" in p.stdout
@@ -245,8 +309,12 @@ def test_retried_trial_resumes_from_its_checkpoint_and_logs_each_step_once(work)
     tmp, ray = work
     # Checkpoints at most every 2 s, so that on a loaded machine (evaluations seconds apart) an
     # evaluation still gets logged past the newest checkpoint before the kill.
-    space = {**SPACE, "base": {**SPACE["base"], "steps": 600, "eval_every": 20},
-             "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}, "tune": {"max_failures": 1, "checkpoint_every_s": 2}}
+    space = {
+        **SPACE,
+        "base": {**SPACE["base"], "steps": 600, "eval_every": 20},
+        "grid": {"condition": "MHA", "lr": 0.1, "seed": 0},
+        "tune": {"max_failures": 1, "checkpoint_every_s": 2},
+    }
     proc = start(grid_cmd(write_space(tmp, space), ray), tmp)
     uri = f"sqlite:///{tmp}/mlflow.db"
 
@@ -294,10 +362,12 @@ def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):
     storage = tmp / "runs" / "ray"
     foreign = write_space(tmp, {**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}})
     # same trainable name, no trial config in its param space
-    code = ("import ray; from ray import tune; ray.init(address=%r)\n"
-            "def run_trial(config):\n    return None\n"
-            "tune.Tuner(run_trial, param_space={'x': tune.grid_search([1])}, run_config=tune.RunConfig(name=%r, "
-            "storage_path=%r, verbose=0)).fit()" % (ray[1], _grid_name(foreign), str(storage)))
+    code = (
+        f"import ray; from ray import tune; ray.init(address={ray[1]!r})\n"
+        "def run_trial(config):\n    return None\n"
+        f"tune.Tuner(run_trial, param_space={{'x': tune.grid_search([1])}}, run_config=tune.RunConfig("
+        f"name={_grid_name(foreign)!r}, storage_path={str(storage)!r}, verbose=0)).fit()"
+    )
     p = run([sys.executable, "-c", code], tmp)
     assert p.returncode == 0, p.stderr[-2000:]
     p = run(grid_cmd(foreign, ray), tmp)
@@ -322,9 +392,12 @@ def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running
     # KeyboardInterrupt out of tuner.fit(); the parent and the trial runs must still be closed,
     # and the grid says in one line that it stopped.
     tmp, ray = work
-    space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 100},
-             "grid": {"condition": "MHA", "lr": 0.1, "seed": {"grid_search": [0, 1]}},
-             "tune": {**SPACE["tune"], "max_concurrent": None}}
+    space = {
+        **SPACE,
+        "base": {**SPACE["base"], "steps": 4000, "eval_every": 100},
+        "grid": {"condition": "MHA", "lr": 0.1, "seed": {"grid_search": [0, 1]}},
+        "tune": {**SPACE["tune"], "max_concurrent": None},
+    }
     f = write_space(tmp, space)
     proc, frozen = start(grid_cmd(f, ray), tmp), []
     uri = f"sqlite:///{tmp}/mlflow.db"

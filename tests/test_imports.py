@@ -18,24 +18,60 @@ LAYERS = [
     # leaves: errors, paths, the packages themselves (analysis holds AnalysisError)
     {"raystudy", "raystudy.errors", "raystudy.paths", "analysis"},
     # the study's core: what trains, on what, and what is measured
-    {"raystudy.architectures", "raystudy.augment", "raystudy.batches", "raystudy.components", "raystudy.models",
-     "raystudy.gpt2",
-     "raystudy.datasets", "raystudy.plasticity", "raystudy.costs", "raystudy.adaptive"},
+    {
+        "raystudy.architectures",
+        "raystudy.augment",
+        "raystudy.batches",
+        "raystudy.components",
+        "raystudy.models",
+        "raystudy.gpt2",
+        "raystudy.datasets",
+        "raystudy.plasticity",
+        "raystudy.costs",
+        "raystudy.adaptive",
+    },
     {"raystudy.config"},
     # the loop, the run record, the spaces (no Ray, no MLflow)
     {"raystudy.engine", "raystudy.tracking", "raystudy.spaces"},
     # what runs on a worker; weights raystudy builds itself
     {"raystudy.trial", "raystudy.pretrain"},
     # the driver (Ray + driver-side MLflow) and its console, the analysis library, the CLI toolkit
-    {"raystudy.driver", "raystudy.driver.local_ray", "raystudy.driver.lock", "raystudy.driver.tune_glue",
-     "raystudy.driver.checkpoints", "raystudy.driver.records", "raystudy.driver.scheduler",
-     "raystudy.driver.session", "raystudy.driver.grid_run", "raystudy.driver.optuna_search",
-     "raystudy.console", "raystudy.cli", "analysis.load", "analysis.stats", "analysis.tables", "analysis.figures",
-     "analysis.intervals", "analysis.bayes", "analysis.output", "analysis.trust", "analysis.synthetic",
-     "analysis.study", "analysis.sections"},
+    {
+        "raystudy.driver",
+        "raystudy.driver.local_ray",
+        "raystudy.driver.lock",
+        "raystudy.driver.tune_glue",
+        "raystudy.driver.checkpoints",
+        "raystudy.driver.records",
+        "raystudy.driver.scheduler",
+        "raystudy.driver.session",
+        "raystudy.driver.grid_run",
+        "raystudy.driver.optuna_search",
+        "raystudy.console",
+        "raystudy.cli",
+        "analysis.load",
+        "analysis.stats",
+        "analysis.tables",
+        "analysis.figures",
+        "analysis.intervals",
+        "analysis.bayes",
+        "analysis.output",
+        "analysis.trust",
+        "analysis.synthetic",
+        "analysis.study",
+        "analysis.sections",
+    },
     # command lines
-    {"raystudy.grid", "raystudy.search", "raystudy.finetune", "raystudy.probe", "raystudy.prefetch",
-     "analysis.report", "analysis.export_best", "analysis.replay"},
+    {
+        "raystudy.grid",
+        "raystudy.search",
+        "raystudy.finetune",
+        "raystudy.probe",
+        "raystudy.prefetch",
+        "analysis.report",
+        "analysis.export_best",
+        "analysis.replay",
+    },
     # the `raystudy` command: dispatches to the command lines by name, importing one when named
     {"raystudy.__main__"},
 ]
@@ -75,8 +111,12 @@ def test_every_module_has_a_layer():
 
 
 def test_no_import_goes_up_a_layer():
-    up = [f"{m} (layer {LAYER[m]}) imports {d} (layer {LAYER[d]})"
-          for m, deps in graph().items() for d in deps if LAYER[d] > LAYER[m]]
+    up = [
+        f"{m} (layer {LAYER[m]}) imports {d} (layer {LAYER[d]})"
+        for m, deps in graph().items()
+        for d in deps
+        if LAYER[d] > LAYER[m]
+    ]
     assert not up, "\n".join(up)
 
 
@@ -88,7 +128,7 @@ def test_no_import_circle():
         state[m] = 1
         for d in sorted(g[m]):
             if state.get(d) == 1:
-                pytest.fail("import circle: " + " -> ".join(path[path.index(d):] + [d]))
+                pytest.fail("import circle: " + " -> ".join(path[path.index(d) :] + [d]))
             if d not in state:
                 visit(d, path + [d])
         state[m] = 2
@@ -110,27 +150,31 @@ def test_no_private_names_across_modules_and_no_cli_imports_another():
 
 
 def test_spaces_know_nothing_of_ray_or_mlflow():
-    code = ("import sys, raystudy.spaces as s; s.expand(s.load_grid('paper'), 'vit_base'); "
-            "s.load_search('optimiser'); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'mlflow', 'optuna')))")
+    code = (
+        "import sys, raystudy.spaces as s; s.expand(s.load_grid('paper'), 'vit_base'); "
+        "s.load_search('optimiser'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'mlflow', 'optuna')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_importing_every_module_starts_nothing():
-    code = ("import sys\n"
-            + "".join(f"import {m}\n" for m in modules())
-            + "import ray, torch\n"
-            "assert not ray.is_initialized()\n"
-            "assert 'MLFLOW_TRACKING_URI' not in __import__('os').environ\n"
-            "print('ok')\n")
+    code = (
+        "import sys\n" + "".join(f"import {m}\n" for m in modules()) + "import ray, torch\n"
+        "assert not ray.is_initialized()\n"
+        "assert 'MLFLOW_TRACKING_URI' not in __import__('os').environ\n"
+        "print('ok')\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_the_analysis_and_the_registries_load_without_torch():
-    code = ("import sys, analysis.report, analysis.export_best, raystudy.components, raystudy.models; "
-            "analysis.report.paper_order(); print('torch' in sys.modules)")
+    code = (
+        "import sys, analysis.report, analysis.export_best, raystudy.components, raystudy.models; "
+        "analysis.report.paper_order(); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -138,12 +182,14 @@ def test_the_analysis_and_the_registries_load_without_torch():
 def test_a_driver_loads_no_torch(demo_weights):  # the file built: checking it is what every CLI does
     # The driver validates every trial's config (so do --dry-run and the bad-input checks) and
     # hands Tune the trainable: torch's import is seconds of CPU there, and only the trials use it.
-    code = ("import sys; from raystudy import datasets, pretrain, search, spaces\n"
-            "from raystudy.driver import grid_run, optuna_search, session\n"
-            "trials = spaces.expand(spaces.load_grid('demo'), 'vit_demo', None, None, None, {})\n"
-            "assert pretrain.ensure_weights('vit_demo', log=None).is_file()\n"
-            "assert len({t.config['dataset'] for t in trials}) > 1 and datasets.check_dataset('cifar10')\n"
-            "assert len(spaces.expand(spaces.load_grid('paper'), 'vit_huge')) > 100\n"  # a hub model's grid
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from raystudy import datasets, pretrain, search, spaces\n"
+        "from raystudy.driver import grid_run, optuna_search, session\n"
+        "trials = spaces.expand(spaces.load_grid('demo'), 'vit_demo', None, None, None, {})\n"
+        "assert pretrain.ensure_weights('vit_demo', log=None).is_file()\n"
+        "assert len({t.config['dataset'] for t in trials}) > 1 and datasets.check_dataset('cifar10')\n"
+        "assert len(spaces.expand(spaces.load_grid('paper'), 'vit_huge')) > 100\n"  # a hub model's grid
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]

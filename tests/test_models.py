@@ -19,8 +19,9 @@ def test_every_alias_is_a_timm_vit_with_the_inputs_timm_gives_it():
     for alias, full in models.ALIASES.items():
         assert models.check_timm_vit(alias) == full == models.check_model(alias)
         cfg = timm.models.get_pretrained_cfg(full)
-        assert models.input_config(alias) == dict(img_size=cfg.input_size[-1], in_chans=cfg.input_size[0],
-                                                  mean=tuple(cfg.mean), std=tuple(cfg.std)), full
+        assert models.input_config(alias) == dict(
+            img_size=cfg.input_size[-1], in_chans=cfg.input_size[0], mean=tuple(cfg.mean), std=tuple(cfg.std)
+        ), full
 
 
 def test_unknown_and_non_vit_models_are_refused():

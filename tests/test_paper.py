@@ -28,8 +28,10 @@ LRS_DOMAINNET = ([3e-3, 1e-2, 3e-2, 6e-2], "apps/vit/scripts/finetuning.sh:311-3
 PER_DATASET = {
     "cifar10": (10_000, 500, "apps/vit/configs/cifar10.yaml:17,31"),
     "cifar100": (10_000, 500, "apps/vit/configs/cifar100.yaml:17,31"),
-    **{f"cifar10c_{c}": (10_000, 350, "apps/vit/configs/cifar10_c.yaml:17,31")
-       for c in ("contrast", "gaussian_noise", "motion_blur", "snow", "speckle_noise")},
+    **{
+        f"cifar10c_{c}": (10_000, 350, "apps/vit/configs/cifar10_c.yaml:17,31")
+        for c in ("contrast", "gaussian_noise", "motion_blur", "snow", "speckle_noise")
+    },
     "domainnet_clipart": (20_000, 500, "apps/vit/configs/domainnet.yaml:17,31"),
     "domainnet_sketch": (20_000, 500, "apps/vit/configs/domainnet.yaml:17,31"),
     "flowers102": (5_000, 250, "apps/vit/configs/flowers102.yaml:17,31"),
@@ -70,7 +72,8 @@ def test_the_adamw_ablation_and_the_larger_models_are_the_references():
     adamw = spaces.expand(space, "vit_base", datasets=["cifar100"], optimizers=["adamw"])
     sgd = spaces.expand(space, "vit_base", datasets=["cifar100"], optimizers=["sgd"])
     assert sorted({t.config["lr"] for t in adamw if t.config["condition"] != "linear_probe"}) == pytest.approx(
-        [lr * ADAMW["lr_scale"] for lr in LRS[0]])
+        [lr * ADAMW["lr_scale"] for lr in LRS[0]]
+    )
     assert {tuple(t.config["betas"]) for t in adamw} == {ADAMW["betas"]}
     assert {t.config["weight_decay"] for t in adamw} == {ADAMW["weight_decay"]}
     assert len(adamw) == len(sgd)

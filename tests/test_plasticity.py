@@ -21,14 +21,21 @@ PROPERTY = settings(max_examples=40, deadline=None)
 def pair_ratios(fx, fy, x, y):
     """The definition, per sample: ||f(x) - f(y)||_F / ||x - y||_F (NaN where x = y)."""
     return P.ratios(P.pair_norms(fx, fy), P.pair_norms(x, y))
+
+
 COMPS = ("LN1", "MHA", "LN2", "FC1", "FC2")
 
 
 def tiny_vit(seed=0, **kw):
     """A float64 tiny ViT whose every parameter is random (timm zero-inits some biases)."""
     torch.manual_seed(seed)
-    model = VisionTransformer(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2,
-                              num_heads=2, num_classes=10, **kw).double().eval()
+    model = (
+        VisionTransformer(
+            img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_classes=10, **kw
+        )
+        .double()
+        .eval()
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or name in ("cls_token", "reg_token", "pos_embed") or ".ls" in name:
@@ -44,7 +51,7 @@ def images(n, seed, shift=0.0):
 
 
 def batches(x, y, size):
-    return [(x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)]
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
 
 
 def by_key(rows):
@@ -58,6 +65,7 @@ def shown(rows):
 
 # ---------------------------------------------------------------- independent references
 # Written from the maths, without timm's modules (only their parameters), to check the probe.
+
 
 def ref_layer_norm(ln, x):
     mu = x.mean(-1, keepdim=True)
@@ -73,7 +81,7 @@ def ref_attention(attn, x):
     b, n, d = x.shape
     h, dh = attn.num_heads, attn.head_dim
     qkv = ref_linear(attn.qkv, x)
-    q, k, v = (qkv[..., i * h * dh:(i + 1) * h * dh].reshape(b, n, h, dh).transpose(1, 2) for i in range(3))
+    q, k, v = (qkv[..., i * h * dh : (i + 1) * h * dh].reshape(b, n, h, dh).transpose(1, 2) for i in range(3))
     a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(dh), dim=-1)
     z = (a @ v).transpose(1, 2).reshape(b, n, h * dh)
     return ref_linear(attn.proj, z)
@@ -123,9 +131,13 @@ def ref_shared(vit, x, y):
     for i, blk in enumerate(vit.blocks):
         hidden = blk.mlp.fc1.out_features
         pad = lambda e: torch.cat([e, e.new_zeros(*e.shape[:-1], hidden - e.shape[-1])], -1)  # noqa: E731
-        fns = {"LN1": lambda e: ref_layer_norm(blk.norm1, e), "MHA": lambda e: ref_attention(blk.attn, e),
-               "LN2": lambda e: ref_layer_norm(blk.norm2, e), "FC1": lambda e: ref_linear(blk.mlp.fc1, e),
-               "FC2": lambda e: ref_linear(blk.mlp.fc2, pad(e))}
+        fns = {
+            "LN1": lambda e: ref_layer_norm(blk.norm1, e),
+            "MHA": lambda e: ref_attention(blk.attn, e),
+            "LN2": lambda e: ref_layer_norm(blk.norm2, e),
+            "FC1": lambda e: ref_linear(blk.mlp.fc1, e),
+            "FC2": lambda e: ref_linear(blk.mlp.fc2, pad(e)),
+        }
         for c, f in fns.items():
             out[("shared", i, c)] = ref_ratios(f(ex), f(ey), ex, ey)
     return out
@@ -163,12 +175,21 @@ def assert_rows_match(rows, ref):
 
 # ---------------------------------------------------------------- exact properties
 
+
 @PROPERTY
-@given(c=st.floats(-50, 50, allow_nan=False), b=st.integers(1, 5), n=st.integers(1, 6),
-       d=st.integers(1, 9), seed=st.integers(0, 2**31 - 1))
+@given(
+    c=st.floats(-50, 50, allow_nan=False),
+    b=st.integers(1, 5),
+    n=st.integers(1, 6),
+    d=st.integers(1, 9),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_scaling_by_c_gives_plasticity_abs_c(c, b, n, d, seed):
     g = torch.Generator().manual_seed(seed)
-    x, y = torch.randn(b, n, d, generator=g, dtype=torch.float64), torch.randn(b, n, d, generator=g, dtype=torch.float64)
+    x, y = (
+        torch.randn(b, n, d, generator=g, dtype=torch.float64),
+        torch.randn(b, n, d, generator=g, dtype=torch.float64),
+    )
     r = pair_ratios(c * x, c * y, x, y)
     assert r.shape == (b,)
     assert torch.allclose(r, torch.full_like(r, abs(c)), rtol=1e-12, atol=1e-12)
@@ -212,9 +233,15 @@ def test_probe_of_a_scaling_component_is_abs_c_in_both_modes(c):
 
 
 @PROPERTY
-@given(fan_in=st.integers(1, 12), fan_out=st.integers(1, 12), n=st.integers(1, 5),
-       b=st.integers(1, 4), scale=st.floats(1e-3, 1e3), seed=st.integers(0, 2**31 - 1),
-       aligned=st.booleans())
+@given(
+    fan_in=st.integers(1, 12),
+    fan_out=st.integers(1, 12),
+    n=st.integers(1, 5),
+    b=st.integers(1, 4),
+    scale=st.floats(1e-3, 1e3),
+    seed=st.integers(0, 2**31 - 1),
+    aligned=st.booleans(),
+)
 def test_linear_plasticity_lies_between_extreme_singular_values(fan_in, fan_out, n, b, scale, seed, aligned):
     g = torch.Generator().manual_seed(seed)
     lin = nn.Linear(fan_in, fan_out, dtype=torch.float64)
@@ -239,9 +266,16 @@ def test_linear_plasticity_lies_between_extreme_singular_values(fan_in, fan_out,
 
 
 @PROPERTY
-@given(d=st.integers(2, 16), n=st.integers(1, 5), b=st.integers(1, 4),
-       scale=st.floats(1e-4, 1e2), offset=st.floats(-10, 10), eps=st.sampled_from([1e-6, 1e-5, 0.1]),
-       kind=st.sampled_from(["random", "opposite", "close", "rescaled"]), seed=st.integers(0, 2**31 - 1))
+@given(
+    d=st.integers(2, 16),
+    n=st.integers(1, 5),
+    b=st.integers(1, 4),
+    scale=st.floats(1e-4, 1e2),
+    offset=st.floats(-10, 10),
+    eps=st.sampled_from([1e-6, 1e-5, 0.1]),
+    kind=st.sampled_from(["random", "opposite", "close", "rescaled"]),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_layernorm_plasticity_never_exceeds_its_bound(d, n, b, scale, offset, eps, kind, seed):
     g = torch.Generator().manual_seed(seed)
     ln = nn.LayerNorm(d, eps=eps, dtype=torch.float64)
@@ -249,10 +283,12 @@ def test_layernorm_plasticity_never_exceeds_its_bound(d, n, b, scale, offset, ep
         ln.weight.copy_(torch.randn(d, generator=g, dtype=torch.float64))
         ln.bias.copy_(torch.randn(d, generator=g, dtype=torch.float64))
     x = scale * torch.randn(b, n, d, generator=g, dtype=torch.float64) + offset
-    y = {"random": lambda: scale * torch.randn(b, n, d, generator=g, dtype=torch.float64) + offset,
-         "opposite": lambda: 2 * offset - x,  # the segment between them crosses a zero-variance token
-         "close": lambda: x + 1e-3 * scale * torch.randn(b, n, d, generator=g, dtype=torch.float64),
-         "rescaled": lambda: 3.0 * (x - offset) + offset}[kind]()
+    y = {
+        "random": lambda: scale * torch.randn(b, n, d, generator=g, dtype=torch.float64) + offset,
+        "opposite": lambda: 2 * offset - x,  # the segment between them crosses a zero-variance token
+        "close": lambda: x + 1e-3 * scale * torch.randn(b, n, d, generator=g, dtype=torch.float64),
+        "rescaled": lambda: 3.0 * (x - offset) + offset,
+    }[kind]()
     with torch.no_grad():
         r = pair_ratios(ln(x), ln(y), x, y)
     bound = P.layernorm_bound(ln, torch.cat([x, y]))
@@ -267,7 +303,7 @@ def test_mha_bound_slices_heads_from_nn_linear_layout():
     attn = Attention(12, num_heads=3, qkv_bias=True).double().eval()
     n, r = 7, 1.7
     dim, h, dh = 12, 3, 4
-    wq_all, wk_all, wv_all = attn.qkv.weight[:dim], attn.qkv.weight[dim:2 * dim], attn.qkv.weight[2 * dim:]
+    wq_all, wk_all, wv_all = attn.qkv.weight[:dim], attn.qkv.weight[dim : 2 * dim], attn.qkv.weight[2 * dim :]
     want = 0.0
     for i in range(h):
         s = slice(i * dh, (i + 1) * dh)
@@ -275,8 +311,11 @@ def test_mha_bound_slices_heads_from_nn_linear_layout():
         wq, wk, wv = wq_all[s].T, wk_all[s].T, wv_all[s].T
         wo = attn.proj.weight[:, s].T
         a = torch.linalg.matrix_norm(wq @ wk.T / math.sqrt(dh), ord=2).item()
-        want += (torch.linalg.matrix_norm(wo, ord=2).item() * torch.linalg.matrix_norm(wv, ord=2).item()
-                 * math.sqrt(3 * n + (12 * n + 3) * r ** 4 * a ** 2))
+        want += (
+            torch.linalg.matrix_norm(wo, ord=2).item()
+            * torch.linalg.matrix_norm(wv, ord=2).item()
+            * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2)
+        )
     assert P.mha_bound(attn, n, r) == pytest.approx(want, rel=1e-10)
 
 
@@ -311,6 +350,7 @@ def test_spectral_norm_of_lora_adapted_linear_includes_the_adapter():
 
 # ---------------------------------------------------------------- statistics
 
+
 def test_running_stats_match_numpy_over_chunks_with_nans():
     rng = np.random.default_rng(0)
     values = rng.gamma(2.0, 1.5, size=103)
@@ -336,8 +376,10 @@ def test_running_stats_of_one_or_no_value():
 
 # ---------------------------------------------------------------- the probe against references
 
-@pytest.mark.parametrize("kw", [{}, dict(init_values=1e-5, reg_tokens=2, no_embed_class=True),
-                                dict(init_values=1e-5, reg_tokens=2)])
+
+@pytest.mark.parametrize(
+    "kw", [{}, dict(init_values=1e-5, reg_tokens=2, no_embed_class=True), dict(init_values=1e-5, reg_tokens=2)]
+)
 def test_probe_equals_independent_computation_in_both_modes(kw):
     vit = tiny_vit(**kw)
     x, y = images(10, 1), images(10, 2, shift=0.7)
@@ -404,6 +446,7 @@ def test_each_mode_is_one_pass_over_2b_images_and_leaves_no_trace():
 
 # ---------------------------------------------------------------- bad input
 
+
 def test_bad_input_is_refused_with_a_clear_error():
     vit = tiny_vit()
     pairs = batches(images(4, 1), images(4, 2), 4)
@@ -451,8 +494,9 @@ def test_sequential_pairs_are_the_first_n_images_of_each_split_in_order():
         xs = torch.cat([x for x, _ in got])[:, 0, 0, 0].long().tolist()
         ys = (torch.cat([y for _, y in got])[:, 0, 0, 0] - 100).long().tolist()
         assert xs == ys == [0, 1, 2, 3, 4]
-    with pytest.raises(P.ProbeError, match="whole batches of 7 images .* the target split holds 6; use a "
-                                           "probe batch size of at most 6"):
+    with pytest.raises(
+        P.ProbeError, match="whole batches of 7 images .* the target split holds 6; use a probe batch size of at most 6"
+    ):
         P.pairs_from_datasets(src, tgt, n_pairs=7, batch_size=7, pairing="sequential")
     with pytest.raises(P.ProbeError, match="unknown pairing 'shuffled'"):
         P.pairs_from_datasets(src, tgt, n_pairs=2, batch_size=2, pairing="shuffled")
@@ -468,13 +512,20 @@ def test_pairs_from_datasets_refuses_bad_input_before_loading():
 
 # ---------------------------------------------------------------- timm's ViT family
 
-@pytest.mark.parametrize("name,kw", [
-    ("vit_small_patch14_reg4_dinov2", dict(img_size=28, depth=2)),  # DINOv2: layer scale, registers
-    ("deit3_small_patch16_224", dict(img_size=32, depth=2)),        # layer scale, no_embed_class
-    ("vit_base_patch16_clip_224", dict(img_size=32, depth=1)),      # norm_pre, quick-gelu-free CLIP
-    pytest.param("vit_giant_patch14_dinov2", dict(img_size=28, depth=1),  # SwiGLU MLP, width 1536
-                 marks=pytest.mark.slow),
-])
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("vit_small_patch14_reg4_dinov2", dict(img_size=28, depth=2)),  # DINOv2: layer scale, registers
+        ("deit3_small_patch16_224", dict(img_size=32, depth=2)),  # layer scale, no_embed_class
+        ("vit_base_patch16_clip_224", dict(img_size=32, depth=1)),  # norm_pre, quick-gelu-free CLIP
+        pytest.param(
+            "vit_giant_patch14_dinov2",
+            dict(img_size=28, depth=1),  # SwiGLU MLP, width 1536
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_probe_runs_on_timm_vits_and_stays_under_the_bounds(name, kw):
     import timm
 
@@ -493,11 +544,12 @@ def test_the_interval_shown_is_the_t_interval_of_n_mean_and_std():
     # the probe's table, as the report, the figures and the probe command line show it; the
     # interval computed here from each row's n, mean and std alone
     rows = P.probe(tiny_vit(), batches(images(9, 1), images(9, 2, shift=0.7), 4), mode="both")
-    table = P.to_frame(rows + [dict(rows[0], layer=7, n=1, std=math.nan), dict(rows[0], layer=8, n=0)],
-                       model="m", dataset="d")
+    table = P.to_frame(
+        rows + [dict(rows[0], layer=7, n=1, std=math.nan), dict(rows[0], layer=8, n=0)], model="m", dataset="d"
+    )
     got = astats.t_interval(table)
     cols = list(P.COLUMNS)
-    assert list(got.columns) == cols[:cols.index("n") + 1] + ["ci_low", "ci_high"] + cols[cols.index("n") + 1:]
+    assert list(got.columns) == cols[: cols.index("n") + 1] + ["ci_low", "ci_high"] + cols[cols.index("n") + 1 :]
     for r in got.itertuples():
         if r.n < 2:
             assert math.isnan(r.ci_low) and math.isnan(r.ci_high)
@@ -554,8 +606,9 @@ def _reference_pairs(n_source, n_target, batch_size, n_steps):
 @pytest.mark.parametrize("n_source,n_target,batch_size,n_steps", [(9, 6, 2, 11), (50, 13, 4, 7), (64, 64, 8, 3)])
 def test_sequential_pairs_cycle_as_the_papers_loaders(n_source, n_target, batch_size, n_steps):
     src, tgt = Images(n_source, (1, 4, 4)), Images(n_target, (1, 4, 4), offset=100.0)
-    got = list(P.pairs_from_datasets(src, tgt, n_pairs=n_steps * batch_size, batch_size=batch_size,
-                                     pairing="sequential"))
+    got = list(
+        P.pairs_from_datasets(src, tgt, n_pairs=n_steps * batch_size, batch_size=batch_size, pairing="sequential")
+    )
     xs = torch.cat([x for x, _ in got])[:, 0, 0, 0].long().tolist()
     ys = (torch.cat([y for _, y in got])[:, 0, 0, 0] - 100).long().tolist()
     assert (xs, ys) == _reference_pairs(n_source, n_target, batch_size, n_steps)

@@ -17,13 +17,14 @@ import time
 
 import pytest
 import yaml
+
 from drivers import checkpoint_steps, free_port, kill_group, output_of, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
 SPACE = {
-    "study": "pre", "base": {"model": "vit_demo", "steps": 300, "warmup_steps": 4, "eval_every": 20,
-                             "log_every": 10, "batch_size": 32},
+    "study": "pre",
+    "base": {"model": "vit_demo", "steps": 300, "warmup_steps": 4, "eval_every": 20, "log_every": 10, "batch_size": 32},
     "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": 0.1, "seed": {"grid_search": [0, 1]}},
     "datasets": {"digits_c": {}},
     "tune": {"max_failures": 3, "checkpoint_every_s": 2},
@@ -58,9 +59,16 @@ def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, mlf
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     port = free_port()
     common = {"temp_dir": ray_tmp, "object_store_memory": 80 * 1024 * 1024}
-    cluster = Cluster(initialize_head=True, head_node_args={**common, "num_cpus": 0, "gcs_server_port": port,
-                                                            "include_dashboard": False,
-                                                            "dashboard_agent_listen_port": free_port()})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            **common,
+            "num_cpus": 0,
+            "gcs_server_port": port,
+            "include_dashboard": False,
+            "dashboard_agent_listen_port": free_port(),
+        },
+    )
     driver = None
     try:
         workers = [cluster.add_node(**common, num_cpus=1) for _ in range(2)]
@@ -68,8 +76,21 @@ def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, mlf
         space.write_text(yaml.safe_dump(SPACE))
         shared = tmp_path / "shared"  # every node's checkpoint folder
         t0 = time.time()
-        driver = start([sys.executable, "-m", "raystudy.grid", "--space", str(space), "--address",
-                        f"127.0.0.1:{port}", "--storage", str(shared), "--quiet"], tmp_path)
+        driver = start(
+            [
+                sys.executable,
+                "-m",
+                "raystudy.grid",
+                "--space",
+                str(space),
+                "--address",
+                f"127.0.0.1:{port}",
+                "--storage",
+                str(shared),
+                "--quiet",
+            ],
+            tmp_path,
+        )
         uri = f"sqlite:///{tmp_path}/mlflow.db"
         cl = mlflow.MlflowClient(uri)
 
@@ -141,18 +162,24 @@ def test_nodes_lost_mid_grid_with_and_without_notice(tmp_path, demo_weights, mlf
         for key in ("loss", "val_acc", "grad_norm/total"):
             steps = [m.step for m in cl.get_metric_history(run_id, key)]
             dupes += len(steps) - len(set(steps))
-            assert sorted(set(steps)) == list(range(20 if key == "val_acc" else 10, 301, 20 if key == "val_acc" else 10))
+            assert sorted(set(steps)) == list(
+                range(20 if key == "val_acc" else 10, 301, 20 if key == "val_acc" else 10)
+            )
     v = trials[trials["run_id"] == victim["run_id"]].iloc[0]
     resumed = int(v.get("tags.raystudy.resumed_from") or -1)  # -1: not said
     step_s = v["metrics.wall_s"] / (300 - max(resumed, 0))
     retries = int(sum(int(a) - 1 for a in trials["tags.raystudy.attempts"]))
-    print(f"\nnode loss: trials={len(trials)} finished={int((trials['tags.raystudy.status'] == 'finished').sum())} "
-          f"retries={retries} notice-to-exit={exited_s:.1f}s reached_step={reached} resumed_from={resumed} "
-          f"lost_steps={max(0, reached - resumed)} lost_s~{max(0, reached - resumed) * step_s:.2f} "
-          f"duplicates={dupes} RUNNING={running} wall={wall:.0f}s")
+    print(
+        f"\nnode loss: trials={len(trials)} finished={int((trials['tags.raystudy.status'] == 'finished').sum())} "
+        f"retries={retries} notice-to-exit={exited_s:.1f}s reached_step={reached} resumed_from={resumed} "
+        f"lost_steps={max(0, reached - resumed)} lost_s~{max(0, reached - resumed) * step_s:.2f} "
+        f"duplicates={dupes} RUNNING={running} wall={wall:.0f}s"
+    )
     u = trials[trials["run_id"] == unnoticed].iloc[0]
-    print(f"node loss without notice: lost_s={lost_s:.2f} (checkpoint_every_s=2, an evaluation every 20 steps of "
-          f"~{step_s:.3f}s) newest_checkpoint_tune_had>={floor} resumed_from={u.get('tags.raystudy.resumed_from')}")
+    print(
+        f"node loss without notice: lost_s={lost_s:.2f} (checkpoint_every_s=2, an evaluation every 20 steps of "
+        f"~{step_s:.3f}s) newest_checkpoint_tune_had>={floor} resumed_from={u.get('tags.raystudy.resumed_from')}"
+    )
     assert running == 0 and dupes == 0
     assert int(u.get("tags.raystudy.resumed_from") or 0) >= floor  # nothing lost before Tune's newest checkpoint
     assert resumed >= reached - 10  # checkpointed where the notice found it, not at the last interval

@@ -43,6 +43,7 @@ def data_root_with_manual_datasets(root):
 @pytest.fixture()
 def no_network(monkeypatch):
     """Any connection attempt fails the test: the machine is offline and must not notice."""
+
     def refuse(*a, **k):
         pytest.fail(f"network used: {a[:1]}")
 
@@ -55,6 +56,7 @@ def no_network(monkeypatch):
 @pytest.fixture()
 def offline(monkeypatch):
     """No network: connections fail the way they do on an offline machine."""
+
     def unreachable(*a, **k):
         raise OSError(101, "Network is unreachable")
 
@@ -73,8 +75,18 @@ def hf_cache(tmp_path, monkeypatch):
 def test_with_everything_cached_no_network_is_used(tmp_path, hf_cache, no_network, capsys):
     hub_cache_entry(hf_cache, TINY)
     root = data_root_with_manual_datasets(tmp_path / "data")
-    rc = prefetch.main(["--model", TINY, "--datasets", "cifar10c_snow,domainnet_sketch,imagenet_val,digits_c",
-                        "--data-root", str(root), "--hf-cache", str(hf_cache)])
+    rc = prefetch.main(
+        [
+            "--model",
+            TINY,
+            "--datasets",
+            "cifar10c_snow,domainnet_sketch,imagenet_val,digits_c",
+            "--data-root",
+            str(root),
+            "--hf-cache",
+            str(hf_cache),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     lines = out.splitlines()
@@ -84,8 +96,16 @@ def test_with_everything_cached_no_network_is_used(tmp_path, hf_cache, no_networ
 
 def test_offline_each_missing_item_gets_one_line_naming_it(tmp_path, hf_cache, offline, capsys):
     t0 = time.time()
-    rc = prefetch.main(["--model", "vit_base,vit_huge", "--datasets", "cifar10,pets,cifar10c_snow,domainnet_clipart",
-                        "--data-root", str(tmp_path / "data")])
+    rc = prefetch.main(
+        [
+            "--model",
+            "vit_base,vit_huge",
+            "--datasets",
+            "cifar10,pets,cifar10c_snow,domainnet_clipart",
+            "--data-root",
+            str(tmp_path / "data"),
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 1
     assert time.time() - t0 < 30  # no minute of hub retries
@@ -95,7 +115,7 @@ def test_offline_each_missing_item_gets_one_line_naming_it(tmp_path, hf_cache, o
     assert "vit_huge (vit_huge_patch14_224.orig_in21k)" in lines[1]
     assert "'cifar10'" in lines[2] and "www.cs.toronto.edu is unreachable" in lines[2]
     assert "'pets'" in lines[3] and "www.robots.ox.ac.uk is unreachable" in lines[3]
-    assert "'cifar10c_snow'" in lines[4] and "zenodo.org" in lines[4]      # where to get it by hand
+    assert "'cifar10c_snow'" in lines[4] and "zenodo.org" in lines[4]  # where to get it by hand
     assert "'domainnet_clipart'" in lines[5] and "ai.bu.edu" in lines[5]
     assert "4 of 6 not available" not in err and "6 of 6 not available" in err
 
@@ -114,8 +134,10 @@ def test_missing_weights_are_downloaded_safetensors_first(tmp_path, hf_cache, mo
     monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: True)
     monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_download)
     assert prefetch.main(["--model", "vit_large"]) == 0
-    assert calls == [("timm/vit_large_patch16_224.orig_in21k", "model.safetensors"),
-                     ("timm/vit_large_patch16_224.orig_in21k", "pytorch_model.bin")]
+    assert calls == [
+        ("timm/vit_large_patch16_224.orig_in21k", "model.safetensors"),
+        ("timm/vit_large_patch16_224.orig_in21k", "pytorch_model.bin"),
+    ]
     assert capsys.readouterr().out.startswith("fetched vit_large")
 
 
@@ -138,17 +160,21 @@ def test_missing_torchvision_dataset_is_downloaded_only_after_the_disk_check(tmp
 
 def test_check_reports_and_never_downloads(tmp_path, hf_cache, monkeypatch, capsys):
     monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: pytest.fail("--check touched the network"))
-    rc = prefetch.main(["--model", "vit_base,vit_demo", "--datasets", "study", "--check",
-                        "--data-root", str(tmp_path)])
+    rc = prefetch.main(["--model", "vit_base,vit_demo", "--datasets", "study", "--check", "--data-root", str(tmp_path)])
     out = capsys.readouterr().out.splitlines()
     assert rc == 1 and len(out) == 13
     assert out[0].startswith("missing vit_base") and out[1].startswith("local   vit_demo")
     assert all(line.startswith("missing dataset") for line in out[2:])
 
 
-@pytest.mark.parametrize("argv, msg", [(["--model", "vit_bse"], "unknown model 'vit_bse'"),
-                                       (["--datasets", "cifar11"], "unknown dataset 'cifar11'"),
-                                       ([], "nothing to fetch")])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["--model", "vit_bse"], "unknown model 'vit_bse'"),
+        (["--datasets", "cifar11"], "unknown dataset 'cifar11'"),
+        ([], "nothing to fetch"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(argv, msg, capsys):
     assert prefetch.main(argv) == 2
     err = capsys.readouterr().err

@@ -16,7 +16,7 @@ def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp
     stdout = capsys.readouterr().out
     assert rc == 0, stdout
     for mode in ("shared", "in_situ"):
-        line = next(l for l in stdout.splitlines() if l.startswith(f"ranking ({mode}): "))
+        line = next(ln for ln in stdout.splitlines() if ln.startswith(f"ranking ({mode}): "))
         ranked = [part.split()[0] for part in line.split(": ", 1)[1].split(" > ")]
         assert sorted(ranked) == sorted(plasticity.PROBE_COMPONENTS)
     assert "about large pretrained ViTs" in stdout  # the demo says what its ranking is not
@@ -25,13 +25,13 @@ def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp
     assert files == {"plasticity.csv", "plasticity.parquet", "plasticity.png", "plasticity.pdf"}
 
     df = pd.read_parquet(out / "plasticity.parquet")
-    cols = list(plasticity.COLUMNS)   # with the interval of each mean after n, as the report shows it
-    assert list(df.columns) == cols[:cols.index("n") + 1] + ["ci_low", "ci_high"] + cols[cols.index("n") + 1:]
+    cols = list(plasticity.COLUMNS)  # with the interval of each mean after n, as the report shows it
+    assert list(df.columns) == cols[: cols.index("n") + 1] + ["ci_low", "ci_high"] + cols[cols.index("n") + 1 :]
     assert len(df) == 2 * 4 * 5 and (df["n"] == 96).all()  # modes x blocks x components
     assert set(df["model"]) == {"vit_demo"} and set(df["dataset"]) == {"digits_c"}
     assert (df["mean"] <= df["bound"]).all()
     assert (df["ci_low"] < df["mean"]).all() and (df["mean"] < df["ci_high"]).all()
-    half = stats.t.ppf(0.975, df["n"] - 1) * df["std"] / np.sqrt(df["n"])   # from n, mean and std alone
+    half = stats.t.ppf(0.975, df["n"] - 1) * df["std"] / np.sqrt(df["n"])  # from n, mean and std alone
     assert np.allclose(df["ci_low"], df["mean"] - half, rtol=1e-12, atol=0)
     assert np.allclose(df["ci_high"], df["mean"] + half, rtol=1e-12, atol=0)
     assert pd.read_csv(out / "plasticity.csv").shape == df.shape
@@ -47,14 +47,25 @@ def test_probe_model_library_entry_on_a_built_model(demo_weights):
     model = models.create_model("vit_demo", 10, weights=demo_weights)
     kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,))
     src, tgt = datasets.build_splits("digits", **kw), datasets.build_splits("digits_c", **kw)
-    df = plasticity.probe_model(model, src.test, tgt.test, n_pairs=20, batch_size=8, modes="in_situ",
-                           seed=1, model_name="vit_demo", dataset_name="digits_c",
-                           components=("MHA", "FC2"), tags={"stage": "before_finetune"})
+    df = plasticity.probe_model(
+        model,
+        src.test,
+        tgt.test,
+        n_pairs=20,
+        batch_size=8,
+        modes="in_situ",
+        seed=1,
+        model_name="vit_demo",
+        dataset_name="digits_c",
+        components=("MHA", "FC2"),
+        tags={"stage": "before_finetune"},
+    )
     assert list(df.columns) == list(plasticity.COLUMNS) + ["stage"]
     assert set(df["mode"]) == {"in_situ"} and set(df["component"]) == {"MHA", "FC2"}
     assert (df["n"] == 20).all() and (df["stage"] == "before_finetune").all()
-    again = plasticity.probe_model(model, src.test, tgt.test, n_pairs=20, batch_size=5, modes="in_situ",
-                              seed=1, components=("MHA", "FC2"))
+    again = plasticity.probe_model(
+        model, src.test, tgt.test, n_pairs=20, batch_size=5, modes="in_situ", seed=1, components=("MHA", "FC2")
+    )
     assert np.allclose(again["mean"], df["mean"], rtol=1e-5)  # same seed, same pairs
 
 
@@ -68,18 +79,21 @@ def _fake_imagenet(root):
     return root
 
 
-@pytest.mark.parametrize("args,names", [
-    (["--mode", "exact"], ["'exact'", "shared, in_situ, both"]),
-    (["--components", "LN1,LN3"], ["'LN3'", "LN1, MHA, LN2, FC1, FC2"]),
-    (["--pairs", "0"], ["--pairs", "0"]),
-    (["--pairs", "many"], ["--pairs", "'many'"]),
-    (["--model", "resnet50"], ["'resnet50'", "VisionTransformer"]),
-    (["--model", "vit_nope"], ["'vit_nope'", "vit_base"]),
-    (["--dataset", "mnist"], ["'mnist'", "digits_c"]),
-    (["--source", "imagenet"], ["'imagenet'", "imagenet_val"]),
-    (["--weights", "/nonexistent/w.pt"], ["/nonexistent/w.pt"]),
-    (["--model", "vit_small_patch16_224", "--source", "digits"], ["'digits'", "(3, 224, 224)"]),
-])
+@pytest.mark.parametrize(
+    "args,names",
+    [
+        (["--mode", "exact"], ["'exact'", "shared, in_situ, both"]),
+        (["--components", "LN1,LN3"], ["'LN3'", "LN1, MHA, LN2, FC1, FC2"]),
+        (["--pairs", "0"], ["--pairs", "0"]),
+        (["--pairs", "many"], ["--pairs", "'many'"]),
+        (["--model", "resnet50"], ["'resnet50'", "VisionTransformer"]),
+        (["--model", "vit_nope"], ["'vit_nope'", "vit_base"]),
+        (["--dataset", "mnist"], ["'mnist'", "digits_c"]),
+        (["--source", "imagenet"], ["'imagenet'", "imagenet_val"]),
+        (["--weights", "/nonexistent/w.pt"], ["/nonexistent/w.pt"]),
+        (["--model", "vit_small_patch16_224", "--source", "digits"], ["'digits'", "(3, 224, 224)"]),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(args, names, capsys):
     rc = probe.main(args + ["--pairs", "8"] if "--pairs" not in args else args)
     err = capsys.readouterr()
@@ -112,17 +126,19 @@ def test_missing_dataset_mismatched_sources_and_unfit_weights_exit_2(tmp_path, c
 
 
 def test_cli_in_a_subprocess_refuses_an_unknown_mode():
-    res = subprocess.run([sys.executable, "-m", "raystudy.probe", "--mode", "exact"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "raystudy.probe", "--mode", "exact"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [
-        "error: unknown mode 'exact'; valid: shared, in_situ, both"]
+    assert res.stderr.strip().splitlines() == ["error: unknown mode 'exact'; valid: shared, in_situ, both"]
 
 
 def test_table_aggregate_ranking_and_files(tmp_path):
     rows = []
-    for mode, per_layer in {"shared": {"LN1": (1, 3), "MHA": (4, 6), "FC1": (2, 2)},
-                            "in_situ": {"LN1": (9, 9), "MHA": (1, 1), "FC1": (5, 3)}}.items():
+    for mode, per_layer in {
+        "shared": {"LN1": (1, 3), "MHA": (4, 6), "FC1": (2, 2)},
+        "in_situ": {"LN1": (9, 9), "MHA": (1, 1), "FC1": (5, 3)},
+    }.items():
         for c, means in per_layer.items():
             for layer, m in enumerate(means):
                 rows.append(dict(mode=mode, layer=layer, component=c, mean=float(m), std=0.5, n=10, bound=10.0))
@@ -132,13 +148,14 @@ def test_table_aggregate_ranking_and_files(tmp_path):
     shared = agg[agg["mode"] == "shared"].set_index("component")
     assert shared.loc["MHA", "plasticity"] == 5.0 and shared.loc["LN1", "plasticity"] == 2.0
     assert list(agg["mode"].unique()) == ["shared", "in_situ"]
+
     def ranking(mode):
         return agg[agg["mode"] == mode].sort_values("rank", kind="stable")["component"].tolist()
 
     assert ranking("shared") == ["MHA", "LN1", "FC1"]  # LN1 2.0 ties FC1 2.0: table order
     assert ranking("in_situ") == ["LN1", "FC1", "MHA"]
     assert shared.loc["FC1", "rank"] == shared.loc["LN1", "rank"] == 2
-    assert probe.aggregate(probe.with_interval(df)).equals(agg)   # the interval is no key of the table
+    assert probe.aggregate(probe.with_interval(df)).equals(agg)  # the interval is no key of the table
 
     files = probe.save_table(df, tmp_path / "t")
     import pandas as pd
@@ -146,7 +163,9 @@ def test_table_aggregate_ranking_and_files(tmp_path):
     back = pd.read_parquet(files[1])
     assert back.equals(df) and pd.read_csv(files[0]).shape == df.shape
     figs = probe.save_figure(df, tmp_path / "vit_base_patch16_224.orig_in21k_cifar100")
-    assert [f.name for f in figs] == ["vit_base_patch16_224.orig_in21k_cifar100.png",
-                                      "vit_base_patch16_224.orig_in21k_cifar100.pdf"]
+    assert [f.name for f in figs] == [
+        "vit_base_patch16_224.orig_in21k_cifar100.png",
+        "vit_base_patch16_224.orig_in21k_cifar100.pdf",
+    ]
     assert all(f.stat().st_size > 1000 for f in figs)
     assert plasticity.to_frame(rows[:1], model="m", dataset="d", stage="after")["stage"].tolist() == ["after"]

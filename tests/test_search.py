@@ -2,15 +2,19 @@ import pytest
 import yaml
 
 from raystudy import search, spaces
-from raystudy.config import validate, from_dict
+from raystudy.config import from_dict, validate
 
 GOOD = {
-    "study": "t", "base": {"model": "vit_demo", "dataset": "digits_c", "steps": 60, "eval_every": 10},
+    "study": "t",
+    "base": {"model": "vit_demo", "dataset": "digits_c", "steps": 60, "eval_every": 10},
     "conditions": ["MHA"],
-    "params": {"optimizer": {"choice": ["sgd", "adamw"]}, "lr": {"loguniform": [1e-3, 0.5]},
-               "warmup_steps": {"randint": [0, 10]},
-               "momentum": {"uniform": [0.8, 0.99], "when": {"optimizer": "sgd"}},
-               "beta2": {"uniform": [0.95, 0.999], "when": {"optimizer": "adamw"}}},
+    "params": {
+        "optimizer": {"choice": ["sgd", "adamw"]},
+        "lr": {"loguniform": [1e-3, 0.5]},
+        "warmup_steps": {"randint": [0, 10]},
+        "momentum": {"uniform": [0.8, 0.99], "when": {"optimizer": "sgd"}},
+        "beta2": {"uniform": [0.95, 0.999], "when": {"optimizer": "adamw"}},
+    },
 }
 
 
@@ -84,17 +88,22 @@ def test_component_subsets_become_conditions(tmp_path):
     assert all(set(c.split("+")) <= {"LN1", "MHA", "FC1"} for c in conds if c != "head_only")
 
 
-@pytest.mark.parametrize("params,needle", [
-    ({"lr": {"lognormal": [1e-3, 1.0]}}, "unknown distribution 'lognormal'"),
-    ({"lr": {"loguniform": [1.0, 1e-3]}}, "lower bound 1.0 is not below upper bound 0.001"),
-    ({"lr": {"loguniform": [0, 1]}}, "positive lower bound"),
-    ({"momentum": {"uniform": [0.8, 0.9], "when": {"optimiser": "sgd"}}}, "unknown parameter 'optimiser'"),
-    ({"optimizer": {"choice": ["sgd"]}, "momentum": {"uniform": [0.8, 0.9], "when": {"optimizer": "lion"}}},
-     "must be a choice among ['sgd']"),
-    ({"learning_rate": {"uniform": [0.1, 0.2]}}, "unknown parameter 'learning_rate'"),
-    ({"warmup_steps": {"randint": [0.5, 3]}}, "integer bounds"),
-    ({"components": {"subset_of": ["MHA", "FC3"]}}, "subset_of"),
-])
+@pytest.mark.parametrize(
+    "params,needle",
+    [
+        ({"lr": {"lognormal": [1e-3, 1.0]}}, "unknown distribution 'lognormal'"),
+        ({"lr": {"loguniform": [1.0, 1e-3]}}, "lower bound 1.0 is not below upper bound 0.001"),
+        ({"lr": {"loguniform": [0, 1]}}, "positive lower bound"),
+        ({"momentum": {"uniform": [0.8, 0.9], "when": {"optimiser": "sgd"}}}, "unknown parameter 'optimiser'"),
+        (
+            {"optimizer": {"choice": ["sgd"]}, "momentum": {"uniform": [0.8, 0.9], "when": {"optimizer": "lion"}}},
+            "must be a choice among ['sgd']",
+        ),
+        ({"learning_rate": {"uniform": [0.1, 0.2]}}, "unknown parameter 'learning_rate'"),
+        ({"warmup_steps": {"randint": [0.5, 3]}}, "integer bounds"),
+        ({"components": {"subset_of": ["MHA", "FC3"]}}, "subset_of"),
+    ],
+)
 def test_malformed_spaces_are_refused_before_any_trial(tmp_path, params, needle, capsys):
     raw = {**GOOD, "params": params}
     assert search.main(["--space", write(tmp_path, raw), "--dry-run"]) == 2

@@ -6,19 +6,40 @@ import sys
 
 import pytest
 import yaml
-from drivers import (count_status, ctrl_c_twice, driver_env, freeze_running_trials, kill_group, running_workers, search_runs,
-                     start, thaw, wait_for)
+
+from drivers import (
+    count_status,
+    ctrl_c_twice,
+    driver_env,
+    freeze_running_trials,
+    kill_group,
+    running_workers,
+    search_runs,
+    start,
+    thaw,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 SPACE = {
-    "study": "ts", "base": {"model": "vit_demo", "dataset": "digits_c", "steps": 60, "eval_every": 10,
-                            "log_every": 10, "batch_size": 32},
+    "study": "ts",
+    "base": {
+        "model": "vit_demo",
+        "dataset": "digits_c",
+        "steps": 60,
+        "eval_every": 10,
+        "log_every": 10,
+        "batch_size": 32,
+    },
     "conditions": ["MHA"],
-    "params": {"optimizer": {"choice": ["sgd", "adamw"]}, "lr": {"loguniform": [1.0e-3, 0.5]},
-               "warmup_steps": {"randint": [0, 10]},
-               "momentum": {"uniform": [0.8, 0.99], "when": {"optimizer": "sgd"}},
-               "beta2": {"uniform": [0.95, 0.999], "when": {"optimizer": "adamw"}}},
+    "params": {
+        "optimizer": {"choice": ["sgd", "adamw"]},
+        "lr": {"loguniform": [1.0e-3, 0.5]},
+        "warmup_steps": {"randint": [0, 10]},
+        "momentum": {"uniform": [0.8, 0.99], "when": {"optimizer": "sgd"}},
+        "beta2": {"uniform": [0.95, 0.999], "when": {"optimizer": "adamw"}},
+    },
     "budget": {"num_samples": 8},
     "scheduler": {"grace_period": 10, "reduction_factor": 2},
     "test_seeds": [100, 101],
@@ -46,8 +67,9 @@ def runs(tmp):
 def optuna_trials(tmp):
     import optuna
 
-    study = optuna.load_study(study_name="ts-vit_demo-digits_c-MHA",
-                              storage=f"sqlite:///{tmp}/runs/search/optuna/optuna.db")
+    study = optuna.load_study(
+        study_name="ts-vit_demo-digits_c-MHA", storage=f"sqlite:///{tmp}/runs/search/optuna/optuna.db"
+    )
     return study.get_trials(deepcopy=False)
 
 
@@ -60,7 +82,7 @@ def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
     trials = df[df["tags.raystudy.search"] == "ts-vit_demo-digits_c-MHA"]
     assert len(trials) == 8 and trials["tags.raystudy.key"].nunique() == 8
     status = trials["tags.raystudy.status"]
-    assert (status == "stopped").sum() >= 1, status.tolist()   # ASHA stopped weak trials early
+    assert (status == "stopped").sum() >= 1, status.tolist()  # ASHA stopped weak trials early
     assert (status == "finished").sum() >= 1
     assert trials[status == "stopped"]["metrics.test_acc"].isna().all()
     # the best finished trial's config, re-run on test with the fresh seeds 100 and 101
@@ -82,15 +104,15 @@ def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
     assert "browse: mlflow ui --backend-store-uri sqlite:///" in p.stdout
 
 
-
-
 def test_interrupted_search_resumes_without_repeating_trials(work):
     tmp, ray = work
     log = open(tmp / "first.log", "w")
     proc = start(cmd(tmp, ray), tmp, stdout=log)
     try:
         wait_for(lambda: count_status(tmp / "mlflow.db", "finished", "stopped") >= 3, proc)
-        assert proc.poll() is None, "search ended before it could be interrupted:\n" + (tmp / "first.log").read_text()[-3000:]
+        assert proc.poll() is None, (
+            "search ended before it could be interrupted:\n" + (tmp / "first.log").read_text()[-3000:]
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
@@ -112,8 +134,13 @@ def test_interrupted_search_resumes_without_repeating_trials(work):
     ended = trials[trials["tags.raystudy.status"] != "interrupted"]  # killed mid-run: not a result
     assert len(ended) == 8, trials[["tags.raystudy.key", "tags.raystudy.status"]]
     stuck = trials[trials["status"] == "RUNNING"]
-    assert stuck.empty, (df[["run_id", "status", "start_time", "tags.raystudy.status", "tags.raystudy.search",
-                             "tags.raystudy.role"]].to_string() + f"\nbefore={len(before)}\n" + p.stdout[-4000:])
+    assert stuck.empty, (
+        df[
+            ["run_id", "status", "start_time", "tags.raystudy.status", "tags.raystudy.search", "tags.raystudy.role"]
+        ].to_string()
+        + f"\nbefore={len(before)}\n"
+        + p.stdout[-4000:]
+    )
     assert set(trials["tags.raystudy.status"]) <= {"finished", "stopped", "diverged", "interrupted"}
 
 

@@ -11,8 +11,10 @@ import yaml
 from raystudy import spaces
 from raystudy.errors import ConfigError
 
-FILES = {"grid": ("demo.yaml", spaces.GRID, spaces.load_grid),
-         "search": ("optuna/optimiser.yaml", spaces.SEARCH, spaces.load_search)}
+FILES = {
+    "grid": ("demo.yaml", spaces.GRID, spaces.load_grid),
+    "search": ("optuna/optimiser.yaml", spaces.SEARCH, spaces.load_search),
+}
 CONFIG_KEY = "steps"  # the config key a config section's example sets (any would do)
 
 
@@ -25,9 +27,17 @@ def _numbers(key: spaces.Key) -> tuple[list, list]:
 
 def _params() -> tuple[list, list]:
     """One valid parameter per distribution, and one invalid per rule a distribution has."""
-    good, bad = [], [{}, {"nope": {"uniform": [0.1, 0.2]}}, {"lr": {"nope": [0.1, 0.2]}}, {"lr": 5},
-                     {"lr": {"uniform": [0.1, 0.2], "choice": [1]}},
-                     {"lr": {"uniform": [0.1, 0.2], "when": {"nope": 1}}}]
+    good, bad = (
+        [],
+        [
+            {},
+            {"nope": {"uniform": [0.1, 0.2]}},
+            {"lr": {"nope": [0.1, 0.2]}},
+            {"lr": 5},
+            {"lr": {"uniform": [0.1, 0.2], "choice": [1]}},
+            {"lr": {"uniform": [0.1, 0.2], "when": {"nope": 1}}},
+        ],
+    )
     for kind, d in spaces.DISTS.items():
         name = d.only or ("warmup_steps" if d.integer else "lr" if d.bounds else "batch_size")
         if d.bounds:
@@ -119,8 +129,11 @@ def test_every_schema_key_takes_valid_values_and_refuses_invalid_ones(tmp_path, 
 
 
 def test_the_walk_reaches_every_key_and_type():
-    seen = {(kind, path): key for kind, (file, schema, _) in FILES.items()
-            for path, key in walk(schema, yaml.safe_load((spaces.SPACES_DIR / file).read_text()))}
+    seen = {
+        (kind, path): key
+        for kind, (file, schema, _) in FILES.items()
+        for path, key in walk(schema, yaml.safe_load((spaces.SPACES_DIR / file).read_text()))
+    }
     assert {key.type for key in seen.values()} == set(spaces.CHECKS)
     assert ("grid", ("models", "vit_demo", "step_seconds")) in seen
     assert ("grid", ("optimizers", "sgd", "lr_scale")) in seen
@@ -131,8 +144,11 @@ def test_unknown_keys_are_refused_naming_the_valid_ones(tmp_path):
     raw = yaml.safe_load((spaces.SPACES_DIR / "demo.yaml").read_text())
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({**raw, "tune": {"retries": 3}}))
-    with pytest.raises(ConfigError, match="unknown key 'retries' in s.yaml: tune; valid: max_failures, "
-                                          "max_concurrent, threads_per_trial, checkpoint_every_s$"):
+    with pytest.raises(
+        ConfigError,
+        match="unknown key 'retries' in s.yaml: tune; valid: max_failures, "
+        "max_concurrent, threads_per_trial, checkpoint_every_s$",
+    ):
         spaces.load_grid(str(f))
 
 
@@ -142,12 +158,30 @@ def test_defaults_come_from_the_schema(tmp_path):
     g = spaces.load_grid(str(f))
     assert (g.study, g.description, g.optimizers, g.tune, g.models) == ("g", "", {"sgd": {}}, {}, {})
     assert g.step_times is None
-    assert spaces.tune_options(g) == {"max_failures": 2, "max_concurrent": None, "threads_per_trial": 1,
-                                      "checkpoint_every_s": 60.0}
-    assert spaces.model_options(g.models, "vit_demo") == {"gpu": 0, "cpu": 1, "workers": 1, "step_seconds": None,
-                                                          "config": {}}
+    assert spaces.tune_options(g) == {
+        "max_failures": 2,
+        "max_concurrent": None,
+        "threads_per_trial": 1,
+        "checkpoint_every_s": 60.0,
+    }
+    assert spaces.model_options(g.models, "vit_demo") == {
+        "gpu": 0,
+        "cpu": 1,
+        "workers": 1,
+        "step_seconds": None,
+        "config": {},
+    }
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"params": {"lr": {"uniform": [0.1, 0.2]}}, "study": "", "conditions": []}))
     s = spaces.load_search(str(f))
-    assert (s.study, s.conditions, s.num_samples, s.time_budget_s, s.grace_period, s.reduction_factor, s.seed,
-            s.test_seeds, s.tune) == ("search-s", ("MHA",), 16, None, 1, 3, 0, (100, 101, 102), {})
+    assert (
+        s.study,
+        s.conditions,
+        s.num_samples,
+        s.time_budget_s,
+        s.grace_period,
+        s.reduction_factor,
+        s.seed,
+        s.test_seeds,
+        s.tune,
+    ) == ("search-s", ("MHA",), 16, None, 1, 3, 0, (100, 101, 102), {})

@@ -16,8 +16,16 @@ def store(mlflow_uri):
     return uri, cl, exp
 
 
-CFG = {"model": "vit_demo", "dataset": "digits_c", "condition": "MHA", "optimizer": "sgd", "lr": 0.1,
-       "seed": 0, "steps": 10, "device": "auto"}
+CFG = {
+    "model": "vit_demo",
+    "dataset": "digits_c",
+    "condition": "MHA",
+    "optimizer": "sgd",
+    "lr": 0.1,
+    "seed": 0,
+    "steps": 10,
+    "device": "auto",
+}
 
 
 def test_trial_key_is_stable_and_ignores_execution_keys():
@@ -97,7 +105,7 @@ def test_a_damaged_store_is_refused_and_left_as_it_is(store):
     path = tracking.sqlite_path(uri)
     data = bytearray(path.read_bytes())
     middle = len(data) // 4096 // 2 * 4096
-    data[middle:middle + 8 * 4096] = b"\xde\xad\xbe\xef" * 8 * 1024
+    data[middle : middle + 8 * 4096] = b"\xde\xad\xbe\xef" * 8 * 1024
     path.write_bytes(bytes(data))
     before = sorted(path.parent.iterdir())
     with pytest.raises(tracking.TrackingUnavailable, match=r"is damaged \(SQLite: .*\.recover"):
@@ -114,14 +122,16 @@ def test_default_uri_is_sqlite_in_cwd(monkeypatch, tmp_path):
 def test_close_stale_marks_only_running_runs_of_the_selection(store):
     uri, cl, exp = store
     k = [trial_key({**CFG, "seed": s}) for s in range(3)]
-    r = [tracking.open_trial(cl, exp, None, k[s], {**CFG, "seed": s}, {"raystudy.search": "a" if s < 2 else "b"})
-         for s in range(3)]
+    r = [
+        tracking.open_trial(cl, exp, None, k[s], {**CFG, "seed": s}, {"raystudy.search": "a" if s < 2 else "b"})
+        for s in range(3)
+    ]
     tracking.finish_trial(cl, r[0], {"status": "finished", "test_acc": 0.5})
     assert tracking.close_stale(cl, exp, raystudy__search="a") == 1
     assert cl.get_run(r[1]).info.status == "KILLED"
     assert cl.get_run(r[1]).data.tags["raystudy.status"] == "interrupted"
-    assert cl.get_run(r[0]).info.status == "FINISHED"   # finished runs untouched
-    assert cl.get_run(r[2]).info.status == "RUNNING"    # another search's run untouched
+    assert cl.get_run(r[0]).info.status == "FINISHED"  # finished runs untouched
+    assert cl.get_run(r[2]).info.status == "RUNNING"  # another search's run untouched
     assert tracking.close_stale(cl, exp, raystudy__search="a") == 0
 
 
@@ -150,6 +160,7 @@ def test_statuses_in_one_query_prefer_terminal(store):
 
 # ---------------------------------------------------------------- what the MLflow UI shows
 
+
 def test_sqlite_path_is_the_stores_file_and_none_otherwise():
     from pathlib import Path
 
@@ -166,13 +177,18 @@ def test_trial_names_are_short_with_lr_rounded():
 
 
 def test_plasticity_metrics_average_layers_per_mode_and_component():
-    table = [{"mode": "shared", "layer": 0, "component": "MHA", "mean": 2.0},
-             {"mode": "shared", "layer": 1, "component": "MHA", "mean": 4.0},
-             {"mode": "in_situ", "layer": 0, "component": "MHA", "mean": 5.0},
-             {"mode": "shared", "layer": 0, "component": "LN1", "mean": float("nan")},
-             {"mode": "shared", "layer": 1, "component": "LN1", "mean": 1.5}]
-    assert tracking.plasticity_metrics(table) == {"plasticity/shared/MHA": 3.0, "plasticity/in_situ/MHA": 5.0,
-                                                  "plasticity/shared/LN1": 1.5}
+    table = [
+        {"mode": "shared", "layer": 0, "component": "MHA", "mean": 2.0},
+        {"mode": "shared", "layer": 1, "component": "MHA", "mean": 4.0},
+        {"mode": "in_situ", "layer": 0, "component": "MHA", "mean": 5.0},
+        {"mode": "shared", "layer": 0, "component": "LN1", "mean": float("nan")},
+        {"mode": "shared", "layer": 1, "component": "LN1", "mean": 1.5},
+    ]
+    assert tracking.plasticity_metrics(table) == {
+        "plasticity/shared/MHA": 3.0,
+        "plasticity/in_situ/MHA": 5.0,
+        "plasticity/shared/LN1": 1.5,
+    }
     assert tracking.plasticity_metrics([], "plasticity_after") == {}
 
 
@@ -180,15 +196,23 @@ def test_finished_trial_has_its_name_description_and_plasticity_metrics(store):
     uri, cl, exp = store
     run = tracking.open_trial(cl, exp, None, trial_key(CFG), CFG)
     before = [{"mode": "shared", "layer": i, "component": "FC1", "mean": 1.0 + i} for i in range(3)]
-    tracking.finish_trial(cl, run, {"status": "finished", "test_acc": 0.727, "best_val_acc": 0.748,
-                                    "plasticity_before": before, "plasticity_after": before[:1]})
+    tracking.finish_trial(
+        cl,
+        run,
+        {
+            "status": "finished",
+            "test_acc": 0.727,
+            "best_val_acc": 0.748,
+            "plasticity_before": before,
+            "plasticity_after": before[:1],
+        },
+    )
     r = cl.get_run(run)
     assert r.info.run_name == "MHA·digits_c·lr0.1·s0"
     assert r.data.metrics["plasticity/shared/FC1"] == 2.0
     assert r.data.metrics["plasticity_after/shared/FC1"] == 1.0
     assert r.data.tags[tracking.NOTE] == "test 72.7 · val 74.8"
-    assert {a.path for a in cl.list_artifacts(run)} == {"config.yaml", "plasticity_before.csv",
-                                                       "plasticity_after.csv"}
+    assert {a.path for a in cl.list_artifacts(run)} == {"config.yaml", "plasticity_before.csv", "plasticity_after.csv"}
 
 
 def test_experiments_open_as_classic_ml_runs_in_raystudys_view(store):
@@ -209,8 +233,10 @@ def test_experiments_open_as_classic_ml_runs_in_raystudys_view(store):
 def test_parent_run_carries_the_ranking_and_then_the_report(store):
     uri, cl, exp = store
     parent = tracking.parent_run(cl, exp, "g1", "grid", {"space": "demo"})
-    rows = [{"condition": "MHA", "test_acc": 0.75, "avg_rank": 1.0, "best_lr": "0.3", "runs": 2},
-            {"condition": "LN1", "test_acc": 0.5, "avg_rank": 2.0, "best_lr": "1", "runs": 2}]
+    rows = [
+        {"condition": "MHA", "test_acc": 0.75, "avg_rank": 1.0, "best_lr": "0.3", "runs": 2},
+        {"condition": "LN1", "test_acc": 0.5, "avg_rank": 2.0, "best_lr": "1", "runs": 2},
+    ]
     tracking.log_ranking(cl, parent, rows, partial=True)
     r = cl.get_run(parent)
     assert r.data.metrics == {"test_acc/MHA": 0.75, "rank/MHA": 1.0, "test_acc/LN1": 0.5, "rank/LN1": 2.0}
@@ -255,8 +281,10 @@ def test_the_policys_view_of_a_run_reads_its_status_as_the_runs_table_does(store
 
 
 def _open_store_at(uri, at):
-    code = ("import time, sys; from raystudy import tracking; time.sleep(max(0, %r - time.time())); "
-            "tracking.experiment_id(tracking.client(%r), 'e')" % (at, uri))
+    code = (
+        f"import time, sys; from raystudy import tracking; time.sleep(max(0, {at!r} - time.time())); "
+        f"tracking.experiment_id(tracking.client({uri!r}), 'e')"
+    )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -285,5 +313,13 @@ def test_a_trial_the_policy_stopped_after_it_finished_is_recorded_stopped_late(m
     assert tracking.statuses(cl, exp) == {trial_key(_STOPPED_CFG): "stopped"}
 
 
-_STOPPED_CFG = {"model": "vit_demo", "dataset": "digits_c", "condition": "MHA", "optimizer": "sgd", "lr": 0.1,
-                "seed": 0, "steps": 10, "device": "auto"}
+_STOPPED_CFG = {
+    "model": "vit_demo",
+    "dataset": "digits_c",
+    "condition": "MHA",
+    "optimizer": "sgd",
+    "lr": 0.1,
+    "seed": 0,
+    "steps": 10,
+    "device": "auto",
+}

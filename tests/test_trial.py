@@ -24,7 +24,7 @@ def test_step_reports_wait_for_the_next_evaluation_and_travel_with_it():
     assert rec.calls == []  # no round trip to the driver for step measurements alone
     state = {"step": 20, "model": {"w": torch.ones(2)}, "best": {"val_acc": 0.5}}
     r({"step": 20, "val_acc": 0.5}, state)
-    (metrics, saved), = rec.calls
+    ((metrics, saved),) = rec.calls
     assert [h["step"] for h in metrics["history"]] == [10, 20] and metrics["score"] == 0.5
     assert saved["step"] == 20 and torch.equal(saved["model"]["w"], torch.ones(2))
     r({"step": 30, "loss": 0.8}, None)
@@ -103,8 +103,17 @@ def test_checkpoint_state_loads_with_weights_only_and_a_planted_file_runs_nothin
     from raystudy import engine
     from raystudy.config import FinetuneConfig
 
-    cfg = FinetuneConfig(pretrained=False, steps=4, warmup_steps=1, eval_every=2, log_every=2,
-                         batch_size=16, optimizer="adamw", probe_pairs=8, device="cpu")
+    cfg = FinetuneConfig(
+        pretrained=False,
+        steps=4,
+        warmup_steps=1,
+        eval_every=2,
+        log_every=2,
+        batch_size=16,
+        optimizer="adamw",
+        probe_pairs=8,
+        device="cpu",
+    )
     states = []
     engine.train(cfg, report=lambda m, s: s is not None and states.append(s))
     folder = tmp_path / "ckpt"
@@ -134,5 +143,5 @@ def test_a_preempted_step_checkpoints_whatever_the_interval(monkeypatch):
     r({"step": 10, "loss": 1.0}, None)
     now[0] = 1001.0
     r({"step": 13, "preempted": 1.0}, {"step": 13})
-    (metrics, saved), = rec.calls
+    ((metrics, saved),) = rec.calls
     assert saved == {"step": 13} and [h["step"] for h in metrics["history"]] == [10]

@@ -36,9 +36,9 @@ class CheckpointPruner(tune.Callback):
     """
 
     def __init__(self):
-        self._trials: dict[str, Any] = {}   # trial id -> Tune trial that has checkpointed
-        self._named: dict[str, int] = {}    # trial id -> checkpoint index the last snapshot names
-        self._below: dict[str, int] = {}    # trial id -> checkpoints below this index are gone
+        self._trials: dict[str, Any] = {}  # trial id -> Tune trial that has checkpointed
+        self._named: dict[str, int] = {}  # trial id -> checkpoint index the last snapshot names
+        self._below: dict[str, int] = {}  # trial id -> checkpoints below this index are gone
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state
         return {"_trials": {}, "_named": {}, "_below": {}}
@@ -77,9 +77,11 @@ def delete_checkpoints(trial, below: int) -> bool:
     manager = trial.run_metadata.checkpoint_manager
     kept = getattr(manager, "_checkpoint_results", None)
     if isinstance(kept, list):
+
         def stays(r):  # a result whose path is no numbered checkpoint is not ours to drop
             index = checkpoint_index(r.checkpoint.path if r.checkpoint else None)
             return index is None or index >= below
+
         manager._checkpoint_results = [r for r in kept if stays(r)]
         trial.run_metadata.invalidate_cache()
     return True

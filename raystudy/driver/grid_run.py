@@ -17,10 +17,23 @@ from raystudy.trial import run_trial
 ENDS = ("finished", "diverged", "failed", "stopped")
 
 
-def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, experiment: str,
-             storage: Path, max_failures: int, max_concurrent: int | None, threads: int,
-             checkpoint_every_s: float = 0.0, verbose: int = 0, quiet: bool = False,
-             role: str = "grid", policy: adaptive.Policy | None = None) -> dict[str, Any]:
+def run_grid(
+    trials: list[Trial],
+    *,
+    label: str,
+    model: str,
+    tracking_uri: str,
+    experiment: str,
+    storage: Path,
+    max_failures: int,
+    max_concurrent: int | None,
+    threads: int,
+    checkpoint_every_s: float = 0.0,
+    verbose: int = 0,
+    quiet: bool = False,
+    role: str = "grid",
+    policy: adaptive.Policy | None = None,
+) -> dict[str, Any]:
     """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
 
     ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder. Raises
@@ -30,13 +43,28 @@ def run_grid(trials: list[Trial], *, label: str, model: str, tracking_uri: str, 
     TensorBoard). ``policy`` (``raystudy.adaptive``) stops trials the study does not need
     (``scheduler.AdaptiveScheduler``); they are recorded ``stopped``.
     """
-    settings = {"model": model, "tracking_uri": tracking_uri, "storage": storage, "max_failures": max_failures,
-                "max_concurrent": max_concurrent, "threads": threads, "checkpoint_every_s": checkpoint_every_s,
-                "verbose": verbose, "quiet": quiet, "policy": policy}
+    settings = {
+        "model": model,
+        "tracking_uri": tracking_uri,
+        "storage": storage,
+        "max_failures": max_failures,
+        "max_concurrent": max_concurrent,
+        "threads": threads,
+        "checkpoint_every_s": checkpoint_every_s,
+        "verbose": verbose,
+        "quiet": quiet,
+        "policy": policy,
+    }
     with grid_lock(storage, grid_name(trials, label)):
         cl, exp_id = session.experiment(tracking_uri, experiment)
-        with session.parent_run(cl, exp_id, grid_key(trials), f"{role}-{label}",
-                                {"label": label, "model": model, "trials": len(trials)}, role) as parent:
+        with session.parent_run(
+            cl,
+            exp_id,
+            grid_key(trials),
+            f"{role}-{label}",
+            {"label": label, "model": model, "trials": len(trials)},
+            role,
+        ) as parent:
             counts = _drive(trials, label, settings, cl, exp_id, parent)
     counts.update(experiment_id=exp_id, parent_run_id=parent.run_id)
     return counts
@@ -54,6 +82,7 @@ def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, 
 
         def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
             counts["interrupted"] = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent.run_id)
+
         asked_to_stop = tune_glue.fit(tuner, s["verbose"], close)
     if s["policy"] is not None:
         late = scheduler.stop_late(cl, exp_id, trials, s["policy"])
@@ -73,8 +102,15 @@ def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, 
     return counts
 
 
-def _tuner(trials: list[Trial], pending: list[Trial], done: set[str], label: str, s: dict[str, Any],
-           exp_id: str, parent_id: str):
+def _tuner(
+    trials: list[Trial],
+    pending: list[Trial],
+    done: set[str],
+    label: str,
+    s: dict[str, Any],
+    exp_id: str,
+    parent_id: str,
+):
     """The Tuner of the pending trials: the interrupted run's, restored, or a new one."""
     storage, name = s["storage"], grid_name(trials, label)
     path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
@@ -87,15 +123,25 @@ def _tuner(trials: list[Trial], pending: list[Trial], done: set[str], label: str
             print(f"resuming {path}: {len(pending)} of {len(trials)} trials unfinished", flush=True)
             tune_glue.set_console(tuner, lines, s["verbose"])
             return tuner
-        print(f"could not restore the interrupted run's Tune state at {path} ({why}); "
-              f"starting afresh over the {len(pending)} unfinished trials (MLflow knows which are done)",
-              flush=True)
+        print(
+            f"could not restore the interrupted run's Tune state at {path} ({why}); "
+            f"starting afresh over the {len(pending)} unfinished trials (MLflow knows which are done)",
+            flush=True,
+        )
         path = tune_glue.set_aside(path, storage, name)
     return _new_tuner(trainable, trials, pending, lines, Path(str(path)).name, s, exp_id, parent_id)
 
 
-def _new_tuner(trainable, trials: list[Trial], pending: list[Trial], lines, name: str, s: dict[str, Any],
-               exp_id: str, parent_id: str):
+def _new_tuner(
+    trainable,
+    trials: list[Trial],
+    pending: list[Trial],
+    lines,
+    name: str,
+    s: dict[str, Any],
+    exp_id: str,
+    parent_id: str,
+):
     """A Tuner over a grid search of the pending trials, with the driver's callbacks."""
     policy, adaptive_scheduler = s["policy"], None
     if policy is not None:  # earlier seeds first: decisions on them come before later seeds start
@@ -106,15 +152,26 @@ def _new_tuner(trainable, trials: list[Trial], pending: list[Trial], lines, name
     return tune.Tuner(
         trainable,
         param_space={**base, "trial": tune.grid_search([t.as_dict() for t in pending])},
-        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=s["max_concurrent"],
-                                    scheduler=adaptive_scheduler, trial_name_creator=tune_glue.trial_name,
-                                    trial_dirname_creator=tune_glue.trial_name),
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,
+            max_concurrent_trials=s["max_concurrent"],
+            scheduler=adaptive_scheduler,
+            trial_name_creator=tune_glue.trial_name,
+            trial_dirname_creator=tune_glue.trial_name,
+        ),
         run_config=tune.RunConfig(
-            name=name, storage_path=str(s["storage"]), verbose=s["verbose"],
-            callbacks=[records.MlflowTrials(s["tracking_uri"], exp_id, parent_id), lines, pruner,
-                       *tune_glue.result_files(s["verbose"])],
+            name=name,
+            storage_path=str(s["storage"]),
+            verbose=s["verbose"],
+            callbacks=[
+                records.MlflowTrials(s["tracking_uri"], exp_id, parent_id),
+                lines,
+                pruner,
+                *tune_glue.result_files(s["verbose"]),
+            ],
             failure_config=tune.FailureConfig(max_failures=s["max_failures"]),
-            checkpoint_config=kept),
+            checkpoint_config=kept,
+        ),
     )
 
 

@@ -20,8 +20,10 @@ def check_address(address: str | None) -> None:
         with socket.create_connection((host, int(port)), timeout=5):
             pass
     except OSError as e:
-        raise ConfigError(f"--address {address}: no Ray cluster answers there ({e.strerror or e}); "
-                          "start one with `ray up cluster.yaml`, or omit --address for a local Ray") from None
+        raise ConfigError(
+            f"--address {address}: no Ray cluster answers there ({e.strerror or e}); "
+            "start one with `ray up cluster.yaml`, or omit --address for a local Ray"
+        ) from None
 
 
 def start_ray(address: str | None, num_cpus: int | None, temp_dir: str | None, dashboard: bool) -> None:
@@ -38,8 +40,14 @@ def start_ray(address: str | None, num_cpus: int | None, temp_dir: str | None, d
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if address in (None, "", "local"):
         loopback_only()
-        ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
-                 _temp_dir=temp_dir, log_to_driver=False, configure_logging=False)
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
+            _temp_dir=temp_dir,
+            log_to_driver=False,
+            configure_logging=False,
+        )
         token = Path.home() / ".ray" / "auth_token"  # Ray writes it world-readable
         if token.is_file() and token.stat().st_uid == os.getuid():
             token.chmod(0o600)

@@ -71,17 +71,22 @@ def _locked(path: Path, name: str, log):
         except BlockingIOError:
             f.seek(0)
             h = _holder(f.read())
-            raise GridBusy(f"grid {name} is already being run by pid {h.get('pid', '?')} on host "
-                           f"{h.get('host', '?')} (since {h.get('started', '?')}; lock {path}); "
-                           "wait for it to end or stop it first") from None
+            raise GridBusy(
+                f"grid {name} is already being run by pid {h.get('pid', '?')} on host "
+                f"{h.get('host', '?')} (since {h.get('started', '?')}; lock {path}); "
+                "wait for it to end or stop it first"
+            ) from None
         f.seek(0)
         old = _holder(f.read())
         if old and log:
             log(f"the grid's last driver (pid {old.get('pid')} on {old.get('host')}) is gone; taking over its lock")
         f.seek(0)
         f.truncate()
-        f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                            "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        f.write(
+            json.dumps(
+                {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            )
+        )
         f.flush()
         try:
             yield

@@ -38,8 +38,9 @@ def completed_trials(storage, study_name: str) -> int:
     return done
 
 
-def make_searcher(space: SearchSpace, condition: str | None, base: dict[str, Any], resources: dict[str, Any],
-                  storage, study_name: str):
+def make_searcher(
+    space: SearchSpace, condition: str | None, base: dict[str, Any], resources: dict[str, Any], storage, study_name: str
+):
     """Ray's OptunaSearch over the persisted study ``study_name``, resumed with its history.
 
     The sampler's seed is the space's plus the number of trials the study already holds: a
@@ -54,14 +55,34 @@ def make_searcher(space: SearchSpace, condition: str | None, base: dict[str, Any
     except KeyError:
         held = 0
     seed = None if space.seed is None else space.seed + held
-    return OptunaSearch(space=Sampler(space, condition, base, resources), metric="score", mode="max",
-                        sampler=optuna.samplers.TPESampler(seed=seed), storage=storage, study_name=study_name)
+    return OptunaSearch(
+        space=Sampler(space, condition, base, resources),
+        metric="score",
+        mode="max",
+        sampler=optuna.samplers.TPESampler(seed=seed),
+        storage=storage,
+        study_name=study_name,
+    )
 
 
-def search_condition(space: SearchSpace, label: str, condition: str | None, *, model: str, dataset: str,
-                     base: dict[str, Any], tracking_uri: str, exp_id: str, parent: str, storage: Path,
-                     num_samples: int, time_budget_s: float | None, resources: dict[str, Any],
-                     tuning: dict[str, Any], verbose: int) -> dict[str, Any]:
+def search_condition(
+    space: SearchSpace,
+    label: str,
+    condition: str | None,
+    *,
+    model: str,
+    dataset: str,
+    base: dict[str, Any],
+    tracking_uri: str,
+    exp_id: str,
+    parent: str,
+    storage: Path,
+    num_samples: int,
+    time_budget_s: float | None,
+    resources: dict[str, Any],
+    tuning: dict[str, Any],
+    verbose: int,
+) -> dict[str, Any]:
     """One Optuna study (``label``: a condition, or ``components`` when the condition itself is
     searched); returns the best finished trial's config and score (``best_of``). Raises
     ``tune_glue.Stopped`` if the user stopped it before its budget."""
@@ -75,21 +96,43 @@ def search_condition(space: SearchSpace, label: str, condition: str | None, *, m
     print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {max(remaining, 0)} to run", flush=True)
     if remaining > 0:
         searcher = make_searcher(space, condition, base, resources, ostore, study_name)
-        tuner = _tuner(searcher, study_name, remaining, time_budget_s, storage, base, space, resources, tuning,
-                       verbose, (tracking_uri, exp_id, parent))
+        tuner = _tuner(
+            searcher,
+            study_name,
+            remaining,
+            time_budget_s,
+            storage,
+            base,
+            space,
+            resources,
+            tuning,
+            verbose,
+            (tracking_uri, exp_id, parent),
+        )
 
         def close():  # every trial of this session has ended, or the driver is going down: none stays RUNNING
             stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
             if stale:
                 print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+
         if tune_glue.fit(tuner, verbose, close) and completed_trials(ostore, study_name) < num_samples:
             raise tune_glue.Stopped(f"study {study_name!r} stopped before its budget")
     return best_of(cl, exp_id, study_name)
 
 
-def _tuner(searcher, study_name: str, num_samples: int, time_budget_s: float | None, storage: Path,
-           base: dict[str, Any], space: SearchSpace, resources: dict[str, Any], tuning: dict[str, Any], verbose: int,
-           mlflow: tuple[str, str, str]):
+def _tuner(
+    searcher,
+    study_name: str,
+    num_samples: int,
+    time_budget_s: float | None,
+    storage: Path,
+    base: dict[str, Any],
+    space: SearchSpace,
+    resources: dict[str, Any],
+    tuning: dict[str, Any],
+    verbose: int,
+    mlflow: tuple[str, str, str],
+):
     """The Tuner of one study's session: ``num_samples`` trials from ``searcher`` under ASHA."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -99,21 +142,38 @@ def _tuner(searcher, study_name: str, num_samples: int, time_budget_s: float | N
 
     steps = int(base.get("steps", FinetuneConfig.steps))
     # max_t past the last step: a trial that reaches the end finishes itself (and is tested)
-    asha = ASHAScheduler(time_attr="step", metric="score", mode="max", max_t=steps + 1,
-                         grace_period=min(space.grace_period, steps), reduction_factor=space.reduction_factor)
+    asha = ASHAScheduler(
+        time_attr="step",
+        metric="score",
+        mode="max",
+        max_t=steps + 1,
+        grace_period=min(space.grace_period, steps),
+        reduction_factor=space.reduction_factor,
+    )
     kept, pruner = checkpoints.keep_checkpoints()
     return tune.Tuner(
         tune.with_resources(run_trial, {"cpu": resources["cpu"], "gpu": resources["gpu"]}),
-        param_space={"storage_path": str(storage), "threads": int(tuning["threads_per_trial"]),
-                     "checkpoint_every_s": float(tuning["checkpoint_every_s"])},
-        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=asha, num_samples=num_samples,
-                                    time_budget_s=time_budget_s, reuse_actors=True,
-                                    max_concurrent_trials=tuning["max_concurrent"]),
+        param_space={
+            "storage_path": str(storage),
+            "threads": int(tuning["threads_per_trial"]),
+            "checkpoint_every_s": float(tuning["checkpoint_every_s"]),
+        },
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            scheduler=asha,
+            num_samples=num_samples,
+            time_budget_s=time_budget_s,
+            reuse_actors=True,
+            max_concurrent_trials=tuning["max_concurrent"],
+        ),
         run_config=tune.RunConfig(
-            name=f"{study_name}-{int(time.time())}", storage_path=str(storage), verbose=verbose,
+            name=f"{study_name}-{int(time.time())}",
+            storage_path=str(storage),
+            verbose=verbose,
             callbacks=[records.MlflowTrials(*mlflow, {"raystudy.search": study_name}), pruner],
             failure_config=tune.FailureConfig(max_failures=int(tuning["max_failures"])),
-            checkpoint_config=kept),
+            checkpoint_config=kept,
+        ),
     )
 
 
@@ -122,10 +182,19 @@ def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
     runs = tracking.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name)
     status = [r.data.tags.get(tracking.STATUS) for r in runs]
     finished = [r for r, s in zip(runs, status) if s == "finished" and "best_val_acc" in r.data.metrics]
-    out = {"study": study_name, "trials": len(runs), "stopped": status.count("stopped"),
-           "finished": len(finished), "diverged": status.count("diverged"), "failed": status.count("failed")}
+    out = {
+        "study": study_name,
+        "trials": len(runs),
+        "stopped": status.count("stopped"),
+        "finished": len(finished),
+        "diverged": status.count("diverged"),
+        "failed": status.count("failed"),
+    }
     if finished:
         best = max(finished, key=lambda r: r.data.metrics["best_val_acc"])
-        out.update(best_run=best.info.run_id, val_acc=best.data.metrics["best_val_acc"],
-                   config=tracking.run_config(best.data.params))
+        out.update(
+            best_run=best.info.run_id,
+            val_acc=best.data.metrics["best_val_acc"],
+            config=tracking.run_config(best.data.params),
+        )
     return out

@@ -15,11 +15,13 @@ from ray import tune
 
 from raystudy import tracking
 
+
 class MlflowTrials(tune.Callback):
     """Writes every trial to MLflow from the driver, exactly once per trial key."""
 
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_id: str | None,
-                 tags: dict[str, str] | None = None):
+    def __init__(
+        self, tracking_uri: str, experiment_id: str, parent_id: str | None, tags: dict[str, str] | None = None
+    ):
         self.tracking_uri, self.experiment_id, self.parent_id = tracking_uri, experiment_id, parent_id
         self.tags = dict(tags or {})
         self._runs: dict[str, str | None] = {}
@@ -28,9 +30,16 @@ class MlflowTrials(tune.Callback):
         self._cl = None
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state
-        return {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id,
-                "parent_id": self.parent_id, "tags": self.tags, "_runs": {}, "_where": {}, "_upto": {},
-                "_cl": None}
+        return {
+            "tracking_uri": self.tracking_uri,
+            "experiment_id": self.experiment_id,
+            "parent_id": self.parent_id,
+            "tags": self.tags,
+            "_runs": {},
+            "_where": {},
+            "_upto": {},
+            "_cl": None,
+        }
 
     @property
     def cl(self):
@@ -44,11 +53,19 @@ class MlflowTrials(tune.Callback):
         if trial.trial_id not in self._runs:
             t = trial.config["trial"]
             status, _ = tracking.trial_status(self.cl, self.experiment_id, t["key"])
-            self._runs[trial.trial_id] = (None if status in tracking.TERMINAL else
-                                          tracking.open_trial(self.cl, self.experiment_id, self.parent_id,
-                                                              t["key"], t["finetune"],
-                                                              {"raystudy.tune_trial": trial.trial_id, **self.tags},
-                                                              name=t.get("name")))
+            self._runs[trial.trial_id] = (
+                None
+                if status in tracking.TERMINAL
+                else tracking.open_trial(
+                    self.cl,
+                    self.experiment_id,
+                    self.parent_id,
+                    t["key"],
+                    t["finetune"],
+                    {"raystudy.tune_trial": trial.trial_id, **self.tags},
+                    name=t.get("name"),
+                )
+            )
         return self._runs[trial.trial_id]
 
     def on_trial_start(self, iteration, trials, trial, **info):
@@ -106,4 +123,3 @@ def error_text(trial) -> str:
     if path and os.path.exists(path):
         return Path(path).read_text().strip()
     return "trial failed (no error file)"
-

@@ -23,8 +23,9 @@ def recorded_view(cl, exp_id: str, trials: list[Trial]) -> dict[str, adaptive.Se
 def stop_late(cl, exp_id: str, trials: list[Trial], policy: adaptive.Policy) -> int:
     """Runs the policy stops that finished before its decision came (their rung completed after
     they ended): recorded ``stopped`` too, so the analysis sees what the policy decided. Returns how many."""
-    decisions = adaptive.decide(policy, [adaptive.trial_of(t.key, t.config) for t in trials],
-                                recorded_view(cl, exp_id, trials))
+    decisions = adaptive.decide(
+        policy, [adaptive.trial_of(t.key, t.config) for t in trials], recorded_view(cl, exp_id, trials)
+    )
     n = 0
     for key, stop in decisions.items():
         status, run = tracking.trial_status(cl, exp_id, key)
@@ -45,6 +46,7 @@ def seed_major(trials: list[Trial]):
         """(seed index, cell, lr) of ``t``."""
         cell = tuple(t.config[c] for c in adaptive.CELL)
         return (sorted(set(seeds[cell])).index(t.config["seed"]), *map(str, cell), t.config["lr"])
+
     return key
 
 
@@ -79,10 +81,14 @@ class AdaptiveScheduler(FIFOScheduler):
         points = s.points
         if "val_acc" in result and not result.get("final"):
             points = tuple(p for p in points if p[0] != int(result["step"])) + (
-                (int(result["step"]), float(result["val_acc"])),)
+                (int(result["step"]), float(result["val_acc"])),
+            )
         ended = s.ended or bool(result.get("final"))
-        best = float(result.get("best_val_acc", float("nan"))) if result.get("final") and \
-            result.get("status", "finished") == "finished" else s.best
+        best = (
+            float(result.get("best_val_acc", float("nan")))
+            if result.get("final") and result.get("status", "finished") == "finished"
+            else s.best
+        )
         self.seen[key] = adaptive.Seen(tuple(sorted(points)), ended, best)
         self.decisions = adaptive.decide(self.policy, self.trials, self.seen)
 
@@ -107,7 +113,7 @@ class AdaptiveScheduler(FIFOScheduler):
         """Tune's next trial to start; pending trials the policy has stopped never start."""
         for trial in list(tune_controller.get_trials()):
             if trial.status == TuneTrial.PENDING and trial.config["trial"]["key"] in self.decisions:
-                tune_controller.stop_trial(trial)   # recorded stopped at step 0; never started
+                tune_controller.stop_trial(trial)  # recorded stopped at step 0; never started
         return super().choose_trial_to_run(tune_controller)
 
     def debug_string(self) -> str:

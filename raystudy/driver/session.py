@@ -28,9 +28,19 @@ class Session:
     ``models.WeightsUnavailable`` before anything runs; ``KeyboardInterrupt`` passes through.
     """
 
-    def __init__(self, storage: Path | str, name: str, model: str, *, address: str | None, num_cpus: int | None,
-                 temp_dir: str | None, dashboard: bool = False, banner: str | None = None,
-                 weights_log: Callable[[str], None] | None = print):
+    def __init__(
+        self,
+        storage: Path | str,
+        name: str,
+        model: str,
+        *,
+        address: str | None,
+        num_cpus: int | None,
+        temp_dir: str | None,
+        dashboard: bool = False,
+        banner: str | None = None,
+        weights_log: Callable[[str], None] | None = print,
+    ):
         self.storage, self.name, self.model = storage, name, model
         self.ray_args = (address, num_cpus, temp_dir, dashboard)
         self.banner, self.weights_log = banner, weights_log

@@ -96,8 +96,10 @@ class StopNotice(logging.Filter):
         if record.getMessage().startswith("Stop signal received"):
             self.received = True
             if self.quiet:
-                print("\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once",
-                      flush=True)
+                print(
+                    "\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once",
+                    flush=True,
+                )
             return not self.quiet
         return not self.quiet or record.levelno >= logging.ERROR
 
