@@ -53,9 +53,12 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
 def parse_list(
     flag: str, value: str | None, allowed: list[str], canon: Callable[[str], str] = lambda s: s
 ) -> list[str] | None:
-    """A comma-separated flag value, each item (after ``canon``) one of ``allowed``; None if unset."""
+    """A comma-separated flag value, each item (after ``canon``) one of ``allowed`` (``all``: every
+    one of them); None if unset."""
     if value is None:
         return None
+    if value.strip() == "all":
+        return list(allowed)
     items = [canon(v.strip()) for v in value.split(",") if v.strip()]
     bad = [v for v in items if v not in allowed]
     if bad or not items:

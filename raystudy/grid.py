@@ -1,8 +1,9 @@
 """The study grid on Ray: Tune schedules the trials, workers run them, MLflow records each once.
 
     python -m raystudy.grid                                  # the offline demo grid (local Ray + SQLite)
-    python -m raystudy.grid --model vit_huge                 # the paper's grid (search_spaces/paper.yaml)
+    python -m raystudy.grid --model vit_huge                 # the paper's ViT-H experiment (search_spaces/paper.yaml)
     python -m raystudy.grid --model vit_base --dry-run       # count trials and GPU-hours, start nothing
+    python -m raystudy.grid --space paper --experiments all --dry-run   # the whole paper's budget
     python -m raystudy.grid --space paper --datasets cifar10,pets --conditions MHA,LN1 --optimizers sgd,adamw
     python -m raystudy.grid --address auto                   # on the cluster started by `ray up cluster.yaml`
     python -m raystudy.grid --space demo_adaptive --adaptive race   # stop trials the study does not need
@@ -40,6 +41,11 @@ def build_parser() -> cli.Parser:
     ap.add_argument("--optimizers", help="comma-separated subset of the space's optimizers")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every trial")
     ap.add_argument("--dry-run", action="store_true", help="validate, count trials and GPU-hours, start nothing")
+    ap.add_argument(
+        "--experiments",
+        metavar="NAMES",
+        help="with --dry-run: price the space's named experiments (comma-separated, or all), each and in total",
+    )
     ap.add_argument(
         "--adaptive",
         metavar="POLICY",
@@ -134,10 +140,58 @@ def main(argv: list[str] | None = None) -> int:
     """The grid command: 0 when every trial finished, 1 when some failed, 2 on bad input, 130 when stopped."""
     args = build_parser().parse_args(argv)
     try:
+        if args.experiments is not None:
+            return experiments_budget(args)
         job = prepare(args)
     except ConfigError as e:
         return cli.fail(e)
     return run(job)
+
+
+def experiments_budget(args) -> int:
+    """``--experiments``: each named experiment's trials and GPU-hours, per model, and the total."""
+    cli.check_unused(
+        "--experiments",
+        True,
+        {"--model": args.model, "--datasets": args.datasets, "--optimizers": args.optimizers},
+    )
+    if not args.dry_run:
+        raise ConfigError("--experiments prices experiments with --dry-run; run each model's grid with --model M")
+    space = spaces.load_grid(args.space or "paper")
+    names = cli.parse_list("--experiments", args.experiments, list(space.experiments))
+    if not space.experiments:
+        raise ConfigError(f"--experiments: the space {space.name!r} names no experiments")
+    conds = _conditions(args, space)
+    overrides = cli.parse_set(args.set or [])
+    print(f"the experiments of {space.name}" + (f" ({space.description})" if space.description else "") + ":")
+    trials, hours, priced = 0, 0.0, True
+    for name in names:
+        e = space.experiments[name]
+        for model in e["models"] or [space.base.get("model", FinetuneConfig.model)]:
+            models.check_model(model)
+            plan = spaces.plan(space, model, e["datasets"] or None, conds, e["optimizers"] or None, overrides)
+            cost = spaces.gpu_hours(space, model, plan["costs"])
+            trials += plan["trials"]
+            priced = priced and cost.hours is not None
+            hours += cost.hours or 0.0
+            gpu_hours = f"{cost.hours:,.0f} GPU-hours" if cost.hours is not None else "no GPU-hour estimate"
+            print(
+                f"  {name:<12} {model:<10} {','.join(plan['optimizers']):<10} {len(plan['datasets']):>3} datasets "
+                f"{plan['trials']:>7,} trials  {gpu_hours}" + (f"  ({e['description']})" if e["description"] else "")
+            )
+    print(f"  total: {trials:,} trials" + (f", {hours:,.0f} GPU-hours" if priced else ""))
+    print("dry run: nothing started")
+    return 0
+
+
+def _conditions(args, space) -> list[str]:
+    """The conditions ``--conditions`` names, or the space's."""
+    return cli.parse_list(
+        "--conditions",
+        args.conditions,
+        [spaces.canonical_condition(c) for c in space.grid.get("condition", [])] or list(components.PAPER_CONDITIONS),
+        spaces.canonical_condition,
+    )
 
 
 @dataclasses.dataclass
@@ -147,7 +201,7 @@ class Job:
     args: argparse.Namespace
     space: spaces.Space
     model: str
-    grid: tuple[list[str], list[str], list[str], dict]  # datasets, conditions, optimizers, overrides
+    grid: tuple  # datasets, conditions, optimizers, overrides, scope (optimizer -> its experiments' datasets)
     plan: dict
     mopts: dict
     hours: Any  # costs.Estimate
@@ -166,16 +220,12 @@ def prepare(args) -> Job:
     space = spaces.load_grid(args.space or ("paper" if args.model else "demo"))
     model = args.model or space.base.get("model", FinetuneConfig.model)
     models.check_model(model)
-    conds = cli.parse_list(
-        "--conditions",
-        args.conditions,
-        [spaces.canonical_condition(c) for c in space.grid.get("condition", [])] or list(components.PAPER_CONDITIONS),
-        spaces.canonical_condition,
-    )
+    conds = _conditions(args, space)
     datasets = cli.parse_list("--datasets", args.datasets, list(space.datasets))
     optimizers = cli.parse_list("--optimizers", args.optimizers, list(space.optimizers))
     overrides = cli.parse_set(args.set or [])
-    plan = spaces.plan(space, model, datasets, conds, optimizers, overrides)
+    scope = _scope(space, model, datasets, optimizers)
+    plan = spaces.plan(space, model, datasets, conds, optimizers, overrides, scope)
     mopts = spaces.model_options(space.models, model)
     hours = spaces.gpu_hours(space, model, plan["costs"])
     tuning = spaces.tune_options(space)
@@ -194,7 +244,9 @@ def prepare(args) -> Job:
     known = tracking.known_statuses(uri, experiment)
     # Only a store that knows some of the study's trials is matched against the grid's keys:
     # a dry run of a huge new grid stays a count.
-    trials = spaces.expand(space, model, datasets, conds, optimizers, overrides) if known or not args.dry_run else []
+    trials = (
+        spaces.expand(space, model, datasets, conds, optimizers, overrides, scope) if known or not args.dry_run else []
+    )
     done = [t for t in trials if known.get(t.key) in tracking.TERMINAL]
     if not args.dry_run and len(done) < len(trials):  # Ray only when there is something to run
         local_ray.check_address(args.address)
@@ -202,7 +254,7 @@ def prepare(args) -> Job:
         args,
         space,
         model,
-        (datasets, conds, optimizers, overrides),
+        (datasets, conds, optimizers, overrides, scope),
         plan,
         mopts,
         hours,
@@ -217,6 +269,34 @@ def prepare(args) -> Job:
     )
 
 
+def _scope(space, model: str, datasets: list[str] | None, optimizers: list[str] | None) -> dict[str, list[str]]:
+    """Per optimizer, the datasets the space's experiments run ``model`` on with it; none where
+    ``--datasets`` names them or no experiment names the pair."""
+    if datasets is not None or not space.experiments:
+        return {}
+    opts = optimizers or [o for o in space.grid.get("optimizer", list(space.optimizers))]
+    found = {o: spaces.experiment_datasets(space, model, o) for o in opts}
+    return {o: ds for o, ds in found.items() if ds is not None}
+
+
+def scope_line(job: Job) -> str | None:
+    """Where experiments narrowed the grid: one line with what every dataset would take."""
+    datasets, conds, optimizers, overrides, scope = job.grid
+    if not scope or all(len(ds) == len(job.space.datasets) for ds in scope.values()):
+        return None
+    every = spaces.plan(job.space, job.model, None, conds, optimizers, overrides)
+    hours = spaces.gpu_hours(job.space, job.model, every["costs"])
+    cost = f", {hours.hours:,.0f} GPU-hours" if hours.hours is not None else ""
+    names = [n for n, e in job.space.experiments.items() if not e["models"] or job.model in e["models"]]
+    planned = job.plan["datasets"]
+    narrower = [f"{o} on {len(ds)} of them ({', '.join(ds)})" for o, ds in scope.items() if len(ds) < len(planned)]
+    return (
+        (f"  {'; '.join(narrower)}\n" if narrower and len(scope) > 1 else "")
+        + f"  as the space's experiments ({', '.join(names)}) scope {job.model}; every dataset: add --datasets all "
+        f"({every['trials']:,} trials{cost})"
+    )
+
+
 def run(job: Job) -> int:
     """The grid's plan, then its dry run, its ranking if MLflow holds it all, or its run; the exit status."""
     plan, mopts, hours = job.plan, job.mopts, job.hours
@@ -226,6 +306,8 @@ def run(job: Job) -> int:
         f"{len(plan['conditions'])} conditions × {len(plan['optimizers'])} optimizers × lrs × seeds"
     )
     print(f"  datasets: {', '.join(plan['datasets'])}")
+    if (line := scope_line(job)) is not None:
+        print(line)
     print(
         f"  GPUs per trial: {gpus:g}"
         + (f" ({mopts['workers']} DDP workers)" if mopts["workers"] > 1 else "")

@@ -129,6 +129,14 @@ TUNE = {
     "threads_per_trial": Key("int", low=1, default=1),
     "checkpoint_every_s": Key("finite", low=0, default=60.0),
 }
+# A named experiment of a grid file (``experiments.<name>``): which models run which optimizers on
+# which datasets, so that a grid plans what a study ran, not the product of every axis.
+EXPERIMENT = {
+    "models": Key("names", empty=True, default=[]),  # []: every model
+    "optimizers": Key("names", empty=True, default=[]),  # []: the grid's optimizers
+    "datasets": Key("names", empty=True, default=[]),  # []: every dataset of the space
+    "description": Key("text", empty=True, default=""),
+}
 # A grid file (``search_spaces/*.yaml``).
 GRID = {
     "study": Key("name", empty=True),  # default: the file's name
@@ -145,6 +153,7 @@ GRID = {
     "models": Key("map", each=Key("section", keys=MODEL)),
     "tune": Key("section", keys=TUNE),
     "step_times": Key("path", none=True),  # measured step times (raystudy.costs), relative to the file
+    "experiments": Key("map", empty=True, default={}, each=Key("section", keys=EXPERIMENT, fill=True)),
 }
 # A search file (``search_spaces/optuna/*.yaml``).
 SEARCH = {
@@ -267,6 +276,13 @@ def _conditions(file: str, path: tuple, value: Any, key: Key) -> list:
     return value
 
 
+def _names(file: str, path: tuple, value: Any, key: Key) -> list:
+    """A list of names (models, optimizers, datasets): non-blank strings."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError(f"{_at(file, path[:-1])}: {path[-1]} must be a list of names, got {value!r}")
+    return value
+
+
 def _seeds(file: str, path: tuple, value: Any, key: Key) -> list:
     """A non-empty list of integers >= ``key.low``."""
     if (
@@ -377,6 +393,7 @@ CHECKS = {
     "text": lambda file, path, value, key: str(value),
     "path": _path,
     "conditions": _conditions,
+    "names": _names,
     "seeds": _seeds,
     "axis": lambda file, path, value, key: _grid_values(_at(file, path), value),
     "params": _params,
@@ -426,6 +443,7 @@ class Space:
     tune: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     step_times: Path | None = None  # measured step times (raystudy.costs), if the space names a file
+    experiments: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> models, optimizers, datasets
 
 
 def load_grid(name_or_path: str) -> Space:
@@ -454,7 +472,36 @@ def load_grid(name_or_path: str) -> Space:
         tune=f["tune"],
         description=f["description"],
         step_times=path.parent / f["step_times"] if f["step_times"] else None,
+        experiments=_check_experiments(path.name, f),
     )
+
+
+def _check_experiments(file: str, f: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The file's experiments, each naming only models, optimizers and datasets the file has."""
+    for name, e in f["experiments"].items():
+        for what, have in (("models", f["models"]), ("optimizers", f["optimizers"]), ("datasets", f["datasets"])):
+            bad = [v for v in e[what] if v not in have]
+            if bad:
+                raise ConfigError(
+                    f"{file}: experiments.{name}.{what}: {', '.join(bad)} not in the file's {what!r}; "
+                    f"valid: {', '.join(have)}"
+                )
+    return f["experiments"]
+
+
+def experiment_datasets(space: Space, model: str, optimizer: str) -> list[str] | None:
+    """The datasets the space's experiments run ``model`` with ``optimizer`` on, in the space's
+    order; None where no experiment names the pair (then every dataset is the grid's)."""
+    grid_opts = [o for o in space.grid.get("optimizer", list(space.optimizers))]
+    found = [
+        e
+        for e in space.experiments.values()
+        if (not e["models"] or model in e["models"]) and optimizer in (e["optimizers"] or grid_opts)
+    ]
+    if not found:
+        return None
+    wanted = {d for e in found for d in (e["datasets"] or space.datasets)}
+    return [d for d in space.datasets if d in wanted]
 
 
 @dataclass(frozen=True)
@@ -479,9 +526,11 @@ def _cells(
     conditions: list[str] | None,
     optimizers: list[str] | None,
     overrides: dict[str, Any] | None,
+    scope: dict[str, list[str]] | None = None,
 ):
     """The grid as cells: per dataset × optimizer × combination of the axes other than ``seed``,
     the validated flat config (seed as the first of the cell's seeds) and the cell's seeds.
+    ``scope`` limits an optimizer to its datasets (``experiment_datasets``); others take them all.
 
     Validation never looks at the seed (its type is checked once per value), so a grid of many
     seeds is validated per cell, not per trial; identical cells are validated once.
@@ -490,51 +539,65 @@ def _cells(
     mopts = model_options(space.models, model)
     ds_list = datasets or list(space.datasets)
     opt_list = optimizers or [o for o in space.grid.get("optimizer", list(space.optimizers))]
-    overrides = overrides or {}
     checked: dict[str, dict[str, Any]] = {}
     for ds in ds_list:
-        dover = space.datasets[ds]
         for opt in opt_list:
             if not isinstance(opt, str) or opt not in space.optimizers:
                 raise ConfigError(
                     f"optimizer {opt!r} has no section in the space's 'optimizers'; "
                     f"valid: {', '.join(space.optimizers)}"
                 )
-            oover = dict(space.optimizers[opt])
-            lr_scale = float(oover.pop("lr_scale", GRID["optimizers"].each.keys["lr_scale"].default))
-            axes = {**space.grid, **{k: _grid_values(f"datasets.{ds}.{k}", v) for k, v in dover.items()}}
-            axes.pop("optimizer", None)
-            if conditions is not None:
-                axes["condition"] = conditions
-            seeds = [None]
-            if "seed" in axes and "seed" not in overrides:
-                seeds = [check_value("seed", v) for v in axes.pop("seed")]
-            names = list(axes)
-            for values in itertools.product(*(axes[n] for n in names)):
-                point = dict(zip(names, values))
-                cfg = {
-                    **space.base,
-                    **mopts["config"],
-                    "model": model,
-                    "dataset": ds,
-                    "optimizer": opt,
-                    **oover,
-                    **point,
-                    **overrides,
-                }
-                cfg["condition"] = canonical_condition(cfg.get("condition", "MHA"))
-                # A condition fitted without SGD (the paper's linear probe) has no lr: one cell at
-                # the lr axis's first value (recorded, unused), not one per lr.
-                if not components.has_lr(cfg["condition"]) and "lr" in axes and point["lr"] != axes["lr"][0]:
-                    continue
-                if "lr" in cfg and "lr" not in overrides:
-                    cfg["lr"] = check_value("lr", cfg["lr"]) * lr_scale
-                if seeds[0] is not None:
-                    cfg["seed"] = seeds[0]
+            if scope and opt in scope and ds not in scope[opt]:
+                continue
+            for cfg, seeds in _cell_configs(space, model, mopts, ds, opt, conditions, overrides or {}):
                 memo = json.dumps(cfg, sort_keys=True, default=repr)
                 if memo not in checked:
                     checked[memo] = validate(from_dict(cfg)).to_dict()
                 yield checked[memo], seeds, mopts
+
+
+def _cell_configs(
+    space: Space,
+    model: str,
+    mopts: dict[str, Any],
+    ds: str,
+    opt: str,
+    conditions: list[str] | None,
+    overrides: dict[str, Any],
+):
+    """The unvalidated flat config and the seeds of each cell of one dataset and optimizer."""
+    oover = dict(space.optimizers[opt])
+    lr_scale = float(oover.pop("lr_scale", GRID["optimizers"].each.keys["lr_scale"].default))
+    axes = {**space.grid, **{k: _grid_values(f"datasets.{ds}.{k}", v) for k, v in space.datasets[ds].items()}}
+    axes.pop("optimizer", None)
+    if conditions is not None:
+        axes["condition"] = conditions
+    seeds = [None]
+    if "seed" in axes and "seed" not in overrides:
+        seeds = [check_value("seed", v) for v in axes.pop("seed")]
+    names = list(axes)
+    for values in itertools.product(*(axes[n] for n in names)):
+        point = dict(zip(names, values))
+        cfg = {
+            **space.base,
+            **mopts["config"],
+            "model": model,
+            "dataset": ds,
+            "optimizer": opt,
+            **oover,
+            **point,
+            **overrides,
+        }
+        cfg["condition"] = canonical_condition(cfg.get("condition", "MHA"))
+        # A condition fitted without SGD (the paper's linear probe) has no lr: one cell at
+        # the lr axis's first value (recorded, unused), not one per lr.
+        if not components.has_lr(cfg["condition"]) and "lr" in axes and point["lr"] != axes["lr"][0]:
+            continue
+        if "lr" in cfg and "lr" not in overrides:
+            cfg["lr"] = check_value("lr", cfg["lr"]) * lr_scale
+        if seeds[0] is not None:
+            cfg["seed"] = seeds[0]
+        yield cfg, seeds
 
 
 def plan(
@@ -544,6 +607,7 @@ def plan(
     conditions: list[str] | None = None,
     optimizers: list[str] | None = None,
     overrides: dict[str, Any] | None = None,
+    scope: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """What ``expand`` would give, counted without building a trial: ``trials``, the
     ``datasets``, ``conditions`` and ``optimizers`` they cover, ``steps`` summed over trials,
@@ -551,7 +615,7 @@ def plan(
     validated, repeats and empty grids refused)."""
     n, steps, seen, items = 0, 0, set(), []
     ds, conds, opts = [], set(), set()
-    for full, seeds, mopts in _cells(space, model, datasets, conditions, optimizers, overrides):
+    for full, seeds, mopts in _cells(space, model, datasets, conditions, optimizers, overrides, scope):
         if len(set(seeds)) != len(seeds):
             raise ConfigError("the grid repeats a trial config (two axes give the same values)")
         key = trial_key({k: v for k, v in full.items() if k != "seed" or seeds == [None]})
@@ -584,6 +648,7 @@ def expand(
     conditions: list[str] | None = None,
     optimizers: list[str] | None = None,
     overrides: dict[str, Any] | None = None,
+    scope: dict[str, list[str]] | None = None,
 ) -> list[Trial]:
     """Every trial of the grid, each a validated flat config with its key and resources.
 
@@ -591,7 +656,7 @@ def expand(
     remaining axes, at the lr axis's first value (recorded, unused), not one per lr.
     """
     trials = []
-    for full, seeds, mopts in _cells(space, model, datasets, conditions, optimizers, overrides):
+    for full, seeds, mopts in _cells(space, model, datasets, conditions, optimizers, overrides, scope):
         for seed in seeds:
             cfg = full if seed is None else {**full, "seed": seed}
             trials.append(Trial(trial_key(cfg), cfg, float(mopts["gpu"]), float(mopts["cpu"]), int(mopts["workers"])))

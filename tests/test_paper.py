@@ -82,3 +82,70 @@ def test_the_adamw_ablation_and_the_larger_models_are_the_references():
         assert {t.config["probe_batch_size"] for t in trials} == {PROBE_BATCH_LARGE}
         # the effective batch stays the reference's 512 (apps/vit/scripts/ablation/model_size.sh:27-29,66-68)
         assert {t.config["batch_size"] for t in trials} == {512}
+
+
+# ---------------------------------------------------------------- the paper's three experiments, as scoped
+# The AdamW ablation ran on CIFAR-100, CIFAR-10-C motion_blur, DomainNet clipart and sketch
+# (apps/vit/scripts/ablation/adam.sh:25,60-61,97-98,133-134); the model-size ablation on DomainNet
+# clipart (apps/vit/scripts/ablation/model_size.sh:21-22).
+ADAMW_DATASETS = ["cifar100", "cifar10c_motion_blur", "domainnet_clipart", "domainnet_sketch"]
+MODEL_SIZE_DATASETS = ["domainnet_clipart"]
+
+
+def _dry(capsys, tmp_path, *argv):
+    from raystudy import grid
+
+    code = grid.main([*argv, "--dry-run", "--tracking-uri", f"sqlite:///{tmp_path}/none.db"])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_larger_model_plans_the_papers_model_size_experiment_by_default(capsys, tmp_path):
+    for model in ("vit_large", "vit_huge"):
+        code, out, _ = _dry(capsys, tmp_path, "--model", model)
+        assert code == 0
+        assert f"grid paper for {model}: 75 trials" in out and "  datasets: domainnet_clipart\n" in out
+        assert "every dataset: add --datasets all (825 trials" in out
+        code, out, _ = _dry(capsys, tmp_path, "--model", model, "--datasets", "all")
+        assert code == 0 and f"grid paper for {model}: 825 trials" in out and "--datasets all" not in out
+
+
+def test_the_adamw_ablation_runs_on_its_four_datasets_only(capsys, tmp_path):
+    space = spaces.load_grid("paper")
+    scope = {"adamw": spaces.experiment_datasets(space, "vit_base", "adamw")}
+    assert scope["adamw"] == ADAMW_DATASETS
+    trials = spaces.expand(space, "vit_base", optimizers=["sgd", "adamw"], scope=scope)
+    adamw = [t for t in trials if t.config["optimizer"] == "adamw"]
+    assert sorted({t.config["dataset"] for t in adamw}) == sorted(ADAMW_DATASETS)
+    assert len(adamw) == 4 * 25 * 3 and len(trials) == 825 + 300
+    code, out, _ = _dry(capsys, tmp_path, "--model", "vit_base", "--optimizers", "sgd,adamw")
+    assert code == 0 and "grid paper for vit_base: 1,125 trials" in out
+    assert "adamw on 4 of them (cifar100, cifar10c_motion_blur, domainnet_clipart, domainnet_sketch)" in out
+
+
+def test_the_whole_papers_dry_run_prices_each_experiment_and_the_total(capsys, tmp_path):
+    code, out, _ = _dry(capsys, tmp_path, "--space", "paper", "--experiments", "all")
+    assert code == 0
+    rows = [line.split() for line in out.splitlines()[1:5]]
+    assert [(r[0], r[1], r[2], r[3], r[5]) for r in rows] == [
+        ("main", "vit_base", "sgd", "11", "825"),
+        ("adamw", "vit_base", "adamw", "4", "300"),
+        ("model_size", "vit_large", "sgd", "1", "75"),
+        ("model_size", "vit_huge", "sgd", "1", "75"),
+    ]
+    hours = [float(r[7].replace(",", "")) for r in rows]
+    total = out.splitlines()[5]
+    assert total.startswith("  total: 1,275 trials, ") and f"{sum(hours):,.0f} GPU-hours" in total
+    code, _, err = _dry(capsys, tmp_path, "--space", "paper", "--experiments", "all", "--model", "vit_base")
+    assert code == 2 and "--model" in err
+
+
+def test_an_experiment_naming_what_the_space_lacks_is_refused(tmp_path):
+    import yaml
+
+    raw = yaml.safe_load((spaces.SPACES_DIR / "paper.yaml").read_text())
+    raw["experiments"]["adamw"]["datasets"] = ["cifar100", "imagenet21k"]
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    with pytest.raises(Exception, match="experiments.adamw.datasets: imagenet21k not in the file's 'datasets'"):
+        spaces.load_grid(str(f))

@@ -70,6 +70,7 @@ def examples(key: spaces.Key) -> tuple[list, list]:
         "name": (["ok-name.1"], ["a/b", "..", "a b", 5]),
         "text": (["any words", 5], []),
         "conditions": ([["MHA", "FC1+LN2"]], ["MHA", 5, {"a": 1}, ["FC9"], [["MHA"]]]),
+        "names": ([[]], ["x", [5], [" "], ["nope"]]),
         "axis": ([{"grid_search": [50, 60]}, 50], [{"grid_search": []}, {"loguniform": [1, 2]}, {"x": 1}]),
         "params": _params(),
     }[t]
