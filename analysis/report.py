@@ -308,6 +308,15 @@ def build_parser():
     from raystudy import cli
 
     ap = cli.Parser("python -m analysis.report", __doc__)
+    _add_source_args(ap)
+    _add_comparison_args(ap)
+    _add_trust_args(ap)
+    _add_output_args(ap)
+    return ap
+
+
+def _add_source_args(ap) -> None:
+    """Add where the runs come from: the MLflow experiment or the CSV, and the tracking URI."""
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--experiment", help="MLflow experiment name (or id)")
     src.add_argument("--csv", help="per-run results or per-dataset summary CSV")
@@ -315,6 +324,10 @@ def build_parser():
         "--tracking-uri",
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db, as the grid)",
     )
+
+
+def _add_comparison_args(ap) -> None:
+    """Add how the lr is chosen, which conditions are compared and against which, and what is read."""
     ap.add_argument(
         "--select-on",
         choices=stats.SELECT_ON,
@@ -343,6 +356,12 @@ def build_parser():
     ap.add_argument("--datasets", help="comma-separated datasets to analyse (default: all)")
     ap.add_argument("--plasticity", help="tidy plasticity CSV to add (with --csv)")
     ap.add_argument("--no-curves", action="store_true", help="skip reading metric histories")
+
+
+def _add_trust_args(ap) -> None:
+    """Add the settings of the trust sections: ROPE, CD cliques, bootstrap and the hierarchical test."""
+    from raystudy import cli
+
     ap.add_argument(
         "--rope",
         type=float,
@@ -373,6 +392,10 @@ def build_parser():
     ap.add_argument(
         "--no-hierarchical", action="store_true", help="skip the hierarchical Bayesian test over datasets and seeds"
     )
+
+
+def _add_output_args(ap) -> None:
+    """Add what is written and where: figures, MLflow logging and the output folder."""
     ap.add_argument(
         "--no-figures",
         action="store_true",
@@ -380,7 +403,6 @@ def build_parser():
     )
     ap.add_argument("--no-log", action="store_true", help="do not log the outputs to MLflow")
     ap.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,19 +413,41 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        if not (math.isfinite(args.rope) and args.rope >= 0):
-            raise AnalysisError(f"--rope must be a finite number >= 0, got {args.rope}")
-        cli.check_count("--bootstrap-reps", args.bootstrap_reps)
-        cli.check_seed("--bootstrap-seed", args.bootstrap_seed)
-        cli.check_unused(
-            "--csv",
-            args.csv is not None,
-            {"--tracking-uri": args.tracking_uri, "--no-curves": args.no_curves, "--no-log": args.no_log},
-        )
-        cli.check_unused("--experiment", args.experiment is not None, {"--plasticity": args.plasticity})
-        cli.check_folder("--out", args.out)
+        _check_args(args)
     except (AnalysisError, ConfigError) as e:
         return cli.fail(e)
+    kw = _report_kwargs(args)
+    from raystudy import tracking
+
+    uri = None
+    if args.experiment:
+        uri = args.tracking_uri or tracking.default_uri()
+        try:  # before MLflow's seconds of imports
+            tracking.check_uri(uri, must_exist=True)
+        except ConfigError as e:
+            return cli.fail(e)
+    return _write_report(args, uri, kw)
+
+
+def _check_args(args) -> None:
+    """Raise ``AnalysisError`` or ``ConfigError`` on the first bad value or contradicting flags."""
+    from raystudy import cli
+
+    if not (math.isfinite(args.rope) and args.rope >= 0):
+        raise AnalysisError(f"--rope must be a finite number >= 0, got {args.rope}")
+    cli.check_count("--bootstrap-reps", args.bootstrap_reps)
+    cli.check_seed("--bootstrap-seed", args.bootstrap_seed)
+    cli.check_unused(
+        "--csv",
+        args.csv is not None,
+        {"--tracking-uri": args.tracking_uri, "--no-curves": args.no_curves, "--no-log": args.no_log},
+    )
+    cli.check_unused("--experiment", args.experiment is not None, {"--plasticity": args.plasticity})
+    cli.check_folder("--out", args.out)
+
+
+def _report_kwargs(args) -> dict:
+    """The keyword arguments both ``report_from_mlflow`` and ``report_from_csv`` take, from the parsed flags."""
     opts = trust.Options(
         rope=args.rope,
         reps=args.bootstrap_reps,
@@ -412,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         hierarchical=not args.no_hierarchical,
         cd_cliques=args.cd_cliques,
     )
-    kw = dict(
+    return dict(
         select_on=args.select_on,
         reference=args.reference,
         conditions=_names(args.conditions),
@@ -423,15 +467,14 @@ def main(argv: list[str] | None = None) -> int:
         compare=list(PAPER_COMPARISON) if args.paper_comparison else None,
         draw_figures=not args.no_figures,
     )
-    from raystudy import tracking
 
-    if args.experiment:
-        uri = args.tracking_uri or tracking.default_uri()
-        try:  # before MLflow's seconds of imports
-            tracking.check_uri(uri, must_exist=True)
-        except ConfigError as e:
-            return cli.fail(e)
+
+def _write_report(args, uri: str | None, kw: dict) -> int:
+    """Write the report from the experiment at ``uri`` or from the CSV and print it and what was written;
+    returns 0, or 2 after one ``error:`` line."""
     from mlflow.exceptions import MlflowException
+
+    from raystudy.errors import ConfigError
 
     try:
         if args.experiment:

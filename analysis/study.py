@@ -132,6 +132,24 @@ def _gain_reference(order: list[str], gain_reference: str | None, reference: str
     return ref
 
 
+def _checked_conditions(
+    best: pd.DataFrame, best_other: pd.DataFrame | None, compare: list[str] | None, reference: str, source: str
+) -> tuple[list[str], list[str]]:
+    """The conditions analysed, in the paper's order, and those compared, once the chosen results
+    (and the other selection's, if any) are complete and ``reference`` is among those compared;
+    raises AnalysisError otherwise."""
+    stats.check_complete(best)
+    order = stats.order_conditions(best["condition"], paper_order())
+    compared = compared_conditions(order, compare, source)
+    if best_other is not None:  # its table and ranks are shown beside the chosen one's
+        stats.check_complete(best_other)
+    if len(compared) >= 2 and reference not in compared:
+        raise AnalysisError(
+            f"reference condition {reference!r} is not among the conditions: {', '.join(map(str, compared))}"
+        )
+    return order, compared
+
+
 def build(
     *,
     runs: pd.DataFrame | None = None,
@@ -161,15 +179,7 @@ def build(
         summary = restrict(summary, conditions, datasets, source)
         means, best, best_other = None, summary, None
         scale = stats.display_scale(summary["test_mean"])
-    stats.check_complete(best)
-    order = stats.order_conditions(best["condition"], paper_order())
-    compared = compared_conditions(order, compare, source)
-    if best_other is not None:  # its table and ranks are shown beside the chosen one's
-        stats.check_complete(best_other)
-    if len(compared) >= 2 and reference not in compared:
-        raise AnalysisError(
-            f"reference condition {reference!r} is not among the conditions: {', '.join(map(str, compared))}"
-        )
+    order, compared = _checked_conditions(best, best_other, compare, reference, source)
     table = stats.wide(best, conditions=order)
     return Study(
         source=source,

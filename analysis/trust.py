@@ -97,53 +97,60 @@ def intervals_section(scores: np.ndarray, order: list[str], reference: str, scal
     boot = intervals.resample(scores, opts.reps, opts.seed, datasets=not fixed)
     agg = intervals.aggregate_intervals(scores, order, boot=boot)
     pairs = intervals.pairwise_intervals(scores, order, boot=boot, pairs=pair_list(order, reference))
+    shown = _aggregate_shown(agg, order, scale)
+    pshown = _pairwise_shown(pairs, scale)
+    lines = _intervals_lines(opts, fixed, note)
+    lines += ["", tables.markdown(shown).rstrip(), "", tables.markdown(pshown).rstrip()]
+    return section(
+        title,
+        "\n".join(lines),
+        (Table("intervals", shown, agg), Table("intervals_pairwise", pshown, pairs)),
+        (
+            Figure("intervals", functools.partial(figures.intervals, agg, order, scale=scale)),
+            Figure("probability_of_improvement", functools.partial(figures.improvement, pairs)),
+        ),
+    )
+
+
+def _aggregate_shown(agg: pd.DataFrame, order: list[str], scale: float) -> pd.DataFrame:
+    """The shown table of each condition's mean and IQM with its interval, one row per condition."""
     unit = " (%)" if scale == 100 else ""
     wide = agg.pivot(index="condition", columns="statistic", values=["estimate", "low", "high"])
-    shown = pd.DataFrame(
-        {
-            f"mean{unit} [95% CI]": [
-                tables.interval(
-                    wide.loc[c, ("estimate", "mean")],
-                    wide.loc[c, ("low", "mean")],
-                    wide.loc[c, ("high", "mean")],
-                    2,
-                    scale,
-                )
-                for c in order
-            ],
-            f"IQM{unit} [95% CI]": [
-                tables.interval(
-                    wide.loc[c, ("estimate", "iqm")],
-                    wide.loc[c, ("low", "iqm")],
-                    wide.loc[c, ("high", "iqm")],
-                    2,
-                    scale,
-                )
-                for c in order
-            ],
-        },
+
+    def column(stat: str) -> list[str]:
+        return [
+            tables.interval(
+                wide.loc[c, ("estimate", stat)], wide.loc[c, ("low", stat)], wide.loc[c, ("high", stat)], 2, scale
+            )
+            for c in order
+        ]
+
+    return pd.DataFrame(
+        {f"mean{unit} [95% CI]": column("mean"), f"IQM{unit} [95% CI]": column("iqm")},
         index=pd.Index(order, name="condition"),
     )
-    pshown = pd.DataFrame(
+
+
+def _pairwise_shown(pairs: pd.DataFrame, scale: float) -> pd.DataFrame:
+    """The shown table of every pair's mean and IQM differences, probability of improvement and
+    Cliff's delta, each with its interval, indexed by pair."""
+
+    def column(key: str, by: float = 1.0) -> list[str]:
+        return [tables.interval(*r, 2, by) for r in zip(pairs[key], pairs[f"{key}_low"], pairs[f"{key}_high"])]
+
+    return pd.DataFrame(
         {
             "pair": [f"{a} − {b}" for a, b in zip(pairs["a"], pairs["b"])],
-            "mean diff [95% CI]": [
-                tables.interval(*r, 2, scale)
-                for r in zip(pairs["mean_diff"], pairs["mean_diff_low"], pairs["mean_diff_high"])
-            ],
-            "IQM diff [95% CI]": [
-                tables.interval(*r, 2, scale)
-                for r in zip(pairs["iqm_diff"], pairs["iqm_diff_low"], pairs["iqm_diff_high"])
-            ],
-            "P(a > b) [95% CI]": [
-                tables.interval(*r, 2) for r in zip(pairs["p_improve"], pairs["p_improve_low"], pairs["p_improve_high"])
-            ],
-            "Cliff's delta [95% CI]": [
-                tables.interval(*r, 2)
-                for r in zip(pairs["cliffs_delta"], pairs["cliffs_delta_low"], pairs["cliffs_delta_high"])
-            ],
+            "mean diff [95% CI]": column("mean_diff", scale),
+            "IQM diff [95% CI]": column("iqm_diff", scale),
+            "P(a > b) [95% CI]": column("p_improve"),
+            "Cliff's delta [95% CI]": column("cliffs_delta"),
         }
     ).set_index("pair")
+
+
+def _intervals_lines(opts: Options, fixed: bool, note: str | None) -> list[str]:
+    """The interval section's explanation: what was resampled and how to read the intervals."""
     over = "seeds within each dataset" if fixed else "datasets, and seeds within each drawn dataset"
     lines = [
         f"{opts.reps} bootstrap replicates (seed {opts.seed}) resampling {over}; percentile "
@@ -160,16 +167,7 @@ def intervals_section(scores: np.ndarray, order: list[str], reference: str, scal
         )
     if note:
         lines.append(note)
-    lines += ["", tables.markdown(shown).rstrip(), "", tables.markdown(pshown).rstrip()]
-    return section(
-        title,
-        "\n".join(lines),
-        (Table("intervals", shown, agg), Table("intervals_pairwise", pshown, pairs)),
-        (
-            Figure("intervals", functools.partial(figures.intervals, agg, order, scale=scale)),
-            Figure("probability_of_improvement", functools.partial(figures.improvement, pairs)),
-        ),
-    )
+    return lines
 
 
 # ---------------------------------------------------------------- 2. equivalence
@@ -312,36 +310,49 @@ def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str], sc
     title = "Tuning budget and the lr grid"
     budget = stats.tuning_budget(means)
     edges = stats.lr_edges(means, best)
-    lines, written, figs = [], [], ()
+    lines, written, figs = _budget_part(budget, order, scale)
+    shown_e, edge_line = _edges_part(edges, order)
+    written.append(Table("lr_edges", shown_e, edges, index=True))
+    lines.append(edge_line)
+    lines += ["", tables.markdown(shown_e).rstrip()]
+    return section(title, "\n".join(lines), tuple(written), figs)
+
+
+def _budget_part(budget: pd.DataFrame, order: list[str], scale: float) -> tuple[list[str], list[Table], tuple]:
+    """The tuning-budget part: its lines, its table (none with one lr per cell) and its figure."""
     top = int(budget["n_lrs"].max()) if len(budget) else 0
     if top < 2:
-        lines.append("One lr per cell: no tuning budget to trace.")
-    else:
-        t = budget.pivot(index="condition", columns="n_lrs", values=["expected_val", "expected_test"])
-        shown = pd.DataFrame(
-            {
-                f"{n} lr{'s' if n > 1 else ''}": [
-                    f"{tables.fmt(t.loc[c, ('expected_val', n)] * scale, 2)} / "
-                    f"{tables.fmt(t.loc[c, ('expected_test', n)] * scale, 2)}"
-                    if c in t.index
-                    else tables.DASH
-                    for c in order
-                ]
-                for n in range(1, top + 1)
-            },
-            index=pd.Index(order, name="condition"),
-        )
-        written.append(Table("tuning_budget", shown, budget, index=True))
-        figs = (Figure("tuning_budget", functools.partial(figures.tuning_budget, budget, order, scale=scale)),)
-        lines += [
-            "Expected best validation accuracy / the test accuracy at that lr, when n of the "
-            "grid's lrs are drawn at random (with replacement) and the best on validation "
-            "kept (Dodge et al., 2019), averaged over datasets. A curve still rising at the "
-            "full grid says more lrs would help.",
-            "",
-            tables.markdown(shown).rstrip(),
-            "",
-        ]
+        return ["One lr per cell: no tuning budget to trace."], [], ()
+    t = budget.pivot(index="condition", columns="n_lrs", values=["expected_val", "expected_test"])
+    shown = pd.DataFrame(
+        {
+            f"{n} lr{'s' if n > 1 else ''}": [
+                f"{tables.fmt(t.loc[c, ('expected_val', n)] * scale, 2)} / "
+                f"{tables.fmt(t.loc[c, ('expected_test', n)] * scale, 2)}"
+                if c in t.index
+                else tables.DASH
+                for c in order
+            ]
+            for n in range(1, top + 1)
+        },
+        index=pd.Index(order, name="condition"),
+    )
+    figs = (Figure("tuning_budget", functools.partial(figures.tuning_budget, budget, order, scale=scale)),)
+    lines = [
+        "Expected best validation accuracy / the test accuracy at that lr, when n of the "
+        "grid's lrs are drawn at random (with replacement) and the best on validation "
+        "kept (Dodge et al., 2019), averaged over datasets. A curve still rising at the "
+        "full grid says more lrs would help.",
+        "",
+        tables.markdown(shown).rstrip(),
+        "",
+    ]
+    return lines, [Table("tuning_budget", shown, budget, index=True)], figs
+
+
+def _edges_part(edges: pd.DataFrame, order: list[str]) -> tuple[pd.DataFrame, str]:
+    """The shown table of where each condition's chosen lr sits in its grid, and the line naming
+    the conditions whose chosen lr is at an edge."""
     counts = pd.crosstab(edges["condition"], edges["edge"])
     n_d = edges.groupby("condition").size()
     shown_e = pd.DataFrame(
@@ -356,25 +367,21 @@ def budget_section(means: pd.DataFrame, best: pd.DataFrame, order: list[str], sc
         },
         index=pd.Index(order, name="condition"),
     )
-    written.append(Table("lr_edges", shown_e, edges, index=True))
     flagged = [(c, e) for c in order for e in ("high", "low") if counts.loc[c].get(e, 0) > 0 and c in counts.index]
-    if flagged:
-        hi = [f"{c} ({int(counts.loc[c]['high'])}/{n_d[c]})" for c, e in flagged if e == "high"]
-        lo = [f"{c} ({int(counts.loc[c]['low'])}/{n_d[c]})" for c, e in flagged if e == "low"]
-        text = "Chosen lr at an edge of its grid (datasets): "
-        text += "; ".join(
-            p
-            for p in (("largest lr: " + ", ".join(hi)) if hi else "", ("smallest lr: " + ", ".join(lo)) if lo else "")
-            if p
-        )
-        text += ". The optimum may lie outside the grid: extend it beyond that edge."
-        if (edges["grid_size"] == 2).all():
-            text += " (Every grid here has two lrs, so every choice is at an edge.)"
-        lines.append(text)
-    else:
-        lines.append("No chosen lr sits at an edge of its grid.")
-    lines += ["", tables.markdown(shown_e).rstrip()]
-    return section(title, "\n".join(lines), tuple(written), figs)
+    if not flagged:
+        return shown_e, "No chosen lr sits at an edge of its grid."
+    hi = [f"{c} ({int(counts.loc[c]['high'])}/{n_d[c]})" for c, e in flagged if e == "high"]
+    lo = [f"{c} ({int(counts.loc[c]['low'])}/{n_d[c]})" for c, e in flagged if e == "low"]
+    text = "Chosen lr at an edge of its grid (datasets): "
+    text += "; ".join(
+        p
+        for p in (("largest lr: " + ", ".join(hi)) if hi else "", ("smallest lr: " + ", ".join(lo)) if lo else "")
+        if p
+    )
+    text += ". The optimum may lie outside the grid: extend it beyond that edge."
+    if (edges["grid_size"] == 2).all():
+        text += " (Every grid here has two lrs, so every choice is at an edge.)"
+    return shown_e, text
 
 
 # ---------------------------------------------------------------- 6. variance

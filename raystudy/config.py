@@ -293,10 +293,8 @@ def check_limits(cfg: FinetuneConfig) -> None:
         _check_limit(key, getattr(cfg, key))
 
 
-def validate(cfg: FinetuneConfig) -> FinetuneConfig:
-    """Check every name and range; raises ConfigError with one line. Cheap: no weights, no data."""
-    from raystudy import components, datasets, models
-
+def _check_choices(cfg: FinetuneConfig) -> None:
+    """Each of ``cfg``'s fixed-choice keys (optimizer, device, split, ...) among its allowed values."""
     if cfg.optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     if cfg.device not in DEVICES:
@@ -311,6 +309,12 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     ):
         if getattr(cfg, key) not in allowed:
             raise ConfigError(f"unknown {key} {getattr(cfg, key)!r}; valid: {', '.join(allowed)}")
+
+
+def _check_names(cfg: FinetuneConfig) -> None:
+    """``cfg``'s condition, dataset, model and weights known to their registries, and the model fits the dataset."""
+    from raystudy import components, datasets, models
+
     try:
         components.parse_condition(cfg.condition)
     except components.ConditionError as e:
@@ -328,6 +332,10 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     models.normalization(cfg.model, cfg.normalization)
     if cfg.weights is not None:
         models.check_weights_file(cfg.weights)
+
+
+def _check_signs(cfg: FinetuneConfig) -> None:
+    """``cfg``'s rates, counts and sizes > 0, and its decays, clips and optional counts >= 0."""
     positive = (
         "lr",
         "steps",
@@ -353,13 +361,25 @@ def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     ):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)!r}")
-    check_limits(cfg)
+
+
+def _check_relations(cfg: FinetuneConfig) -> None:
+    """``cfg``'s keys consistent with each other: batch vs accumulation, warmup vs steps, betas in [0, 1)."""
     if cfg.batch_size % cfg.grad_accum:
         raise ConfigError(f"batch_size {cfg.batch_size} must be divisible by grad_accum {cfg.grad_accum}")
     if cfg.warmup_steps >= cfg.steps:
         raise ConfigError(f"warmup_steps {cfg.warmup_steps} must be below steps {cfg.steps}")
     if not all(0.0 <= b < 1.0 for b in cfg.betas):
         raise ConfigError(f"betas must lie in [0, 1), got {list(cfg.betas)}")
+
+
+def validate(cfg: FinetuneConfig) -> FinetuneConfig:
+    """Check every name and range; raises ConfigError with one line. Cheap: no weights, no data."""
+    _check_choices(cfg)
+    _check_names(cfg)
+    _check_signs(cfg)
+    check_limits(cfg)
+    _check_relations(cfg)
     return cfg
 
 

@@ -579,11 +579,42 @@ def build_splits(
     indices are the same on both paths. ``augment_train=False``: training images get the eval
     transform (features for a linear probe). The test split never changes, low data or not.
     """
-    from raystudy.batches import CachedView, tensor_cache, tensor_pool
-
     info = check_dataset(name)
     root = Path(root) if root else paths.data_root()
     src = info.load(root, download)
+    view = _view_maker(name, info, root, img_size, mean, std, data_path, cache)
+    pool = src.train_pool
+    if src.val is not None:  # an official validation split
+        train_idx, val_idx = _official_split(pool, src.val, seed, low_data, low_data_split)
+        val = view("val", src.val, val_idx, False)
+    else:
+        train_idx, val_idx = split_pool(pool.labels, seed, low_data, info.val_fraction, low_data_split)
+        val = view("train", pool, val_idx, False)
+    return Splits(
+        train=view("train", pool, train_idx, augment_train),
+        val=val,
+        test=view("test", src.test, np.arange(len(src.test.labels)), False),
+        num_classes=info.num_classes,
+    )
+
+
+def _view_maker(
+    name: str,
+    info: DatasetInfo,
+    root: Path,
+    img_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    data_path: str,
+    cache: str | Path | None,
+) -> Callable[[str, Pool, np.ndarray, bool], Dataset]:
+    """The function that views ``(role, pool, idx, train)`` of ``name`` as a dataset on its data path.
+
+    Token datasets get plain views; the cache path gets CachedViews over one tensor pool per role;
+    the torchvision path gets Views with the train or eval transform.
+    """
+    from raystudy.batches import CachedView, tensor_cache, tensor_pool
+
     if info.tokens:  # ready ids: plain views on either data path, nothing to decode or normalise
 
         def view(role: str, pool: Pool, idx: np.ndarray, train: bool) -> Dataset:
@@ -603,25 +634,21 @@ def build_splits(
         def view(role: str, pool: Pool, idx: np.ndarray, train: bool) -> Dataset:
             return View(pool.items, idx, train_tf if train else eval_tf)
 
-    pool = src.train_pool
-    if src.val is not None:  # an official validation split
-        rng = np.random.default_rng(seed)
-        train_idx, val_idx = np.arange(len(pool.labels)), np.arange(len(src.val.labels))
-        if low_data and low_data_split == "vtab1k":  # 800 from train, 200 from val
-            train_idx = np.sort(rng.permutation(len(train_idx))[:VTAB_TRAIN])
-            val_idx = np.sort(rng.permutation(len(val_idx))[:VTAB_VAL])
-        elif low_data:
-            train_idx = subsample_per_class(pool.labels, train_idx, LOW_DATA_PER_CLASS, rng)
-        val = view("val", src.val, val_idx, False)
-    else:
-        train_idx, val_idx = split_pool(pool.labels, seed, low_data, info.val_fraction, low_data_split)
-        val = view("train", pool, val_idx, False)
-    return Splits(
-        train=view("train", pool, train_idx, augment_train),
-        val=val,
-        test=view("test", src.test, np.arange(len(src.test.labels)), False),
-        num_classes=info.num_classes,
-    )
+    return view
+
+
+def _official_split(
+    pool: Pool, val: Pool, seed: int, low_data: bool, low_data_split: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Train and val indices into ``pool`` and the official ``val`` pool: all of each, or their low-data draw."""
+    rng = np.random.default_rng(seed)
+    train_idx, val_idx = np.arange(len(pool.labels)), np.arange(len(val.labels))
+    if low_data and low_data_split == "vtab1k":  # 800 from train, 200 from val
+        train_idx = np.sort(rng.permutation(len(train_idx))[:VTAB_TRAIN])
+        val_idx = np.sort(rng.permutation(len(val_idx))[:VTAB_VAL])
+    elif low_data:
+        train_idx = subsample_per_class(pool.labels, train_idx, LOW_DATA_PER_CLASS, rng)
+    return train_idx, val_idx
 
 
 def build_parser():

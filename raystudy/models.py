@@ -173,29 +173,48 @@ def create_model(
     if full in GPT2_SIZES:
         return _create_gpt2(name, full, num_classes, pretrained, weights)
     if full in LOCAL_MODELS:
-        from timm.models.vision_transformer import VisionTransformer
+        return _create_local(name, full, num_classes, pretrained, weights, img_size)
+    return _create_timm(name, full, num_classes, pretrained, weights, img_size)
 
-        kw = dict(LOCAL_MODELS[full].arch)
-        if img_size:
-            kw["img_size"] = img_size
-        model = VisionTransformer(num_classes=num_classes, **kw)
-        if weights is None and pretrained:
-            weights = weights_file(full)
-            if not weights.is_file():
-                raise WeightsUnavailable(
-                    f"{full}'s pretrained weights are not built yet ({weights}); build them once "
-                    f"with `python -m raystudy.prefetch --models {name}`, or pass --weights FILE"
-                )
-            problem = built_weights_problem(weights)
-            if problem is not None:  # a trial never builds: it says which file to replace
-                raise WeightsUnavailable(
-                    f"{full}'s weights file {weights} is corrupt ({problem}); delete it and rebuild "
-                    f"with `python -m raystudy.prefetch --models {name}`"
-                )
-        if weights is not None:
-            load_backbone(model, weights)
-        return model
 
+def _create_local(
+    name: str, full: str, num_classes: int, pretrained: bool, weights: str | Path | None, img_size: int | None
+) -> nn.Module:
+    """A raystudy ViT from ``LOCAL_MODELS``, with ``weights`` or (pretrained) its built weights file loaded."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    kw = dict(LOCAL_MODELS[full].arch)
+    if img_size:
+        kw["img_size"] = img_size
+    model = VisionTransformer(num_classes=num_classes, **kw)
+    if weights is None and pretrained:
+        weights = _built_weights(name, full)
+    if weights is not None:
+        load_backbone(model, weights)
+    return model
+
+
+def _built_weights(name: str, full: str) -> Path:
+    """The built pretrained weights file of local model ``full``; WeightsUnavailable if missing or corrupt."""
+    weights = weights_file(full)
+    if not weights.is_file():
+        raise WeightsUnavailable(
+            f"{full}'s pretrained weights are not built yet ({weights}); build them once "
+            f"with `python -m raystudy.prefetch --models {name}`, or pass --weights FILE"
+        )
+    problem = built_weights_problem(weights)
+    if problem is not None:  # a trial never builds: it says which file to replace
+        raise WeightsUnavailable(
+            f"{full}'s weights file {weights} is corrupt ({problem}); delete it and rebuild "
+            f"with `python -m raystudy.prefetch --models {name}`"
+        )
+    return weights
+
+
+def _create_timm(
+    name: str, full: str, num_classes: int, pretrained: bool, weights: str | Path | None, img_size: int | None
+) -> nn.Module:
+    """A timm ViT: weights from a file, the hub cache, or a download; WeightsUnavailable with advice offline."""
     import timm
 
     extra = {"img_size": img_size} if img_size else {}
