@@ -345,16 +345,19 @@ def dry_run(job: Job) -> int:
     return 0
 
 
+def _storage(flag: str | None):
+    """Where Tune keeps the grid's state: a bucket URI as given, a local folder resolved."""
+    if (flag or "").startswith(("s3://", "gs://")):
+        return flag
+    return Path(flag or "runs/ray").resolve()
+
+
 def drive(job: Job) -> int:
     """Run the grid's unfinished trials on Ray (``driver.session``); its summary and ranking, the exit status."""
     from raystudy.driver import grid_run, session
 
     args, trials, uri = job.args, job.trials, job.uri
-    storage = (
-        Path(args.storage or "runs/ray").resolve()
-        if not (args.storage or "").startswith(("s3://", "gs://"))
-        else args.storage
-    )
+    storage = _storage(args.storage)
     label = f"{job.space.study}-{job.model}"
     try:  # one driver per grid: a second one refuses before starting anything
         with session.Session(

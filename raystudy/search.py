@@ -114,14 +114,11 @@ class Job:
     experiment: str
 
 
-def prepare(args) -> Job | None:
-    """The search ``args`` ask for, checked and stated; None for a dry run. Raises ``ConfigError``."""
-    import optuna
-
+def _base(args, space: spaces.SearchSpace) -> tuple[dict, str, str, list[str]]:
+    """The search's base config with ``--set``, ``--model`` and ``--dataset`` on top, its model,
+    dataset and conditions, each checked."""
     from raystudy import datasets
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = spaces.load_search(args.space)
     base = {**space.base, **cli.parse_set(args.set or [])}
     if args.model:
         base["model"] = args.model
@@ -136,6 +133,16 @@ def prepare(args) -> Job | None:
         if space.searches_components:
             raise ConfigError("--conditions: this space searches the trained components themselves")
         conditions = cli.parse_list("--conditions", args.conditions, conditions, spaces.canonical_condition)
+    return base, model, dataset, conditions
+
+
+def prepare(args) -> Job | None:
+    """The search ``args`` ask for, checked and stated; None for a dry run. Raises ``ConfigError``."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = spaces.load_search(args.space)
+    base, model, dataset, conditions = _base(args, space)
     studies = space.studies(conditions)
     validate(from_dict(base))
     mopts = spaces.model_options(space.models, model)
