@@ -29,6 +29,7 @@ from typing import Any
 from raystudy import cli
 from raystudy.architectures import PROBE_COMPONENTS
 from raystudy.components import PAIRINGS
+from raystudy.config import NORMALIZATIONS
 from raystudy.errors import ConfigError
 
 # From the torch-free registries, so that `--help` needs no torch.
@@ -150,8 +151,15 @@ def build_parser() -> cli.Parser:
         "--pairing",
         default="random",
         choices=PAIRINGS,
-        help="random (seeded draws, default) or sequential (the first N images of each "
-        "split in loader order: the paper's measurement)",
+        help="random (seeded draws, default) or sequential (each split in loader order, whole "
+        "batches, started again when it runs out: the paper's measurement)",
+    )
+    ap.add_argument(
+        "--normalization",
+        default="checkpoint",
+        choices=NORMALIZATIONS,
+        help="input normalisation, as the grid's config key: the checkpoint's own mean/std (default) "
+        "or ImageNet's (the paper's)",
     )
     ap.add_argument(
         "--tokens",
@@ -203,7 +211,9 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.weights is not None:
         models.check_weights_file(args.weights)
     cli.check_folder("--out", args.out)
-    ic = models.input_config(args.model)
+    ic = {**models.input_config(args.model)}
+    if not tokens:  # the images are normalised as a finetuning run with the same key sees them
+        ic["mean"], ic["std"] = models.normalization(args.model, args.normalization)
     supplied = {}  # flag -> token ids of a file the user gave
     for flag, path in (("--tokens", args.tokens), ("--target-tokens", args.target_tokens)):
         if path is not None and not tokens:

@@ -169,3 +169,22 @@ def test_table_aggregate_ranking_and_files(tmp_path):
     ]
     assert all(f.stat().st_size > 1000 for f in figs)
     assert plasticity.to_frame(rows[:1], model="m", dataset="d", stage="after")["stage"].tolist() == ["after"]
+
+
+def test_the_probe_normalises_images_as_the_grid_does():
+    from raystudy import models, probe
+
+    plan = probe.check_args(probe.build_parser().parse_args(["--model", "vit_demo"]))
+    assert (tuple(plan["ic"]["mean"]), tuple(plan["ic"]["std"])) == models.normalization("vit_demo", "checkpoint")
+    rgb = "vit_tiny_patch16_224"  # any RGB timm ViT: its checkpoint's mean/std, or ImageNet's on request
+    for kind in ("checkpoint", "imagenet"):
+        args = probe.build_parser().parse_args(["--model", rgb, "--normalization", kind])
+        plan = probe.check_args(args)
+        assert (tuple(plan["ic"]["mean"]), tuple(plan["ic"]["std"])) == models.normalization(rgb, kind)
+    assert models.normalization(rgb, "imagenet") == (models.IMAGENET_MEAN, models.IMAGENET_STD)
+    r = subprocess.run(
+        [sys.executable, "-m", "raystudy.probe", "--model", "vit_demo", "--normalization", "imagenet"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "normalization 'imagenet' is for RGB models" in r.stderr
