@@ -333,3 +333,57 @@ def test_parameter_efficiency_from_runs(tmp_path):
     r = report.report_from_csv(p, tmp_path / "none", reference="MHA", options=_quick())
     assert "Skipped: the runs have no trainable parameter counts (trainable_params)." in r.text
     assert not (tmp_path / "none" / "parameter_efficiency.csv").exists()
+
+
+def test_the_papers_experiments_tables_compare_on_the_datasets_both_sides_ran(tmp_path):
+    """Runs shaped like the paper's three experiments: ViT-B with SGD on 11 datasets, with AdamW on
+    4 of them, ViT-L and ViT-H on one. The optimizer ablation compares on the 4, the models on the 1."""
+    from raystudy import spaces
+
+    space = spaces.load_grid("paper")
+    every = list(space.datasets)
+    adamw = spaces.experiment_datasets(space, "vit_base", "adamw")
+    clipart = spaces.experiment_datasets(space, "vit_huge", "sgd")
+    shift = {
+        ("vit_base", "sgd"): 0.0,
+        ("vit_base", "adamw"): 0.03,
+        ("vit_large", "sgd"): 0.05,
+        ("vit_huge", "sgd"): 0.07,
+    }
+    scopes = {
+        ("vit_base", "sgd"): every,
+        ("vit_base", "adamw"): adamw,
+        ("vit_large", "sgd"): clipart,
+        ("vit_huge", "sgd"): clipart,
+    }
+    rows = [
+        {
+            "model": m,
+            "optimizer": o,
+            "dataset": d,
+            "condition": c,
+            "lr": 0.1,
+            "seed": seed,
+            "val_acc": 0.5,
+            "test_acc": 0.5 + 0.01 * i + (0.1 if c == "MHA" else 0.0) + shift[(m, o)] + 0.001 * seed,
+        }
+        for (m, o), ds in scopes.items()
+        for i, d in enumerate(every)
+        if d in ds
+        for c in ("MHA", "LN1")
+        for seed in (0, 1)
+    ]
+    p = tmp_path / "runs.csv"
+    pd.DataFrame(rows).to_csv(p, index=False)
+    out = tmp_path / "out"
+    report.report_from_csv(p, out, reference="MHA", options=_quick(), draw_figures=False)
+    ab = pd.read_csv(out / "optimizer_ablation_vit_base.csv", index_col=0)
+    idx = [every.index(d) for d in adamw]  # the datasets both optimizers ran
+    want_sgd = 0.5 + 0.01 * sum(idx) / len(idx) + 0.1 + 0.0005
+    assert ab.loc["MHA", "datasets"] == 4
+    assert ab.loc["MHA", "sgd"] == pytest.approx(want_sgd) and ab.loc["MHA", "adamw"] == pytest.approx(want_sgd + 0.03)
+    settings = pd.read_csv(out / "settings.csv", index_col=0)
+    i = every.index("domainnet_clipart")
+    assert settings.loc["MHA", "datasets"] == 1
+    for col, s in (("vit_base, sgd", 0.0), ("vit_large, sgd", 0.05), ("vit_huge, sgd", 0.07)):
+        assert settings.loc["MHA", col] == pytest.approx(0.5 + 0.01 * i + 0.1 + s + 0.0005)
