@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from raystudy import components, costs, models
-from raystudy.config import FinetuneConfig, check_value, from_dict, read_yaml, trial_key, validate
+from raystudy.config import (
+    MAX_CPUS,
+    SEED_END,
+    FinetuneConfig,
+    check_value,
+    from_dict,
+    read_yaml,
+    trial_key,
+    validate,
+)
 from raystudy.errors import ConfigError, check_input_file
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -105,6 +114,8 @@ class Key:
     type: str
     low: float | None = None  # int, number, finite, seeds: the least value allowed
     above: bool = False  # the value must exceed ``low``, not merely reach it
+    high: float | None = None  # int, number, finite, seeds: the greatest value allowed (below it, for seeds)
+    why: str = ""  # what ``high`` follows from, for the error line
     none: bool = False  # None is allowed too
     default: Any = None  # the value where the file leaves the key out
     empty: bool = False  # an empty value (None, "", [], {}, 0) means the default as well
@@ -114,20 +125,24 @@ class Key:
     fill: bool = False  # section: the loaded section holds every key, defaults filled in
 
 
+# Upper bounds of the counts a space file holds, from what each sizes: past them a value is a typo
+# or a unit mistake that would exhaust a cluster or never end (the command lines' are ``cli.BOUNDS``).
+YEAR_S = 366 * 86_400
+MAX_GPUS = 1_024  # GPUs of one trial: a large cluster's
 # Per-model resources (the grid's and the search's ``models.<model>``); ``model_options`` fills the defaults.
 MODEL = {
-    "gpu": Key("number", low=0, default=0),
-    "cpu": Key("number", low=0, default=1),
-    "workers": Key("int", low=1, default=1),
-    "step_seconds": Key("finite", low=0, above=True, none=True),  # None: no FLOP-based estimate
+    "gpu": Key("number", low=0, default=0, high=MAX_GPUS, why="GPUs of one trial"),
+    "cpu": Key("number", low=0, default=1, high=MAX_CPUS, why="CPUs of one trial"),
+    "workers": Key("int", low=1, default=1, high=MAX_GPUS, why="DDP workers of one trial, a GPU each"),
+    "step_seconds": Key("finite", low=0, above=True, none=True, high=86_400, why="seconds: a day per step"),
     "config": Key("config", default={}),
 }
 # Ray Tune's options (``tune``); ``tune_options`` fills the defaults.
 TUNE = {
-    "max_failures": Key("int", low=0, default=2),
-    "max_concurrent": Key("int", low=1, none=True),  # None: as many as the resources allow
-    "threads_per_trial": Key("int", low=1, default=1),
-    "checkpoint_every_s": Key("finite", low=0, default=60.0),
+    "max_failures": Key("int", low=0, default=2, high=100, why="retries of one trial"),
+    "max_concurrent": Key("int", low=1, none=True, high=100_000, why="trials at once, a process each"),
+    "threads_per_trial": Key("int", low=1, default=1, high=MAX_CPUS, why="threads of one process"),
+    "checkpoint_every_s": Key("finite", low=0, default=60.0, high=YEAR_S, why="seconds: a year"),
 }
 # A named experiment of a grid file (``experiments.<name>``): which models run which optimizers on
 # which datasets, so that a grid plans what a study ran, not the product of every axis.
@@ -166,8 +181,8 @@ SEARCH = {
         "section",
         fill=True,
         keys={
-            "num_samples": Key("int", low=1, default=16),
-            "time_budget_s": Key("finite", low=0, above=True, none=True),
+            "num_samples": Key("int", low=1, default=16, high=100_000, why="trials per study, each a finetuning run"),
+            "time_budget_s": Key("finite", low=0, above=True, none=True, high=YEAR_S, why="seconds: a year"),
         },
     ),
     "scheduler": Key(
@@ -175,8 +190,8 @@ SEARCH = {
         fill=True,
         keys={"grace_period": Key("int", low=1, default=1), "reduction_factor": Key("int", low=2, default=3)},
     ),
-    "seed": Key("int", low=0, default=0),
-    "test_seeds": Key("seeds", low=0, default=[100, 101, 102]),
+    "seed": Key("int", low=0, default=0, high=SEED_END - 1, why="numpy's seeds"),
+    "test_seeds": Key("seeds", low=0, default=[100, 101, 102], high=SEED_END, why="numpy's seeds"),
     "models": Key("map", each=Key("section", keys=MODEL)),
     "tune": Key("section", keys=TUNE),
 }
@@ -259,7 +274,17 @@ def _number(file: str, path: tuple, value: Any, key: Key) -> Any:
             f"{_at(file, path[:-1])}: {path[-1]} must be {NUMBERS[key.type]} "
             f"{'>' if key.above else '>='} {key.low:g}, got {value!r}"
         )
+    if key.high is not None and value > key.high:
+        raise ConfigError(
+            f"{_at(file, path[:-1])}: {path[-1]} must be {NUMBERS[key.type]} <= {_bound(key.high)} ({key.why}), "
+            f"got {value!r}"
+        )
     return value
+
+
+def _bound(x: float) -> str:
+    """A bound as a user types it: whole numbers in full (4294967295, not 4.29497e+09)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _path(file: str, path: tuple, value: Any, key: Key) -> str | None:
@@ -285,13 +310,15 @@ def _names(file: str, path: tuple, value: Any, key: Key) -> list:
 
 def _seeds(file: str, path: tuple, value: Any, key: Key) -> list:
     """A non-empty list of integers >= ``key.low``."""
+    high = key.high if key.high is not None else math.inf
     if (
         not isinstance(value, list)
         or not value
-        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= key.low for t in value)
+        or not all(isinstance(t, int) and not isinstance(t, bool) and key.low <= t < high for t in value)
     ):
+        below = f" and < {_bound(high)} ({key.why})" if key.high is not None else ""
         raise ConfigError(
-            f"{_at(file, path[:-1])}: {path[-1]} must be a list of integers >= {key.low:g}, got {value!r}"
+            f"{_at(file, path[:-1])}: {path[-1]} must be a list of integers >= {key.low:g}{below}, got {value!r}"
         )
     return value
 

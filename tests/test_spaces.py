@@ -22,6 +22,8 @@ def _numbers(key: spaces.Key) -> tuple[list, list]:
     low = key.low
     good = [low + 1 if key.above else low] + ([low + 0.5] if key.type != "int" else []) + ([None] * key.none)
     bad = ["x", True, [low + 1], low if key.above else low - 1, 1.5 if key.type == "int" else math.nan, math.inf]
+    if key.high is not None:  # the bound itself is allowed, past it is not
+        good, bad = good + [key.high], bad + [key.high * 10 + 1]
     return good, bad + ([None] * (not key.none))
 
 
@@ -63,7 +65,7 @@ def examples(key: spaces.Key) -> tuple[list, list]:
         entry = {"an_entry": examples(key.each)[0][0]}
         return ([entry] if key.required else [{}, entry]), ["x", [1]] + ([{}] if key.required else [])
     if t == "seeds":
-        return [[key.low, 7]], [[], ["a"], [key.low - 1], [True], 5]
+        return [[key.low, 7]], [[], ["a"], [key.low - 1], [True], 5] + ([[key.high]] if key.high is not None else [])
     if t == "path":
         return ["some/file.json"] + [None] * key.none, ["", "  ", 5, ["a"]]
     return {
