@@ -207,16 +207,16 @@ def _budget_sentence(proj: pd.DataFrame, n: int, held: float) -> str:
     if held >= TARGET:
         nxt = proj[proj["seeds"] > n].iloc[0]
         return (
-            f"With {n} seeds it holds in at least {100 * TARGET:.0f}% already; {int(nxt['seeds'])} seeds would make "
+            f"It holds in at least {100 * TARGET:.0f}% with the {n} seeds run; {int(nxt['seeds'])} seeds would make "
             f"it about {100 * nxt['p_top1']:.0f}%, at {nxt['gpu_hours']:.1f}x the GPU-hours."
         )
     more = proj[(proj["seeds"] > n) & (proj["p_top1"] >= TARGET)]
     row = more.iloc[0] if len(more) else proj.iloc[-1]
-    verb = "would make" if len(more) else "would still leave"
-    return (
-        f"{int(row['seeds'])} seeds {verb} the top-1 hold in about {100 * row['p_top1']:.0f}%, at "
-        f"{row['gpu_hours']:.1f}x the GPU-hours."
+    text = (
+        f"{int(row['seeds'])} seeds would make the top-1 hold in about {100 * row['p_top1']:.0f}%, at "
+        f"{row['gpu_hours']:.1f}x the GPU-hours"
     )
+    return text + ("." if len(more) else f"; no seed count up to {int(row['seeds'])} reaches {100 * TARGET:.0f}%.")
 
 
 def _method(s: Study, m: dict) -> str:
