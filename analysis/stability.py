@@ -97,7 +97,7 @@ def replicates(g: Grid, reps: int = 2000, seed: int = 0, datasets: bool = True, 
     """``reps`` replicates of ``g``, each cell drawing round(``draws`` · n) of its n seeds with
     replacement (``draws`` 1: the bootstrap; above 1: n' > n seeds, a projection); datasets
     resampled where ``datasets`` and there are several. Deterministic for a given ``seed``."""
-    K, D, L, S = g.select.shape
+    K, D, _, S = g.select.shape
     n = seed_counts(g)
     if (n == 0).any():
         k, d = np.argwhere(n == 0)[0]
@@ -107,27 +107,33 @@ def replicates(g: Grid, reps: int = 2000, seed: int = 0, datasets: bool = True, 
     count = np.maximum(np.rint(n * draws), 1).astype(int)  # (K, D)
     m = int(count.max())
     u = rng.random((reps, K, D, m))
-    kk = np.arange(K)[None, :, None, None]
-    pos = dsel[:, None, :, None]
-    pick = np.floor(u * n[kk, pos]).astype(int)
-    slots = _seed_slots(g)[kk, pos, pick]  # (R, K, D, m)
-    weight = (np.arange(m) < count[kk, pos]).astype(float)
-    sel = _draw_means(g.select, kk, pos, slots, weight)
-    tst = _draw_means(g.test, kk, pos, slots, weight)
+    kk, pos = np.arange(K)[None, :, None], dsel[:, None, :]
+    pick = np.floor(u * n[kk, pos][..., None]).astype(int)
+    slots = _seed_slots(g)[kk[..., None], pos[..., None], pick]  # (R, K, D, m)
+    drawn = _slot_counts(slots, np.arange(m) < count[kk, pos][..., None], S)
+    sel = _draw_means(g.select[kk, pos], drawn)
+    tst = _draw_means(g.test[kk, pos], drawn)
     chosen = _argmax(sel)
     at = np.maximum(chosen, 0)[..., None]
     test = np.where(chosen >= 0, np.take_along_axis(tst, at, axis=-1)[..., 0], np.nan)
-    orig = g.chosen[np.arange(K)[None, :, None], dsel[:, None, :]]
+    orig = g.chosen[kk, pos]
     fixed = np.where(orig >= 0, np.take_along_axis(tst, np.maximum(orig, 0)[..., None], axis=-1)[..., 0], np.nan)
     return Replicates(np.asarray(dsel), chosen, test, fixed)
 
 
-def _draw_means(values: np.ndarray, kk, pos, slots, weight) -> np.ndarray:
-    """(R, K, D, L): per lr, the mean over the drawn seeds that finished there (NaN if none)."""
-    v = values[kk[..., None], pos[..., None], np.arange(values.shape[2]), slots[..., None]]  # (R, K, D, m, L)
-    w = weight[..., None] * ~np.isnan(v)
+def _slot_counts(slots: np.ndarray, used: np.ndarray, S: int) -> np.ndarray:
+    """(R, K, D, S): how often each seed slot is drawn, of the (R, K, D, m) draws where ``used``."""
+    R, K, D, _ = slots.shape
+    flat = (np.arange(R * K * D).reshape(R, K, D, 1) * S + slots)[used]
+    return np.bincount(flat, minlength=R * K * D * S).reshape(R, K, D, S).astype(float)
+
+
+def _draw_means(values: np.ndarray, drawn: np.ndarray) -> np.ndarray:
+    """(R, K, D, L): per lr, the mean over the drawn seeds that finished there (NaN if none).
+    ``values`` (R, K, D, L, S) are the runs at each dataset position, ``drawn`` the slot counts."""
+    w = drawn[..., None, :] * ~np.isnan(values)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return (np.nan_to_num(v) * w).sum(axis=-2) / w.sum(axis=-2)
+        return (np.nan_to_num(values) * w).sum(axis=-1) / w.sum(axis=-1)
 
 
 def _argmax(means: np.ndarray) -> np.ndarray:
