@@ -127,12 +127,13 @@ def _cells_frame(g: stability.Grid, share: np.ndarray) -> pd.DataFrame:
 
 
 def _rechoice_table(s: Study, m: dict) -> pd.DataFrame:
-    """Datasets × conditions: ``lr: share%`` of each cell, a dash share where there is one lr."""
+    """Datasets × conditions: ``lr: share%`` of each cell, ``only lr`` where there was no choice."""
     cells = m["cells"].copy()
-    cells["shown"] = [
-        f"{tables.fmt_lr(lr)}: " + (f"{100 * r:.0f}%" if k > 1 else "only lr")
-        for lr, k, r in zip(cells["lr"], cells["lrs"], cells["rechosen"])
+    share = [
+        "only lr" if k == 1 else tables.DASH if pd.isna(r) else f"{100 * r:.0f}%"  # a dataset never drawn: no share
+        for k, r in zip(cells["lrs"], cells["rechosen"])
     ]
+    cells["shown"] = [f"{tables.fmt_lr(lr)}: {x}" for lr, x in zip(cells["lr"], share)]
     table = cells.pivot(index="dataset", columns="condition", values="shown")[s.order]
     table.columns.name = None
     return table
