@@ -459,6 +459,34 @@ def intervals_figure(agg: pd.DataFrame, conditions: list[str], scale: float = 1.
     return fig
 
 
+def rank_probabilities(rank_p: pd.DataFrame, base: str | os.PathLike, title: str = "") -> list[Path]:
+    """Per condition, a bar stacked by the probability of each rank (rank 1 darkest), the
+    likeliest top-1 on top.
+
+    ``rank_p`` has one row per condition and columns ``P(rank 1)`` ... ``P(rank K)`` (others ignored).
+    """
+    from matplotlib import colormaps
+
+    cols = [c for c in rank_p.columns if str(c).startswith("P(rank ")]
+    order = list(rank_p.sort_values(cols, ascending=False).index)
+    fig = _figure(5.6, 0.32 * len(order) + 1.4)
+    ax = fig.add_subplot()
+    y = np.arange(len(order))[::-1]
+    left = np.zeros(len(order))
+    shades = colormaps["viridis"](np.linspace(0.1, 0.95, len(cols)))
+    for col, shade in zip(cols, shades):
+        width = rank_p.loc[order, col].to_numpy(float) * 100
+        ax.barh(y, width, left=left, color=shade, height=0.7, label=col[2:-1])
+        left += width
+    ax.set_yticks(y, order, fontsize=8)
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of replicates (%)", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=7, ncols=min(len(cols), 7), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.suptitle(title or "Rank of each condition over bootstrap replicates, lr re-chosen in each", fontsize=9)
+    return save(fig, base)
+
+
 def improvement(pairs: pd.DataFrame, base: str | os.PathLike, title: str = "") -> list[Path]:
     """Probability of improvement P(a > b) with 95% intervals, one row per pair (rliable style).
 

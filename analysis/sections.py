@@ -2,7 +2,8 @@
 
 Each returns an ``analysis.output.Section`` (Markdown, tables, figures), or None where it does
 not apply (no runs, no plasticity, no curves); none writes anything. ``SECTIONS`` lists them in
-the report's order: the header, the paper's main table, the two lr choices, lr robustness, the
+the report's order: the header, how stable its answer is (``analysis.stability_section``), the
+paper's main table, the two lr choices, lr robustness, the
 relative gain, parameter efficiency, the paper's tests and the omnibus tests, then intervals,
 equivalence, tuning budget and variance (``analysis.trust``), the curves, plasticity and the
 gradient norm.
@@ -15,7 +16,7 @@ import math
 
 import pandas as pd
 
-from analysis import AnalysisError, figures, load, stats, tables, trust
+from analysis import AnalysisError, figures, load, stability_section, stats, tables, trust
 from analysis.output import Csv, Figure, Section, Table, section
 from analysis.study import Study
 
@@ -92,6 +93,11 @@ def head(s: Study) -> Section:
     if s.summary is not None and s.summary.attrs.get("dropped_rows"):
         lines.append(f"{s.summary.attrs['dropped_rows']} average row(s) of the input table left out (recomputed here)")
     return Section("\n".join(lines) + "\n")
+
+
+def stability(s: Study) -> Section:
+    """How stable the answer is under reseeding, lr re-chosen (``analysis.stability_section``)."""
+    return stability_section.build(s)
 
 
 def main_table(s: Study) -> Section:
@@ -559,6 +565,7 @@ def grad_norm(s: Study) -> Section | None:
 
 SECTIONS = (
     head,
+    stability,
     main_table,
     selection,
     robustness,
@@ -585,6 +592,7 @@ __all__ = [
     "CURVE_KEYS",
     "of",
     "head",
+    "stability",
     "main_table",
     "selection",
     "robustness",

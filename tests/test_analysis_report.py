@@ -503,3 +503,35 @@ def test_the_report_says_how_accuracy_was_counted_and_the_probe_fitted(tmp_path,
         "r", "FINISHED", {"raystudy.status": "finished"}, {"lr": "0.1", "seed": "0"}, {"test_acc": 0.5}
     )
     assert (row["accuracy"], row["linear_probe_data"]) == ("per_image", "clean")  # runs before the keys
+
+
+def test_the_report_opens_with_how_stable_its_answer_is(runs_csv, paper_csv, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert report.main(["--csv", str(runs_csv), "--reference", "X", "--no-figures", "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    # the first section after the header
+    headings = [ln for ln in text.splitlines() if ln.startswith("## ")]
+    assert headings[:2] == ["## How stable is this answer", "## Main table"]
+    para = text.split("## How stable is this answer\n\n")[1].split("\n\n")[0]
+    assert para.startswith("The top-1 (X) holds in ") and "seeds would make" in para
+    # (B, Y): lr 0.3 (0.95) has seed 0 only, seed 1 diverged there; a draw of seed 1 twice leaves
+    # lr 0.1 alone: the chosen lr is chosen again where seed 0 is drawn, 3/4 of the time
+    cells = pd.read_csv(out / "stability_lr.csv").set_index(["dataset", "condition"])
+    assert cells.loc[("B", "Y"), "rechosen"] == pytest.approx(3 / 4, abs=0.03)
+    assert cells.drop(("B", "Y"))["rechosen"].eq(1.0).all()
+    assert "0.3: 7" in (out / "stability_lr.md").read_text()
+    ranks = pd.read_csv(out / "stability_ranks.csv", index_col=0)
+    assert ranks.filter(like="P(rank").sum(axis=1).to_numpy() == pytest.approx(1.0)
+    for name in ("stability_lr", "stability_ranks", "stability_intervals", "stability_seeds"):
+        for suffix in (".md", ".csv", ".tex"):
+            assert (out / f"{name}{suffix}").stat().st_size > 0, name + suffix
+    seeds = pd.read_csv(out / "stability_seeds.csv")
+    assert seeds["seeds"].tolist() == [2, 4, 5, 6, 10] and seeds["gpu_hours"].tolist() == [1, 2, 2.5, 3, 5]
+    # where the runs cannot support it: one line
+    assert report.main(["--csv", str(paper_csv), "--no-figures", "--out", str(tmp_path / "summary")]) == 0
+    assert "Skipped: a per-dataset summary has no seeds to resample" in (tmp_path / "summary" / "report.md").read_text()
+    one = tmp_path / "one_seed.csv"
+    one.write_text("\n".join(ln for ln in RUNS_CSV.splitlines() if ln.split(",")[3] != "1"))
+    assert report.main(["--csv", str(one), "--reference", "X", "--no-figures", "--out", str(tmp_path / "one")]) == 0
+    assert "Skipped: one seed per cell" in (tmp_path / "one" / "report.md").read_text()
+    assert not (tmp_path / "one" / "stability_lr.csv").exists()

@@ -59,6 +59,8 @@ LAYERS = [
         "analysis.trust",
         "analysis.synthetic",
         "analysis.study",
+        "analysis.stability",
+        "analysis.stability_section",
         "analysis.sections",
     },
     # command lines
