@@ -130,11 +130,17 @@ mlflow)
     sqlite) store=sqlite:///$state/mlflow.db ;;
     postgres) store=$(pg_start "${RAYSTUDY_PG_PORT:-5432}") ;;
     *://*:*@*)
-        echo "error: STORE $store names a secret: put it in $state/pgpass (HOST:PORT:DB:USER:SECRET, mode 600)" >&2
+        # not echoed: the line would put the secret in ray up's output and logs
+        echo "error: STORE names a secret (USER:SECRET@HOST): put it in $state/pgpass (HOST:PORT:DB:USER:SECRET, mode 600)" >&2
         exit 2 ;;
     sqlite:///* | postgresql+*://*) ;;
     # psycopg2, the driver the project installs (SQLAlchemy's default for postgresql:// may be another)
-    postgresql://*) store=postgresql+psycopg2://${store#postgresql://} ;;
+    postgresql://*)
+        if [ ! -s "$state/pgpass" ]; then
+            echo "error: no secret for $store: put HOST:PORT:DB:USER:SECRET in $state/pgpass (mode 600) on the head" >&2
+            exit 2
+        fi
+        store=postgresql+psycopg2://${store#postgresql://} ;;
     *)
         echo "error: STORE $store: use sqlite, postgres or a database URI (sqlite:///PATH, postgresql://USER@HOST:PORT/DB)" >&2
         exit 2 ;;

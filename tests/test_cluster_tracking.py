@@ -112,14 +112,17 @@ def test_the_head_runs_mlflow_on_its_own_postgresql_and_requires_credentials(ser
     assert p.stdout.strip() == f"{user}:{secret}"
 
 
-def test_bad_store_is_refused_in_one_line(server):
+def test_a_bad_store_is_refused_in_one_line(tmp_path):
+    env = {**driver_env(), "RAYSTUDY_STATE": str(tmp_path)}  # a head where nothing has run yet
     for store, what in (
         ("mysql", "use sqlite, postgres or a database URI"),
-        ("postgresql://u:s@h/db", "names a secret"),
+        ("postgresql://mlflow:s3cret@db.example.com/mlflow", "names a secret"),
+        ("postgresql://mlflow@db.example.com/mlflow", "no secret for postgresql://mlflow@db.example.com/mlflow"),
     ):
-        p = node_sh(server.env, "mlflow", str(free_port()), store, str(server.state / "artifacts"))
+        p = node_sh(env, "mlflow", str(free_port()), store, str(tmp_path / "artifacts"))
         assert p.returncode == 2 and p.stderr.startswith("error: ") and what in p.stderr, p.stderr
-        assert len(p.stderr.strip().splitlines()) == 1
+        assert len(p.stderr.strip().splitlines()) == 1 and "s3cret" not in p.stderr
+    assert not (tmp_path / "mlflow.pid").exists()  # nothing started
 
 
 def test_a_grid_with_the_credentials_records_every_trial_once_in_postgresql(
