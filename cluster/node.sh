@@ -8,7 +8,7 @@
 #   bash cluster/node.sh stop-postgres                         # head: stop it
 #
 # STORE: sqlite (one file, $state/mlflow.db), postgres (a PostgreSQL server on this head, its data
-# in $state/postgres, port $RAYSTUDY_PG_PORT or 5432, 127.0.0.1 only) or a database URI
+# in $state/postgres, port $RAYSTUDY_PG_PORT or 5433, 127.0.0.1 only) or a database URI
 # (sqlite:///PATH, postgresql://USER@HOST:PORT/DB: a managed one; its secret in $state/pgpass, never in the URI).
 #
 # ~/raystudy.env exports RAY_ADDRESS and MLFLOW_TRACKING_URI (the head's cluster address), so on any
@@ -67,7 +67,9 @@ as_pg() {  # PostgreSQL refuses to run as root: then as Debian's postgres user
     if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
-pg_start() {  # the head's PostgreSQL on 127.0.0.1:PORT (initialised once); its URI on stdout
+# The head's PostgreSQL on 127.0.0.1:PORT (initialised once); its URI on stdout. Its port is not
+# 5432: installing Debian's package may start the distribution's own server there.
+pg_start() {
     local port=$1 bin data=$state/postgres new=
     bin=$(pg_bin)
     mkdir -p "$state"
@@ -118,7 +120,7 @@ EOF
     cat ~/raystudy.env
     ;;
 postgres)
-    pg_start "${2:-${RAYSTUDY_PG_PORT:-5432}}"
+    pg_start "${2:-${RAYSTUDY_PG_PORT:-5433}}"
     ;;
 stop-postgres)
     [ -s "$state/postgres/PG_VERSION" ] || exit 0
@@ -128,7 +130,7 @@ mlflow)
     port=${2:?PORT}; store=${3:?STORE}; artifacts=${4:?ARTIFACTS_DESTINATION}
     case "$store" in
     sqlite) store=sqlite:///$state/mlflow.db ;;
-    postgres) store=$(pg_start "${RAYSTUDY_PG_PORT:-5432}") ;;
+    postgres) store=$(pg_start "${RAYSTUDY_PG_PORT:-5433}") ;;
     *://*:*@*)
         # not echoed: the line would put the secret in ray up's output and logs
         echo "error: STORE names a secret (USER:SECRET@HOST): put it in $state/pgpass (HOST:PORT:DB:USER:SECRET, mode 600)" >&2
