@@ -125,6 +125,19 @@ def test_a_bad_store_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "mlflow.pid").exists()  # nothing started
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="PostgreSQL runs as the postgres user only when node.sh runs as root")
+def test_a_root_head_whose_state_the_postgres_user_cannot_reach_says_so_in_one_line(tmp_path):
+    closed = Path(tempfile.mkdtemp(prefix="rspg", dir="/tmp"))  # mode 700, root's
+    try:
+        env = {**driver_env(), "RAYSTUDY_STATE": str(closed / "state"), "RAYSTUDY_PG_PORT": str(free_port())}
+        p = node_sh(env, "mlflow", str(free_port()), "postgres", str(tmp_path / "artifacts"))
+        assert p.returncode == 2 and p.stderr.startswith("error: the postgres user cannot reach"), p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+        assert not (closed / "state" / "mlflow.pid").exists()  # nothing started
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
+
+
 def test_a_grid_with_the_credentials_records_every_trial_once_in_postgresql(
     server, tmp_path, demo_weights, shared_ray, monkeypatch
 ):
