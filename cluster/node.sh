@@ -55,7 +55,7 @@ EOF
 pg_bin() {  # PostgreSQL's server programs: on the PATH, else Debian's newest
     if command -v pg_ctl > /dev/null; then dirname "$(readlink -f "$(command -v pg_ctl)")"; return; fi
     local bin
-    bin=$(ls -d /usr/lib/postgresql/*/bin 2> /dev/null | sort -V | tail -n 1)
+    bin=$(ls -d /usr/lib/postgresql/*/bin 2> /dev/null | sort -V | tail -n 1 || true)
     if [ -z "$bin" ]; then
         echo "error: no PostgreSQL on this head (pg_ctl): apt-get install postgresql, or use STORE sqlite or a postgresql:// URI" >&2
         exit 2

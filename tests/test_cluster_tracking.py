@@ -81,7 +81,7 @@ def test_the_head_runs_mlflow_on_its_own_postgresql_and_requires_credentials(ser
     }
     creds = exports(server.state / "mlflow-credentials")
     user, secret = creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"]
-    assert secret not in server.out
+    assert secret not in server.out and secret not in (server.state / "mlflow.log").read_text()
     for f in ("mlflow-credentials", "mlflow-auth.ini", "pgpass", "mlflow-server-key"):
         assert stat.S_IMODE((server.state / f).stat().st_mode) == 0o600, f
 
