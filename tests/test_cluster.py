@@ -79,7 +79,7 @@ def test_aws_cluster_uses_the_installed_rays_gpu_image():
 def test_placeholders_are_named_once_at_the_top_and_nothing_secret_is_committed():
     text = (REPO / "cluster.yaml").read_text()
     fill_in = load("cluster.yaml")["metadata"]["fill_in"]
-    assert set(fill_in) == {"region", "storage", "key_name", "key_file", "security_group"}
+    assert set(fill_in) == {"region", "storage", "key_name", "key_file", "security_group", "mlflow_store"}
     body = text.split("# -----", 2)[2]  # after the fill-in block: only aliases
     for key, value in fill_in.items():
         assert value not in body, key
@@ -259,6 +259,16 @@ def wait_for(cond, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def exports(path: Path) -> dict[str, str]:
+    """The ``export NAME=VALUE`` lines of a shell file."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export ") :].partition("=")
+            out[k] = v
+    return out
+
+
 MISSING = [t for t in ("/usr/sbin/sshd", "ssh", "ssh-keygen", "rsync", "nc") if shutil.which(t) is None]
 
 
@@ -413,12 +423,11 @@ class LocalCluster:
         return subprocess.run([exe, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
     def head_env(self) -> dict[str, str]:
-        out = {}
-        for line in (self.home / "raystudy.env").read_text().splitlines():
-            if line.startswith("export "):
-                k, _, v = line[len("export ") :].partition("=")
-                out[k] = v
-        return out
+        return exports(self.home / "raystudy.env")
+
+    def credentials(self) -> dict[str, str]:
+        """The tracking server's user and password, as the head made them (raystudy.env sources them)."""
+        return exports(self.home / "raystudy-state" / "mlflow-credentials")
 
     # -- teardown: everything this cluster started, and nothing else
     def cleanup(self):
@@ -562,7 +571,7 @@ def test_mlflow_and_the_dashboard_are_reachable_only_as_the_config_promises(clus
 
 
 @pytest.mark.slow
-def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster):
+def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster, monkeypatch):
     from mlflow import MlflowClient
 
     # As the README submits it: on the head, where RAY_ADDRESS and MLFLOW_TRACKING_URI are set.
@@ -580,6 +589,9 @@ def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster
     cluster.grid_seconds = time.time() - t0
 
     uri = cluster.head_env()["MLFLOW_TRACKING_URI"]
+    assert answers(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1") == 401  # credentials required
+    for k, v in cluster.credentials().items():  # as a user who read them on the head
+        monkeypatch.setenv(k, v)
     cl = MlflowClient(uri)
     exp = cl.get_experiment_by_name("raystudy-demo-vit_demo")
     runs = cl.search_runs([exp.experiment_id], filter_string="tags.`raystudy.role` = 'trial'")

@@ -1,0 +1,174 @@
+"""The cluster's tracking server as cluster/node.sh runs it on the head: MLflow on PostgreSQL, behind
+MLflow's basic-auth app (slow: a real database server, a real `mlflow server`, a real grid).
+
+node.sh initialises a PostgreSQL server in a state folder of the test's own and starts it on a port
+of its own on 127.0.0.1 (as Debian's postgres user when the tests run as root: PostgreSQL refuses
+root), then `mlflow server --app-name basic-auth` on it. Everything is stopped by its pid files."""
+
+import base64
+import glob
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from drivers import driver_env, free_port
+from test_cluster import answers, exports
+from test_grid_ray import SPACE, grid_cmd, trial_runs, write_space
+
+# One xdist worker: the tests share one database and tracking server.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster_tracking")]
+
+REPO = Path(__file__).resolve().parent.parent
+NODE_SH = REPO / "cluster" / "node.sh"
+PG_CTL = shutil.which("pg_ctl") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))), None)
+SEARCH = "/api/2.0/mlflow/experiments/search?max_results=1"
+
+
+def node_sh(env, *args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(NODE_SH), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def stop_postgres(state: Path) -> None:
+    """The test's PostgreSQL, stopped by its pid (what node.sh stop-postgres left running)."""
+    pidfile = state / "postgres" / "postmaster.pid"
+    if pidfile.is_file():
+        try:
+            os.kill(int(pidfile.read_text().split()[0]), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if PG_CTL is None:
+        pytest.skip("no PostgreSQL server programs (pg_ctl): apt-get install -y postgresql (.ci/run installs it)")
+    # Short (PostgreSQL's socket lives in its data folder) and open to the postgres user when we are root.
+    state = Path(tempfile.mkdtemp(prefix="rspg", dir="/tmp"))
+    state.chmod(0o711)
+    home = tmp_path_factory.mktemp("home")
+    pg_port, port = free_port(), free_port()
+    env = {**driver_env(), "RAYSTUDY_STATE": str(state), "RAYSTUDY_PG_PORT": str(pg_port), "HOME": str(home)}
+    try:
+        p = node_sh(env, "mlflow", str(port), "postgres", str(state / "artifacts"))
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        uri = re.search(r"MLflow tracking server: (http://\S+)", p.stdout).group(1)
+        yield SimpleNamespace(uri=uri, state=state, env=env, home=home, out=p.stdout + p.stderr, pg_port=pg_port)
+    finally:
+        node_sh(env, "stop-mlflow", timeout=60)
+        node_sh(env, "stop-postgres", timeout=60)
+        stop_postgres(state)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def test_the_head_runs_mlflow_on_its_own_postgresql_and_requires_credentials(server):
+    import psutil
+
+    assert f"store postgresql+psycopg2://mlflow@127.0.0.1:{server.pg_port}/mlflow" in server.out
+    postmaster = psutil.Process(int((server.state / "postgres" / "postmaster.pid").read_text().split()[0]))
+    assert postmaster.username() != "root"
+    assert {c.laddr for c in postmaster.net_connections("tcp") if c.status == "LISTEN"} == {
+        ("127.0.0.1", server.pg_port)
+    }
+    creds = exports(server.state / "mlflow-credentials")
+    user, secret = creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"]
+    assert secret not in server.out and secret not in (server.state / "mlflow.log").read_text()
+    for f in ("mlflow-credentials", "mlflow-auth.ini", "pgpass", "mlflow-server-key"):
+        assert stat.S_IMODE((server.state / f).stat().st_mode) == 0o600, f
+
+    def status(login=None):
+        req = urllib.request.Request(server.uri + SEARCH)
+        if login:
+            req.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert answers(server.uri + "/health") == 200  # what node.sh and the driver's check poll
+    assert status() == 401
+    assert status(f"{user}:not-{secret}") == 401
+    assert status(f"{user}:{secret}") == 200
+
+    # Every node's ~/raystudy.env gives a shell the credentials (the workers get the file from the head).
+    p = node_sh(server.env, "env", "6379", server.uri.rsplit(":", 1)[1], "10.0.0.9")
+    assert p.returncode == 0 and secret not in p.stdout, p.stdout + p.stderr
+    p = subprocess.run(
+        ["bash", "-c", "source ~/raystudy.env; echo $MLFLOW_TRACKING_USERNAME:$MLFLOW_TRACKING_PASSWORD"],
+        env=server.env,
+        capture_output=True,
+        text=True,
+    )
+    assert p.stdout.strip() == f"{user}:{secret}"
+
+
+def test_a_bad_store_is_refused_in_one_line(tmp_path):
+    env = {**driver_env(), "RAYSTUDY_STATE": str(tmp_path)}  # a head where nothing has run yet
+    for store, what in (
+        ("mysql", "use sqlite, postgres or a database URI"),
+        ("postgresql://mlflow:s3cret@db.example.com/mlflow", "names a secret"),
+        ("postgresql://mlflow@db.example.com/mlflow", "no secret for postgresql://mlflow@db.example.com/mlflow"),
+    ):
+        p = node_sh(env, "mlflow", str(free_port()), store, str(tmp_path / "artifacts"))
+        assert p.returncode == 2 and p.stderr.startswith("error: ") and what in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1 and "s3cret" not in p.stderr
+    assert not (tmp_path / "mlflow.pid").exists()  # nothing started
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="PostgreSQL runs as the postgres user only when node.sh runs as root")
+def test_a_root_head_whose_state_the_postgres_user_cannot_reach_says_so_in_one_line(tmp_path):
+    closed = Path(tempfile.mkdtemp(prefix="rspg", dir="/tmp"))  # mode 700, root's
+    try:
+        env = {**driver_env(), "RAYSTUDY_STATE": str(closed / "state"), "RAYSTUDY_PG_PORT": str(free_port())}
+        p = node_sh(env, "mlflow", str(free_port()), "postgres", str(tmp_path / "artifacts"))
+        assert p.returncode == 2 and p.stderr.startswith("error: the postgres user cannot reach"), p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+        assert not (closed / "state" / "mlflow.pid").exists()  # nothing started
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
+
+
+def test_a_grid_with_the_credentials_records_every_trial_once_in_postgresql(
+    server, tmp_path, demo_weights, shared_ray, monkeypatch
+):
+    import psycopg2
+
+    creds = exports(server.state / "mlflow-credentials")
+    space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1}}  # MHA and LN2: two trials
+    cmd = grid_cmd(write_space(tmp_path, space), shared_ray, "--tracking-uri", server.uri)
+    env = driver_env(**creds)  # as on the head, where ~/raystudy.env exports them
+    for _ in range(2):  # the same command again: nothing is recorded twice
+        p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert not (tmp_path / "mlflow.db").exists()  # everything went to the server
+
+    for k, v in creds.items():
+        monkeypatch.setenv(k, v)
+    df = trial_runs(server.uri)
+    assert len(df) == 2 and set(df["tags.raystudy.status"]) == {"finished"}
+    assert sorted(df["tags.mlflow.runName"]) == ["LN2·digits_c·lr0.1·s0", "MHA·digits_c·lr0.1·s0"]
+
+    # in the database itself, read with the secret node.sh keeps in the head's pgpass
+    conn = psycopg2.connect(
+        host="127.0.0.1", port=server.pg_port, user="mlflow", dbname="mlflow", passfile=str(server.state / "pgpass")
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "select r.name, r.status from runs r join tags t on t.run_uuid = r.run_uuid "
+                "where t.key = 'raystudy.role' and t.value = 'trial' order by r.name"
+            )
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    assert rows == [("LN2·digits_c·lr0.1·s0", "FINISHED"), ("MHA·digits_c·lr0.1·s0", "FINISHED")]
