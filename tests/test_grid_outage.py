@@ -23,7 +23,14 @@ AWAY_S = 26
 # 4 trials, one at a time, long enough that the limit passes while the second or third runs.
 SPACE = {
     "study": "t",
-    "base": {"model": "vit_demo", "steps": 100, "warmup_steps": 4, "eval_every": 20, "log_every": 10, "batch_size": 32},
+    "base": {
+        "model": "vit_demo",
+        "steps": 600,
+        "warmup_steps": 4,
+        "eval_every": 100,
+        "log_every": 50,
+        "batch_size": 32,
+    },
     "grid": {"condition": {"grid_search": ["MHA", "LN2"]}, "lr": {"grid_search": [0.1, 0.2]}, "seed": 0},
     "datasets": {"digits_c": {}},
     "tune": {"max_failures": 1, "checkpoint_every_s": 0, "max_concurrent": 1},
