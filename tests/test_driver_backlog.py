@@ -2,6 +2,7 @@
 server killed mid-grid is test_grid_outage's)."""
 
 import http.server
+import signal
 import threading
 
 import pytest
@@ -150,3 +151,21 @@ def test_one_backlog_per_grid_in_the_process(monkeypatch):
     a = backlog.of("http://h:1", "exp", "parent-a")
     assert backlog.of("http://h:1", "exp", "parent-a") is a and a.limit == 7
     assert backlog.of("http://h:1", "exp", "parent-b") is not a
+
+
+def test_ctrl_c_ends_the_wait_for_the_server_even_where_the_closing_ignores_it():
+    clock = Clock()
+    held = backlog.Backlog(f"http://127.0.0.1:{free_port()}", limit=30, clock=clock)
+    held.put(Server().write("a"), None)
+
+    def sleep(s):
+        clock.sleep(s)
+        signal.raise_signal(signal.SIGINT)  # the user, 2 s into the wait
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the driver's closing has it
+    try:
+        with pytest.raises(backlog.TrackingOutage, match=r"after 2 s \(Ctrl-C ended the wait\): 1 write"):
+            held.settle(None, wait=600, sleep=sleep)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)

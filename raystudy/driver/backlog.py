@@ -10,8 +10,11 @@ again for the server to write what it holds and close its runs, and otherwise gi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
+import threading
 import time
 import urllib.request
 from collections import deque
@@ -113,19 +116,23 @@ class Backlog:
         return self.away_for() > self.limit
 
     def settle(self, cl, wait: float, sleep: Callable[[float], None] = time.sleep) -> None:
-        """Write everything held, waiting up to ``wait`` s for the server; raises
-        ``TrackingOutage`` if it is still away then."""
-        deadline = self.clock() + wait
+        """Write everything held, waiting up to ``wait`` s for the server (Ctrl-C ends the wait);
+        raises ``TrackingOutage`` if it is still away then."""
+        deadline, why = self.clock() + wait, ""
         self.flush(cl)
-        while self.away_since is not None:
-            if self.clock() >= deadline:
-                raise TrackingOutage(
-                    f"tracking server {self.uri} still unreachable after {self.away_for():.0f} s: "
-                    f"{len(self.pending)} write(s) of the grid's trials were not recorded; its runs stay RUNNING "
-                    "until the same command, run with the server back, resumes the grid"
-                )
-            sleep(PROBE_EVERY_S)
-            self.flush(cl)
+        with _interruptible():  # the driver's closing ignores Ctrl-C; this wait may be long
+            try:
+                while self.away_since is not None and self.clock() < deadline:
+                    sleep(PROBE_EVERY_S)
+                    self.flush(cl)
+            except KeyboardInterrupt:
+                why = " (Ctrl-C ended the wait)"
+        if self.away_since is not None:
+            raise TrackingOutage(
+                f"tracking server {self.uri} still unreachable after {self.away_for():.0f} s{why}: "
+                f"{len(self.pending)} write(s) of the grid's trials were not recorded; its runs stay RUNNING "
+                "until the same command, run with the server back, resumes the grid"
+            )
 
     def _answers(self) -> bool:
         """Whether the server answers ``/health`` now; asked at most every ``PROBE_EVERY_S``."""
@@ -138,6 +145,19 @@ class Backlog:
                 return r.status == 200
         except OSError:
             return False
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """Ctrl-C raises ``KeyboardInterrupt`` inside, even where the caller ignores it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 _HELD: dict[tuple[str, ...], Backlog] = {}
