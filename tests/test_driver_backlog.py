@@ -169,3 +169,16 @@ def test_ctrl_c_ends_the_wait_for_the_server_even_where_the_closing_ignores_it()
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("command", ["grid", "search"])
+def test_a_bad_limit_is_one_line_exit_2_before_any_work(command, tmp_path, monkeypatch, capsys):
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv(backlog.LIMIT_ENV, "soon")
+    assert importlib.import_module(f"raystudy.{command}").main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {backlog.LIMIT_ENV} must be a number of seconds > 0 (default 600), got 'soon'"]
+    assert list(tmp_path.iterdir()) == []
