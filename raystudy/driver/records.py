@@ -69,7 +69,8 @@ class MlflowTrials(tune.Callback):
         """The server away past the limit: Tune stops the grid as on a Ctrl-C (its SIGUSR1 handler
         is that of SIGINT), keeping its state for the same command to resume."""
         held = self.waiting
-        if held.expired() and not self._stopping:
+        # Without Tune's handler (a Tune run outside the main thread), SIGUSR1 would kill the driver.
+        if held.expired() and not self._stopping and callable(signal.getsignal(signal.SIGUSR1)):
             self._stopping = True
             print(
                 f"tracking server {self.tracking_uri} unreachable for {held.limit:g} s ({backlog.LIMIT_ENV}): "
