@@ -25,7 +25,7 @@ from typing import Any
 
 from raystudy import adaptive, cli, components, models, spaces, tracking
 from raystudy.config import FinetuneConfig
-from raystudy.driver import local_ray, lock
+from raystudy.driver import backlog, local_ray, lock
 from raystudy.errors import ConfigError
 
 
@@ -240,6 +240,7 @@ def prepare(args) -> Job:
     cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
     uri = args.tracking_uri or tracking.default_uri()
     tracking.check_uri(uri)
+    backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
     experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
     known = tracking.known_statuses(uri, experiment)
     # Only a store that knows some of the study's trials is matched against the grid's keys:

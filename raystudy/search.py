@@ -24,7 +24,7 @@ from typing import Any
 
 from raystudy import cli, models, spaces, tracking
 from raystudy.config import FinetuneConfig, from_dict, trial_key, validate
-from raystudy.driver import local_ray
+from raystudy.driver import backlog, local_ray
 from raystudy.errors import ConfigError
 
 
@@ -161,6 +161,7 @@ def prepare(args) -> Job | None:
     check_samples(space, studies, base, resources)
     uri = args.tracking_uri or tracking.default_uri()
     tracking.check_uri(uri)  # before any summary line: a refusal is its one line
+    backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
     experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
     print(
         f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "

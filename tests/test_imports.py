@@ -40,6 +40,7 @@ LAYERS = [
         "raystudy.driver",
         "raystudy.driver.local_ray",
         "raystudy.driver.lock",
+        "raystudy.driver.backlog",
         "raystudy.driver.tune_glue",
         "raystudy.driver.checkpoints",
         "raystudy.driver.records",

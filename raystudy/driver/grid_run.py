@@ -9,7 +9,7 @@ from typing import Any
 from ray import tune
 
 from raystudy import adaptive, console, tracking
-from raystudy.driver import checkpoints, records, scheduler, session, tune_glue
+from raystudy.driver import backlog, checkpoints, records, scheduler, session, tune_glue
 from raystudy.driver.lock import grid_lock, grid_name
 from raystudy.spaces import Trial, grid_key
 from raystudy.trial import run_trial
@@ -81,6 +81,8 @@ def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, 
         tuner = _tuner(trials, pending, done, label, s, exp_id, parent.run_id)
 
         def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
+            held = backlog.of(s["tracking_uri"], exp_id, parent.run_id)
+            held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
             counts["interrupted"] = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent.run_id)
 
         asked_to_stop = tune_glue.fit(tuner, s["verbose"], close)

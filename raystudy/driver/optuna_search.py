@@ -9,7 +9,7 @@ from typing import Any
 
 from raystudy import tracking
 from raystudy.config import FinetuneConfig
-from raystudy.driver import tune_glue
+from raystudy.driver import backlog, tune_glue
 from raystudy.spaces import Sampler, SearchSpace
 
 
@@ -111,6 +111,8 @@ def search_condition(
         )
 
         def close():  # every trial of this session has ended, or the driver is going down: none stays RUNNING
+            held = backlog.of(tracking_uri, exp_id, parent)
+            held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
             stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
             if stale:
                 print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)

@@ -3,17 +3,22 @@
 ``MlflowTrials`` is the one process that writes a grid's trial runs: one writer, so a SQLite store
 never sees "database is locked", and runs are found by trial key (``tracking.open_trial``), so a
 rerun never duplicates one. *What* it writes, the run record itself, is ``raystudy.tracking``'s:
-every write of a run goes through a function there.
+every write of a run goes through a function there. A tracking server that is away is waited for
+by ``driver.backlog``: the writes keep their order, and past its limit the grid stops.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ray import tune
 
 from raystudy import tracking
+from raystudy.driver import backlog
 
 
 class MlflowTrials(tune.Callback):
@@ -28,6 +33,7 @@ class MlflowTrials(tune.Callback):
         self._where: dict[str, str] = {}
         self._upto: dict[str, dict[str, int]] = {}  # run -> last step logged, by kind
         self._cl = None
+        self._stopping = False
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state
         return {
@@ -39,6 +45,7 @@ class MlflowTrials(tune.Callback):
             "_where": {},
             "_upto": {},
             "_cl": None,
+            "_stopping": False,
         }
 
     @property
@@ -48,12 +55,42 @@ class MlflowTrials(tune.Callback):
             self._cl = tracking.client(self.tracking_uri)
         return self._cl
 
-    def _run(self, trial) -> str | None:
-        """The MLflow run of ``trial``; None if its key already finished (it will skip)."""
-        if trial.trial_id not in self._runs:
-            t = trial.config["trial"]
+    @property
+    def waiting(self) -> backlog.Backlog:
+        """The grid's writes waiting for a tracking server that is away (``driver.backlog``)."""
+        return backlog.of(self.tracking_uri, self.experiment_id, self.parent_id)
+
+    def _write(self, write: Callable[[Any], Any]) -> None:
+        """Write now, or after what waits for the server; past the outage limit, stop the grid."""
+        self.waiting.put(write, self.cl)
+        self._stop_if_away_too_long()
+
+    def _stop_if_away_too_long(self) -> None:
+        """The server away past the limit: Tune stops the grid as on a Ctrl-C (its SIGUSR1 handler
+        is that of SIGINT), keeping its state for the same command to resume."""
+        held = self.waiting
+        # Without Tune's handler (a Tune run outside the main thread), SIGUSR1 would kill the driver.
+        if held.expired() and not self._stopping and callable(signal.getsignal(signal.SIGUSR1)):
+            self._stopping = True
+            print(
+                f"tracking server {self.tracking_uri} unreachable for {held.limit:g} s ({backlog.LIMIT_ENV}): "
+                "stopping the grid; its runs are written and closed when the server is back",
+                flush=True,
+            )
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    def on_step_end(self, iteration, trials, **info):
+        """While the server is away: write what waits once it is back, or stop the grid past the limit."""
+        if self.waiting.pending:
+            self.waiting.flush(self.cl)
+            self._stop_if_away_too_long()
+
+    def _run(self, trial_id: str, t: dict[str, Any]) -> str | None:
+        """The MLflow run of trial ``trial_id`` (its ``trial`` config ``t``); None if its key
+        already finished (it will skip)."""
+        if trial_id not in self._runs:
             status, _ = tracking.trial_status(self.cl, self.experiment_id, t["key"])
-            self._runs[trial.trial_id] = (
+            self._runs[trial_id] = (
                 None
                 if status in tracking.TERMINAL
                 else tracking.open_trial(
@@ -62,36 +99,48 @@ class MlflowTrials(tune.Callback):
                     self.parent_id,
                     t["key"],
                     t["finetune"],
-                    {"raystudy.tune_trial": trial.trial_id, **self.tags},
+                    {"raystudy.tune_trial": trial_id, **self.tags},
                     name=t.get("name"),
                 )
             )
-        return self._runs[trial.trial_id]
+        return self._runs[trial_id]
 
     def on_trial_start(self, iteration, trials, trial, **info):
         """Opens (or reopens) the trial's run."""
-        self._run(trial)
+        trial_id, t = trial.trial_id, trial.config["trial"]
+        self._write(lambda cl: self._run(trial_id, t))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         """Logs the steps of ``result`` the run does not have yet, and where the trial runs."""
-        run_id = self._run(trial)
+        trial_id, t = trial.trial_id, trial.config["trial"]
+        self._write(lambda cl: self._log_result(trial_id, t, result))
+
+    def _log_result(self, trial_id: str, t: dict[str, Any], result: dict[str, Any]) -> None:
+        """``on_trial_result``'s writes; written again whole if the server went away midway."""
+        run_id = self._run(trial_id, t)
         if run_id is None:
             return
         where = f"{result.get('node_ip')}:{result.get('pid')}"
-        if self._where.get(trial.trial_id) != where:  # which node and process run it (debugging)
-            self._where[trial.trial_id] = where
+        if self._where.get(trial_id) != where:  # which node and process run it (debugging)
             tracking.note_worker(self.cl, run_id, where)
+            self._where[trial_id] = where
         steps = list(result.get("history") or [])
         if not result.get("final"):
             steps.append(result)
         if run_id not in self._upto:  # a run reopened by a retry or a rerun: what it already has
             self._upto[run_id] = tracking.logged_upto(self.cl, run_id)
-        tracking.log_steps(self.cl, run_id, steps, self._upto[run_id])
+        upto = dict(self._upto[run_id])  # kept as it was should the server go away during the write
+        tracking.log_steps(self.cl, run_id, steps, upto)
+        self._upto[run_id] = upto
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         """Logs the trial's final results and ends its run; a trial stopped early is recorded ``stopped``."""
-        run_id = self._run(trial)
-        last = trial.last_result or {}
+        trial_id, t, last = trial.trial_id, trial.config["trial"], dict(trial.last_result or {})
+        self._write(lambda cl: self._complete(trial_id, t, last))
+
+    def _complete(self, trial_id: str, t: dict[str, Any], last: dict[str, Any]) -> None:
+        """``on_trial_complete``'s writes."""
+        run_id = self._run(trial_id, t)
         if run_id is None:
             return
         if not last.get("final"):  # a scheduler stopped it early (or before it started): no test accuracy
@@ -100,21 +149,31 @@ class MlflowTrials(tune.Callback):
         tracking.finish_trial(self.cl, run_id, last)
         if last.get("resumed_from"):
             tracking.note_resumed(self.cl, run_id, last["resumed_from"])
-        self._runs.pop(trial.trial_id, None)
+        self._runs.pop(trial_id, None)
         self._upto.pop(run_id, None)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         """A failed attempt that Tune retries: count it and keep its error."""
-        run_id = self._run(trial)
-        if run_id is not None:
-            tracking.note_retry(self.cl, run_id, error_text(trial))
+        trial_id, t, error = trial.trial_id, trial.config["trial"], error_text(trial)
+
+        def write(cl):
+            run_id = self._run(trial_id, t)
+            if run_id is not None:
+                tracking.note_retry(self.cl, run_id, error)
+
+        self._write(write)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         """A trial failed for good: its run ends ``failed`` with the error."""
-        run_id = self._run(trial)
-        if run_id is not None:
-            tracking.fail_trial(self.cl, run_id, error_text(trial)[-5000:])
-            self._runs.pop(trial.trial_id, None)
+        trial_id, t, error = trial.trial_id, trial.config["trial"], error_text(trial)
+
+        def write(cl):
+            run_id = self._run(trial_id, t)
+            if run_id is not None:
+                tracking.fail_trial(self.cl, run_id, error[-5000:])
+                self._runs.pop(trial_id, None)
+
+        self._write(write)
 
 
 def error_text(trial) -> str:

@@ -85,16 +85,22 @@ class Parent:
 def parent_run(cl, exp_id: str, key: str, name: str, params: dict[str, Any], role: str):
     """Yields the ``Parent`` of a grid or search (``tracking.parent_run``: found by ``key``, created
     once), tagged ``running`` while driven; at the end tagged with its ``status``, or
-    ``interrupted`` if the driver goes down, and ended FINISHED either way."""
+    ``interrupted`` if the driver goes down, and ended FINISHED either way; left as it is when
+    the store cannot be reached (``tracking.TrackingUnavailable``)."""
     parent = Parent(tracking.parent_run(cl, exp_id, key, name, params, role=role))
     tracking.tag_parent(cl, parent.run_id, "running")
+    reachable = True
     try:
         yield parent
+    except tracking.TrackingUnavailable:  # nothing can be written: the same command, rerun, closes it
+        reachable = False
+        raise
     except BaseException:  # a crash or an interrupt of the driver: the parent says so
         tracking.tag_parent(cl, parent.run_id, "interrupted")
         raise
     else:
         tracking.tag_parent(cl, parent.run_id, parent.status)
     finally:
-        with uninterrupted():
-            tracking.end_run(cl, parent.run_id)
+        if reachable:
+            with uninterrupted():
+                tracking.end_run(cl, parent.run_id)
