@@ -98,6 +98,7 @@ def check_uri(uri: str, timeout: float = 5.0, must_exist: bool = False) -> None:
                     raise OSError(f"HTTP {r.status}")
         except OSError as e:
             raise TrackingUnavailable(f"MLflow tracking server {uri} does not answer /health ({e})") from None
+        _check_credentials(uri, timeout)
     elif p.scheme == "sqlite":
         path = sqlite_path(uri)
         if path is None or not path.parent.is_dir():
@@ -115,6 +116,33 @@ def check_uri(uri: str, timeout: float = 5.0, must_exist: bool = False) -> None:
             f"unsupported tracking URI {uri!r}; use sqlite:///PATH, "
             "http(s)://HOST:PORT or a database URI (the file store is disabled in MLflow 3)"
         )
+
+
+def _check_credentials(uri: str, timeout: float) -> None:
+    """A server behind MLflow's basic-auth app (the cluster's) takes this environment's
+    credentials; /health answers without them, so one API call asks with them."""
+    import base64
+    import os
+    import urllib.error
+    import urllib.request
+
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    req = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    if user is not None and password is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout):
+            pass
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            given = "refuses the credentials given" if user is not None else "asks for credentials"
+            raise TrackingUnavailable(
+                f"MLflow tracking server {uri} {given} (HTTP {e.code}): set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD (on the cluster's nodes: source ~/raystudy.env)"
+            ) from None
+    except OSError:
+        pass  # reachable a moment ago: the driver's own writes will say what is wrong
 
 
 def _check_sqlite(uri: str, path: Path) -> None:

@@ -151,6 +151,14 @@ def test_a_grid_with_the_credentials_records_every_trial_once_in_postgresql(
         p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert not (tmp_path / "mlflow.db").exists()  # everything went to the server
+    # without the credentials, or with wrong ones, the driver refuses in one line before any work
+    wrong = {**creds, "MLFLOW_TRACKING_PASSWORD": "not-" + creds["MLFLOW_TRACKING_PASSWORD"]}
+    for extra, said in (({}, "asks for credentials (HTTP 401)"), (wrong, "refuses the credentials given (HTTP 401)")):
+        p = subprocess.run(
+            cmd + ["--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=driver_env(**extra)
+        )
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr
+        assert p.stderr.strip().count("\n") == 0 and wrong["MLFLOW_TRACKING_PASSWORD"] not in p.stderr
 
     for k, v in creds.items():
         monkeypatch.setenv(k, v)
