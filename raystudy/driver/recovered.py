@@ -35,14 +35,16 @@ def finished(path, keys: set[str]) -> list[tuple[dict[str, Any], list[dict[str, 
         return []
     out: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
     for folder in _folders(fs, root):
-        params, lines = _read(fs, f"{folder}/{PARAMS}"), _read(fs, f"{folder}/{RESULTS}")
         try:
-            t = json.loads(params)["trial"] if params else None
-            results = [json.loads(line) for line in (lines or "").splitlines() if line.strip()]
-        except (ValueError, KeyError, TypeError):  # a file cut short: that trial is not known to be done
+            t = json.loads(_read(fs, f"{folder}/{PARAMS}") or "null")["trial"]
+            if t.get("key") not in keys or t["key"] in out:  # its results (long for a long trial) are not read
+                continue
+            lines = (_read(fs, f"{folder}/{RESULTS}") or "").splitlines()
+            results = [json.loads(line) for line in lines if line.strip()]
+        except (ValueError, KeyError, TypeError, AttributeError):  # cut short: not known to be done
             continue
-        if t and t.get("key") in keys and results and results[-1].get("final"):
-            out.setdefault(t["key"], (t, results))
+        if results and results[-1].get("final"):
+            out[t["key"]] = (t, results)
     return list(out.values())
 
 
