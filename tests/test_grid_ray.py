@@ -184,9 +184,11 @@ def _curves(uri, df):
     return out
 
 
-def test_trials_finished_after_the_store_snapshot_are_recorded_from_storage_not_retrained(work):
+@pytest.mark.parametrize("tune_state", ["kept", "lost"])
+def test_trials_finished_after_the_store_snapshot_are_recorded_from_storage_not_retrained(work, tune_state):
     # A lost head: its store comes back from a snapshot taken mid-grid, while Tune's folder under
-    # --storage (the bucket) still holds every trial that finished after it.
+    # --storage (the bucket) still holds every trial that finished after it; its experiment state
+    # too ("kept"), or only the trials' folders ("lost").
     tmp, ray = work
     cmd = grid_cmd(write_space(tmp), ray)
     proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
@@ -205,6 +207,11 @@ def test_trials_finished_after_the_store_snapshot_are_recorded_from_storage_not_
     assert len(results) == 4
     curves = _curves(f"sqlite:///{tmp}/mlflow.db", full)
     os.replace(tmp / "snapshot.db", tmp / "mlflow.db")
+    if tune_state == "lost":
+        for f in (tmp / "runs" / "ray").glob("*/*"):
+            if f.is_file():
+                f.unlink()
+        assert not list((tmp / "runs" / "ray").glob("*/tuner.pkl"))
 
     p = run(cmd, tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
