@@ -71,3 +71,13 @@ def test_no_tune_folder_records_nothing(tmp_path, mlflow_uri):
         )
         == 0
     )
+
+
+def test_a_storage_uri_is_read_through_its_filesystem(tmp_path, mlflow_uri):
+    trial_folder(tmp_path / "grid", "a", "ka", [FINAL])
+    cl = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(cl, "e", tracking.default_artifact_location(mlflow_uri))
+    assert [t["key"] for t, _ in recovered.finished(f"file://{tmp_path}/grid", {"ka"})] == ["ka"]
+    assert recovered.record(cl, exp, None, f"file://{tmp_path}/grid", {"ka"}) == 1
+    assert tracking.statuses(cl, exp) == {"ka": "finished"}
+    assert recovered.finished("nosuchscheme://bucket/grid", {"ka"}) == []  # unreachable storage: nothing known
