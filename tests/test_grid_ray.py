@@ -160,6 +160,78 @@ def test_killed_driver_then_rerun_completes_exactly_once(work):
     assert set(done["run_id"]) <= set(df["run_id"])
 
 
+def _snapshot(db, to):
+    """A consistent copy of the SQLite store ``db`` while a driver writes it (SQLite's online backup)."""
+    import sqlite3
+
+    src, dst = sqlite3.connect(db, timeout=30), sqlite3.connect(to)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+
+
+def _curves(uri, df):
+    """Key -> (steps of loss, steps and values of val_acc) of the trial runs in ``df`` (indexed by key)."""
+    from mlflow import MlflowClient
+
+    cl = MlflowClient(uri)
+    out = {}
+    for key, run_id in df["run_id"].items():
+        loss = sorted(m.step for m in cl.get_metric_history(run_id, "loss"))
+        out[key] = (loss, sorted((m.step, m.value) for m in cl.get_metric_history(run_id, "val_acc")))
+    return out
+
+
+@pytest.mark.parametrize("tune_state", ["kept", "lost"])
+def test_trials_finished_after_the_store_snapshot_are_recorded_from_storage_not_retrained(work, tune_state):
+    # A lost head: its store comes back from a snapshot taken mid-grid, while Tune's folder under
+    # --storage (the bucket) still holds every trial that finished after it; its experiment state
+    # too ("kept"), or only the trials' folders ("lost").
+    tmp, ray = work
+    cmd = grid_cmd(write_space(tmp), ray)
+    proc = start(cmd, tmp, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: count_status(tmp / "mlflow.db", "finished", "diverged") >= 1, proc)
+        _snapshot(tmp / "mlflow.db", tmp / "snapshot.db")
+        assert proc.wait(timeout=600) == 0
+    finally:
+        kill_group(proc)
+    full = trial_runs(f"sqlite:///{tmp}/mlflow.db").set_index("tags.raystudy.key")
+    assert len(full) == 4 and set(full["status"]) == {"FINISHED"}
+    n_snap = count_status(tmp / "snapshot.db", "finished", "diverged")
+    assert 1 <= n_snap < 4, "the grid ended before the snapshot"
+    results = {f: (f.stat().st_size, f.stat().st_mtime_ns) for f in (tmp / "runs" / "ray").glob("*/*/result.json")}
+    states = set((tmp / "runs" / "ray").glob("*/*/checkpoint_*/state.pt"))
+    assert len(results) == 4
+    curves = _curves(f"sqlite:///{tmp}/mlflow.db", full)
+    os.replace(tmp / "snapshot.db", tmp / "mlflow.db")
+    if tune_state == "lost":
+        for f in (tmp / "runs" / "ray").glob("*/*"):
+            if f.is_file():
+                f.unlink()
+        assert not list((tmp / "runs" / "ray").glob("*/tuner.pkl"))
+
+    p = run(cmd, tmp)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"{4 - n_snap} trial(s) finished in " in p.stdout, p.stdout
+    assert "resuming" not in p.stdout and "PARTIAL" not in p.stdout, p.stdout
+    df = trial_runs(f"sqlite:///{tmp}/mlflow.db")
+    assert len(df) == 4 and df["tags.raystudy.key"].nunique() == 4, df[["tags.raystudy.key", "status"]]
+    assert set(df["status"]) == {"FINISHED"}
+    df = df.set_index("tags.raystudy.key")
+    assert df["tags.raystudy.status"].to_dict() == full["tags.raystudy.status"].to_dict()
+    for col in ("metrics.test_acc", "metrics.best_val_acc", "metrics.steps_done", "params.lr", "params.condition"):
+        assert df[col].fillna(-1).to_dict() == full[col].fillna(-1).to_dict(), col
+    assert (df["tags.raystudy.attempts"] == "1").all()
+    assert _curves(f"sqlite:///{tmp}/mlflow.db", df) == curves  # every step once, as the first store had it
+    # none trained again: Tune wrote no result and no checkpoint
+    assert {f: (f.stat().st_size, f.stat().st_mtime_ns) for f in results} == results
+    assert set((tmp / "runs" / "ray").glob("*/*/result.json")) == set(results)
+    assert set((tmp / "runs" / "ray").glob("*/*/checkpoint_*/state.pt")) == states
+
+
 def _rest(uri, path, body=None):
     """An MLflow REST call (GET, or POST with a JSON body), as the UI makes it."""
     import json

@@ -44,6 +44,7 @@ LAYERS = [
         "raystudy.driver.tune_glue",
         "raystudy.driver.checkpoints",
         "raystudy.driver.records",
+        "raystudy.driver.recovered",
         "raystudy.driver.scheduler",
         "raystudy.driver.session",
         "raystudy.driver.grid_run",

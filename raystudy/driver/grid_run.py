@@ -9,7 +9,7 @@ from typing import Any
 from ray import tune
 
 from raystudy import adaptive, console, tracking
-from raystudy.driver import backlog, checkpoints, records, scheduler, session, tune_glue
+from raystudy.driver import backlog, checkpoints, records, recovered, scheduler, session, tune_glue
 from raystudy.driver.lock import grid_lock, grid_name
 from raystudy.spaces import Trial, grid_key
 from raystudy.trial import run_trial
@@ -72,8 +72,7 @@ def run_grid(
 
 def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, parent) -> dict[str, Any]:
     """Run the trials MLflow does not hold as done, count how all of them ended, tag the parent."""
-    known = tracking.statuses(cl, exp_id)
-    done = {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
+    done = _recorded(trials, label, s, cl, exp_id, parent.run_id)
     pending = [t for t in trials if t.key not in done]
     counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
     asked_to_stop = False
@@ -104,6 +103,24 @@ def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, 
     return counts
 
 
+def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, parent_id: str) -> set[str]:
+    """The keys of ``trials`` MLflow holds as done, once it has recorded those that finished on
+    storage only (``driver.recovered``: a store restored to an older snapshot)."""
+    known = tracking.statuses(cl, exp_id)
+    missing = {t.key for t in trials if known.get(t.key) not in tracking.TERMINAL}
+    path = _tune_path(s["storage"], grid_name(trials, label))
+    found = recovered.record(cl, exp_id, parent_id, path, missing) if missing else 0
+    if found:
+        known = tracking.statuses(cl, exp_id)
+        print(f"{found} trial(s) finished in {path} but missing from MLflow: recorded from their results", flush=True)
+    return {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
+
+
+def _tune_path(storage, name: str):
+    """Tune's experiment folder ``name`` under the grid's storage (a local path, or a URI as a string)."""
+    return f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
+
+
 def _tuner(
     trials: list[Trial],
     pending: list[Trial],
@@ -115,7 +132,7 @@ def _tuner(
 ):
     """The Tuner of the pending trials: the interrupted run's, restored, or a new one."""
     storage, name = s["storage"], grid_name(trials, label)
-    path = f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
+    path = _tune_path(storage, name)
     trainable = tune.with_resources(run_trial, _resources)
     lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s["quiet"])
     if tune.Tuner.can_restore(str(path)):

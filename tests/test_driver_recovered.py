@@ -1,0 +1,83 @@
+"""driver.recovered: trials finished in Tune's folder but missing from MLflow, recorded from their files
+(the grid end to end, a store restored to a snapshot, is test_grid_ray's)."""
+
+import json
+
+from raystudy import tracking
+from raystudy.driver import recovered
+
+CONFIG = {"condition": "MHA", "dataset": "digits_c", "optimizer": "sgd", "lr": 0.1, "seed": 0, "model": "vit_demo"}
+FINAL = {"final": 1, "step": 20, "steps_done": 20, "test_acc": 0.8, "best_val_acc": 0.7, "status": "finished"}
+
+
+def trial_folder(root, name, key, results, params=None):
+    """A Tune trial folder as the grid leaves it: its config, then one JSON line per result."""
+    d = root / name
+    d.mkdir(parents=True)
+    params = json.dumps({"threads": 1, "trial": {"key": key, "finetune": CONFIG}}) if params is None else params
+    (d / "params.json").write_text(params)
+    (d / "result.json").write_text("".join(json.dumps(r) + "\n" for r in results))
+    (d / "checkpoint_000000").mkdir()  # a folder without params.json is none of the trials
+
+
+def test_finished_trials_on_storage_are_recorded_once_with_their_curves_and_results(tmp_path, mlflow_uri):
+    grid = tmp_path / "grid"
+    first = {"step": 10, "loss": 1.0, "val_acc": 0.5, "history": [{"step": 5, "loss": 1.5}]}
+    trial_folder(grid, "a", "ka", [first, {**FINAL, "history": [{"step": 15, "loss": 0.9}]}])
+    trial_folder(grid, "b", "kb", [first])  # still running when the head went: no final result
+    trial_folder(grid, "c", "kc", [first, FINAL])  # not asked for (MLflow has it done)
+    trial_folder(grid, "d", "kd", [FINAL], params='{"trial": {"key"')  # cut short
+    cl = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(cl, "e", tracking.default_artifact_location(mlflow_uri))
+    parent = tracking.parent_run(cl, exp, "grid-key", "grid-t", {}, role="grid")
+
+    assert recovered.record(cl, exp, parent, grid, {"ka", "kb", "kd"}) == 1
+    assert tracking.statuses(cl, exp) == {"ka": "finished"}
+    _, run = tracking.trial_status(cl, exp, "ka")
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.tags["raystudy.recovered"] == "1" and run.data.tags["raystudy.attempts"] == "1"
+    assert run.data.metrics["test_acc"] == 0.8 and run.data.params["lr"] == "0.1"
+    assert [(m.step, m.value) for m in cl.get_metric_history(run.info.run_id, "loss")] == [
+        (5, 1.5),
+        (10, 1.0),
+        (15, 0.9),
+    ]
+
+
+def test_a_run_the_snapshot_holds_as_running_is_the_one_recorded(tmp_path, mlflow_uri):
+    grid = tmp_path / "grid"
+    trial_folder(grid, "a", "ka", [{"step": 10, "loss": 1.0}, {**FINAL, "history": [{"step": 15, "loss": 0.9}]}])
+    cl = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(cl, "e", tracking.default_artifact_location(mlflow_uri))
+    run_id = tracking.open_trial(cl, exp, None, "ka", CONFIG)
+    tracking.log_steps(cl, run_id, [{"step": 10, "loss": 1.0}])  # what it had logged by the snapshot
+
+    assert recovered.record(cl, exp, None, grid, {"ka"}) == 1
+    (run,) = tracking.find_runs(cl, exp, raystudy__role="trial")
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    assert run.data.tags["raystudy.status"] == "finished" and run.data.tags["raystudy.attempts"] == "1"
+    assert [m.step for m in cl.get_metric_history(run_id, "loss")] == [10, 15]
+
+
+def test_no_tune_folder_records_nothing(tmp_path, mlflow_uri):
+    cl = tracking.client(mlflow_uri)
+    assert (
+        recovered.record(
+            cl,
+            tracking.experiment_id(cl, "e", tracking.default_artifact_location(mlflow_uri)),
+            None,
+            tmp_path / "missing",
+            {"ka"},
+        )
+        == 0
+    )
+
+
+def test_a_storage_uri_is_read_through_its_filesystem(tmp_path, mlflow_uri):
+    trial_folder(tmp_path / "grid", "a", "ka", [FINAL])
+    cl = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(cl, "e", tracking.default_artifact_location(mlflow_uri))
+    assert [t["key"] for t, _ in recovered.finished(f"file://{tmp_path}/grid", {"ka"})] == ["ka"]
+    assert recovered.record(cl, exp, None, f"file://{tmp_path}/grid", {"ka"}) == 1
+    assert tracking.statuses(cl, exp) == {"ka": "finished"}
+    assert recovered.finished("nosuchscheme://bucket/grid", {"ka"}) == []  # unreachable storage: nothing known
