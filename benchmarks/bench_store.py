@@ -226,6 +226,7 @@ def parse(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (module docstring); prints the table."""
     args = parse(argv)
     from bench_report import synthetic_runs
     from pg_server import postgres

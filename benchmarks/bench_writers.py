@@ -208,6 +208,7 @@ def parse(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (module docstring); prints the table."""
     args = parse(argv)
     results = {}
     for store in args.stores:

@@ -30,6 +30,7 @@ def free_port() -> int:
 
 
 def _as_pg(cmd: list[str]) -> list[str]:
+    """``cmd`` run as the postgres user when this process is root."""
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
