@@ -18,6 +18,7 @@ among the waits. Then, each apart:
     trial     the driver's writes for one finished trial (``open_trial``, ``logged_upto``,
               ``log_steps`` once per report, ``finish_trial``), at ``--small`` and at ``--runs``
               recorded runs: it must not grow with the store
+    open      of which ``open_trial`` (the one write that searches the experiment, by trial key)
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def reports(steps: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def driver_trial(cl, exp_id: str, parent: str, seed: int, steps: int) -> float:
-    """Seconds one finished trial's records take, written as the grid's driver writes them."""
+def driver_trial(cl, exp_id: str, parent: str, seed: int, steps: int) -> tuple[float, float]:
+    """Seconds one finished trial's records take, written as the grid's driver writes them, and
+    of those ``open_trial``'s."""
     from raystudy import tracking
     from raystudy.config import FinetuneConfig, trial_key
 
@@ -57,11 +59,12 @@ def driver_trial(cl, exp_id: str, parent: str, seed: int, steps: int) -> float:
     ).to_dict()
     t = time.perf_counter()
     run = tracking.open_trial(cl, exp_id, parent, trial_key(cfg), cfg)
+    opened = time.perf_counter() - t
     upto = tracking.logged_upto(cl, run)
     for r in reports(steps, seed):
         tracking.log_steps(cl, run, [r], upto)
     tracking.finish_trial(cl, run, {"status": "finished", "best_val_acc": 0.8, "test_acc": 0.7, "best_step": 10})
-    return time.perf_counter() - t
+    return time.perf_counter() - t, opened
 
 
 def start_store(uri: str, root: Path, steps: int) -> tuple[object, str, str, str]:
@@ -72,7 +75,7 @@ def start_store(uri: str, root: Path, steps: int) -> tuple[object, str, str, str
     cl = tracking.client(uri)
     exp_id = tracking.experiment_id(cl, EXPERIMENT, (root / "artifacts").as_uri())
     parent = tracking.parent_run(cl, exp_id, "bench", "grid-bench", {"space": "bench"})
-    driver_trial(cl, exp_id, parent, 0, steps)
+    driver_trial(cl, exp_id, parent, 0, steps)  # the template every clone copies
     template = tracking.find_runs(cl, exp_id, raystudy__role="trial")[0].info.run_id
     return cl, exp_id, parent, template
 
@@ -155,6 +158,15 @@ def waits(uri: str, cl, exp_id: str, page: int, reps: int) -> dict[str, float]:
     }
 
 
+def driver_costs(cl, exp_id: str, parent: str, args, size: int, seed: int) -> dict[str, float]:
+    """The median of ``--reps`` driver trials: ``trial@SIZE`` and its ``open@SIZE`` part, seconds."""
+    costs = [driver_trial(cl, exp_id, parent, seed + i, args.steps) for i in range(args.reps)]
+    return {
+        f"trial@{size}": statistics.median(c[0] for c in costs),
+        f"open@{size}": statistics.median(c[1] for c in costs),
+    }
+
+
 def measure(uri: str, root: Path, runs, args) -> dict[str, float]:
     """Fill the store at ``uri`` to ``--small`` then ``--runs`` trial runs, timing the driver at
     both sizes and the other waits at the full size; returns seconds by row of the table."""
@@ -165,18 +177,12 @@ def measure(uri: str, root: Path, runs, args) -> dict[str, float]:
     engine = create_engine(uri)
     clone(engine, template, runs.iloc[: args.small - 1], 1)
     fill = time.perf_counter() - t
-    out = {
-        f"trial@{args.small}": statistics.median(
-            driver_trial(cl, exp_id, parent, 1000 + i, args.steps) for i in range(args.reps)
-        )
-    }
+    out = driver_costs(cl, exp_id, parent, args, args.small, 1000)
     t = time.perf_counter()
     clone(engine, template, runs.iloc[args.small - 1 :], args.small)
     fill += time.perf_counter() - t
     out.update(waits(uri, cl, exp_id, args.page, args.reps))
-    out[f"trial@{args.runs}"] = statistics.median(
-        driver_trial(cl, exp_id, parent, 2000 + i, args.steps) for i in range(args.reps)
-    )
+    out.update(driver_costs(cl, exp_id, parent, args, args.runs, 2000))
     with engine.connect() as c:
         out["metric rows"] = c.execute(select(func.count()).select_from(table("metrics"))).scalar()
     out["fill"] = fill
@@ -192,6 +198,8 @@ ROWS = (
     ("done", "a resumed grid's 'what is done' (tracking.known_statuses)"),
     ("trial@{small}", "the driver's writes for one finished trial, {small} runs recorded"),
     ("trial@{runs}", "the same, {runs} runs recorded"),
+    ("open@{small}", "of which open_trial (finds the trial by key), {small} runs recorded"),
+    ("open@{runs}", "the same, {runs} runs recorded"),
 )
 
 

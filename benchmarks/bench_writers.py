@@ -39,6 +39,7 @@ def writer(uri: str, index: int, trials: int, steps: int, barrier, results) -> N
     from raystudy import tracking
     from raystudy.config import FinetuneConfig, trial_key
 
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # a line per run would bury the table
     cl = tracking.client(uri)
     exp_id = tracking.experiment_id(cl, f"bench-writers-{index}")
     parent = tracking.parent_run(cl, exp_id, f"grid-{index}", f"grid-{index}", {"space": "bench"})

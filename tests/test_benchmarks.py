@@ -198,7 +198,7 @@ def test_store_benchmark_times_each_wait_in_sqlite_and_postgresql_at_toy_size():
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert p.stdout.splitlines()[2].split() == ["sqlite", "postgresql"], p.stdout
-    names = ("fill", "page", "curves", "load", "done", "trial@10", "trial@40")
+    names = ("fill", "page", "curves", "load", "done", "trial@10", "trial@40", "open@10", "open@40")
     rows = _rows(p.stdout, names)
     assert set(rows) == set(names), p.stdout
     assert all(len(v) == 2 and min(v) > 0 for v in rows.values()), p.stdout
