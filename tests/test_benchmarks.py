@@ -1,5 +1,7 @@
 """Benchmarks are scripts, not tests; these run them at toy sizes so they cannot rot unseen."""
 
+import glob
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +159,87 @@ def test_startup_benchmark_prints_both_variants_and_their_ratio():
     now, before, ratio = (float(v) for v in p.stdout.splitlines()[-1].split()[1:])
     assert p.stdout.splitlines()[-1].startswith("driver") and now > 0 and before > 0
     assert ratio == pytest.approx(now / before, abs=0.01)
+
+
+PG_CTL = shutil.which("pg_ctl") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))), None)
+needs_pg = pytest.mark.skipif(
+    PG_CTL is None, reason="no PostgreSQL server programs (pg_ctl): apt-get install -y postgresql (.ci/run installs it)"
+)
+
+
+def _number(token: str) -> float | None:
+    try:
+        return float(token.removesuffix("ms").removesuffix("s"))
+    except ValueError:
+        return None
+
+
+def _rows(stdout: str, names) -> dict[str, list[float]]:
+    """The figures of each named row of a side-by-side table (the words before its first number):
+    its first two numbers, SQLite's and PostgreSQL's."""
+    out = {}
+    for line in stdout.splitlines():
+        tokens = line.split()
+        first = next((i for i, t in enumerate(tokens) if _number(t) is not None), len(tokens))
+        if " ".join(tokens[:first]) in names:
+            out[" ".join(tokens[:first])] = [v for v in map(_number, tokens[first:]) if v is not None][:2]
+    return out
+
+
+@pytest.mark.slow
+@needs_pg
+def test_store_benchmark_times_each_wait_in_sqlite_and_postgresql_at_toy_size():
+    p = subprocess.run(
+        [sys.executable, "benchmarks/bench_store.py", "--runs", "40", "--small", "10", "--steps", "5", "--reps", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert p.stdout.splitlines()[2].split() == ["sqlite", "postgresql"], p.stdout
+    names = ("fill", "page", "curves", "load", "done", "trial@10", "trial@40", "open@10", "open@40")
+    rows = _rows(p.stdout, names)
+    assert set(rows) == set(names), p.stdout
+    assert all(len(v) == 2 and min(v) > 0 for v in rows.values()), p.stdout
+    # both stores hold the same records: the template trial and its clones, the driver's trials
+    (sqlite_rows,) = [ln for ln in p.stdout.splitlines() if ln.startswith("measured sqlite:")]
+    assert sqlite_rows.replace("sqlite", "postgresql") in p.stdout, p.stdout
+
+
+@pytest.mark.slow
+@needs_pg
+def test_writers_benchmark_measures_a_real_server_on_each_store_at_toy_size():
+    p = subprocess.run(
+        [sys.executable, "benchmarks/bench_writers.py", "--writers", "2", "--trials", "2", "--steps", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "measured sqlite: every trial recorded exactly once" in p.stdout
+    assert "measured postgresql: every trial recorded exactly once" in p.stdout
+    names = ("workers", "writes/s", "wait p50", "wait p95", "wait max", "per trial", "span")
+    rows = _rows(p.stdout, names)
+    assert len(rows) == len(names) and all(len(v) == 2 and min(v) > 0 for v in rows.values()), p.stdout
+    assert rows["workers"] == [1, 4]  # SQLite's one writer; PostgreSQL's default workers
+
+
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        (
+            "bench_store.py",
+            ["--runs", "5", "--small", "10"],
+            "error: --small 10 and --runs 5: need 2 <= small < runs <= 10560",
+        ),
+        ("bench_store.py", ["--stores", "mysql"], "error: --stores 'mysql': use sqlite, postgresql (comma-separated)"),
+        ("bench_writers.py", ["--writers", "0"], "error: --writers, --trials, --steps and --pg-workers must be >= 1"),
+    ],
+)
+def test_store_benchmarks_refuse_bad_input_in_one_line(script, args, message):
+    p = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 2 and p.stderr.strip() == message, p.stderr
