@@ -168,11 +168,19 @@ remove() {
 }
 
 snapshots() {  # snapshots DEST KIND: their names, oldest first
-    local dest=$1 kind=$2
+    local dest=$1 kind=$2 listing rc=0
     case "$dest" in
-    s3://*) { aws s3 ls "$dest/" || true; } | awk '{print $4}' ;;
-    *) [ -d "$dest" ] && ls -1 "$dest" || true ;;
-    esac | grep -E "^mlflow-[0-9T.]+Z\.$kind\$" | sort || true
+    s3://*)
+        # `aws s3 ls` exits 1 for a prefix with nothing under it; an unreadable bucket is an error
+        listing=$(aws s3 ls "$dest/" 2>&1) || rc=$?
+        if [ "$rc" -gt 1 ]; then
+            echo "error: cannot list the snapshots in $dest: $(tail -n 1 <<< "$listing")" >&2
+            exit 2
+        fi
+        [ "$rc" = 1 ] || awk '{print $4}' <<< "$listing"
+        ;;
+    *) if [ -d "$dest" ]; then ls -1 "$dest"; fi ;;
+    esac | { grep -E "^mlflow-[0-9T.]+Z\.$kind\$" || true; } | sort
 }
 
 recorded() {  # recorded NAME: what `mlflow` wrote to $state/NAME (the store, the backups destination)
