@@ -112,7 +112,8 @@ def stop_head(env: dict) -> None:
 
 def client_env(state: Path, uri: str) -> dict:
     """A shell on the head: the tracking server's address and the credentials it made."""
-    return driver_env(MLFLOW_TRACKING_URI=uri, **exports(state / "mlflow-credentials"))
+    # driver_env drops an inherited tracking URI: this one is set after it
+    return {**driver_env(**exports(state / "mlflow-credentials")), "MLFLOW_TRACKING_URI": uri}
 
 
 def read_runs(state: Path, uri: str) -> dict[str, tuple[str, str, list[float]]]:
@@ -125,7 +126,12 @@ def read_runs(state: Path, uri: str) -> dict[str, tuple[str, str, list[float]]]:
         " for r in c.search_runs([e.experiment_id], max_results=10000)}))"
     )
     p = subprocess.run(
-        [sys.executable, "-c", script], env=client_env(state, uri), capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script],
+        env=client_env(state, uri),
+        cwd=state,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert p.returncode == 0, p.stderr[-3000:]
 
@@ -166,6 +172,7 @@ def test_snapshots_taken_while_mlflow_writes_restore_into_a_new_heads_empty_stor
         writer = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(done), str(stop)],
             env=client_env(old, uri),
+            cwd=short_tmp,
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -207,6 +214,7 @@ def test_snapshots_taken_while_mlflow_writes_restore_into_a_new_heads_empty_stor
                 "import mlflow; mlflow.set_experiment('backups'); mlflow.start_run().info; mlflow.end_run()",
             ],
             env=client_env(new, uri),
+            cwd=short_tmp,
             capture_output=True,
             text=True,
             timeout=120,
@@ -216,6 +224,7 @@ def test_snapshots_taken_while_mlflow_writes_restore_into_a_new_heads_empty_stor
         # a restart of the same head restores nothing: its store is no longer empty
         uri, out, env = start_head(new, store, str(bucket))
         assert not RESTORED.search(out) and "to restore" not in out, out
+        assert not list(short_tmp.glob("mlflow.db")) and not list(old.glob("**/mlruns"))  # all through the servers
     finally:
         if writer is not None and writer.poll() is None:
             writer.kill()
