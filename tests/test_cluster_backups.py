@@ -85,6 +85,21 @@ def test_a_restore_by_hand_never_overwrites_a_store(tmp_path):
     assert db.read_bytes() == before
 
 
+def test_both_cluster_files_back_the_store_up_off_the_head():
+    import yaml
+
+    aws = yaml.safe_load((REPO / "cluster.yaml").read_text())
+    assert any(
+        "node.sh mlflow" in c and c.endswith('"$RAYSTUDY_STORAGE/mlflow-backups"')
+        for c in aws["head_start_ray_commands"]
+    )
+    local = yaml.safe_load((REPO / "cluster.local.yaml").read_text())
+    assert len(local["metadata"]["mlflow"].split()) == 7  # bash node.sh mlflow PORT STORE ARTIFACTS BACKUPS
+    # the head's packages take the store's snapshots: pg_dump with a managed database too
+    setup = " ".join(aws["head_setup_commands"])
+    assert "postgresql://*) pkg=postgresql-client" in setup
+
+
 # ---------------------------------------------------------------- a store, snapshotted and restored
 
 
