@@ -375,6 +375,11 @@ snapshot)
     flock 9   # one at a time: the loop's and one asked for by hand
     rm -rf "$state"/snapshot.??????   # what a snapshot stopped midway left
     if [ -f "$state/pgpass" ]; then export PGPASSFILE=$state/pgpass; fi
+    # an empty store's snapshot, the newest, would be what a new head restores
+    if store_is_empty "$store"; then
+        echo "error: MLflow's store $store is empty: nothing to snapshot (it restores from $dest when MLflow starts)" >&2
+        exit 2
+    fi
     take_snapshot "$store" "$dest"
     ;;
 restore)

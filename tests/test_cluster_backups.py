@@ -72,7 +72,7 @@ def test_bad_backup_settings_are_refused_in_one_line(tmp_path):
     one_line_error(node_sh(env, "restore"), "no mlflow-store in")
 
 
-def test_a_restore_by_hand_never_overwrites_a_store(tmp_path):
+def test_a_restore_by_hand_never_overwrites_a_store_nor_a_snapshot_copies_an_empty_one(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     db = state / "mlflow.db"
@@ -83,6 +83,11 @@ def test_a_restore_by_hand_never_overwrites_a_store(tmp_path):
     p = node_sh({**driver_env(), "RAYSTUDY_STATE": str(state)}, "restore")
     one_line_error(p, "is not empty: stop MLflow and move it aside first")
     assert db.read_bytes() == before
+    # nor is an empty store's snapshot ever the newest, the one a new head would restore
+    db.unlink()
+    p = node_sh({**driver_env(), "RAYSTUDY_STATE": str(state)}, "snapshot")
+    one_line_error(p, "is empty: nothing to snapshot")
+    assert not db.exists() and not (tmp_path / "bucket").exists()
 
 
 def test_both_cluster_files_back_the_store_up_off_the_head():
@@ -237,7 +242,7 @@ def test_snapshots_taken_while_mlflow_writes_restore_into_a_new_heads_empty_stor
         assert p.returncode == 0, p.stderr[-3000:]
         assert len(read_runs(new, uri)) == len(restored) + 1
         # a restart of the same head restores nothing: its store is no longer empty
-        uri, out, env = start_head(new, store, str(bucket))
+        uri, out, env = start_head(new, store, str(bucket), RAYSTUDY_PG_PORT=env["RAYSTUDY_PG_PORT"])
         assert not RESTORED.search(out) and "to restore" not in out, out
         assert not list(short_tmp.glob("mlflow.db")) and not list(old.glob("**/mlruns"))  # all through the servers
     finally:
