@@ -2,14 +2,21 @@
 # What `ray up` runs on each node besides Ray itself (cluster.yaml, cluster.local.yaml):
 #
 #   bash cluster/node.sh env RAY_PORT MLFLOW_PORT [HEAD_IP]   # every node: ~/raystudy.env, sourced by ~/.bashrc
-#   bash cluster/node.sh mlflow PORT STORE ARTIFACTS_DESTINATION   # head: (re)start MLflow
-#   bash cluster/node.sh stop-mlflow                           # head: stop it
+#   bash cluster/node.sh mlflow PORT STORE ARTIFACTS_DESTINATION [BACKUPS]   # head: (re)start MLflow
+#   bash cluster/node.sh stop-mlflow                           # head: stop it (and its snapshot loop)
+#   bash cluster/node.sh snapshot                              # head: a snapshot of the store to BACKUPS now
+#   bash cluster/node.sh restore [SNAPSHOT]                    # head: an empty store from a snapshot (the newest)
 #   bash cluster/node.sh postgres [PORT]                       # head: (re)start its PostgreSQL (mlflow does)
 #   bash cluster/node.sh stop-postgres                         # head: stop it
 #
 # STORE: sqlite (one file, $state/mlflow.db), postgres (a PostgreSQL server on this head, its data
 # in $state/postgres, port $RAYSTUDY_PG_PORT or 5433, 127.0.0.1 only) or a database URI
 # (sqlite:///PATH, postgresql://USER@HOST:PORT/DB: a managed one; its secret in $state/pgpass, never in the URI).
+#
+# BACKUPS: where snapshots of the store go (the bucket, s3://..., or a folder: another disk, NFS), one
+# every $RAYSTUDY_BACKUP_MINUTES (30) minutes by a loop started with MLflow, the newest
+# $RAYSTUDY_BACKUP_KEEP (24) kept; a head whose store is empty restores the newest before MLflow starts.
+# SQLite's online backup API for sqlite (consistent while MLflow writes), pg_dump for PostgreSQL.
 #
 # ~/raystudy.env exports RAY_ADDRESS and MLFLOW_TRACKING_URI (the head's cluster address), so on any
 # node `python -m raystudy.grid ...` finds the cluster and the tracking server by itself; it also
@@ -104,6 +111,167 @@ pg_start() {
     echo "postgresql+psycopg2://mlflow@127.0.0.1:$port/mlflow"
 }
 
+# ---------------------------------------------------------------- snapshots of the store
+# A snapshot is one file, mlflow-<UTC time>.sqlite.gz (SQLite) or mlflow-<UTC time>.pgdump (pg_dump's
+# custom format); names sort by time. BACKUPS is an s3:// URI (aws s3) or a folder (a plain copy).
+
+backup_minutes=${RAYSTUDY_BACKUP_MINUTES:-30}
+backup_keep=${RAYSTUDY_BACKUP_KEEP:-24}
+
+check_backup_settings() {
+    if ! [[ "$backup_minutes" =~ ^[0-9]*\.?[0-9]+$ ]] || [[ "$backup_minutes" =~ ^[0.]+$ ]]; then
+        echo "error: RAYSTUDY_BACKUP_MINUTES=$backup_minutes: use minutes between snapshots, a number above 0" >&2
+        exit 2
+    fi
+    if ! [[ "$backup_keep" =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: RAYSTUDY_BACKUP_KEEP=$backup_keep: use how many snapshots to keep, 1 or more" >&2
+        exit 2
+    fi
+}
+
+pg_tool() {  # pg_dump, pg_restore, psql: Debian's newest (the server's version), else on the PATH
+    local bin
+    bin=$(ls -d /usr/lib/postgresql/*/bin 2> /dev/null | sort -V | tail -n 1 || true)
+    if [ -n "$bin" ] && [ -x "$bin/$1" ]; then echo "$bin/$1"; return; fi
+    if command -v "$1"; then return; fi
+    echo "error: no $1 on this head: apt-get install postgresql-client (a version as new as the database's)" >&2
+    exit 2
+}
+
+libpq_uri() {  # SQLAlchemy's postgresql+DRIVER://... as libpq takes it
+    echo "postgresql://${1#*://}"
+}
+
+store_kind() {  # sqlite or pgdump: the snapshot format of a store URI
+    case "$1" in sqlite:*) echo sqlite.gz ;; postgresql*) echo pgdump ;; *) return 1 ;; esac
+}
+
+put() {  # put FILE DEST/NAME: a snapshot whole or not at all
+    case "$2" in
+    s3://*) aws s3 cp --only-show-errors "$1" "$2" ;;
+    *) mkdir -p "$(dirname "$2")" && cp "$1" "$2.part" && mv "$2.part" "$2" ;;
+    esac
+}
+
+get() {  # get DEST/NAME FILE
+    case "$1" in
+    s3://*) aws s3 cp --only-show-errors "$1" "$2" ;;
+    *) cp "$1" "$2" ;;
+    esac
+}
+
+remove() {
+    case "$1" in
+    s3://*) aws s3 rm --only-show-errors "$1" ;;
+    *) rm -f "$1" ;;
+    esac
+}
+
+snapshots() {  # snapshots DEST KIND: their names, oldest first
+    local dest=$1 kind=$2 listing rc=0
+    case "$dest" in
+    s3://*)
+        # `aws s3 ls` exits 1 for a prefix with nothing under it; an unreadable bucket is an error
+        listing=$(aws s3 ls "$dest/" 2>&1) || rc=$?
+        if [ "$rc" -gt 1 ]; then
+            echo "error: cannot list the snapshots in $dest: $(tail -n 1 <<< "$listing")" >&2
+            exit 2
+        fi
+        [ "$rc" = 1 ] || awk '{print $4}' <<< "$listing"
+        ;;
+    *) if [ -d "$dest" ]; then ls -1 "$dest"; fi ;;
+    esac | { grep -E "^mlflow-[0-9T.]+Z\.$kind\$" || true; } | sort
+}
+
+recorded() {  # recorded NAME: what `mlflow` wrote to $state/NAME (the store, the backups destination)
+    if [ ! -s "$state/$1" ]; then
+        echo "error: no $1 in $state: start MLflow with cluster/node.sh mlflow PORT STORE ARTIFACTS BACKUPS first" >&2
+        exit 2
+    fi
+    cat "$state/$1"
+}
+
+store_is_empty() {  # no MLflow store there yet (no file, or a database without tables)
+    local store=$1
+    case "$store" in
+    sqlite:///*) [ ! -s "${store#sqlite:///}" ] ;;
+    *)
+        local n
+        n=$(PGPASSFILE=$state/pgpass "$(pg_tool psql)" -XAtq -d "$(libpq_uri "$store")" \
+            -c "select count(*) from pg_catalog.pg_tables where schemaname = current_schema()")
+        [ "$n" = 0 ]
+        ;;
+    esac
+}
+
+take_snapshot() {  # a consistent copy of the store to DEST, then only the newest $backup_keep kept there
+    local store=$1 dest=$2 kind name tmp
+    kind=$(store_kind "$store")
+    name=mlflow-$(date -u +%Y%m%dT%H%M%S.%3NZ).$kind
+    tmp=$(mktemp -d "$state/snapshot.XXXXXX")
+    trap 'rm -rf "$tmp"; trap - RETURN' RETURN
+    case "$kind" in
+    sqlite.gz)
+        # the online backup API: a consistent copy while MLflow writes, checked before it leaves
+        python - "${store#sqlite:///}" "$tmp/mlflow.db" <<'EOF'
+import sqlite3, sys
+src, dst = sqlite3.connect(sys.argv[1], timeout=60), sqlite3.connect(sys.argv[2])
+src.backup(dst)
+ok = dst.execute("pragma integrity_check").fetchone()[0]
+sys.exit(0 if ok == "ok" else f"error: the snapshot of {sys.argv[1]} fails SQLite's integrity check: {ok}")
+EOF
+        gzip -c "$tmp/mlflow.db" > "$tmp/$name"
+        ;;
+    pgdump)
+        # one transaction's view of the database; no owner or grants, so it restores into any database
+        PGPASSFILE=$state/pgpass "$(pg_tool pg_dump)" -Fc --no-owner --no-privileges -f "$tmp/$name" "$(libpq_uri "$store")"
+        ;;
+    esac
+    put "$tmp/$name" "$dest/$name"
+    local old
+    for old in $(snapshots "$dest" "$kind" | head -n "-$backup_keep"); do remove "$dest/$old"; done
+    echo "snapshot of MLflow's store: $dest/$name ($(snapshots "$dest" "$kind" | wc -l) kept, the newest $backup_keep)"
+}
+
+restore_snapshot() {  # restore_snapshot STORE DEST [NAME]: the store (empty) from a snapshot, the newest by default
+    local store=$1 dest=$2 name=${3:-} kind tmp
+    kind=$(store_kind "$store")
+    [ -n "$name" ] || name=$(snapshots "$dest" "$kind" | tail -n 1)
+    if [ -z "$name" ]; then
+        echo "MLflow's store is new and empty: no snapshot (*.$kind) in $dest to restore"
+        return
+    fi
+    tmp=$(mktemp -d "$state/restore.XXXXXX")
+    trap 'rm -rf "$tmp"; trap - RETURN' RETURN
+    get "$dest/$name" "$tmp/$name"
+    case "$kind" in
+    sqlite.gz)
+        local db=${store#sqlite:///}
+        gunzip -c "$tmp/$name" > "$tmp/mlflow.db"
+        mkdir -p "$(dirname "$db")" && mv "$tmp/mlflow.db" "$db"
+        ;;
+    pgdump)
+        PGPASSFILE=$state/pgpass "$(pg_tool pg_restore)" --no-owner --no-privileges --exit-on-error \
+            -d "$(libpq_uri "$store")" "$tmp/$name"
+        ;;
+    esac
+    echo "restored MLflow's store from the snapshot $dest/$name"
+}
+
+stop_own() {  # stop_own PIDFILE WHAT: the process group this script started, if the pid is still it
+    local pidfile=$1 what=$2 pid
+    [ -f "$pidfile" ] || return 0
+    pid=$(cat "$pidfile")
+    # a stale pid file may name someone else's process by now
+    if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q "$what"; then
+        # its own process group (setsid): the server and its workers, or the loop and its snapshot
+        kill -TERM -- "-$pid" 2>/dev/null || true
+        for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL -- "-$pid" 2>/dev/null || true
+    fi
+    rm -f "$pidfile"
+}
+
 case "${1:-}" in
 env)
     ray_port=${2:?RAY_PORT}; mlflow_port=${3:?MLFLOW_PORT}; head=${4:-$(node_ip)}
@@ -127,7 +295,8 @@ stop-postgres)
     as_pg "$(pg_bin)/pg_ctl" -D "$state/postgres" -m fast -w stop > /dev/null 2>&1 || true
     ;;
 mlflow)
-    port=${2:?PORT}; store=${3:?STORE}; artifacts=${4:?ARTIFACTS_DESTINATION}
+    port=${2:?PORT}; store=${3:?STORE}; artifacts=${4:?ARTIFACTS_DESTINATION}; backups=${5:-${RAYSTUDY_BACKUPS:-}}
+    check_backup_settings
     case "$store" in
     sqlite) store=sqlite:///$state/mlflow.db ;;
     postgres) store=$(pg_start "${RAYSTUDY_PG_PORT:-5433}") ;;
@@ -157,6 +326,15 @@ mlflow)
     case "$store" in sqlite:*) workers=1 ;; *) workers=4 ;; esac
     # libpq reads a database's secret from $state/pgpass (the head's own PostgreSQL writes its line there).
     if [ -f "$state/pgpass" ]; then export PGPASSFILE=$state/pgpass; fi
+    echo "$store" > "$state/mlflow-store"   # what `snapshot` copies (no secret: refused above)
+    if [ -n "$backups" ]; then
+        echo "${backups%/}" > "$state/mlflow-backups"
+        # before MLflow starts: a new head (or a lost store) gets the study's record back
+        if store_is_empty "$store"; then restore_snapshot "$store" "${backups%/}"; fi
+    else
+        rm -f "$state/mlflow-backups"
+        echo "MLflow's store is not backed up: give cluster/node.sh mlflow a BACKUPS destination (docs/cluster.md)"
+    fi
     # In a session of its own (it outlives this SSH command), whose id goes to the pid file.
     MLFLOW_AUTH_CONFIG_PATH=$state/mlflow-auth.ini MLFLOW_FLASK_SERVER_SECRET_KEY=$(cat "$state/mlflow-server-key") \
     MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false setsid bash -c 'echo $$ > "$0"; exec "$@"' "$state/mlflow.pid" \
@@ -170,6 +348,11 @@ mlflow)
             echo "MLflow tracking server: http://$ip:$port (store $store, artifacts $artifacts)"
             echo "Its user and password: $state/mlflow-credentials on the head (docs/cluster.md)"
             echo "From a laptop: ssh -N -L $port:$ip:$port <user>@<head> then open http://localhost:$port"
+            if [ -n "$backups" ]; then
+                setsid bash -c 'echo $$ > "$0"; exec "$@"' "$state/backups.pid" \
+                    bash "$(readlink -f "$0")" backup-loop > /dev/null 2>&1 < /dev/null &
+                echo "Snapshots of the store: every $backup_minutes minutes to ${backups%/}, the newest $backup_keep kept"
+            fi
             exit 0
         fi
         pid=$(cat "$state/mlflow.pid" 2>/dev/null || true)
@@ -181,20 +364,41 @@ mlflow)
     exit 1
     ;;
 stop-mlflow)
-    pidfile=$state/mlflow.pid
-    [ -f "$pidfile" ] || exit 0
-    pid=$(cat "$pidfile")
-    # only the server this script started (a stale pid file may name someone else's process by now)
-    if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q "mlflow server"; then
-        # its own process group (setsid): the server and its workers
-        kill -TERM -- "-$pid" 2>/dev/null || true
-        for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-        kill -KILL -- "-$pid" 2>/dev/null || true
+    stop_own "$state/backups.pid" "node.sh backup-loop"
+    stop_own "$state/mlflow.pid" "mlflow server"
+    ;;
+snapshot)
+    check_backup_settings
+    store=$(recorded mlflow-store); dest=$(recorded mlflow-backups)
+    mkdir -p "$state"
+    exec 9> "$state/snapshot.lock"
+    flock 9   # one at a time: the loop's and one asked for by hand
+    rm -rf "$state"/snapshot.??????   # what a snapshot stopped midway left
+    if [ -f "$state/pgpass" ]; then export PGPASSFILE=$state/pgpass; fi
+    # an empty store's snapshot, the newest, would be what a new head restores
+    if store_is_empty "$store"; then
+        echo "error: MLflow's store $store is empty: nothing to snapshot (it restores from $dest when MLflow starts)" >&2
+        exit 2
     fi
-    rm -f "$pidfile"
+    take_snapshot "$store" "$dest"
+    ;;
+restore)
+    store=$(recorded mlflow-store); dest=$(recorded mlflow-backups)
+    if ! store_is_empty "$store"; then
+        echo "error: MLflow's store $store is not empty: stop MLflow and move it aside first (docs/cluster.md)" >&2
+        exit 2
+    fi
+    restore_snapshot "$store" "$dest" "${2:-}"
+    ;;
+backup-loop)
+    check_backup_settings
+    seconds=$(awk -v m="$backup_minutes" 'BEGIN { print m * 60 }')
+    while sleep "$seconds"; do
+        bash "$0" snapshot >> "$state/backups.log" 2>&1 || echo "$(date -u +%FT%TZ) snapshot failed" >> "$state/backups.log"
+    done
     ;;
 *)
-    sed -n '2,13p' "$0" >&2
+    sed -n '2,19p' "$0" >&2
     exit 2
     ;;
 esac
