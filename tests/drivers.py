@@ -223,3 +223,31 @@ def search_runs(uri: str, experiment: str):
         return mlflow.search_runs(experiment_names=[experiment])
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def mlflow_server(tmp: Path, port: int) -> subprocess.Popen:
+    """A real ``mlflow server`` on 127.0.0.1:``port`` over the SQLite store ``tmp/server.db``, started
+    in a session of its own (``kill_group`` ends it); the caller waits for its /health."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp}/server.db",
+            "--artifacts-destination",
+            str(tmp / "artifacts"),
+        ],
+        cwd=tmp,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )

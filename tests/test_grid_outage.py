@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 import yaml
 
-from drivers import driver_env, free_port, kill_group, output_of, search_runs, start, wait_for
+from drivers import driver_env, free_port, kill_group, mlflow_server, output_of, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -48,29 +48,7 @@ CLIENT = {
 
 def serve(tmp, port) -> subprocess.Popen:
     """A real ``mlflow server`` on ``port`` over the SQLite store ``tmp/server.db``, answering /health."""
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{tmp}/server.db",
-            "--artifacts-destination",
-            str(tmp / "artifacts"),
-        ],
-        cwd=tmp,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    server = mlflow_server(tmp, port)
     assert wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2), timeout=120)
     return server
 

@@ -19,6 +19,7 @@ from drivers import (
     free_port,
     freeze_running_trials,
     kill_group,
+    mlflow_server,
     search_runs,
     start,
     thaw,
@@ -251,30 +252,7 @@ def test_grid_against_a_real_mlflow_server(work):
     tmp, ray = work
     (tmp / "mlflow.db").unlink()  # this grid must write nothing locally
     port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{tmp}/server.db",
-            "--artifacts-destination",
-            str(tmp / "artifacts"),
-        ],
-        cwd=tmp,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    server = mlflow_server(tmp, port)
     uri = f"http://127.0.0.1:{port}"
     try:
         import urllib.request
