@@ -2,9 +2,11 @@
 Hugging Face GPT-2 (``GPT2_SIZES``: ``gpt2`` and the random-init ``gpt2_tiny``; the model code
 is ``raystudy.gpt2``).
 
-``create_model`` takes a short name (``vit_base``), any timm ViT name, or a name in
-``LOCAL_MODELS``. Weights come from timm's hub cache, a local file, or, for a local model, the
-file its pretraining recipe builds once (``python -m raystudy.prefetch --models NAME``). With no
+``create_model`` takes a short name (``vit_base``), any timm ViT name, a name in ``LOCAL_MODELS``,
+or a timm model saved for the hub, by source (``local-dir:FOLDER``, ``hf-hub:ORG/NAME``;
+``raystudy.model_sources``). Weights come from timm's hub cache, a local file (read and mapped
+as timm maps it, ``raystudy.checkpoints``), the source's own, or, for a local model, the file its
+pretraining recipe builds once (``python -m raystudy.prefetch --models NAME``). With no
 network and no weights it raises ``WeightsUnavailable`` naming the command that gets them,
 instead of a stack trace from deep inside a download. Everything downstream asks this module
 about a model (input size, normalisation, the dataset its probes draw x from, its family's
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raystudy import architectures, paths
+from raystudy import architectures, checkpoints, model_sources, paths
 from raystudy.errors import ConfigError, check_input_file
 
 if TYPE_CHECKING:  # torch is imported when a model is built, not with the registry
@@ -124,8 +126,16 @@ def resolve_name(name: str) -> str:
 
 
 def check_model(name: str) -> str:
-    """Raise ConfigError unless ``name`` is an alias, a local model or a timm ViT."""
+    """``name`` resolved; ConfigError unless it is an alias, a local model, a timm ViT, or a
+    ``local-dir:``/``hf-hub:`` timm model whose config.json names a timm ViT."""
     full = resolve_name(name)
+    if model_sources.split(full)[0] is not None:
+        arch = model_sources.config_json(full, lambda: hub_reachable())["architecture"]
+        try:
+            check_timm_vit(arch)
+        except ConfigError as e:
+            raise ConfigError(f"model {name!r} (architecture {arch!r}): {e}") from None
+        return full
     if full in GPT2_SIZES:
         import importlib.util
 
@@ -214,16 +224,18 @@ def _built_weights(name: str, full: str) -> Path:
 def _create_timm(
     name: str, full: str, num_classes: int, pretrained: bool, weights: str | Path | None, img_size: int | None
 ) -> nn.Module:
-    """A timm ViT: weights from a file, the hub cache, or a download; WeightsUnavailable with advice offline."""
+    """A timm ViT: weights from a file, its source, the hub cache, or a download; WeightsUnavailable with advice offline."""
     import timm
 
     extra = {"img_size": img_size} if img_size else {}
-    if weights is not None:
-        return timm.create_model(
-            full, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay=dict(file=str(weights)), **extra
-        )
-    if not pretrained:
-        return timm.create_model(full, pretrained=False, num_classes=num_classes, **extra)
+    source, ident = model_sources.split(full)
+    if weights is not None or not pretrained or source is not None:
+        model = timm.create_model(full, pretrained=False, num_classes=num_classes, **extra)
+        if weights is not None:
+            load_backbone(model, weights)
+        elif pretrained:
+            _load_source(model, source, ident)
+        return model
     cached = cached_weights(full)
     if cached is not None:  # load from the cache without touching the network
         return timm.create_model(
@@ -242,6 +254,20 @@ def _create_timm(
             f"could not download weights for {full}: {type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}; prefetch with "
             f"`python -m raystudy.prefetch --models {name}` or pass --weights FILE"
+        ) from None
+
+
+def _load_source(model: nn.Module, source: str, ident: str) -> None:
+    """``model``'s backbone from its ``local-dir`` folder or ``hf-hub`` repo; WeightsUnavailable if it cannot."""
+    try:
+        checkpoints.load(model, ident, source)
+    except checkpoints.CheckpointMisfit as e:
+        raise WeightsUnavailable(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - no weights file, a download refused offline: the same advice
+        raise WeightsUnavailable(
+            f"cannot read the weights of {source}:{ident}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}; pass --weights FILE, or a folder holding "
+            "model.safetensors (local-dir:FOLDER)"
         ) from None
 
 
@@ -291,6 +317,9 @@ def hf_hub_id(full: str) -> str | None:
     """The Hugging Face repo timm (or, for GPT-2, transformers) downloads ``full`` from, if any."""
     if full in GPT2_SIZES:
         return GPT2_HUB_IDS.get(full)
+    source, ident = model_sources.split(full)
+    if source is not None:
+        return ident if source == "hf-hub" else None
     import timm
 
     cfg = timm.models.get_pretrained_cfg(full, allow_unregistered=False)
@@ -330,18 +359,12 @@ def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
 
 
 def load_backbone(model: nn.Module, path: str | Path) -> None:
-    """Load a state dict from ``path`` into ``model``, skipping the head (a fresh one is wanted)."""
-    import torch
-
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    state = state.get("model", state)
-    state = {k: v for k, v in state.items() if not k.startswith("head.")}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith("head.")]
-    if missing or unexpected:
-        raise WeightsUnavailable(
-            f"weights file {path} does not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}"
-        )
+    """Load the checkpoint file ``path`` into ``model`` as timm maps it (``raystudy.checkpoints``),
+    skipping the head (a fresh one is wanted); WeightsUnavailable naming the keys that do not fit."""
+    try:
+        checkpoints.load(model, path)
+    except checkpoints.CheckpointMisfit as e:
+        raise WeightsUnavailable(str(e)) from None
 
 
 def check_weights_file(path: str | Path) -> Path:
@@ -465,6 +488,8 @@ def input_config(name: str) -> dict:
         return dict(img_size=spec.arch["img_size"], in_chans=spec.arch["in_chans"], mean=spec.mean, std=spec.std)
     if full in ALIAS_INPUTS:
         return dict(ALIAS_INPUTS[full])
+    if model_sources.split(full)[0] is not None:
+        return model_sources.input_config(model_sources.config_json(full, lambda: hub_reachable()))
     import timm
 
     cfg = timm.models.get_pretrained_cfg(full)
