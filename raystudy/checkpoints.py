@@ -85,7 +85,8 @@ def label(source: str | Path, kind: str = "file") -> str:
 
 
 def load(model: nn.Module, source: str | Path, kind: str = "file") -> None:
-    """Load ``source``'s backbone into ``model`` (timm's reader and filter, head skipped); CheckpointMisfit if it does not fit."""
+    """Load ``source``'s backbone into ``model`` (timm's reader and filter, head skipped);
+    CheckpointMisfit if it does not fit."""
     state = mapped(read(source, kind), model)
     problem = misfit(model, state)
     if problem:

@@ -228,7 +228,7 @@ def save(out: Path, cfg: FinetuneConfig, results: dict[str, Any]) -> list[Path]:
 def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str | None, str]:
     """Every check of the command line, before any weights or data: (config, output folder or
     None, tracking URI or None, experiment). Raises ConfigError or WeightsUnavailable (one line)."""
-    from raystudy import models, pretrain
+    from raystudy import model_sources, models, preflight, pretrain
 
     cli.check_unused("--no-save", args.no_save, {"--out": args.out})
     cli.check_unused(
@@ -242,7 +242,8 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
     uri = None if args.no_mlflow else (args.tracking_uri or tracking.default_uri())
     if uri:
         tracking.check_uri(uri)
-    experiment = args.experiment or f"raystudy-finetune-{models.resolve_name(cfg.model).split('.')[0]}"
+    experiment = args.experiment or f"raystudy-finetune-{model_sources.short(models.resolve_name(cfg.model))}"
+    preflight.check(cfg.model, cfg.weights)
     if cfg.weights is None and cfg.pretrained:
         pretrain.ensure_weights(cfg.model)
     return cfg, out, uri, experiment

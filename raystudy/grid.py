@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raystudy import adaptive, cli, components, models, spaces, tracking
+from raystudy import adaptive, cli, components, model_sources, models, preflight, spaces, tracking
 from raystudy.config import FinetuneConfig
 from raystudy.driver import backlog, local_ray, lock
 from raystudy.errors import ConfigError
@@ -226,6 +226,7 @@ def prepare(args) -> Job:
     overrides = cli.parse_set(args.set or [])
     scope = _scope(space, model, datasets, optimizers)
     plan = spaces.plan(space, model, datasets, conds, optimizers, overrides, scope)
+    preflight.check(model, overrides.get("weights", space.base.get("weights")), skip_registered=args.dry_run)
     mopts = spaces.model_options(space.models, model)
     hours = spaces.gpu_hours(space, model, plan["costs"])
     tuning = spaces.tune_options(space)
@@ -241,7 +242,7 @@ def prepare(args) -> Job:
     uri = args.tracking_uri or tracking.default_uri()
     tracking.check_uri(uri)
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
-    experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
+    experiment = args.experiment or f"raystudy-{space.study}-{model_sources.short(models.resolve_name(model))}"
     known = tracking.known_statuses(uri, experiment)
     # Only a store that knows some of the study's trials is matched against the grid's keys:
     # a dry run of a huge new grid stays a count.

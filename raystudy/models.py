@@ -147,6 +147,12 @@ def check_model(name: str) -> str:
     return check_timm_vit(name)
 
 
+def registered(name: str) -> bool:
+    """Whether ``name`` is one raystudy registers: an alias, a local model or a GPT-2 size."""
+    full = resolve_name(name)
+    return full in ALIAS_INPUTS or full in LOCAL_MODELS or full in GPT2_SIZES
+
+
 def check_timm_vit(name: str) -> str:
     """``name`` resolved if timm has it as a VisionTransformer, else ConfigError."""
     import timm
@@ -224,7 +230,8 @@ def _built_weights(name: str, full: str) -> Path:
 def _create_timm(
     name: str, full: str, num_classes: int, pretrained: bool, weights: str | Path | None, img_size: int | None
 ) -> nn.Module:
-    """A timm ViT: weights from a file, its source, the hub cache, or a download; WeightsUnavailable with advice offline."""
+    """A timm ViT: weights from a file, its source, the hub cache, or a download; WeightsUnavailable
+    with advice offline."""
     import timm
 
     extra = {"img_size": img_size} if img_size else {}

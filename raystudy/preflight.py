@@ -16,9 +16,15 @@ from raystudy import checkpoints, components, model_sources, models
 from raystudy.errors import ConfigError
 
 
-def check(name: str, weights: str | Path | None = None) -> None:
-    """Build ``name`` on the meta device and check its partition and ``weights`` (or its source's); ConfigError."""
+def check(name: str, weights: str | Path | None = None, *, skip_registered: bool = False) -> None:
+    """Build ``name`` on the meta device and check its partition and ``weights`` (or its source's); ConfigError.
+
+    ``skip_registered``: no build for a model raystudy registers (its partition is under test) and
+    no weights given, so a dry run of the paper's or the demo's grid stays free of torch.
+    """
     full = models.check_model(name)
+    if skip_registered and weights is None and models.registered(full):
+        return
     ident = _identity(weights) if weights is not None else None
     _check(full, ident, str(weights) if weights is not None else None)
 
@@ -42,9 +48,9 @@ def _check(full: str, ident: tuple | None, weights: str | None) -> None:
         return
     source, folder = model_sources.split(full)
     if weights is not None:
-        _check_fit(model, weights, "file")
+        _check_fit(full, model, weights, "file")
     elif source == "local-dir":
-        _check_fit(model, folder, source)
+        _check_fit(full, model, folder, source)
 
 
 def meta_model(full: str):
@@ -55,7 +61,7 @@ def meta_model(full: str):
         return models.create_model(full, 2, pretrained=False)
 
 
-def _check_fit(model, source: str, kind: str) -> None:
+def _check_fit(full: str, model, source: str, kind: str) -> None:
     """ConfigError unless ``source``'s backbone fits ``model`` (names and shapes, as timm maps them)."""
     try:
         state = checkpoints.mapped(checkpoints.read(source, kind), model)
@@ -64,9 +70,4 @@ def _check_fit(model, source: str, kind: str) -> None:
         raise ConfigError(f"{checkpoints.label(source, kind)} cannot be read: {type(e).__name__}: {detail}") from None
     problem = checkpoints.misfit(model, state)
     if problem:
-        raise ConfigError(f"{checkpoints.label(source, kind)} does not fit model {model_label(model)}: {problem}")
-
-
-def model_label(model) -> str:
-    """The timm architecture a built model names (for messages)."""
-    return repr((getattr(model, "pretrained_cfg", None) or {}).get("architecture", type(model).__name__))
+        raise ConfigError(f"{checkpoints.label(source, kind)} does not fit model {full!r}: {problem}")

@@ -181,7 +181,7 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
     """Every cheap check of the command line, before any data or weights are touched: the plan
     (modes, components, full model name, source dataset, whether the model reads tokens, the
     token files given, the model's input config). Raises ConfigError or ProbeError (one line)."""
-    from raystudy import datasets, gpt2, models, plasticity
+    from raystudy import datasets, gpt2, models, plasticity, preflight
 
     modes = plasticity.check_modes(args.mode)
     comps = plasticity.check_components(args.components)
@@ -210,6 +210,7 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
             )
     if args.weights is not None:
         models.check_weights_file(args.weights)
+    preflight.check(args.model, args.weights)
     cli.check_folder("--out", args.out)
     ic = {**models.input_config(args.model)}
     if not tokens:  # the images are normalised as a finetuning run with the same key sees them

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raystudy import cli, models, spaces, tracking
+from raystudy import cli, model_sources, models, preflight, spaces, tracking
 from raystudy.config import FinetuneConfig, from_dict, trial_key, validate
 from raystudy.driver import backlog, local_ray
 from raystudy.errors import ConfigError
@@ -128,6 +128,7 @@ def _base(args, space: spaces.SearchSpace) -> tuple[dict, str, str, list[str]]:
     dataset = base.get("dataset", FinetuneConfig.dataset)
     models.check_model(model)
     datasets.check_dataset(dataset)
+    preflight.check(model, base.get("weights"), skip_registered=args.dry_run)
     conditions = list(space.conditions)
     if args.conditions:
         if space.searches_components:
@@ -162,7 +163,7 @@ def prepare(args) -> Job | None:
     uri = args.tracking_uri or tracking.default_uri()
     tracking.check_uri(uri)  # before any summary line: a refusal is its one line
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
-    experiment = args.experiment or f"raystudy-{space.study}-{models.resolve_name(model).split('.')[0]}"
+    experiment = args.experiment or f"raystudy-{space.study}-{model_sources.short(models.resolve_name(model))}"
     print(
         f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
         f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}"

@@ -58,6 +58,23 @@ GS = ["--space", "{in}/s.yaml", "--dry-run"]
 SS = ["--space", "{in}/s.yaml", "--dry-run"]
 AFILE = {"afile": "not a folder\n"}
 GARBAGE_PT = {"garbage.pt": b"PK\x03\x04 this is not a checkpoint" * 8}
+
+
+def _safetensors(names: list[str]) -> bytes:
+    """A safetensors file holding one float per name, written without torch."""
+    import json
+    import struct
+
+    header = {n: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]} for i, n in enumerate(names)}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"\0" * (4 * len(names))
+
+
+# A real checkpoint whose keys fit no ViT (the demo's included): refused before any trial.
+MISFIT = {"w.safetensors": _safetensors(["blocks.0.nonsense"])}
+# A real timm VisionTransformer whose attention-pooling head (attn_pool) no study component holds.
+UNPLACEABLE = "vit_base_patch16_siglip_224"
 STORE = {"mlflow.db": "TEMPLATE"}  # an empty MLflow store (a copy of the session's template)
 DAMAGED = {"mlflow.db": "DAMAGED"}  # a real MLflow store holding a run, pages in its middle overwritten
 DB = "sqlite:///{in}/mlflow.db"
@@ -122,6 +139,11 @@ CASES = [
     ),
     ("grid", ["--tracking-uri", "ftp://x", "--dry-run"], {}, "unsupported tracking URI"),
     ("grid", ["--set", "weights={in}/garbage.pt", "--dry-run"], GARBAGE_PT, "is not a model checkpoint"),
+    ("grid", ["--set", "weights={in}/w.safetensors", "--dry-run"], MISFIT, "unexpected 1: blocks.0.nonsense"),
+    ("grid", ["--model", UNPLACEABLE, "--dry-run"], {}, "13 parameter(s) belong to no component: attn_pool.latent"),
+    ("grid", ["--model", "local-dir:{in}/m", "--dry-run"], {"m/": None}, "no config.json in"),
+    ("grid", ["--model", "local-dir:{in}/nope", "--dry-run"], {}, "is not a folder"),
+    ("grid", ["--model", "hf-hub:raystudy-tests/no-such-vit", "--dry-run"], {}, "'hf-hub:raystudy-tests/no-such-vit'"),
     ("grid", ["--set", "device=tpu", "--dry-run"], {}, "unknown device 'tpu'"),
     ("grid", ["--set", "betas=[0.9]", "--dry-run"], {}, "'betas' must be a list of 2 numbers"),
     ("grid", ["--set", "momentum=nan", "--dry-run"], {}, "'momentum' must be a finite number"),
@@ -147,6 +169,7 @@ CASES = [
     ("search", ["--conditions", "FC9", "--dry-run"], {}, "unknown component 'FC9'"),
     ("search", ["--dataset", "nope", "--dry-run"], {}, "unknown dataset 'nope'"),
     ("search", ["--model", "nope", "--dry-run"], {}, "unknown model 'nope'"),
+    ("search", ["--model", UNPLACEABLE, "--dry-run"], {}, "belong to no component: attn_pool.latent"),
     ("search", ["--bogus"], {}, "unrecognized arguments: --bogus"),
     ("search", SS, S(budget={"num_samples": "abc"}), "num_samples must be an integer >= 1"),
     ("search", SS, S(budget={"num_samples": 0}), "num_samples must be an integer >= 1"),
@@ -196,6 +219,9 @@ CASES = [
     ("finetune", ["--device", "gpu"] + FAST, {}, "unknown device 'gpu'"),
     ("finetune", ["--weights", "{in}/garbage.pt"] + FAST, GARBAGE_PT, "is not a model checkpoint"),
     ("finetune", ["--weights", "{in}/nope.pt"] + FAST, {}, "does not exist"),
+    ("finetune", ["--weights", "{in}/w.safetensors"] + FAST, MISFIT, "does not fit model 'vit_demo': missing 54"),
+    ("finetune", ["--model", UNPLACEABLE] + FAST, {}, "belong to no component: attn_pool.latent"),
+    ("finetune", ["--model", "local-dir:{in}/m"] + FAST, {"m/": None}, "no config.json in"),
     ("finetune", ["--out", "{in}/afile"] + FAST, AFILE, "is a file, not a folder"),
     ("finetune", ["--out", "/proc/raystudy-ro/out"] + FAST, {}, "cannot write"),
     ("finetune", ["--config", "{in}/bin.yaml"] + FAST, {"bin.yaml": BINARY}, "is not a readable text file"),
@@ -233,6 +259,8 @@ CASES = [
     ("probe", ["--source", "nope"], {}, "unknown dataset 'nope'"),
     ("probe", ["--weights", "{in}/garbage.pt", "--pairs", "8"], GARBAGE_PT, "is not a model checkpoint"),
     ("probe", ["--weights", "{in}/nope.pt"], {}, "does not exist"),
+    ("probe", ["--weights", "{in}/w.safetensors", "--pairs", "8"], MISFIT, "does not fit model 'vit_demo'"),
+    ("probe", ["--model", UNPLACEABLE, "--pairs", "8"], {}, "belong to no component: attn_pool.latent"),
     ("probe", ["--out", "{in}/afile", "--pairs", "8"], AFILE, "is a file, not a folder"),
     ("probe", ["--seed", "-1", "--pairs", "8"], {}, "--seed must be >= 0"),
     ("probe", ["--bogus"], {}, "unrecognized arguments: --bogus"),
