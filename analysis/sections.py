@@ -2,7 +2,9 @@
 
 Each returns an ``analysis.output.Section`` (Markdown, tables, figures), or None where it does
 not apply (no runs, no plasticity, no curves); none writes anything. ``SECTIONS`` lists them in
-the report's order: the header, how stable its answer is (``analysis.stability_section``), the
+the report's order: the header, the answer (which conditions to finetune, ranked, with the
+evidence and the winner's config; ``analysis.answer_section``), how stable it is
+(``analysis.stability_section``), the
 paper's main table, the two lr choices, lr robustness, the
 relative gain, parameter efficiency, the paper's tests and the omnibus tests, then intervals,
 equivalence, tuning budget and variance (``analysis.trust``), the curves, plasticity and the
@@ -16,7 +18,7 @@ import math
 
 import pandas as pd
 
-from analysis import AnalysisError, figures, load, stability_section, stats, tables, trust
+from analysis import AnalysisError, answer_section, figures, load, stability_section, stats, tables, trust
 from analysis.output import Csv, Figure, Section, Table, section
 from analysis.study import Study
 
@@ -93,6 +95,11 @@ def head(s: Study) -> Section:
     if s.summary is not None and s.summary.attrs.get("dropped_rows"):
         lines.append(f"{s.summary.attrs['dropped_rows']} average row(s) of the input table left out (recomputed here)")
     return Section("\n".join(lines) + "\n")
+
+
+def answer(s: Study) -> Section:
+    """The question answered first: which conditions to finetune, ranked (``analysis.answer_section``)."""
+    return answer_section.build(s)
 
 
 def stability(s: Study) -> Section:
@@ -565,6 +572,7 @@ def grad_norm(s: Study) -> Section | None:
 
 SECTIONS = (
     head,
+    answer,
     stability,
     main_table,
     selection,
@@ -592,6 +600,7 @@ __all__ = [
     "CURVE_KEYS",
     "of",
     "head",
+    "answer",
     "stability",
     "main_table",
     "selection",

@@ -66,6 +66,8 @@ LAYERS = [
         "analysis.study",
         "analysis.stability",
         "analysis.stability_section",
+        "analysis.best_config",
+        "analysis.answer_section",
         "analysis.sections",
     },
     # command lines
