@@ -206,8 +206,8 @@ def winner_config(s: Study, pick: str) -> tuple[best_config.WinnerConfig | None,
         name, row, s.select_on, s.scale, mlflow="experiment" in attrs, tracking_uri=attrs.get("tracking_uri")
     )
     return config, (
-        f"The configuration that reruns it (lr {row['lr']:g}, seed {row['seed']}) is `{name}`, beside this report: "
-        f"`python -m raystudy.finetune --config {name}`."
+        f"The configuration that reruns it (one lr for every dataset, {row['lr']:g}, the best on average; seed "
+        f"{row['seed']}) is `{name}`, beside this report: `python -m raystudy.finetune --config {name}`."
     )
 
 
