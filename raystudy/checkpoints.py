@@ -16,11 +16,15 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raystudy import model_sources
+
 if TYPE_CHECKING:
     import torch.nn as nn
 
 # Parameters of a classifier head: never loaded (every run gets a fresh head for its classes).
 HEADS = ("head.", "head_dist.")
+# Where a Hugging Face transformers ViT's parameters sit: names timm does not map.
+TRANSFORMERS_PREFIXES = ("vit.", "embeddings.", "encoder.layer.")
 
 
 class CheckpointMisfit(ValueError):
@@ -76,6 +80,8 @@ def misfit(model: nn.Module, state: dict, k: int = 4) -> str | None:
         for what, items in (("missing", missing), ("unexpected", unexpected), ("misshapen", shapes))
         if items
     ]
+    if any(n.startswith(TRANSFORMERS_PREFIXES) for n in unexpected):
+        parts.append(model_sources.NOT_MAPPED)
     return "; ".join(parts) or None
 
 

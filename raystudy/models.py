@@ -183,7 +183,10 @@ def create_model(
 ) -> nn.Module:
     """Build ``name`` with a fresh ``num_classes`` head, loading pretrained weights if asked.
 
-    ``weights`` is a local checkpoint file (timm or raystudy state dict); else timm's hub cache.
+    ``weights`` is a local checkpoint file (a timm or raystudy state dict, safetensors too, read
+    and mapped as timm maps it: ``raystudy.checkpoints``); else the source's own weights
+    (``local-dir:``/``hf-hub:``), a local model's built file, or timm's hub cache. A
+    ``transformers`` ViT checkpoint is not mapped (``raystudy.model_sources``).
     """
     full = check_model(name)
     if full in GPT2_SIZES:
@@ -337,6 +340,10 @@ def cached_weights(full: str) -> str | None:
     """Path of ``full``'s weights in the Hugging Face cache, or None (no network used)."""
     from huggingface_hub import try_to_load_from_cache
 
+    source, ident = model_sources.split(full)
+    if source == "local-dir":  # the folder is its own cache
+        found = [Path(ident) / f for f in ("model.safetensors", "pytorch_model.bin")]
+        return next((str(p) for p in found if p.is_file()), None)
     repo = hf_hub_id(full)
     if not repo:
         return None

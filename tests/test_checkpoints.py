@@ -56,6 +56,13 @@ def test_a_checkpoint_that_does_not_fit_names_its_keys(tmp_path, tiny_64):
         preflight.check(TINY, wider)
 
 
+def test_a_transformers_vit_checkpoint_is_named_as_not_mapped(tmp_path, tiny_64):
+    path = tmp_path / "hf_vit.pt"
+    torch.save({"vit.embeddings.cls_token": torch.zeros(1, 1, 192)}, path)
+    with pytest.raises(ConfigError, match="a transformers ViT checkpoint .* is not mapped: save the model with timm"):
+        preflight.check(TINY, path)
+
+
 def test_the_head_is_never_loaded(tiny_64):
     state = checkpoints.mapped(tiny_64.state_dict(), tiny_64)
     assert not any(k.startswith("head.") for k in state)
@@ -69,6 +76,7 @@ def test_a_timm_model_saved_for_the_hub_loads_from_its_folder(tmp_path, tiny_64)
     assert models.check_model(name) == name
     assert models.input_config(name) == dict(img_size=64, in_chans=3, mean=(0.5,) * 3, std=(0.5,) * 3)
     assert model_sources.short(name) == "my_vit"
+    assert models.cached_weights(name) == str(folder / "model.safetensors")  # prefetch: nothing to download
     preflight.check(name)
     m = models.create_model(name, 5)
     assert m.head.out_features == 5 and m.pos_embed.shape == tiny_64.pos_embed.shape
