@@ -142,11 +142,21 @@ def header(path: Path, row: dict, select_on: str, per_dataset: bool, scale: floa
     return "\n".join(lines) + "\n"
 
 
-def write(path: Path, row: dict, cfg: dict[str, Any], select_on: str, per_dataset: bool, scale: float) -> Path:
-    """Write ``cfg`` (with the winning row's lr and seed) to ``path`` under its header; returns ``path``."""
+def write(
+    path: Path,
+    row: dict,
+    cfg: dict[str, Any],
+    select_on: str,
+    per_dataset: bool,
+    scale: float,
+    shown: Path | None = None,
+) -> Path:
+    """Write ``cfg`` (with the winning row's lr and seed) to ``path`` under its header, whose
+    rerun command names ``shown`` (default: ``path``); returns ``path``."""
     cfg = {**cfg, "lr": float(row["lr"]), "seed": int(row["seed"])}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header(path, row, select_on, per_dataset, scale) + yaml.safe_dump(cfg, sort_keys=False))
+    text = header(shown or path, row, select_on, per_dataset, scale) + yaml.safe_dump(cfg, sort_keys=False)
+    path.write_text(text)
     return path
 
 
@@ -176,6 +186,7 @@ class WinnerConfig:
     tracking_uri: str | None = None
 
     def write(self, out: Path) -> list[Path]:
-        """Write the YAML file into ``out``; returns its path."""
+        """Write the YAML file into ``out``; returns its path. Its rerun command is relative to
+        ``out``, so a report folder moved elsewhere still says how to rerun it."""
         cfg = run_config(self.row["run_id"], self.tracking_uri) if self.mlflow else row_config(self.row)
-        return [write(Path(out) / self.name, self.row, cfg, self.select_on, False, self.scale)]
+        return [write(Path(out) / self.name, self.row, cfg, self.select_on, False, self.scale, Path(self.name))]

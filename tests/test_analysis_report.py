@@ -509,9 +509,9 @@ def test_the_report_opens_with_how_stable_its_answer_is(runs_csv, paper_csv, tmp
     out = tmp_path / "out"
     assert report.main(["--csv", str(runs_csv), "--reference", "X", "--no-figures", "--out", str(out)]) == 0
     text = (out / "report.md").read_text()
-    # the first section after the header
+    # the sections after the header: the answer, then how stable it is
     headings = [ln for ln in text.splitlines() if ln.startswith("## ")]
-    assert headings[:2] == ["## How stable is this answer", "## Main table"]
+    assert headings[:3] == ["## The answer: which parts to finetune", "## How stable is this answer", "## Main table"]
     para = text.split("## How stable is this answer\n\n")[1].split("\n\n")[0]
     assert para.startswith("The top-1 (X) holds in ") and "seeds would make" in para
     # (B, Y): lr 0.3 (0.95) has seed 0 only, seed 1 diverged there; a draw of seed 1 twice leaves
