@@ -39,8 +39,6 @@ def verdict(low: float, high: float, half: float, best: str) -> str:
         return f"{UNDECIDED} (no interval)"
     if high < -half:
         return f"{best} better"
-    if low > half:
-        return "better than the best"
     if low >= -half and high <= half:
         return EQUIVALENT
     return UNDECIDED
