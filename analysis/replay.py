@@ -212,6 +212,17 @@ def _grid(args) -> dict[str, Any]:
     return recorded(args.experiment, uri)
 
 
+def _floor(full: pd.DataFrame, reference: str, reps: int) -> floor.Floor | None:
+    """The full grid's floor, or None (``reps`` 0, or, in one line, why it cannot be measured)."""
+    if not reps:
+        return None
+    try:
+        return floor.floor(full, reference, reps)
+    except AnalysisError as e:
+        print(f"floor not measured, so no verdict: {e}")
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Replay a recorded grid under ``--policy`` (or every policy) and print the floor and a
     summary line per policy; writes ``replay.json`` and the decisions with ``--out``. Returns the
@@ -229,16 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_recording:
         print(f"wrote {recordings.save(grid, Path(args.save_recording))}")
     full = apply(grid["runs"], {})
-    against = floor.floor(full, args.reference, args.reps) if args.reps else None
-    if against is not None:
-        print(floor.floor_line(against))
-    if other is not None:
-        print("another recording: " + across_line(floor.across(full, apply(other["runs"], {}), args.reference)))
+    against = _floor(full, args.reference, args.reps)
     results = [replay(grid, adaptive.policy(n), args.reference, against) for n in names]
     for r in results:
         print(summary_line(r))
         for change in r.get("lr_changed", []):
             print(f"  lr changed: {change}")
+    if against is not None:  # the bars each verdict above was judged against
+        print(floor.floor_line(against))
+    if other is not None:
+        print("another recording: " + across_line(floor.across(full, apply(other["runs"], {}), args.reference)))
     if args.out:
         files = write(Path(args.out), results)
         print(f"wrote {len(files)} files to {args.out}")

@@ -64,6 +64,9 @@ LAYERS = [
         "analysis.stability",
         "analysis.stability_section",
         "analysis.sections",
+        "analysis.agreement",
+        "analysis.floor",
+        "analysis.recordings",
     },
     # command lines
     {
