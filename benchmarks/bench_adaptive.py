@@ -30,8 +30,9 @@ CANDIDATES = {
 PAIRS = (("s012", "s345"),)  # recordings of one grid with different seed sets
 
 
-def rows(name: str, grid: dict, policies: dict, reps: int) -> list[str]:
-    """The markdown rows of ``policies`` replayed on one recording ``grid`` against its floor."""
+def rows(name: str, grid: dict, policies: dict, reps: int) -> tuple[list[str], str]:
+    """The markdown rows of ``policies`` replayed on one recording ``grid`` against its floor, and
+    the floor's line."""
     from analysis import floor, replay
 
     f = floor.floor(replay.apply(grid["runs"], {}), reps=reps)
@@ -47,7 +48,7 @@ def rows(name: str, grid: dict, policies: dict, reps: int) -> list[str]:
             + ("preserving" if v["preserving"] else "**not**: " + "; ".join(v["why"]))
             + " |"
         )
-    return out
+    return out, f"{name}: {floor.floor_line(f)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         "| calls flipped | verdict |"
     )
     print("|---|---|---:|---:|---:|---:|---|")
+    floors = []
     for name, grid in grids.items():
-        print("\n".join(rows(name, grid, policies, args.reps)), flush=True)
+        table, line = rows(name, grid, policies, args.reps)
+        print("\n".join(table), flush=True)
+        floors.append(line)
+    print("\n" + "\n".join(floors))
     for a, b in PAIRS:
         if a in grids and b in grids:
             c = floor.across(replay.apply(grids[a]["runs"], {}), replay.apply(grids[b]["runs"], {}))

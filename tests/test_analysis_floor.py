@@ -197,3 +197,25 @@ def test_race_on_the_recorded_demo_grid_against_its_floor(capsys):
     assert lines[0].startswith("race: 210 of 300 trials stopped; steps 10,160 of 23,040 (44.1%)")
     assert "conclusion-preserving (against the floor's 5%" in lines[0]
     assert lines[-1].startswith("floor (the full grid against 20 reseedings of itself): same lr in median ")
+
+
+def test_the_benchmark_prints_the_table_from_a_clone():
+    import subprocess
+    import sys
+
+    root = RECORDINGS.parent.parent
+    cmd = [
+        sys.executable,
+        "benchmarks/bench_adaptive.py",
+        "--recordings",
+        str(RECORDINGS / "s012.csv.gz"),
+        "--reps",
+        "5",
+    ]
+    p = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| s012 |")]
+    assert [r.split(" | ")[1] for r in rows] == ["`identity`", "`halving`", "`race`"]
+    assert rows[2].startswith("| s012 | `race` | 44.1% | 23 of 28 (")
+    p = subprocess.run([*cmd[:3], "nope.csv.gz"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip() == "error: --recordings: nope.csv.gz"
