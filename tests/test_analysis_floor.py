@@ -219,3 +219,12 @@ def test_the_benchmark_prints_the_table_from_a_clone():
     assert rows[2].startswith("| s012 | `race` | 44.1% | 23 of 28 (")
     p = subprocess.run([*cmd[:3], "nope.csv.gz"], cwd=root, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.strip() == "error: --recordings: nope.csv.gz"
+
+
+def test_the_two_seed_sets_compared_directly():
+    """The seeds-0-2 and seeds-3-5 recordings of demo_adaptive: the floor's second measure, as
+    docs/adaptive.md gives it."""
+    a, b = (replay.apply(recordings.load(RECORDINGS / f"{n}.csv.gz")["runs"], {}) for n in ("s012", "s345"))
+    c = floor.across(a, b)
+    assert (c["same_lr"], c["cells"], c["kendall_tau"], c["flips"]) == (22, 28, 1.0, ["t MHA vs LN2"])
+    assert replay.across_line(c).startswith("same lr in 22 of 28 cells; Kendall tau 1.000; top-1 linear_probe")
