@@ -13,6 +13,9 @@
     sections  the report's sections: each a function of the study, returning Markdown, tables
               and figures and writing nothing
     output    a section's outputs as data, and the one writer that puts them on disk
+    agreement what a set of runs concludes (lr per cell, ranking, calls) and whether another agrees
+    floor     how far reseeding the full grid moves those conclusions; the verdict on a policy's replay
+    recordings  a recorded grid as one compact file, so a replay runs from a clone
     report    ``python -m analysis.report``: everything above into one folder (and MLflow)
     export_best  ``python -m analysis.export_best``: the best config of each condition as YAML
 

@@ -3,6 +3,8 @@ and whether the study would have concluded the same.
 
     python -m analysis.replay --experiment raystudy-demo_adaptive-vit_demo --policy race
     python -m analysis.replay --experiment NAME --policy all --out replay_out    # every policy
+    python -m analysis.replay --recording benchmarks/recordings/s012.csv.gz --policy all   # from a file
+    python -m analysis.replay --experiment NAME --save-recording s012.csv.gz --policy identity
 
 From what MLflow holds of each trial (validation accuracy by step, the test accuracy of the
 best-validation checkpoint, steps run and wall-clock seconds), the policy of
@@ -12,7 +14,10 @@ lr choice. Reported: trials stopped, steps and device-hours spent (seconds per s
 measured), and against the full grid: the lr chosen per (dataset, condition), the ranking of the
 conditions (Kendall tau of their mean test accuracies, identical top-1) and every significance
 call at 5% of the report (Wilcoxon and t of the reference against each other condition,
-Friedman, Holm-corrected pairwise Wilcoxon) that flips.
+Friedman, Holm-corrected pairwise Wilcoxon) that flips; and beside it, the floor: how far
+reseeding the full grid alone moves the same statistics (``analysis.floor``), with the verdict
+of its rule (conclusion-preserving or not). ``--reseeded`` names a second recording of the same
+grid with other seeds: the direct comparison of the two, the floor's second measure.
 """
 
 from __future__ import annotations
@@ -25,13 +30,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats as st
 
-from analysis import AnalysisError, load, stats
+from analysis import AnalysisError, floor, load, recordings
+from analysis.agreement import compare, conclusions
 from raystudy import adaptive, tracking
-
-ALPHA = 0.05
-
 
 # ---------------------------------------------------------------- the recorded grid
 
@@ -93,79 +95,12 @@ def apply(runs: pd.DataFrame, decisions: dict[str, adaptive.Stop]) -> pd.DataFra
     return out
 
 
-def conclusions(runs: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA) -> dict[str, Any]:
-    """What the report concludes from ``runs``: the lr chosen per cell (on validation), the mean
-    test accuracy of each condition at it, and every significance call at ``alpha``."""
-    means = stats.seed_means(runs)
-    best = stats.best_lr(means, "val")
-    table = stats.wide(best)
-    chosen = {(r.dataset, r.condition): r.lr for r in best.itertuples()}
-    calls: dict[str, bool] = {}
-    complete = table.dropna(axis=1, how="any")
-    if complete.shape[0] >= 2 and complete.shape[1] >= 2:
-        if reference in complete.columns:
-            for r in stats.paired_tests(complete, reference).itertuples():
-                calls[f"wilcoxon {reference} > {r.other}"] = bool(r.wilcoxon_p <= alpha)
-                calls[f"t {reference} vs {r.other}"] = bool(r.t_p <= alpha)
-        fr = stats.friedman(complete)
-        if not math.isnan(fr["p"]):
-            calls["friedman"] = bool(fr["p"] <= alpha)
-        for r in stats.pairwise_wilcoxon(complete, alpha).itertuples():
-            calls[f"holm {r.a} vs {r.b}"] = bool(r.significant)
-    val = {(r.dataset, r.condition, r.lr): r.val_mean for r in means.itertuples()}
-    return {
-        "chosen_lr": chosen,
-        "val_mean": val,
-        "mean": table.mean(axis=0).sort_values(ascending=False),
-        "calls": calls,
-        "missing": [c for c in table.columns if c not in complete.columns],
-    }
-
-
-def compare(full: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """Does ``other`` conclude what ``full`` does? Lr per cell, ranking, significance calls."""
-    cells = sorted(full["chosen_lr"])
-    same = [c for c in cells if _same_lr(full["chosen_lr"][c], other["chosen_lr"].get(c))]
-    conds = [c for c in full["mean"].index if c in other["mean"].index and not math.isnan(other["mean"][c])]
-    tau = float(st.kendalltau(full["mean"][conds], other["mean"][conds]).statistic) if len(conds) >= 2 else math.nan
-    top = (full["mean"].index[0], other["mean"].dropna().index[0] if other["mean"].notna().any() else None)
-    flips = [name for name, v in full["calls"].items() if other["calls"].get(name) != v]
-    # what a changed lr costs, on the full grid's own validation means (accuracy points x 100)
-    regret = (
-        [
-            full["val_mean"][(d, c, full["chosen_lr"][(d, c)])]
-            - full["val_mean"].get((d, c, other["chosen_lr"].get((d, c))), math.nan)
-            for d, c in cells
-            if (d, c) not in same
-        ]
-        if "val_mean" in full
-        else []
-    )
-    return {
-        "cells": len(cells),
-        "same_lr": len(same),
-        "lr_changed": [
-            f"{d}/{c}: {full['chosen_lr'][(d, c)]:g} -> {other['chosen_lr'].get((d, c), math.nan):g}"
-            for d, c in cells
-            if (d, c) not in same
-        ],
-        "lr_regret_max": 100 * max(regret, default=0.0),
-        "kendall_tau": tau,
-        "top1": top[0],
-        "top1_replay": top[1],
-        "same_top1": top[0] == top[1],
-        "calls": len(full["calls"]),
-        "flips": flips,
-    }
-
-
-def _same_lr(a: float, b: float | None) -> bool:
-    return b is not None and (a == b or (math.isnan(a) and math.isnan(b)))
-
-
-def replay(grid: dict[str, Any], policy: adaptive.Policy, reference: str = "MHA") -> dict[str, Any]:
+def replay(
+    grid: dict[str, Any], policy: adaptive.Policy, reference: str = "MHA", against: floor.Floor | None = None
+) -> dict[str, Any]:
     """``policy`` over a recorded ``grid`` (``recorded``): its decisions, the runs it leaves,
-    what it spends against the full grid, and how its conclusions compare."""
+    what it spends against the full grid, how its conclusions compare and, given the floor
+    ``against``, the verdict of ``floor.verdict``."""
     decisions = adaptive.decide(policy, grid["trials"], grid["seen"])
     full = apply(grid["runs"], {})
     runs = apply(grid["runs"], decisions)
@@ -173,6 +108,8 @@ def replay(grid: dict[str, Any], policy: adaptive.Policy, reference: str = "MHA"
         agreement = compare(conclusions(full, reference), conclusions(runs, reference))
     except AnalysisError as e:
         agreement = {"error": str(e)}
+    if against is not None and "error" not in agreement:
+        agreement["verdict"] = floor.verdict(agreement, against)
     steps, full_steps = float(runs["spent_steps"].sum()), float(full["spent_steps"].sum())
     secs, full_secs = float(runs["spent_s"].sum()), float(full["spent_s"].sum())
     return {
@@ -192,7 +129,8 @@ def replay(grid: dict[str, Any], policy: adaptive.Policy, reference: str = "MHA"
 
 def summary_line(r: dict[str, Any]) -> str:
     """One line of a ``replay`` result: trials stopped, steps and device-hours spent against the
-    full grid, and how its conclusions compare (lr choice, ranking, significance calls)."""
+    full grid, and how its conclusions compare (lr choice, ranking, significance calls), with the
+    floor's verdict when it was measured."""
     if "error" in r:
         return f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; no conclusions: {r['error']}"
     return (
@@ -203,6 +141,7 @@ def summary_line(r: dict[str, Any]) -> str:
         f"Kendall tau {r['kendall_tau']:.3f}; top-1 {r['top1']} -> "
         f"{r['top1_replay']}; {len(r['flips'])} of {r['calls']} significance calls flip"
         + (f" ({', '.join(r['flips'])})" if r["flips"] else "")
+        + (f"; {floor.verdict_text(r['verdict'])}" if "verdict" in r else "")
     )
 
 
@@ -232,41 +171,98 @@ def write(out: Path, results: list[dict[str, Any]]) -> list[Path]:
     return files + [out / "replay.json"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Replay a recorded grid under ``--policy`` (or every policy) and print a summary line per
-    policy; writes ``replay.json`` and the decisions with ``--out``. Returns the exit status: 0,
-    or 2 with one ``error:`` line for bad input."""
+def _parser():
+    """The command line's arguments."""
     from raystudy import cli
-    from raystudy.errors import ConfigError
 
     ap = cli.Parser("python -m analysis.replay", __doc__)
-    ap.add_argument("--experiment", required=True, help="MLflow experiment of a finished grid")
+    ap.add_argument("--experiment", help="MLflow experiment of a finished grid")
+    ap.add_argument("--recording", help="a finished grid's file (analysis.recordings), instead of --experiment")
     ap.add_argument(
         "--tracking-uri",
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db, as the grid)",
     )
     ap.add_argument("--policy", required=True, help=f"allocation policy: {', '.join(adaptive.POLICIES)}, or all")
     ap.add_argument("--reference", default="MHA", help="condition tested against the others (MHA)")
+    ap.add_argument("--reps", type=int, default=200, help="reseedings the floor is measured on (200; 0: no floor)")
+    ap.add_argument("--reseeded", help="a recording (file) of the same grid with other seeds: compared directly")
+    ap.add_argument("--save-recording", help="write the grid read to this file (.csv.gz) for replays from a clone")
     ap.add_argument("--out", help="folder for replay.json and the decisions of each policy")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _grid(args) -> dict[str, Any]:
+    """The recorded grid the arguments name; AnalysisError or ConfigError for bad input."""
+    from raystudy.errors import ConfigError
+
+    if (args.experiment is None) == (args.recording is None):
+        raise ConfigError("give one of --experiment NAME (an MLflow store) or --recording FILE (analysis.recordings)")
+    if args.reps < 0:
+        raise ConfigError(f"--reps {args.reps}: must be 0 (no floor) or more")
+    if args.reseeded is not None and not Path(args.reseeded).is_file():
+        raise ConfigError(f"--reseeded {args.reseeded!r}: no such file (a recording: analysis.recordings)")
+    if args.out:
+        from raystudy import cli
+
+        cli.check_folder("--out", args.out)
+    if args.recording is not None:
+        return recordings.load(Path(args.recording))
+    uri = args.tracking_uri or tracking.default_uri()
+    tracking.check_uri(uri)
+    return recorded(args.experiment, uri)
+
+
+def _floor(full: pd.DataFrame, reference: str, reps: int) -> floor.Floor | None:
+    """The full grid's floor, or None (``reps`` 0, or, in one line, why it cannot be measured)."""
+    if not reps:
+        return None
+    try:
+        return floor.floor(full, reference, reps)
+    except AnalysisError as e:
+        print(f"floor not measured, so no verdict: {e}")
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Replay a recorded grid under ``--policy`` (or every policy) and print the floor and a
+    summary line per policy; writes ``replay.json`` and the decisions with ``--out``. Returns the
+    exit status: 0, or 2 with one ``error:`` line for bad input."""
+    from raystudy import cli
+    from raystudy.errors import ConfigError
+
+    args = _parser().parse_args(argv)
     try:
         names = list(adaptive.POLICIES) if args.policy == "all" else [adaptive.policy(args.policy, "--policy").name]
-        if args.out:
-            cli.check_folder("--out", args.out)
-        uri = args.tracking_uri or tracking.default_uri()
-        tracking.check_uri(uri)
-        grid = recorded(args.experiment, uri)
+        grid = _grid(args)
+        other = recordings.load(Path(args.reseeded)) if args.reseeded else None
     except (AnalysisError, ConfigError) as e:
         return cli.fail(e)
-    results = [replay(grid, adaptive.policy(n), args.reference) for n in names]
+    if args.save_recording:
+        print(f"wrote {recordings.save(grid, Path(args.save_recording))}")
+    full = apply(grid["runs"], {})
+    against = _floor(full, args.reference, args.reps)
+    results = [replay(grid, adaptive.policy(n), args.reference, against) for n in names]
     for r in results:
         print(summary_line(r))
         for change in r.get("lr_changed", []):
             print(f"  lr changed: {change}")
+    if against is not None:  # the bars each verdict above was judged against
+        print(floor.floor_line(against))
+    if other is not None:
+        print("another recording: " + across_line(floor.across(full, apply(other["runs"], {}), args.reference)))
     if args.out:
         files = write(Path(args.out), results)
         print(f"wrote {len(files)} files to {args.out}")
     return 0
+
+
+def across_line(c: dict[str, Any]) -> str:
+    """One line of ``floor.across``: the two recordings' agreement, the statistics of a replay."""
+    return (
+        f"same lr in {c['same_lr']} of {c['cells']} cells; Kendall tau {c['kendall_tau']:.3f}; "
+        f"top-1 {c['top1']} -> {c['top1_replay']}; {len(c['flips'])} of {c['calls']} significance calls flip"
+        + (f" ({', '.join(c['flips'])})" if c["flips"] else "")
+    )
 
 
 if __name__ == "__main__":

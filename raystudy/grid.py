@@ -409,8 +409,19 @@ def drive(job: Job) -> int:
         + " "
         f"({counts['already_done']} were already done)"
     )
+    if job.policy is not None:
+        print(judged_by_replay(job.policy.name))
     show_results(tracking.client(uri), counts["experiment_id"], trials, job.model, uri)
     return 0 if counts["unfinished"] == 0 and counts["failed"] == 0 else 1
+
+
+def judged_by_replay(policy: str) -> str:
+    """The closing line of an adaptive grid: where its verdict against the reseeding floor comes from.
+    The trials it stopped never ran, so this grid cannot compare itself with the full one."""
+    return (
+        f"policy {policy}: its agreement with the full grid, against the reseeding floor, comes from a "
+        f"replay of a full grid: python -m analysis.replay --recording FILE --policy {policy} (docs/adaptive.md)"
+    )
 
 
 def stopped(uri: str, experiment: str, trials, model: str) -> int:

@@ -58,6 +58,9 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
     stopped = df[df["tags.raystudy.status"] == "stopped"]
     n = len(stopped)
     assert f"0 unfinished, {n} stopped by the policy" in p.stdout
+    assert (
+        "policy halving: its agreement with the full grid, against the reseeding floor, comes from a replay" in p.stdout
+    )
     assert stopped["tags.raystudy.stopped_at"].notna().all()
     # stopped by the scheduler while running or before starting: no test accuracy. A trial whose
     # rung completed only after it ended is recorded stopped afterwards (its numbers stay logged).

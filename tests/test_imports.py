@@ -69,6 +69,9 @@ LAYERS = [
         "analysis.best_config",
         "analysis.answer_section",
         "analysis.sections",
+        "analysis.agreement",
+        "analysis.floor",
+        "analysis.recordings",
     },
     # command lines
     {
