@@ -26,6 +26,8 @@
 # MLflow binds the head's cluster address only -- the one Ray gives the workers, private on a
 # cloud -- never 0.0.0.0, and accepts only Host headers naming that address or localhost (the SSH
 # tunnel): the UI is reached from a laptop through SSH, never from the internet.
+# On the head (no HEAD_IP given) it also exports RAYSTUDY_SNAPSHOT_CMD, this script's `snapshot`: a grid
+# driver runs it once when the grid ends, so the loss window is a grid's end or the interval, whichever is sooner.
 set -euo pipefail
 shopt -s inherit_errexit   # a failure inside $(...) stops the script too
 
@@ -283,6 +285,12 @@ export MLFLOW_TRACKING_URI=http://$head:$mlflow_port
 # the tracking server's credentials: MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD
 if [ -r $state/mlflow-credentials ]; then . $state/mlflow-credentials; fi
 EOF
+    if [ -z "${4:-}" ]; then   # the head (a worker is given HEAD_IP): where the store and its snapshots are
+        cat >> ~/raystudy.env <<EOF
+# a grid driver that ends runs this once: a snapshot of MLflow's store (docs/cluster.md)
+export RAYSTUDY_SNAPSHOT_CMD='RAYSTUDY_STATE=$state bash $(readlink -f "$0") snapshot'
+EOF
+    fi
     touch ~/.bashrc
     grep -qxF 'source ~/raystudy.env' ~/.bashrc || echo 'source ~/raystudy.env' >> ~/.bashrc
     cat ~/raystudy.env
@@ -329,10 +337,11 @@ mlflow)
     echo "$store" > "$state/mlflow-store"   # what `snapshot` copies (no secret: refused above)
     if [ -n "$backups" ]; then
         echo "${backups%/}" > "$state/mlflow-backups"
+        echo "$backup_keep" > "$state/mlflow-backup-keep"
         # before MLflow starts: a new head (or a lost store) gets the study's record back
         if store_is_empty "$store"; then restore_snapshot "$store" "${backups%/}"; fi
     else
-        rm -f "$state/mlflow-backups"
+        rm -f "$state/mlflow-backups" "$state/mlflow-backup-keep"
         echo "MLflow's store is not backed up: give cluster/node.sh mlflow a BACKUPS destination (docs/cluster.md)"
     fi
     # In a session of its own (it outlives this SSH command), whose id goes to the pid file.
@@ -368,6 +377,10 @@ stop-mlflow)
     stop_own "$state/mlflow.pid" "mlflow server"
     ;;
 snapshot)
+    # as many kept as the head's loop keeps, whoever asks (a grid's driver, a user)
+    if [ -z "${RAYSTUDY_BACKUP_KEEP:-}" ] && [ -s "$state/mlflow-backup-keep" ]; then
+        backup_keep=$(cat "$state/mlflow-backup-keep")
+    fi
     check_backup_settings
     store=$(recorded mlflow-store); dest=$(recorded mlflow-backups)
     mkdir -p "$state"

@@ -355,24 +355,37 @@ def _storage(flag: str | None):
 
 
 def drive(job: Job) -> int:
-    """Run the grid's unfinished trials on Ray (``driver.session``); its summary and ranking, the exit status."""
-    from raystudy.driver import grid_run, session
+    """Run the grid's unfinished trials on Ray (``run_trials``); then, on a cluster, a snapshot of
+    MLflow's store (``driver.snapshot``), however the grid ended once it had started; the exit status."""
+    from raystudy.driver import session, snapshot
+
+    storage = _storage(job.args.storage)
+    label = f"{job.space.study}-{job.model}"
+    s = session.Session(
+        storage,
+        lock.grid_name(job.trials, label),
+        job.model,
+        address=job.args.address,
+        num_cpus=job.args.num_cpus,
+        temp_dir=job.args.ray_temp_dir,
+        dashboard=any(t.workers > 1 for t in job.trials),
+        banner=f"MLflow: {job.uri} (experiment {job.experiment!r}); checkpoints: {storage}",
+        weights_log=lambda line: print(line, flush=True),
+    )
+    try:
+        return run_trials(job, s, storage, label)
+    finally:
+        if s.started is not None:  # it held the grid's lock: a grid refused before it started wrote nothing
+            snapshot.take()
+
+
+def run_trials(job: Job, s, storage, label: str) -> int:
+    """The grid's unfinished trials run in the session ``s``; its summary and ranking, the exit status."""
+    from raystudy.driver import grid_run
 
     args, trials, uri = job.args, job.trials, job.uri
-    storage = _storage(args.storage)
-    label = f"{job.space.study}-{job.model}"
     try:  # one driver per grid: a second one refuses before starting anything
-        with session.Session(
-            storage,
-            lock.grid_name(trials, label),
-            job.model,
-            address=args.address,
-            num_cpus=args.num_cpus,
-            temp_dir=args.ray_temp_dir,
-            dashboard=any(t.workers > 1 for t in trials),
-            banner=f"MLflow: {uri} (experiment {job.experiment!r}); checkpoints: {storage}",
-            weights_log=lambda line: print(line, flush=True),
-        ) as s:
+        with s:
             print(
                 f"running {len(trials) - len(job.done)} of {len(trials)} trials"
                 + (f" ({len(job.done)} already done)" if job.done else "")

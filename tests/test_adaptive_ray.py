@@ -1,6 +1,7 @@
 """--adaptive on a real local Ray and MLflow store (slow): the live policy's decisions are the
 replay's on the same recorded curves, stopped trials are recorded once, a killed driver resumes."""
 
+import os
 import signal
 import subprocess
 
@@ -95,3 +96,47 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
         lr not in {t["lr"] for t in grid["trials"] if t["key"] in halved and (t["dataset"], t["condition"]) == cell}
         for cell, lr in live["chosen_lr"].items()
     )
+
+
+def test_trials_the_policy_stopped_after_the_store_snapshot_are_recorded_stopped_from_storage(
+    work,  # noqa: F811
+):
+    # A lost head: its store comes back from a snapshot taken before the grid, while Tune's folder
+    # under --storage (the bucket) holds every trial, those the policy stopped among them.
+    import shutil
+
+    tmp, ray = work
+    space = {
+        **SPACE,
+        "grid": {**SPACE["grid"], "seed": 0},  # 2 conditions x 3 lrs; halving drops one lr of each
+        "models": {"vit_demo": {"cpu": 0.5, "gpu": 0}},  # a cell's lrs side by side: stops come live
+    }
+    cmd = grid_cmd(write_space(tmp, space), ray, "--adaptive", "halving")
+    shutil.copy(tmp / "mlflow.db", tmp / "snapshot.db")  # the store as the newest snapshot has it
+    p = run(cmd, tmp)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    full = trial_runs(uri).set_index("tags.raystudy.key")
+    assert len(full) == 6 and set(full["status"]) == {"FINISHED"}
+    live = full["tags.raystudy.status"] == "stopped"
+    if "tags.raystudy.stopped_late" in full:
+        live &= full["tags.raystudy.stopped_late"] != "1"
+    assert live.sum() >= 1, full["tags.raystudy.status"]  # stopped by the scheduler, mid-run
+    results = {f: (f.stat().st_size, f.stat().st_mtime_ns) for f in (tmp / "runs" / "ray").glob("*/*/result.json")}
+    os.replace(tmp / "snapshot.db", tmp / "mlflow.db")
+
+    p = run(cmd, tmp)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "0 unfinished" in p.stdout and "PARTIAL" not in p.stdout, p.stdout[-3000:]
+    assert f"{live.sum()} trial(s) the policy stopped, missing from MLflow: recorded stopped" in p.stdout
+    df = trial_runs(uri)
+    assert len(df) == 6 and df["tags.raystudy.key"].nunique() == 6, df[["tags.raystudy.key", "status"]]
+    assert set(df["status"]) == {"FINISHED"}
+    df = df.set_index("tags.raystudy.key")
+    assert df["tags.raystudy.status"].to_dict() == full["tags.raystudy.status"].to_dict()
+    stopped = full.index[live]
+    for col in ("tags.raystudy.stopped_at", "metrics.steps_done"):  # stopped where the live scheduler stopped it
+        assert df.loc[stopped, col].to_dict() == full.loc[stopped, col].to_dict(), col
+    assert df.loc[stopped, "metrics.test_acc"].isna().all()  # no final results for a stopped trial
+    # none trained again: Tune wrote no result
+    assert {f: (f.stat().st_size, f.stat().st_mtime_ns) for f in results} == results

@@ -586,6 +586,9 @@ def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster
     assert p.returncode == 0, out[-5000:]
     assert "8 finished, 0 diverged, 0 failed, 0 unfinished" in out, out[-3000:]
     assert "first use: pretraining" not in out  # the prefetched weights were used, not built again
+    # the head's ~/raystudy.env gives the grid its snapshot command: one snapshot as it ends
+    said = [ln for ln in out.splitlines() if "snapshot of MLflow's store: " in ln]
+    assert len(said) == 1 and "/raystudy-backups/mlflow-" in said[0] and ".sqlite.gz (" in said[0], out[-3000:]
     cluster.grid_seconds = time.time() - t0
 
     uri = cluster.head_env()["MLFLOW_TRACKING_URI"]

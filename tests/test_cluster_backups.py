@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from drivers import driver_env, free_port
 from test_cluster import exports, wait_for
 from test_cluster_tracking import PG_CTL, node_sh, stop_postgres
+from test_grid_ray import SPACE, grid_cmd, write_space
 
 REPO = Path(__file__).resolve().parent.parent
 RESTORED = re.compile(r"^restored MLflow's store from the snapshot (\S+)$", re.M)
@@ -252,48 +254,113 @@ def test_snapshots_taken_while_mlflow_writes_restore_into_a_new_heads_empty_stor
             stop_head(env)
 
 
-@pytest.mark.slow
-def test_snapshots_go_to_s3_through_the_aws_cli_and_come_back(tmp_path):
+@pytest.fixture
+def s3():
+    """S3's API on 127.0.0.1 (moto's server) and a new bucket in it: (the environment that points the
+    real ``aws`` CLI at it, ``s3://BUCKET``)."""
     pytest.importorskip("moto.server", reason="moto's S3 server (pip install 'moto[server]')")
     if shutil.which("aws") is None:
         pytest.skip("no aws CLI (pip install awscli)")
     from moto.server import ThreadedMotoServer
 
     port = free_port()
-    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    s3.start()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
     try:
-        env = driver_env(
-            AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_DEFAULT_REGION="us-west-2",
-            RAYSTUDY_BACKUP_KEEP="2",
-        )
-        subprocess.run(["aws", "s3", "mb", "s3://raystudy-test"], env=env, check=True, capture_output=True)
-        dest = "s3://raystudy-test/raystudy/mlflow-backups"
-        old, new = tmp_path / "old", tmp_path / "new"
-        for state in (old, new):  # what `node.sh mlflow` records: the store and where its snapshots go
-            state.mkdir()
-            (state / "mlflow-store").write_text(f"sqlite:///{state / 'mlflow.db'}\n")
-            (state / "mlflow-backups").write_text(dest + "\n")
-        conn = sqlite3.connect(old / "mlflow.db")
-        conn.execute("create table runs (id)")
-        for i in range(3):
-            conn.execute("insert into runs values (?)", (i,))
-            conn.commit()
-            p = node_sh({**env, "RAYSTUDY_STATE": str(old)}, "snapshot")
-            assert p.returncode == 0 and f"snapshot of MLflow's store: {dest}/mlflow-" in p.stdout, p.stderr
-        conn.close()
-        listing = subprocess.run(["aws", "s3", "ls", dest + "/"], env=env, capture_output=True, text=True).stdout
-        assert len(re.findall(r"mlflow-\S+Z\.sqlite\.gz", listing)) == 2, listing  # the newest two
-        p = node_sh({**env, "RAYSTUDY_STATE": str(new)}, "restore")
-        assert p.returncode == 0 and RESTORED.search(p.stdout), p.stdout + p.stderr
-        assert sqlite3.connect(new / "mlflow.db").execute("select count(*) from runs").fetchone() == (3,)
-        # a bucket the head cannot read is one line, not an empty store taken for a new study
-        (new / "mlflow.db").unlink()
-        (new / "mlflow-backups").write_text("s3://no-such-bucket-raystudy/x\n")
-        one_line_error(node_sh({**env, "RAYSTUDY_STATE": str(new)}, "restore"), "cannot list the snapshots in")
-        assert not (new / "mlflow.db").exists()
+        aws = {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-west-2",
+        }
+        # moto's servers in one process share their buckets: each test makes its own
+        bucket = f"s3://raystudy-test-{uuid.uuid4().hex[:12]}"
+        subprocess.run(["aws", "s3", "mb", bucket], env=driver_env(**aws), check=True, capture_output=True)
+        yield aws, bucket
     finally:
-        s3.stop()
+        server.stop()
+
+
+@pytest.mark.slow
+def test_snapshots_go_to_s3_through_the_aws_cli_and_come_back(tmp_path, s3):
+    aws, bucket = s3
+    env = driver_env(**aws, RAYSTUDY_BACKUP_KEEP="2")
+    dest = f"{bucket}/raystudy/mlflow-backups"
+    old, new = tmp_path / "old", tmp_path / "new"
+    for state in (old, new):  # what `node.sh mlflow` records: the store and where its snapshots go
+        state.mkdir()
+        (state / "mlflow-store").write_text(f"sqlite:///{state / 'mlflow.db'}\n")
+        (state / "mlflow-backups").write_text(dest + "\n")
+    conn = sqlite3.connect(old / "mlflow.db")
+    conn.execute("create table runs (id)")
+    for i in range(3):
+        conn.execute("insert into runs values (?)", (i,))
+        conn.commit()
+        p = node_sh({**env, "RAYSTUDY_STATE": str(old)}, "snapshot")
+        assert p.returncode == 0 and f"snapshot of MLflow's store: {dest}/mlflow-" in p.stdout, p.stderr
+    conn.close()
+    listing = subprocess.run(["aws", "s3", "ls", dest + "/"], env=env, capture_output=True, text=True).stdout
+    assert len(re.findall(r"mlflow-\S+Z\.sqlite\.gz", listing)) == 2, listing  # the newest two
+    p = node_sh({**env, "RAYSTUDY_STATE": str(new)}, "restore")
+    assert p.returncode == 0 and RESTORED.search(p.stdout), p.stdout + p.stderr
+    assert sqlite3.connect(new / "mlflow.db").execute("select count(*) from runs").fetchone() == (3,)
+    # a bucket the head cannot read is one line, not an empty store taken for a new study
+    (new / "mlflow.db").unlink()
+    (new / "mlflow-backups").write_text("s3://no-such-bucket-raystudy/x\n")
+    one_line_error(node_sh({**env, "RAYSTUDY_STATE": str(new)}, "restore"), "cannot list the snapshots in")
+    assert not (new / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_a_grid_that_ends_on_the_head_takes_one_snapshot_of_the_store_to_the_bucket(
+    short_tmp, s3, demo_weights, shared_ray
+):
+    """On a head (``node.sh env`` without HEAD_IP, ``node.sh mlflow`` backing up to s3://), the grid's
+    driver runs the RAYSTUDY_SNAPSHOT_CMD the head's environment gives it once, as the grid ends: one
+    line, and the snapshot holds every trial the grid recorded, finished."""
+    aws, bucket = s3
+    dest = f"{bucket}/raystudy/mlflow-backups"
+    state, work, new = short_tmp / "head", short_tmp / "work", short_tmp / "new"
+    # the head's loop keeps 3 (its schedule far off): the driver's snapshot keeps as many
+    uri, out, env = start_head(state, "sqlite", dest, **aws, RAYSTUDY_BACKUP_KEEP="3")
+    try:
+        assert "no snapshot (*.sqlite.gz)" in out
+        Path(env["HOME"]).mkdir(exist_ok=True)
+        p = node_sh(env, "env", "6379", uri.rsplit(":", 1)[1])  # the head's own: no HEAD_IP
+        assert p.returncode == 0, p.stderr
+        shell = 'source ~/raystudy.env; printf %s "$RAYSTUDY_SNAPSHOT_CMD"'
+        cmd = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True).stdout
+        assert cmd.endswith("cluster/node.sh snapshot"), cmd
+        work.mkdir()
+        space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1}}  # MHA and LN2: two trials
+        grid = grid_cmd(write_space(work, space), shared_ray, "--tracking-uri", uri, "--storage", str(work / "ray"))
+        driver = {**client_env(state, uri), **aws, "RAYSTUDY_SNAPSHOT_CMD": cmd}  # a shell on the head
+        p = subprocess.run(grid, cwd=work, env=driver, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        said = [ln for ln in p.stdout.splitlines() if "snapshot" in ln]
+        assert len(said) == 1 and p.stdout.strip().splitlines()[-1] == said[0], p.stdout[-3000:]
+        m = re.fullmatch(
+            rf"snapshot of MLflow's store: ({re.escape(dest)}/mlflow-\S+Z\.sqlite\.gz) \(1 kept, the newest 3\)",
+            said[0],
+        )
+        assert m, said
+
+        # the snapshot, restored into a new head's empty store: the grid's runs, all ended
+        new.mkdir()
+        (new / "mlflow-store").write_text(f"sqlite:///{new / 'mlflow.db'}\n")
+        (new / "mlflow-backups").write_text(dest + "\n")
+        p = node_sh({**driver_env(**aws), "RAYSTUDY_STATE": str(new)}, "restore")
+        assert RESTORED.findall(p.stdout) == [m.group(1)], p.stdout + p.stderr
+        db = sqlite3.connect(new / "mlflow.db")
+        try:
+            rows = db.execute(
+                "select r.name, r.status from runs r join tags t on t.run_uuid = r.run_uuid "
+                "where t.key = 'raystudy.role' and t.value = 'trial' order by r.name"
+            ).fetchall()
+            running = db.execute("select count(*) from runs where status = 'RUNNING'").fetchone()[0]
+        finally:
+            db.close()
+        assert rows == [("LN2·digits_c·lr0.1·s0", "FINISHED"), ("MHA·digits_c·lr0.1·s0", "FINISHED")]
+        assert running == 0  # the grid's parent run had ended too
+    finally:
+        stop_head(env)

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from drivers import driver_env, free_port
+from drivers import driver_env, free_port, output_of, search_runs, start
 from test_cluster import answers, exports
 from test_grid_ray import SPACE, grid_cmd, trial_runs, write_space
 
@@ -180,3 +180,78 @@ def test_a_grid_with_the_credentials_records_every_trial_once_in_postgresql(
     finally:
         conn.close()
     assert rows == [("LN2·digits_c·lr0.1·s0", "FINISHED"), ("MHA·digits_c·lr0.1·s0", "FINISHED")]
+
+
+# Three grids at once, as the paper's experiments invite (ViT-B, ViT-L, ViT-H): different studies,
+# conditions and datasets, so no trial of one is a trial of another.
+GRIDS = {
+    "raystudy-three-a": ("a", ["MHA", "LN2", "FC1"], "digits_c"),
+    "raystudy-three-b": ("b", ["LN1", "FC2", "full"], "digits_c"),
+    "raystudy-three-c": ("c", ["MHA", "LN2", "FC1"], "digits_blur"),
+}
+
+
+def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experiment(
+    server, tmp_path, demo_weights, shared_ray, monkeypatch
+):
+    """Three drivers started together against the head's server (four workers on PostgreSQL), each
+    with its experiment and storage; they join one Ray, as drivers on a cluster's head do."""
+    import psycopg2
+
+    env = driver_env(**exports(server.state / "mlflow-credentials"))
+    procs = {}
+    for exp, (study, conditions, dataset) in GRIDS.items():
+        work = tmp_path / study
+        work.mkdir()
+        space = {
+            **SPACE,
+            "study": study,
+            "base": {**SPACE["base"], "steps": 20, "eval_every": 10, "log_every": 5},
+            "grid": {"condition": {"grid_search": conditions}, "lr": 0.1, "seed": 0},
+            "datasets": {dataset: {}},
+        }
+        cmd = grid_cmd(write_space(work, space), shared_ray, "--tracking-uri", server.uri, "--experiment", exp)
+        procs[exp] = start(cmd + ["--storage", str(work / "ray")], work, env=env)
+    outs = {}
+    for exp, proc in procs.items():
+        try:
+            proc.wait(timeout=540)
+        finally:
+            outs[exp] = output_of(proc)
+        assert proc.returncode == 0, f"{exp}: {outs[exp]}"
+    assert not list(tmp_path.glob("*/mlflow.db"))  # everything went to the server
+
+    for k, v in exports(server.state / "mlflow-credentials").items():
+        monkeypatch.setenv(k, v)
+    parents, keys = {}, []
+    for exp, (_study, conditions, dataset) in GRIDS.items():
+        df = search_runs(server.uri, exp)
+        assert set(df["status"]) == {"FINISHED"}, df[["status", "tags.mlflow.runName"]]  # nothing RUNNING
+        trials, parent = df[df["tags.raystudy.role"] == "trial"], df[df["tags.raystudy.role"] == "grid"]
+        assert sorted(trials["tags.mlflow.runName"]) == sorted(f"{c}·{dataset}·lr0.1·s0" for c in conditions)
+        assert trials["tags.raystudy.key"].is_unique and set(trials["tags.raystudy.status"]) == {"finished"}
+        # the grid's own parent, in its own experiment: no run of another grid in it
+        assert len(parent) == 1 and set(trials["tags.mlflow.parentRunId"]) == {parent["run_id"].iloc[0]}
+        parents[exp] = (parent["start_time"].iloc[0], parent["end_time"].iloc[0])
+        keys += list(trials["tags.raystudy.key"])
+    assert len(set(keys)) == 9  # no trial of one grid recorded as another's
+    # they ran at the same time: every grid started before any of them ended
+    assert max(s for s, _ in parents.values()) < min(e for _, e in parents.values()), parents
+
+    # in the database: each experiment's runs, and no run of the three outside them
+    conn = psycopg2.connect(
+        host="127.0.0.1", port=server.pg_port, user="mlflow", dbname="mlflow", passfile=str(server.state / "pgpass")
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "select e.name, count(*), count(distinct t.value) from runs r "
+                "join experiments e on e.experiment_id = r.experiment_id "
+                "join tags t on t.run_uuid = r.run_uuid and t.key = 'raystudy.key' "
+                "join tags role on role.run_uuid = r.run_uuid and role.key = 'raystudy.role' and role.value = 'trial' "
+                "where e.name like 'raystudy-three-%' group by e.name order by e.name"
+            )
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    assert rows == [(exp, 3, 3) for exp in GRIDS]

@@ -81,3 +81,55 @@ def test_a_storage_uri_is_read_through_its_filesystem(tmp_path, mlflow_uri):
     assert recovered.record(cl, exp, None, f"file://{tmp_path}/grid", {"ka"}) == 1
     assert tracking.statuses(cl, exp) == {"ka": "finished"}
     assert recovered.finished("nosuchscheme://bucket/grid", {"ka"}) == []  # unreachable storage: nothing known
+
+
+def test_under_a_policy_the_trials_it_stops_are_recorded_stopped_and_the_rest_left_to_run(tmp_path, mlflow_uri):
+    import yaml
+
+    from raystudy import adaptive, spaces
+
+    # one cell, 3 lrs x 2 seeds; halving keeps 2 of the 3 lrs at step 5 (a quarter of 20 steps)
+    space = {
+        "study": "t",
+        "base": {"model": "vit_demo", "steps": 20, "warmup_steps": 2, "eval_every": 5, "log_every": 5},
+        "grid": {"condition": "MHA", "lr": {"grid_search": [0.03, 0.1, 0.3]}, "seed": {"grid_search": [0, 1]}},
+        "datasets": {"digits_c": {}},
+    }
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    trials = spaces.expand(spaces.load_grid(str(tmp_path / "space.yaml")))
+    by = {(t.config["lr"], t.config["seed"]): t for t in trials}
+    grid = tmp_path / "grid"
+
+    def folder(lr, seed, results):
+        t = by[(lr, seed)]
+        trial_folder(grid, f"{lr}-{seed}", t.key, results, params=json.dumps({"trial": t.as_dict()}))
+
+    def at(step, val):
+        return {"step": step, "loss": 1.0, "val_acc": val}
+
+    folder(0.1, 0, [at(5, 0.6), at(10, 0.6), FINAL])
+    folder(0.3, 0, [at(5, 0.5), at(10, 0.5), FINAL])
+    folder(0.03, 0, [at(5, 0.1)])  # the worst at step 5: the scheduler stopped it there
+    folder(0.1, 1, [at(5, 0.6), at(10, 0.6)])  # running when the head went: kept by the policy
+    # (0.03, 1) never started (the policy had dropped its lr); (0.3, 1) had not started yet
+    cl = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(cl, "e", tracking.default_artifact_location(mlflow_uri))
+    parent = tracking.parent_run(cl, exp, "grid-key", "grid-t", {}, role="grid")
+    keys = {t.key for t in trials}
+    assert recovered.record(cl, exp, parent, grid, keys) == 2
+    missing = keys - set(tracking.statuses(cl, exp))
+
+    assert recovered.record_stopped(cl, exp, parent, grid, missing, adaptive.policy("halving"), trials) == 2
+    statuses = tracking.statuses(cl, exp)
+    assert {k: v for k, v in statuses.items() if v == "stopped"} == {
+        by[(0.03, 0)].key: "stopped",
+        by[(0.03, 1)].key: "stopped",
+    }
+    assert by[(0.1, 1)].key not in statuses and by[(0.3, 1)].key not in statuses  # left to run
+    for (lr, seed), step in (((0.03, 0), 5), ((0.03, 1), 0)):
+        _, run = tracking.trial_status(cl, exp, by[(lr, seed)].key)
+        assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent
+        assert run.data.tags["raystudy.stopped_at"] == str(step) and run.data.metrics["steps_done"] == step
+        assert "test_acc" not in run.data.metrics  # a stopped trial has no final results
+    _, run = tracking.trial_status(cl, exp, by[(0.03, 0)].key)
+    assert [(m.step, m.value) for m in cl.get_metric_history(run.info.run_id, "val_acc")] == [(5, 0.1)]

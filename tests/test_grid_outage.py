@@ -2,13 +2,16 @@
 (``RAYSTUDY_TRACKING_OUTAGE_S``): the grid stops as a Ctrl-C stops it, writes what its trials
 reported once the server is back, and the same command resumes it, every run exactly once (slow)."""
 
+import gzip
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,6 +19,8 @@ import yaml
 from drivers import driver_env, free_port, kill_group, mlflow_server, output_of, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
+
+NODE_SH = Path(__file__).resolve().parent.parent / "cluster" / "node.sh"
 
 LIMIT_S = 20  # the driver's limit in this test; the server stays away longer
 AWAY_S = 26
@@ -75,7 +80,13 @@ def test_a_server_away_past_the_limit_stops_the_grid_which_then_resumes_exactly_
     space = tmp / "space.yaml"
     space.write_text(yaml.safe_dump(SPACE))
     cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(space), *shared_ray, "--tracking-uri", uri]
-    env = driver_env(**CLIENT)
+    # As on a cluster's head: the grid's end takes a snapshot of the server's store (node.sh snapshot),
+    # whose records node.sh mlflow would have written to the head's state folder.
+    state = tmp / "head"
+    state.mkdir()
+    (state / "mlflow-store").write_text(f"sqlite:///{tmp}/server.db\n")
+    (state / "mlflow-backups").write_text(f"{tmp}/backups\n")
+    env = driver_env(**CLIENT, RAYSTUDY_SNAPSHOT_CMD=f"RAYSTUDY_STATE={state} bash {NODE_SH} snapshot")
     server = serve(tmp, port)
     proc = None
     try:
@@ -113,11 +124,23 @@ def test_a_server_away_past_the_limit_stops_the_grid_which_then_resumes_exactly_
 
     steps = [m.step for m in MlflowClient(uri).get_metric_history(first, "loss")]
     assert len(steps) >= 3 and steps == list(range(steps[0], steps[-1] + 1, steps[1] - steps[0])), steps
+    # The grid stopped by the limit took one snapshot as it ended, after what it held was written.
+    said = [ln for ln in out.splitlines() if "snapshot of MLflow's store" in ln]
+    assert len(said) == 1 and said[0].startswith(f"snapshot of MLflow's store: {tmp}/backups/mlflow-"), out[-4000:]
+    snap = tmp / "snapshot.db"
+    snap.write_bytes(gzip.decompress(Path(said[0].split()[4]).read_bytes()))
+    with sqlite3.connect(snap) as c:
+        assert c.execute("select count(*) from runs where status = 'RUNNING'").fetchone() == (0,)
+        assert c.execute(
+            "select t.value from tags t join tags r on r.run_uuid = t.run_uuid "
+            "where r.key = 'raystudy.role' and r.value = 'grid' and t.key = 'raystudy.status'"
+        ).fetchall() == [("interrupted",)]
 
     try:
         p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600, env=env)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         assert "resuming" in p.stdout
+        assert p.stdout.strip().splitlines()[-1].endswith("(2 kept, the newest 24)"), p.stdout[-3000:]
         df = runs(uri)
     finally:
         os.killpg(server.pid, signal.SIGTERM)

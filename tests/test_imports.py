@@ -50,6 +50,7 @@ LAYERS = [
         "raystudy.driver.recovered",
         "raystudy.driver.scheduler",
         "raystudy.driver.session",
+        "raystudy.driver.snapshot",
         "raystudy.driver.grid_run",
         "raystudy.driver.optuna_search",
         "raystudy.console",

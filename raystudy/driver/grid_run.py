@@ -105,7 +105,8 @@ def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, 
 
 def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, parent_id: str) -> set[str]:
     """The keys of ``trials`` MLflow holds as done, once it has recorded those that finished on
-    storage only (``driver.recovered``: a store restored to an older snapshot)."""
+    storage only, and under an adaptive policy those it stops (``driver.recovered``: a store
+    restored to an older snapshot)."""
     known = tracking.statuses(cl, exp_id)
     missing = {t.key for t in trials if known.get(t.key) not in tracking.TERMINAL}
     path = _tune_path(s["storage"], grid_name(trials, label))
@@ -113,6 +114,16 @@ def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: st
     if found:
         known = tracking.statuses(cl, exp_id)
         print(f"{found} trial(s) finished in {path} but missing from MLflow: recorded from their results", flush=True)
+    missing = {k for k in missing if known.get(k) not in tracking.TERMINAL}
+    policy = s["policy"]
+    stopped = (
+        recovered.record_stopped(cl, exp_id, parent_id, path, missing, policy, trials)
+        if missing and policy is not None
+        else 0
+    )
+    if stopped:
+        known = tracking.statuses(cl, exp_id)
+        print(f"{stopped} trial(s) the policy stopped, missing from MLflow: recorded stopped from {path}", flush=True)
     return {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
 
 

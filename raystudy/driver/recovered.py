@@ -4,7 +4,9 @@ A store restored to a snapshot older than the grid's storage (a lost head, its s
 the bucket) lacks the trials that finished after the snapshot, though Tune's folder under the
 grid's ``--storage`` still has them: each trial's ``params.json`` (its config) and ``result.json``
 (every result it reported, the last one ``final``). ``record`` writes such a trial's MLflow run
-from those files, once, so that the grid counts it done instead of training it again.
+from those files, once, so that the grid counts it done instead of training it again. Under an
+adaptive policy, ``record_stopped`` records the trials the policy stopped (their results end
+without a final one, or they never started) ``stopped``, deciding as the live scheduler does.
 """
 
 from __future__ import annotations
@@ -27,29 +29,68 @@ def record(cl, exp_id: str, parent_id: str, path, keys: set[str]) -> int:
     return found
 
 
+def record_stopped(cl, exp_id: str, parent_id: str, path, keys: set[str], policy, trials: list) -> int:
+    """Record ``stopped`` each trial of ``keys`` (none done in MLflow) that the adaptive ``policy``
+    stops, deciding on what MLflow holds of the grid's ``trials`` and what those of ``keys``
+    reported to the Tune folder ``path``, as the live scheduler did (or would, on the trial's next
+    result). Its run gets the steps it reported and ends stopped at the last (0: it never
+    started), as the live driver records it; returns how many."""
+    from raystudy import adaptive
+    from raystudy.driver import scheduler
+
+    found = reported(path, keys)
+    seen = scheduler.recorded_view(cl, exp_id, trials)
+    for key, (_, results) in found.items():
+        s = adaptive.Seen()
+        for r in results:
+            s = scheduler.observed(s, r)
+        seen[key] = s
+    decisions = adaptive.decide(policy, [adaptive.trial_of(t.key, t.config) for t in trials], seen)
+    n = 0
+    for t in trials:
+        if t.key in keys and t.key in decisions:
+            config, results = found.get(t.key, (t.as_dict(), []))
+            _write(cl, exp_id, parent_id, config, results)
+            n += 1
+    return n
+
+
 def finished(path, keys: set[str]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """(``trial`` config, results in order) of each trial under ``path`` whose key is in ``keys``
     and whose results end with a final one; one per key."""
+    return [found for found in reported(path, keys).values() if _final(found[1])]
+
+
+def reported(path, keys: set[str]) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Key -> (``trial`` config, results in order) of each trial under ``path`` whose key is in
+    ``keys``: of a key's folders, the first whose results end with a final one, else the longest."""
     fs, root = _filesystem(path)
     if fs is None:
-        return []
+        return {}
     out: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
     for folder in _folders(fs, root):
         try:
             t = json.loads(_read(fs, f"{folder}/{PARAMS}") or "null")["trial"]
-            if t.get("key") not in keys or t["key"] in out:  # its results (long for a long trial) are not read
+            key = t.get("key")
+            if key not in keys or (key in out and _final(out[key][1])):  # its results (long) are not read
                 continue
             lines = (_read(fs, f"{folder}/{RESULTS}") or "").splitlines()
             results = [json.loads(line) for line in lines if line.strip()]
         except (ValueError, KeyError, TypeError, AttributeError):  # cut short: not known to be done
             continue
-        if results and results[-1].get("final"):
-            out[t["key"]] = (t, results)
-    return list(out.values())
+        if key not in out or _final(results) or len(results) > len(out[key][1]):
+            out[key] = (t, results)
+    return out
+
+
+def _final(results: list[dict[str, Any]]) -> bool:
+    """Whether ``results`` end with the trial's final one."""
+    return bool(results) and bool(results[-1].get("final"))
 
 
 def _write(cl, exp_id: str, parent_id: str, t: dict[str, Any], results: list[dict[str, Any]]) -> None:
-    """The trial's run (the existing one of its key, else a new one): its curves, its final results, ended."""
+    """The trial's run (the existing one of its key, else a new one): its curves, its final results,
+    ended; results that end without a final one (stopped by the policy) end it ``stopped``."""
     _, run = tracking.trial_status(cl, exp_id, t["key"])
     if run is None:
         run_id = tracking.open_trial(
@@ -64,7 +105,10 @@ def _write(cl, exp_id: str, parent_id: str, t: dict[str, Any], results: list[dic
         if not r.get("final"):
             steps.append(r)
     tracking.log_steps(cl, run_id, steps, tracking.logged_upto(cl, run_id))
-    last = results[-1]
+    last = results[-1] if results else {}
+    if not last.get("final"):  # as the live driver records a trial the policy stopped
+        last = {**last, "status": "stopped", "steps_done": int(last.get("step", 0))}
+        tracking.note_stopped(cl, run_id, last["steps_done"])
     tracking.finish_trial(cl, run_id, last)
     if last.get("resumed_from"):
         tracking.note_resumed(cl, run_id, last["resumed_from"])

@@ -35,6 +35,23 @@ def stop_late(cl, exp_id: str, trials: list[Trial], policy: adaptive.Policy) -> 
     return n
 
 
+def observed(s: adaptive.Seen, result: dict) -> adaptive.Seen:
+    """What the policy has seen of a trial, ``s``, once the trial reports ``result``: its validation
+    point, whether it ended (a final result), its best validation accuracy if it finished."""
+    points = s.points
+    if "val_acc" in result and not result.get("final"):
+        points = tuple(p for p in points if p[0] != int(result["step"])) + (
+            (int(result["step"]), float(result["val_acc"])),
+        )
+    ended = s.ended or bool(result.get("final"))
+    best = (
+        float(result.get("best_val_acc", float("nan")))
+        if result.get("final") and result.get("status", "finished") == "finished"
+        else s.best
+    )
+    return adaptive.Seen(tuple(sorted(points)), ended, best)
+
+
 def seed_major(trials: list[Trial]):
     """A sort key for ``trials``: a trial's seed's index in its cell, then its cell and lr;
     earlier seeds first, so decisions on them come before later seeds start."""
@@ -77,19 +94,7 @@ class AdaptiveScheduler(FIFOScheduler):
         return self._seen
 
     def _observe(self, key: str, result: dict) -> None:
-        s = self.seen.get(key, adaptive.Seen())
-        points = s.points
-        if "val_acc" in result and not result.get("final"):
-            points = tuple(p for p in points if p[0] != int(result["step"])) + (
-                (int(result["step"]), float(result["val_acc"])),
-            )
-        ended = s.ended or bool(result.get("final"))
-        best = (
-            float(result.get("best_val_acc", float("nan")))
-            if result.get("final") and result.get("status", "finished") == "finished"
-            else s.best
-        )
-        self.seen[key] = adaptive.Seen(tuple(sorted(points)), ended, best)
+        self.seen[key] = observed(self.seen.get(key, adaptive.Seen()), result)
         self.decisions = adaptive.decide(self.policy, self.trials, self.seen)
 
     def on_trial_result(self, tune_controller, trial, result):
