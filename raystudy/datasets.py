@@ -507,6 +507,8 @@ def dataset_info(name: str, data: str = "") -> DatasetInfo:
     (its classes counted when it is scanned). Cheap: ``data`` is checked to exist, not listed."""
     if not data:
         return check_dataset(name)
+    if name in DATASETS:
+        raise ConfigError(f"dataset {name!r} names a registry dataset; give your own data (data={data}) another name")
     userdata.check_name(name)
     userdata.check_location(data)
     return DatasetInfo(name, 0, _user_load(data), f"your own images at {data}", cache_size=USER_CACHE_SIZE)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raystudy import components, costs, models
+from raystudy import components, costs, models, userdata
 from raystudy.config import (
     MAX_CPUS,
     SEED_END,
@@ -323,6 +323,11 @@ def _seeds(file: str, path: tuple, value: Any, key: Key) -> list:
     return value
 
 
+def axis_values(where: str, value: Any) -> list:
+    """The values of a grid axis or constant at ``where``: ``{grid_search: [...]}``'s list, or ``[value]``."""
+    return _grid_values(where, value)
+
+
 def _grid_values(where: str, value: Any) -> list:
     """A grid axis: ``{grid_search: [...]}`` or one constant (Ray's own names)."""
     if isinstance(value, dict):
@@ -491,9 +496,9 @@ def load_grid(name_or_path: str) -> Space:
     return Space(
         name=path.stem,
         study=f["study"],
-        base=f["base"],
+        base=_data_resolved(f["base"], path.parent),
         grid=f["grid"],
-        datasets=f["datasets"],
+        datasets={ds: _data_resolved(entry, path.parent) for ds, entry in f["datasets"].items()},
         optimizers=f["optimizers"],
         models=f["models"],
         tune=f["tune"],
@@ -501,6 +506,25 @@ def load_grid(name_or_path: str) -> Space:
         step_times=path.parent / f["step_times"] if f["step_times"] else None,
         experiments=_check_experiments(path.name, f),
     )
+
+
+def _data_resolved(section: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``section`` with its ``data`` (your own images: a path, or a grid_search of paths) made
+    absolute against the space file's ``folder``, so every worker reads the same place."""
+    value = section.get("data")
+    if isinstance(value, str):
+        return {**section, "data": userdata.resolve(value, folder)}
+    if isinstance(value, dict) and isinstance(value.get("grid_search"), list):
+        paths_ = [userdata.resolve(v, folder) if isinstance(v, str) else v for v in value["grid_search"]]
+        return {**section, "data": {"grid_search": paths_}}
+    return section
+
+
+def with_data(space: Space, entries: dict[str, str]) -> Space:
+    """``space`` with a dataset per ``entries`` item (name -> your own data's location, made
+    absolute against the working directory): ``grid --data NAME=PATH``."""
+    added = {name: {"data": userdata.resolve(data)} for name, data in entries.items()}
+    return replace(space, datasets={**space.datasets, **added})
 
 
 def _check_experiments(file: str, f: dict[str, Any]) -> dict[str, dict[str, Any]]:

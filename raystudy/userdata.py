@@ -85,16 +85,22 @@ class Partition:
     val: Part | None
     test: Part
     test_given: bool
+    root: str = ""  # the folder the items' paths are hashed relative to
 
     @property
     def test_hash(self) -> str:
-        """A hash of the test split's items and labels: the same split, the same hash."""
-        return items_hash(self.test)
+        """A hash of the test split's items (relative to the data's folder) and labels: the same
+        split, the same hash, wherever the data is copied."""
+        return items_hash(self.test, self.root)
 
 
-def items_hash(part: Part) -> str:
-    """SHA-256 (16 hex digits) of ``part``'s items and labels, in order."""
-    body = "\n".join(f"{i}\t{int(y)}" for i, y in zip(part.items, part.labels))
+def items_hash(part: Part, root: str = "") -> str:
+    """SHA-256 (16 hex digits) of ``part``'s items (relative to ``root`` where under it) and labels, in order."""
+
+    def rel(item: str) -> str:
+        return os.path.relpath(item, root) if root and item.startswith(root + os.sep) else item
+
+    body = "\n".join(f"{rel(i)}\t{int(y)}" for i, y in zip(part.items, part.labels))
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -110,8 +116,7 @@ def resolve(data: str, base: str | os.PathLike | None = None) -> str:
     directory); ``hf:NAME`` as it is."""
     if not data or data.startswith(HF_PREFIX):
         return data
-    p = Path(data).expanduser()
-    return str(p if p.is_absolute() else (Path(base) if base else Path.cwd()) / p)
+    return os.path.abspath(os.path.join(base or os.getcwd(), os.path.expanduser(data)))
 
 
 def check_location(data: str) -> None:
@@ -288,7 +293,8 @@ def partition(s: Scan) -> Partition:
         pool = Part(tuple(train.items[i] for i in keep), train.labels[keep])
         test, given = Part(tuple(train.items[i] for i in held), train.labels[held]), False
     _check_counts(s, pool.labels, 1 if val is not None else MIN_POOL, "the run's train/val split")
-    return Partition(pool, val, test, given)
+    root = s.location if s.kind == "folder" else str(Path(s.location).parent) if s.kind == "table" else ""
+    return Partition(pool, val, test, given, root)
 
 
 def _check_counts(s: Scan, labels: np.ndarray, need: int, what: str) -> None:
