@@ -174,8 +174,9 @@ def _scan_folder(root: Path) -> Scan:
     subs = {d.name for d in _class_folders(root)}
     given = "train" in subs and subs <= set(SPLITS)
     if not given and subs & set(SPLITS) and "train" not in subs:
+        have = ", ".join(f"{d}/" for d in sorted(subs & set(SPLITS)))
         raise DataError(
-            f"data {str(root)!r} has {', '.join(sorted(subs & set(SPLITS)))}/ but no train/: give train/ "
+            f"data {str(root)!r} has {have} but no train/: give train/ "
             "(and optionally val/, test/), each with one folder per class"
         )
     tops = {s: root / s for s in SPLITS if s in subs} if given else {"train": root}
@@ -239,10 +240,11 @@ def _scan_table(p: Path) -> Scan:
             f"the training rows, {len(strays) - 1} other row(s) too; classes: {', '.join(classes)}"
         )
     df["file"] = [str(Path(f) if Path(f).is_absolute() else p.parent / f) for f in df["path"]]
-    absent = [f for f in df["file"] if not Path(f).is_file()]
+    absent = [w for w, f in zip(df["path"], df["file"]) if not Path(f).is_file()]
     if absent:
+        others = f", nor {len(absent) - 1} other(s)" if len(absent) > 1 else ""
         raise DataError(
-            f"data {str(p)!r}: path {absent[0]!r} does not exist, {len(absent) - 1} other(s) neither; "
+            f"data {str(p)!r}: path {absent[0]!r} does not exist{others}; "
             "paths are relative to the table's folder, or absolute"
         )
     index = {c: i for i, c in enumerate(classes)}
