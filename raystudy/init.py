@@ -83,6 +83,12 @@ def protocol(n_train: int, demo: bool, steps: int | None = None) -> dict[str, in
     }
 
 
+def training_size(part: userdata.Partition) -> int:
+    """The images a run trains on: the pool, less the run's validation split where none is given."""
+    n = len(part.pool.labels)
+    return n if part.val is not None else n - int(round(n * datasets.VAL_FRACTION))
+
+
 def check(args) -> tuple[Path, str, str, list[str], userdata.Partition]:
     """Every check before the file is written: (out, model, data, notes, partition); ConfigError in one line."""
     out = Path(args.out)
@@ -168,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         return cli.fail(e)
     for note in notes:
         print(note)
-    n_train = len(part.pool.labels) if part.val is not None else round(0.8 * len(part.pool.labels))
-    proto = protocol(n_train, model == "vit_demo", args.steps)
+    proto = protocol(training_size(part), model == "vit_demo", args.steps)
     ref = data if data.startswith(userdata.HF_PREFIX) else os.path.relpath(data, out.absolute().parent)
     command = "raystudy init " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(space_doc(model, name, ref, proto), part, proto, command)
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)
     with open(out, "x", encoding="utf-8") as f:  # "x": never over a file that appeared meanwhile
         f.write(text)
     n_images = len(part.pool.labels) + len(part.test.labels) + (len(part.val.labels) if part.val else 0)
