@@ -54,6 +54,11 @@ def build_parser() -> cli.Parser:
     ap.add_argument(
         "--steps", type=int, help=f"steps per trial instead of the scaled protocol's (at most {MAX_STEPS:,})"
     )
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        help="the first N of the paper's seeds (default: all three; one makes a quick first pass)",
+    )
     return ap
 
 
@@ -100,6 +105,9 @@ def check(args) -> tuple[Path, str, str, list[str], userdata.Partition]:
     models.check_model(args.model)
     if args.steps is not None and not 2 <= args.steps <= MAX_STEPS:
         raise ConfigError(f"--steps must be >= 2 (warmup takes one) and <= {MAX_STEPS:,}, got {args.steps}")
+    seeds = len(spaces.load_grid("paper").grid["seed"])
+    if args.seeds is not None and not 1 <= args.seeds <= seeds:
+        raise ConfigError(f"--seeds must be between 1 and the paper's {seeds}, got {args.seeds}")
     data = userdata.resolve(args.data)
     if models.input_config(args.model).get("tokens"):
         raise ConfigError(f"model {args.model!r} reads token ids; your own data are images")
@@ -107,7 +115,7 @@ def check(args) -> tuple[Path, str, str, list[str], userdata.Partition]:
     return out, args.model, data, notes, userdata.partition(userdata.scan(data))
 
 
-def space_doc(model: str, name: str, data_ref: str, proto: dict[str, int]) -> dict[str, Any]:
+def space_doc(model: str, name: str, data_ref: str, proto: dict[str, int], seeds: int | None = None) -> dict[str, Any]:
     """The space as data: the paper's base, conditions, lrs, seeds and optimizers; the model's
     resources and tuning (the paper's, the demo's for the demo model); the dataset with its steps."""
     paper, demo = spaces.load_grid("paper"), spaces.load_grid("demo")
@@ -118,6 +126,7 @@ def space_doc(model: str, name: str, data_ref: str, proto: dict[str, int]) -> di
         base["normalization"] = "checkpoint"  # ImageNet's statistics are for RGB models
     base = {"model": model, "batch_size": proto["batch_size"], **base}
     grid = {k: {"grid_search": list(v)} for k, v in paper.grid.items()}
+    grid["seed"]["grid_search"] = grid["seed"]["grid_search"][:seeds]
     entry = {"data": data_ref, **{k: proto[k] for k in ("steps", "warmup_steps", "eval_every")}}
     known = src.models.get(model) or src.models.get(models.resolve_name(model))
     resources = {k: v for k, v in (known or {"gpu": 1, "cpu": 8}).items() if v is not None and v != {}}
@@ -177,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     proto = protocol(training_size(part), model == "vit_demo", args.steps)
     ref = data if data.startswith(userdata.HF_PREFIX) else os.path.relpath(data, out.absolute().parent)
     command = "raystudy init " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = render(space_doc(model, name, ref, proto), part, proto, command)
+    text = render(space_doc(model, name, ref, proto, args.seeds), part, proto, command)
     out.absolute().parent.mkdir(parents=True, exist_ok=True)
     with open(out, "x", encoding="utf-8") as f:  # "x": never over a file that appeared meanwhile
         f.write(text)

@@ -103,7 +103,7 @@ def test_init_then_grid_finishes_every_trial_with_the_test_split_recorded(
     image_folder(tmp_path / "photos")
     cmd = [sys.executable, "-m", "raystudy"]
     p = subprocess.run(
-        [*cmd, "init", "--model", "vit_demo", "--data", "photos", "--steps", "4"],
+        [*cmd, "init", "--model", "vit_demo", "--data", "photos", "--steps", "4", "--seeds", "1"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -111,15 +111,15 @@ def test_init_then_grid_finishes_every_trial_with_the_test_split_recorded(
         timeout=300,
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    grid = [*cmd, "grid", "--space", "space.yaml", "--set", "seed=0", "--set", "lr=0.01"]
-    grid += ["--conditions", "MHA,FC1,linear_probe", "--quiet", *shared_ray]
+    grid = [*cmd, "grid", "--space", "space.yaml", "--conditions", "MHA,linear_probe"]
+    grid += ["--quiet", *shared_ray]  # 4 lrs of MHA and the linear probe: 5 trials
     p = subprocess.run(grid, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "3 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout
+    assert "5 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout
     assert p.stdout.count("converted to RGB") == 1  # said once
     part = userdata.partition(userdata.scan(str(tmp_path / "photos")))
-    df = trial_runs(mlflow_uri, "raystudy-space-vit_demo")
-    assert len(df) == 3 and set(df["status"]) == {"FINISHED"}
+    df = trial_runs(mlflow_uri, "raystudy-photos-vit_demo")
+    assert len(df) == 5 and set(df["status"]) == {"FINISHED"}
     assert set(df["tags.raystudy.data.test_hash"]) == {part.test_hash}
     assert set(df["tags.raystudy.data.test_size"]) == {"4"}
     assert set(df["tags.raystudy.data.location"]) == {str(tmp_path / "photos")}
@@ -127,6 +127,6 @@ def test_init_then_grid_finishes_every_trial_with_the_test_split_recorded(
     import mlflow
 
     cl = mlflow.MlflowClient(mlflow_uri)
-    exp = cl.get_experiment_by_name("raystudy-space-vit_demo")
+    exp = cl.get_experiment_by_name("raystudy-photos-vit_demo")
     parent = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'grid'")[0]
     assert parent.data.params["data/photos/test_hash"] == part.test_hash
