@@ -51,21 +51,20 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
 
 
 def parse_data(values: Iterable[str] | None) -> dict[str, str]:
-    """``--data NAME=PATH`` values (repeatable, or comma-separated) as {name: location}; each
-    name a plain name, each location one that exists (``userdata.check_location``)."""
+    """``--data NAME=PATH`` values (the flag repeated for more; a path may hold commas) as
+    {name: location}; each name a plain name, each location one that exists (``userdata.check_location``)."""
     from raystudy import userdata
 
     out: dict[str, str] = {}
-    for value in values or []:
-        for item in (v.strip() for v in value.split(",")):
-            name, eq, data = (x.strip() for x in item.partition("="))
-            if not eq or not name or not data:
-                raise ConfigError(f"--data expects NAME=PATH (your name for the data, then where it is), got {item!r}")
-            userdata.check_name(name)
-            if name in out:
-                raise ConfigError(f"--data names {name!r} twice")
-            out[name] = userdata.resolve(data)
-            userdata.check_location(out[name])
+    for item in values or []:
+        name, eq, data = (x.strip() for x in item.partition("="))
+        if not eq or not name or not data:
+            raise ConfigError(f"--data expects NAME=PATH (your name for the data, then where it is), got {item!r}")
+        userdata.check_name(name)
+        if name in out:
+            raise ConfigError(f"--data names {name!r} twice")
+        out[name] = userdata.resolve(data)
+        userdata.check_location(out[name])
     return out
 
 

@@ -41,7 +41,7 @@ def build_parser() -> cli.Parser:
         "--data",
         action="append",
         metavar="NAME=PATH",
-        help="your own images as a dataset NAME (repeatable, or comma-separated): a folder of class folders "
+        help="your own images as a dataset NAME (repeat the flag for more): a folder of class folders "
         "(or of train/, val/, test/), a .csv/.parquet of path,label[,split], a save_to_disk folder, or hf:NAME; "
         "the grid then runs on these datasets only (add --datasets to choose others as well)",
     )
