@@ -130,3 +130,42 @@ def test_init_then_grid_finishes_every_trial_with_the_test_split_recorded(
     exp = cl.get_experiment_by_name("raystudy-photos-vit_demo")
     parent = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'grid'")[0]
     assert parent.data.params["data/photos/test_hash"] == part.test_hash
+
+
+@pytest.mark.slow
+def test_an_image_broken_after_the_check_fails_its_trial_by_name_and_the_grid_goes_on(
+    tmp_path, demo_weights, mlflow_uri, shared_ray
+):
+    import yaml
+
+    from drivers import driver_env
+    from test_grid_ray import trial_runs
+
+    good, bad = image_folder(tmp_path / "good"), image_folder(tmp_path / "bad")
+    space = {
+        "study": "broken",
+        "base": {"model": "vit_demo", "steps": 4, "warmup_steps": 1, "eval_every": 2, "batch_size": 8},
+        "grid": {"condition": "MHA", "lr": 0.01, "seed": 0},
+        "datasets": {"good": {"data": "good"}, "bad": {"data": "bad"}},
+        "tune": {"max_failures": 0, "max_concurrent": 1},
+    }
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    for root in (good, bad):
+        userdata.verify(str(root))  # the checks' verdicts, as a first grid run leaves them
+    # A test image broken after the check, its size and mtime kept: the cached verdict still holds
+    victim = Path(userdata.partition(userdata.scan(str(bad))).test.items[0])
+    st = victim.stat()
+    victim.write_bytes(b"\0" * st.st_size)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    grid = [sys.executable, "-m", "raystudy", "grid", "--space", "space.yaml", "--quiet", *shared_ray]
+    p = subprocess.run(
+        grid, cwd=tmp_path, env=driver_env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=900
+    )
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "1 finished, 0 diverged, 1 failed, 0 unfinished" in p.stdout
+    df = trial_runs(mlflow_uri, "raystudy-broken-vit_demo").set_index("params.dataset")
+    assert df.loc["good", "status"] == "FINISHED" and df.loc["bad", "status"] == "FAILED"
+    assert (
+        victim.name in df.loc["bad", "tags.raystudy.error"]
+        and "cannot be decoded" in df.loc["bad", "tags.raystudy.error"]
+    )
