@@ -5,6 +5,7 @@
     python -m raystudy.finetune --config examples/run.yaml --set steps=500 --out runs/one
     python -m raystudy.finetune --model vit_base --dataset cifar100 --download --steps 10000 \\
         --batch-size 512 --grad-accum 8 --lr 0.01 --warmup-steps 2000 --eval-every 500
+    python -m raystudy.finetune --dataset products --data ./photos   # your own images, checked first
 
 The run is recorded in MLflow as a grid trial is (``--no-mlflow``: not at all), its results are
 saved under runs/finetune/<condition>-<dataset>-<optimizer>-lr<lr>-s<seed> (``--out``,
@@ -33,6 +34,7 @@ FLAGS = (
     "model",
     "weights",
     "dataset",
+    "data",
     "data_root",
     "condition",
     "optimizer",

@@ -8,6 +8,7 @@
     python -m raystudy.grid --address auto                   # on the cluster started by `ray up cluster.yaml`
     python -m raystudy.grid --space demo_adaptive --adaptive race   # stop trials the study does not need
     python -m raystudy.grid --model vit_base --dry-run --adaptive halving        # what that saves on the paper grid
+    python -m raystudy.grid --space demo --data products=./photos --dry-run      # your own images (raystudy init)
 
 Rerunning the same command after a crash, a kill or Ctrl-C resumes the unfinished trials (from
 their last checkpoint) and skips the finished ones; MLflow keeps exactly one run per trial config.

@@ -235,9 +235,10 @@ def _scan_table(p: Path) -> Scan:
     classes = tuple(sorted(set(df.loc[df["split"] == "train", "label"])))
     strays = df[~df["label"].isin(classes)]
     if len(strays):
+        others = f", nor do {len(strays) - 1} other row(s)" if len(strays) > 1 else ""
         raise DataError(
             f"data {str(p)!r}: label {strays['label'].iloc[0]!r} ({strays['split'].iloc[0]} row) names no class of "
-            f"the training rows, {len(strays) - 1} other row(s) too; classes: {', '.join(classes)}"
+            f"the training rows{others}; classes: {', '.join(classes)}"
         )
     df["file"] = [str(Path(f) if Path(f).is_absolute() else p.parent / f) for f in df["path"]]
     absent = [w for w, f in zip(df["path"], df["file"]) if not Path(f).is_file()]
