@@ -509,6 +509,13 @@ CASES += [
         "x.jpg' is not an image or is truncated, and 1 other(s)",
     ),
     ("finetune", OWN + FAST, photos(classes=("val", "test")), "has test/, val/ but no train/"),
+    (  # grey and CMYK are converted, not refused: the truncated JPEG beside them is what the line names
+        "finetune",
+        ["--dataset", "mine", "--data", "{in}/photos"] + FAST,
+        photos(**{"a/cmyk.jpg": _image("CMYK", "JPEG"), "a/grey.png": _image("L"), "b/cut.jpg": TRUNCATED}),
+        "cut.jpg' is not an image or is truncated; remove or replace it",
+    ),
+    ("finetune", ["--dataset", "mine", "--data", "{in}/nope"] + FAST, {}, "does not exist"),
     ("finetune", ["--set", "dataset=mine", "--set", "data={in}/t.txt"] + FAST, {"t.txt": "x"}, ".csv or .parquet"),
     (
         "finetune",
