@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     """Check the data, write the space, print its dry run; the exit status (2: bad input or data)."""
     args = build_parser().parse_args(argv)
     try:
+        name = dataset_name(args.data, args.name)  # before the data's full check: it costs its time
         out, model, data, notes, part = check(args)
-        name = dataset_name(args.data, args.name)
     except ConfigError as e:
         return cli.fail(e)
     for note in notes:

@@ -565,6 +565,7 @@ CASES += [
     ("init", ["--model", "vit_demo", "--data", "{in}/photos", "--steps", "1"], photos(), "--steps must be >= 2"),
     ("init", ["--model", "vit_demo", "--data", "{in}/photos", "--out", "{in}/s.txt"], photos(), "ends in .yaml"),
     ("init", ["--model", "vit_demo"], {}, "the following arguments are required: --data"),
+    ("init", ["--model", "vit_demo", "--data", "{in}/photos", "--name", "a/b"], photos(), "must be a plain name"),
     ("init", ["--model", "vit_demo", "--data", "{in}/photos", "--seeds", "4"], photos(), "--seeds must be between 1"),
 ]
 
