@@ -44,6 +44,7 @@ def build_parser() -> cli.Parser:
         metavar="NAME=PATH",
         help="your own images as a dataset NAME (repeat the flag for more): a folder of class folders "
         "(or of train/, val/, test/), a .csv/.parquet of path,label[,split], a save_to_disk folder, or hf:NAME; "
+        "each with the space's batch and the paper's steps scaled to its size, as raystudy init writes them; "
         "the grid then runs on these datasets only (add --datasets to choose others as well)",
     )
     ap.add_argument("--conditions", help="comma-separated conditions (default: the space's)")

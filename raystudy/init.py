@@ -14,7 +14,6 @@ GPU-hours, and what ``--adaptive race`` would spend) is printed by ``raystudy gr
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import subprocess
@@ -28,11 +27,6 @@ from raystudy import cli, datasets, models, spaces, userdata
 from raystudy.config import MAX_STEPS
 from raystudy.errors import ConfigError
 
-EPOCHS = 10  # passes over the training split a run takes, before the bounds below
-MIN_STEPS = 100  # a floor for small data: enough steps for warmup and 20 evaluations
-PAPER_STEPS = 10_000  # the paper's CIFAR grid, its longest but DomainNet's
-WARMUP_SHARE = 0.2  # the paper: 2,000 warmup steps of 10,000
-EVALUATIONS = 20  # the paper: every 500 of 10,000 steps (CIFAR), 250 of 5,000 (Flowers102)
 PAPER_BATCH = 512
 DEMO_BATCH = 64  # the demo grid's, for the demo model
 
@@ -74,24 +68,9 @@ def dataset_name(data: str, name: str | None) -> str:
 
 
 def protocol(n_train: int, demo: bool, steps: int | None = None) -> dict[str, int]:
-    """Batch size, steps, warmup and evaluation cadence for ``n_train`` training images: the
-    paper's batch (the demo's for the demo model) cut to the data, ``EPOCHS`` epochs between
-    ``MIN_STEPS`` and ``PAPER_STEPS`` (or ``steps``), warmup and evaluations in the paper's proportions."""
-    batch = min(DEMO_BATCH if demo else PAPER_BATCH, 2 ** int(math.log2(max(1, n_train))))
-    if steps is None:
-        steps = min(PAPER_STEPS, max(MIN_STEPS, math.ceil(EPOCHS * n_train / batch)))
-    return {
-        "steps": steps,
-        "warmup_steps": max(1, min(round(WARMUP_SHARE * steps), steps - 1)),
-        "eval_every": max(1, steps // EVALUATIONS),
-        "batch_size": batch,
-    }
-
-
-def training_size(part: userdata.Partition) -> int:
-    """The images a run trains on: the pool, less the run's validation split where none is given."""
-    n = len(part.pool.labels)
-    return n if part.val is not None else n - int(round(n * datasets.VAL_FRACTION))
+    """``spaces.scaled_protocol`` of ``n_train`` training images from the paper's batch (the
+    demo's for the demo model)."""
+    return spaces.scaled_protocol(n_train, DEMO_BATCH if demo else PAPER_BATCH, steps)
 
 
 def check(args) -> tuple[Path, str, str, list[str], userdata.Partition]:
@@ -157,8 +136,9 @@ def render(doc: dict[str, Any], part: userdata.Partition, proto: dict[str, int],
         "base": ["The paper's protocol (search_spaces/paper.yaml), its batch cut to the data."],
         "grid": ["The paper's seven conditions, lr grid (SGD; AdamW: x0.01 by lr_scale) and seeds."],
         "datasets": [
-            f"Steps: {EPOCHS} epochs of the training split, between {MIN_STEPS} and the paper's {PAPER_STEPS:,}",
-            f"(unless --steps); warmup {WARMUP_SHARE:.0%} of them and {EVALUATIONS} evaluations a run, as the paper.",
+            f"Steps: {spaces.EPOCHS} epochs of the training split, between {spaces.MIN_STEPS} and the paper's "
+            f"{spaces.PAPER_STEPS:,} (unless --steps);",
+            f"warmup {spaces.WARMUP_SHARE:.0%} of them and {spaces.EVALUATIONS} evaluations a run, as the paper.",
             "data is relative to this file's folder.",
         ],
         "optimizers": ["The paper's optimizers; the grid runs SGD, add --optimizers sgd,adamw for its ablation."],
@@ -183,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return cli.fail(e)
     for note in notes:
         print(note)
-    proto = protocol(training_size(part), model == "vit_demo", args.steps)
+    proto = protocol(spaces.training_size(part), model == "vit_demo", args.steps)
     ref = data if data.startswith(userdata.HF_PREFIX) else os.path.relpath(data, out.absolute().parent)
     command = "raystudy init " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(space_doc(model, name, ref, proto, args.seeds), part, proto, command)

@@ -34,6 +34,7 @@ from raystudy.config import (
     trial_key,
     validate,
 )
+from raystudy.datasets import VAL_FRACTION
 from raystudy.errors import ConfigError, check_input_file
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -520,10 +521,46 @@ def _data_resolved(section: dict[str, Any], folder: Path) -> dict[str, Any]:
     return section
 
 
+# The paper's protocol scaled to a dataset of your own (``scaled_protocol``): its steps are many
+# epochs of large benchmarks, too many for a small folder of images and too few for a large one.
+EPOCHS = 10  # passes over the training split a run takes, before the bounds below
+MIN_STEPS = 100  # a floor for small data: enough steps for warmup and 20 evaluations
+PAPER_STEPS = 10_000  # the paper's CIFAR grid, its longest but DomainNet's
+WARMUP_SHARE = 0.2  # the paper: 2,000 warmup steps of 10,000
+EVALUATIONS = 20  # the paper: every 500 of 10,000 steps (CIFAR), 250 of 5,000 (Flowers102)
+
+
+def scaled_protocol(n_train: int, batch: int, steps: int | None = None) -> dict[str, int]:
+    """Batch size, steps, warmup and evaluation cadence for ``n_train`` training images:
+    ``batch`` cut to the data, ``EPOCHS`` epochs between ``MIN_STEPS`` and ``PAPER_STEPS`` (or
+    ``steps``), warmup and evaluations in the paper's proportions."""
+    batch = min(batch, 2 ** int(math.log2(max(1, n_train))))
+    if steps is None:
+        steps = min(PAPER_STEPS, max(MIN_STEPS, math.ceil(EPOCHS * n_train / batch)))
+    return {
+        "steps": steps,
+        "warmup_steps": max(1, min(round(WARMUP_SHARE * steps), steps - 1)),
+        "eval_every": max(1, steps // EVALUATIONS),
+        "batch_size": batch,
+    }
+
+
+def training_size(part: userdata.Partition) -> int:
+    """The images a run trains on: the pool, less the run's validation split where none is given."""
+    n = len(part.pool.labels)
+    return n if part.val is not None else n - int(round(n * VAL_FRACTION))
+
+
 def with_data(space: Space, entries: dict[str, str]) -> Space:
     """``space`` with a dataset per ``entries`` item (name -> your own data's location, made
-    absolute against the working directory): ``grid --data NAME=PATH``."""
-    added = {name: {"data": userdata.resolve(data)} for name, data in entries.items()}
+    absolute against the working directory), each with the space's batch and the paper's steps
+    scaled to its size (``scaled_protocol``, as ``raystudy init`` writes them): ``grid --data NAME=PATH``."""
+    batch = space.base.get("batch_size", FinetuneConfig.batch_size)
+    added = {}
+    for name, data in entries.items():
+        where = userdata.resolve(data)
+        n = training_size(userdata.partition(userdata.scan(where)))
+        added[name] = {"data": where, **scaled_protocol(n, batch)}
     return replace(space, datasets={**space.datasets, **added})
 
 
