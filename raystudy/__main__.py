@@ -22,6 +22,7 @@ COMMANDS = {
     "finetune": ("raystudy.finetune", "one finetuning run of one condition, recorded in MLflow"),
     "probe": ("raystudy.probe", "plasticity of every component of every block, with its bound"),
     "search": ("raystudy.search", "Optuna searches per condition with ASHA early stopping"),
+    "init": ("raystudy.init", "a starter grid space for your model and your own images, and its dry run"),
     "report": ("analysis.report", "the paper's tables, tests and figures from MLflow or a CSV"),
     "export": ("analysis.export_best", "the best config per condition as finetune YAML files"),
     "prefetch": ("raystudy.prefetch", "weights and datasets into the caches before a cluster run"),

@@ -185,13 +185,15 @@ def tensor_cache(
     root: str | os.PathLike,
     cache: str | os.PathLike | None = None,
     log: Callable[[str], None] | None = print,
+    ident: str = "",
 ) -> TensorPool:
     """``pool`` decoded once into a uint8 (N, 3, size, size) tensor file, memory-mapped.
 
     Every image is squashed to size×size (bilinear, PIL) unless it is that size already, and its
     original (height, width) is kept. The directory name carries a hash of the recipe (cache
-    version, dataset, role, size, count, data root), so a changed recipe never reads a stale
-    cache; a file lock makes concurrent runs decode it once; the directory appears atomically.
+    version, dataset, role, size, count, data root; ``ident``, what identifies your own data: its
+    file list with sizes and mtimes), so a changed recipe never reads a stale cache; a file lock
+    makes concurrent runs decode it once; the directory appears atomically.
     """
     if len(pool.labels) == 0:  # imagenet_val's training pool: nothing to decode
         return TensorPool(
@@ -207,6 +209,8 @@ def tensor_cache(
         "n": len(pool.labels),
         "root": str(Path(root).resolve()),
     }
+    if ident:  # only where given: the benchmarks' caches keep their keys
+        recipe["data"] = ident
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
     base = paths.tensor_cache(cache)
     base.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,36 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def parse_data(values: Iterable[str] | None) -> dict[str, str]:
+    """``--data NAME=PATH`` values (the flag repeated for more; a path may hold commas) as
+    {name: location}; each name a plain name, each location one that exists (``userdata.check_location``)."""
+    from raystudy import userdata
+
+    out: dict[str, str] = {}
+    for item in values or []:
+        name, eq, data = (x.strip() for x in item.partition("="))
+        if not eq or not name or not data:
+            raise ConfigError(f"--data expects NAME=PATH (your name for the data, then where it is), got {item!r}")
+        userdata.check_name(name)
+        if name in out:
+            raise ConfigError(f"--data names {name!r} twice")
+        out[name] = userdata.resolve(data)
+        userdata.check_location(out[name])
+    return out
+
+
+def check_data(locations: Iterable[str], cache: str | os.PathLike | None = None) -> list[str]:
+    """The full check of each of your own data ``locations`` (every image decoded once, the verdict
+    cached: ``userdata.verify``), before Ray or MLflow start; the note lines to print. Raises
+    ConfigError (``userdata.DataError``) in one line on bad data."""
+    from raystudy import userdata
+
+    notes: list[str] = []
+    for data in dict.fromkeys(d for d in locations if d):
+        notes += userdata.verify(data, cache)
+    return notes
+
+
 def parse_list(
     flag: str, value: str | None, allowed: list[str], canon: Callable[[str], str] = lambda s: s
 ) -> list[str] | None:

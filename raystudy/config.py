@@ -64,7 +64,9 @@ class FinetuneConfig:
     model: str = "vit_demo"
     weights: str | None = None  # local checkpoint file; default: timm hub cache / demo cache
     pretrained: bool = True
-    dataset: str = "digits_c"
+    dataset: str = "digits_c"  # a registry dataset; with ``data``: your name for your own data
+    data: str = ""  # your own images: a class-folder tree, a .csv/.parquet, a save_to_disk folder or
+    # hf:NAME (raystudy.userdata); empty: ``dataset`` is a registry dataset
     data_root: str | None = None  # default: $RAYSTUDY_DATA or ~/.cache/raystudy/data
     download: bool = False  # torchvision datasets only, on request
     low_data: bool = False  # the low-data regime (low_data_split says which subsets)
@@ -210,7 +212,13 @@ EXECUTION_KEYS = frozenset(
 
 # Identity keys added after studies were recorded: at these values they stay out of the key, so a
 # trial recorded before the key existed is still recognised as the same trial.
-KEYS_ADDED = {"probe_batch_size": 0, "precision": "bf16", "accuracy": "per_image", "linear_probe_data": "clean"}
+KEYS_ADDED = {
+    "probe_batch_size": 0,
+    "precision": "bf16",
+    "accuracy": "per_image",
+    "linear_probe_data": "clean",
+    "data": "",
+}
 
 
 def trial_key(config: dict[str, Any]) -> str:
@@ -319,11 +327,11 @@ def _check_names(cfg: FinetuneConfig) -> None:
         components.parse_condition(cfg.condition)
     except components.ConditionError as e:
         raise ConfigError(str(e)) from None
-    datasets.check_dataset(cfg.dataset)
-    datasets.resolve_data_path(cfg.data_path, cfg.dataset)
+    info = datasets.dataset_info(cfg.dataset, cfg.data)
+    datasets.resolve_data_path(cfg.data_path, cfg.dataset, cfg.data)
     models.check_model(cfg.model)
     arch = models.architecture(cfg.model)
-    if arch.tokens != datasets.check_dataset(cfg.dataset).tokens:
+    if arch.tokens != info.tokens:
         fits = [n for n, i in datasets.DATASETS.items() if i.tokens == arch.tokens]
         raise ConfigError(
             f"model {cfg.model!r} reads {arch.inputs}, dataset {cfg.dataset!r} does not; "

@@ -11,6 +11,7 @@ Train transform: RandomResizedCrop + horizontal flip; eval: Resize + CenterCrop,
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raystudy import paths
+from raystudy import paths, userdata
 from raystudy.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the registry alone (every CLI's
@@ -494,8 +495,42 @@ STUDY_DATASETS = (
 def check_dataset(name: str) -> DatasetInfo:
     """The registry entry of dataset ``name``, or ConfigError naming the valid ones."""
     if name not in DATASETS:
-        raise ConfigError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+        raise ConfigError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}, or your own images with data=PATH")
     return DATASETS[name]
+
+
+USER_CACHE_SIZE = 256  # your own images in the tensor cache: squares as the benchmarks' that are not CIFAR
+
+
+def dataset_info(name: str, data: str = "") -> DatasetInfo:
+    """The entry of ``name``: the registry's, or with ``data`` one for your own images there
+    (its classes counted when it is scanned). Cheap: ``data`` is checked to exist, not listed."""
+    if not data:
+        return check_dataset(name)
+    if name in DATASETS:
+        raise ConfigError(f"dataset {name!r} names a registry dataset; give your own data (data={data}) another name")
+    userdata.check_name(name)
+    userdata.check_location(data)
+    return DatasetInfo(name, 0, _user_load(data), f"your own images at {data}", cache_size=USER_CACHE_SIZE)
+
+
+def _user_load(data: str):
+    def load(root: Path, download: bool) -> Source:
+        return user_source(data)[0]
+
+    return load
+
+
+def user_source(data: str, mode: str = "RGB") -> tuple[Source, userdata.Scan]:
+    """Your own images at ``data`` as a Source (images in ``mode``) and the scan it came from: the
+    splits given, or the fixed test split and the rest as the training pool."""
+    s = userdata.scan(data)
+    p = userdata.partition(s)
+
+    def pool(part: userdata.Part | None) -> Pool | None:
+        return None if part is None else Pool(userdata.Images(s, part, mode), part.labels)
+
+    return Source(pool(p.pool), pool(p.test), pool(p.val)), s
 
 
 # ---------------------------------------------------------------- splits and transforms
@@ -547,12 +582,12 @@ def subsample_per_class(labels: np.ndarray, idx: np.ndarray, k: int, rng: np.ran
     return np.sort(np.concatenate(keep))
 
 
-def resolve_data_path(data_path: str, name: str) -> str:
+def resolve_data_path(data_path: str, name: str, data: str = "") -> str:
     """``torchvision`` or ``cache``: ``auto`` takes the cache path for ready tensors (the demo)."""
     if data_path not in DATA_PATHS:
         raise ConfigError(f"unknown data_path {data_path!r}; valid: {', '.join(DATA_PATHS)}")
     if data_path == "auto":
-        info = check_dataset(name)
+        info = dataset_info(name, data)
         return "torchvision" if info.image or info.tokens else "cache"
     return data_path
 
@@ -571,6 +606,8 @@ def build_splits(
     data_path: str = "torchvision",
     cache: str | Path | None = None,
     augment_train: bool = True,
+    data: str = "",
+    channels: int = 3,
 ) -> Splits:
     """Train/val/test datasets of ``name`` for a run with ``seed``.
 
@@ -578,11 +615,25 @@ def build_splits(
     ``cache`` or the default cache) instead of Views with per-image transforms; the split
     indices are the same on both paths. ``augment_train=False``: training images get the eval
     transform (features for a linear probe). The test split never changes, low data or not.
+    ``data``: ``name`` is your own images there (``raystudy.userdata``), read with ``channels``
+    channels (1: grey, for a grey model such as the demo's); the classes come from the data.
     """
-    info = check_dataset(name)
+    info = dataset_info(name, data)
     root = Path(root) if root else paths.data_root()
-    src = info.load(root, download)
-    view = _view_maker(name, info, root, img_size, mean, std, data_path, cache)
+    ident = ""
+    if data:
+        if channels != 3 and data_path == "cache":
+            raise ConfigError(
+                f"data_path cache keeps RGB images; a {channels}-channel model on your own data takes "
+                "data_path torchvision"
+            )
+        src, scanned = user_source(data, "RGB" if channels == 3 else "L")
+        info = dataclasses.replace(info, num_classes=len(scanned.classes))
+        ident = scanned.fingerprint
+    else:
+        src = info.load(root, download)
+    path = resolve_data_path(data_path, name, data)  # resolved here: your own data is no registry entry
+    view = _view_maker(name, info, root, img_size, mean, std, path, cache, ident)
     pool = src.train_pool
     if src.val is not None:  # an official validation split
         train_idx, val_idx = _official_split(pool, src.val, seed, low_data, low_data_split)
@@ -607,11 +658,13 @@ def _view_maker(
     std: Sequence[float],
     data_path: str,
     cache: str | Path | None,
+    ident: str = "",
 ) -> Callable[[str, Pool, np.ndarray, bool], Dataset]:
     """The function that views ``(role, pool, idx, train)`` of ``name`` as a dataset on its data path.
 
-    Token datasets get plain views; the cache path gets CachedViews over one tensor pool per role;
-    the torchvision path gets Views with the train or eval transform.
+    Token datasets get plain views; the cache path gets CachedViews over one tensor pool per role
+    (``ident``: what identifies your own data, in the cache's key); the torchvision path gets
+    Views with the train or eval transform.
     """
     from raystudy.batches import CachedView, tensor_cache, tensor_pool
 
@@ -625,7 +678,9 @@ def _view_maker(
         def view(role: str, pool: Pool, idx: np.ndarray, train: bool) -> Dataset:
             if role not in pools:
                 pools[role] = (
-                    tensor_cache(name, role, pool, info.cache_size, root, cache) if info.image else tensor_pool(pool)
+                    tensor_cache(name, role, pool, info.cache_size, root, cache, ident=ident)
+                    if info.image
+                    else tensor_pool(pool)
                 )
             return CachedView(pools[role], idx, train=train, size=img_size, mean=mean, std=std, augment=info.image)
     else:

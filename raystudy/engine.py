@@ -226,6 +226,8 @@ def build(cfg: FinetuneConfig, model: nn.Module | None = None, augment_train: bo
         low_data_split=cfg.low_data_split,
         data_path=cfg.data_path,
         augment_train=augment_train,
+        data=cfg.data,
+        channels=ic["in_chans"] or 3,
     )
     with seeded(cfg.seed):
         if model is None:

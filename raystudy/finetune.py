@@ -5,6 +5,7 @@
     python -m raystudy.finetune --config examples/run.yaml --set steps=500 --out runs/one
     python -m raystudy.finetune --model vit_base --dataset cifar100 --download --steps 10000 \\
         --batch-size 512 --grad-accum 8 --lr 0.01 --warmup-steps 2000 --eval-every 500
+    python -m raystudy.finetune --dataset products --data ./photos   # your own images, checked first
 
 The run is recorded in MLflow as a grid trial is (``--no-mlflow``: not at all), its results are
 saved under runs/finetune/<condition>-<dataset>-<optimizer>-lr<lr>-s<seed> (``--out``,
@@ -24,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from raystudy import cli, components, tracking
+from raystudy import cli, components, tracking, userdata
 from raystudy.config import FinetuneConfig, limit_help, load_config, parse_value, validate
 from raystudy.errors import ConfigError
 
@@ -33,6 +34,7 @@ FLAGS = (
     "model",
     "weights",
     "dataset",
+    "data",
     "data_root",
     "condition",
     "optimizer",
@@ -54,6 +56,8 @@ def make_config(args: argparse.Namespace) -> FinetuneConfig:
     if args.download:
         overrides["download"] = True
     overrides.update(cli.parse_set(args.set or []))
+    if overrides.get("data"):  # your own data: a path as typed, from the working directory
+        overrides["data"] = userdata.resolve(overrides["data"])
     return validate(load_config(args.config or "demo", **overrides))
 
 
@@ -225,9 +229,10 @@ def save(out: Path, cfg: FinetuneConfig, results: dict[str, Any]) -> list[Path]:
     return written
 
 
-def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str | None, str]:
-    """Every check of the command line, before any weights or data: (config, output folder or
-    None, tracking URI or None, experiment). Raises ConfigError or WeightsUnavailable (one line)."""
+def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str | None, str, list[str]]:
+    """Every check of the command line, before any weights are loaded: (config, output folder or
+    None, tracking URI or None, experiment, notes on your own data). Your own data is checked in
+    full (``cli.check_data``). Raises ConfigError or WeightsUnavailable (one line)."""
     from raystudy import model_sources, models, preflight, pretrain
 
     cli.check_unused("--no-save", args.no_save, {"--out": args.out})
@@ -239,6 +244,7 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
     cli.check_count("--threads", args.threads)
     out = None if args.no_save else Path(args.out or Path("runs/finetune") / run_name(cfg))
     cli.check_folder("--out", out)
+    notes = cli.check_data([cfg.data])
     uri = None if args.no_mlflow else (args.tracking_uri or tracking.default_uri())
     if uri:
         tracking.check_uri(uri)
@@ -246,7 +252,7 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
     preflight.check(cfg.model, cfg.weights)
     if cfg.weights is None and cfg.pretrained:
         pretrain.ensure_weights(cfg.model)
-    return cfg, out, uri, experiment
+    return cfg, out, uri, experiment, notes
 
 
 def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[str, Any]:
@@ -306,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     from raystudy import datasets, models
 
     try:
-        cfg, out, uri, experiment = prepare(args)
+        cfg, out, uri, experiment, notes = prepare(args)
     except (ConfigError, models.WeightsUnavailable) as e:
         return cli.fail(e)
 
@@ -319,11 +325,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg.steps} steps, seed {cfg.seed}, {args.threads} thread(s)",
         flush=True,
     )
+    for note in notes:
+        print(note, flush=True)
     recorder = Recorder(uri, experiment, cfg) if uri else None
     try:
         results = train(cfg, recorder, args.quiet)
     except (models.WeightsUnavailable, datasets.DatasetUnavailable) as e:
         return cli.fail(e)
+    except userdata.CorruptImage as e:  # changed since the check: the run failed (recorded so), not the input
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if recorder:
         recorder.finish(results)
     print_results(results)

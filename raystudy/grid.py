@@ -8,6 +8,7 @@
     python -m raystudy.grid --address auto                   # on the cluster started by `ray up cluster.yaml`
     python -m raystudy.grid --space demo_adaptive --adaptive race   # stop trials the study does not need
     python -m raystudy.grid --model vit_base --dry-run --adaptive halving        # what that saves on the paper grid
+    python -m raystudy.grid --space demo --data products=./photos --dry-run      # your own images (raystudy init)
 
 Rerunning the same command after a crash, a kill or Ctrl-C resumes the unfinished trials (from
 their last checkpoint) and skips the finished ones; MLflow keeps exactly one run per trial config.
@@ -37,6 +38,15 @@ def build_parser() -> cli.Parser:
     )
     ap.add_argument("--model", help="model for every trial (alias, timm ViT name or vit_demo)")
     ap.add_argument("--datasets", help="comma-separated subset of the space's datasets")
+    ap.add_argument(
+        "--data",
+        action="append",
+        metavar="NAME=PATH",
+        help="your own images as a dataset NAME (repeat the flag for more): a folder of class folders "
+        "(or of train/, val/, test/), a .csv/.parquet of path,label[,split], a save_to_disk folder, or hf:NAME; "
+        "each with the space's batch and the paper's steps scaled to its size, as raystudy init writes them; "
+        "the grid then runs on these datasets only (add --datasets to choose others as well)",
+    )
     ap.add_argument("--conditions", help="comma-separated conditions (default: the space's)")
     ap.add_argument("--optimizers", help="comma-separated subset of the space's optimizers")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every trial")
@@ -213,15 +223,20 @@ class Job:
     known: dict[str, str]
     trials: list
     done: list
+    notes: list = dataclasses.field(default_factory=list)  # what the check of your own data says
 
 
 def prepare(args) -> Job:
     """The grid ``args`` ask for, every flag checked; raises ``ConfigError`` naming what is wrong."""
     space = spaces.load_grid(args.space or ("paper" if args.model else "demo"))
+    own = cli.parse_data(args.data)
+    space = spaces.with_data(space, own) if own else space
     model = args.model or space.base.get("model", FinetuneConfig.model)
     models.check_model(model)
     conds = _conditions(args, space)
     datasets = cli.parse_list("--datasets", args.datasets, list(space.datasets))
+    if own and datasets is None:
+        datasets = list(own)
     optimizers = cli.parse_list("--optimizers", args.optimizers, list(space.optimizers))
     overrides = cli.parse_set(args.set or [])
     scope = _scope(space, model, datasets, optimizers)
@@ -239,6 +254,7 @@ def prepare(args) -> Job:
     cli.check_count("--num-cpus", args.num_cpus)
     cli.check_folder("--storage", args.storage or "runs/ray")
     cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
+    notes = cli.check_data(data_locations(space, plan["datasets"], overrides))  # before MLflow and Ray
     uri = args.tracking_uri or tracking.default_uri()
     tracking.check_uri(uri)
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
@@ -268,7 +284,23 @@ def prepare(args) -> Job:
         known,
         trials,
         done,
+        notes,
     )
+
+
+def data_locations(space, datasets: list[str], overrides: dict[str, Any]) -> list[str]:
+    """Where the grid's own data lives (``data`` of its datasets, its axis, its base or ``--set``), each once."""
+    if "data" in overrides:
+        return [overrides["data"]] if overrides["data"] else []
+    found: list[str] = []
+    for ds in datasets:
+        entry = space.datasets.get(ds, {})
+        if "data" in entry:
+            values = spaces.axis_values(f"datasets.{ds}.data", entry["data"])
+        else:
+            values = space.grid.get("data", [space.base.get("data", "")])
+        found += [v for v in values if v and v not in found]
+    return found
 
 
 def _scope(space, model: str, datasets: list[str] | None, optimizers: list[str] | None) -> dict[str, list[str]]:
@@ -308,6 +340,8 @@ def run(job: Job) -> int:
         f"{len(plan['conditions'])} conditions × {len(plan['optimizers'])} optimizers × lrs × seeds"
     )
     print(f"  datasets: {', '.join(plan['datasets'])}")
+    for note in job.notes:
+        print(f"  {note}")
     if (line := scope_line(job)) is not None:
         print(line)
     print(

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from raystudy import userdata
 from raystudy.errors import ConfigError
 
 # Hosts torchvision downloads each dataset from (checked before a download, so offline fails fast).
@@ -64,6 +65,10 @@ def parse_datasets(value: str | None) -> list[str]:
         v = v.strip()
         if v == "study":
             names += [d for d in datasets.STUDY_DATASETS if d not in names]
+        elif v.startswith(userdata.HF_PREFIX):  # your own data on the Hugging Face hub
+            userdata.check_location(v)
+            if v not in names:
+                names.append(v)
         elif v:
             datasets.check_dataset(v)
             if v not in names:
@@ -130,10 +135,32 @@ def fetch_weights(name: str, *, check_only: bool = False) -> str:
 # ---------------------------------------------------------------- datasets
 
 
+def fetch_hub_dataset(name: str, *, check_only: bool = False) -> str:
+    """Make the hub dataset ``name`` (``hf:NAME``) available in its cache (``userdata.hub_cache``),
+    as a trial reads it; returns a one-line status. ``check_only``: the cache alone, offline."""
+    offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"} if check_only else {}
+    saved = {k: os.environ.get(k) for k in offline}
+    os.environ.update(offline)  # read by the datasets package as it is imported, in the scan
+    try:
+        s = userdata.scan(name)
+    except userdata.DataError as e:
+        raise Unfetchable(f"dataset {name!r}: {'not cached' if check_only else 'not fetched'} ({e})") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    n, where = sum(len(v) for v in s.items.values()), userdata.hub_cache()
+    return f"{'cached ' if check_only else 'fetched'} {name}: {n} images, {len(s.classes)} classes under {where}"
+
+
 def fetch_dataset(name: str, root: Path, *, check_only: bool = False) -> str:
-    """Make dataset ``name`` available under ``root``; returns a one-line status."""
+    """Make dataset ``name`` available under ``root`` (``hf:NAME``: in the hub cache); returns a one-line status."""
     from raystudy import datasets, models
 
+    if name.startswith(userdata.HF_PREFIX):
+        return fetch_hub_dataset(name, check_only=check_only)
     info = datasets.check_dataset(name)
     try:
         src = info.load(root, False)  # files on disk only: never the network
@@ -195,7 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated models (aliases vit_base, vit_large, "
         "vit_huge, any timm ViT name, vit_demo, gpt2 or gpt2_tiny)",
     )
-    ap.add_argument("--datasets", help="comma-separated datasets, or 'study' for the 11 benchmarks")
+    ap.add_argument(
+        "--datasets",
+        help="comma-separated datasets, 'study' for the 11 benchmarks, or hf:NAME for your own on the "
+        'Hugging Face hub (pip install -e ".[hf]"; cached under <data root>/hf)',
+    )
     ap.add_argument("--data-root", help="dataset folder (default: $RAYSTUDY_DATA or ~/.cache/raystudy/data)")
     ap.add_argument("--hf-cache", help="Hugging Face hub cache (default: $HF_HUB_CACHE, from $HF_HOME)")
     ap.add_argument("--check", action="store_true", help="only report what is missing; never download")

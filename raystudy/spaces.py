@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raystudy import components, costs, models
+from raystudy import components, costs, models, userdata
 from raystudy.config import (
     MAX_CPUS,
     SEED_END,
@@ -34,6 +34,7 @@ from raystudy.config import (
     trial_key,
     validate,
 )
+from raystudy.datasets import VAL_FRACTION
 from raystudy.errors import ConfigError, check_input_file
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -323,6 +324,11 @@ def _seeds(file: str, path: tuple, value: Any, key: Key) -> list:
     return value
 
 
+def axis_values(where: str, value: Any) -> list:
+    """The values of a grid axis or constant at ``where``: ``{grid_search: [...]}``'s list, or ``[value]``."""
+    return _grid_values(where, value)
+
+
 def _grid_values(where: str, value: Any) -> list:
     """A grid axis: ``{grid_search: [...]}`` or one constant (Ray's own names)."""
     if isinstance(value, dict):
@@ -491,9 +497,9 @@ def load_grid(name_or_path: str) -> Space:
     return Space(
         name=path.stem,
         study=f["study"],
-        base=f["base"],
+        base=_data_resolved(f["base"], path.parent),
         grid=f["grid"],
-        datasets=f["datasets"],
+        datasets={ds: _data_resolved(entry, path.parent) for ds, entry in f["datasets"].items()},
         optimizers=f["optimizers"],
         models=f["models"],
         tune=f["tune"],
@@ -501,6 +507,61 @@ def load_grid(name_or_path: str) -> Space:
         step_times=path.parent / f["step_times"] if f["step_times"] else None,
         experiments=_check_experiments(path.name, f),
     )
+
+
+def _data_resolved(section: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``section`` with its ``data`` (your own images: a path, or a grid_search of paths) made
+    absolute against the space file's ``folder``, so every worker reads the same place."""
+    value = section.get("data")
+    if isinstance(value, str):
+        return {**section, "data": userdata.resolve(value, folder)}
+    if isinstance(value, dict) and isinstance(value.get("grid_search"), list):
+        paths_ = [userdata.resolve(v, folder) if isinstance(v, str) else v for v in value["grid_search"]]
+        return {**section, "data": {"grid_search": paths_}}
+    return section
+
+
+# The paper's protocol scaled to a dataset of your own (``scaled_protocol``): its steps are many
+# epochs of large benchmarks, too many for a small folder of images and too few for a large one.
+EPOCHS = 10  # passes over the training split a run takes, before the bounds below
+MIN_STEPS = 100  # a floor for small data: enough steps for warmup and 20 evaluations
+PAPER_STEPS = 10_000  # the paper's CIFAR grid, its longest but DomainNet's
+WARMUP_SHARE = 0.2  # the paper: 2,000 warmup steps of 10,000
+EVALUATIONS = 20  # the paper: every 500 of 10,000 steps (CIFAR), 250 of 5,000 (Flowers102)
+
+
+def scaled_protocol(n_train: int, batch: int, steps: int | None = None) -> dict[str, int]:
+    """Batch size, steps, warmup and evaluation cadence for ``n_train`` training images:
+    ``batch`` cut to the data, ``EPOCHS`` epochs between ``MIN_STEPS`` and ``PAPER_STEPS`` (or
+    ``steps``), warmup and evaluations in the paper's proportions."""
+    batch = min(batch, 2 ** int(math.log2(max(1, n_train))))
+    if steps is None:
+        steps = min(PAPER_STEPS, max(MIN_STEPS, math.ceil(EPOCHS * n_train / batch)))
+    return {
+        "steps": steps,
+        "warmup_steps": max(1, min(round(WARMUP_SHARE * steps), steps - 1)),
+        "eval_every": max(1, steps // EVALUATIONS),
+        "batch_size": batch,
+    }
+
+
+def training_size(part: userdata.Partition) -> int:
+    """The images a run trains on: the pool, less the run's validation split where none is given."""
+    n = len(part.pool.labels)
+    return n if part.val is not None else n - int(round(n * VAL_FRACTION))
+
+
+def with_data(space: Space, entries: dict[str, str]) -> Space:
+    """``space`` with a dataset per ``entries`` item (name -> your own data's location, made
+    absolute against the working directory), each with the space's batch and the paper's steps
+    scaled to its size (``scaled_protocol``, as ``raystudy init`` writes them): ``grid --data NAME=PATH``."""
+    batch = space.base.get("batch_size", FinetuneConfig.batch_size)
+    added = {}
+    for name, data in entries.items():
+        where = userdata.resolve(data)
+        n = training_size(userdata.partition(userdata.scan(where)))
+        added[name] = {"data": where, **scaled_protocol(n, batch)}
+    return replace(space, datasets={**space.datasets, **added})
 
 
 def _check_experiments(file: str, f: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -461,6 +461,7 @@ def open_trial(
         "mlflow.runName": name,
         **{k: str(config.get(k)) for k in ("condition", "dataset", "model", "optimizer")},
         **versions(),
+        **data_tags(config.get("data") or ""),
         **(extra_tags or {}),
     }
     if parent_id:
@@ -469,6 +470,34 @@ def open_trial(
     cl.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in config.items()])
     cl.log_text(run.info.run_id, _yaml(config), "config.yaml")
     return run.info.run_id
+
+
+DATA_TAG = "raystudy.data."  # a run on your own data: raystudy.data.location, .test_size, .test_hash, ...
+
+
+@functools.lru_cache(maxsize=64)
+def data_tags(data: str) -> dict[str, str]:
+    """What identifies your own data at ``data`` for a run's record (``userdata.summary``: the
+    location, the classes, the test split's size and the hash of its file list) as tags; none for a
+    registry dataset. Listed once per process and location."""
+    if not data:
+        return {}
+    from raystudy import userdata
+
+    return {DATA_TAG + k: v for k, v in userdata.summary(data).items()}
+
+
+def grid_data_params(configs: list[dict[str, Any]]) -> dict[str, str]:
+    """The grid parent run's record of its own data: per dataset with ``data``, its location and
+    test split (``data/<dataset>``, ``data/<dataset>/test_size``, ``data/<dataset>/test_hash``)."""
+    out: dict[str, str] = {}
+    for c in configs:
+        tags = data_tags(c.get("data") or "")
+        if tags and f"data/{c['dataset']}" not in out:
+            out[f"data/{c['dataset']}"] = tags[DATA_TAG + "location"]
+            out[f"data/{c['dataset']}/test_size"] = tags[DATA_TAG + "test_size"]
+            out[f"data/{c['dataset']}/test_hash"] = tags[DATA_TAG + "test_hash"]
+    return out
 
 
 def trial_name(config: dict[str, Any]) -> str:

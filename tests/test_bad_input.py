@@ -501,6 +501,102 @@ CASES += [
     ("search", ["--tracking-uri", "foo://bar", "--dry-run"], {}, "unsupported tracking URI"),  # and nothing before it
 ]
 
+
+def _image(mode: str = "RGB", fmt: str = "PNG", colour=None) -> bytes:
+    """A tiny image file's bytes, made with PIL."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, (12, 12), colour if colour is not None else (40,) * len(mode)).save(buf, fmt)
+    return buf.getvalue()
+
+
+def photos(classes=("a", "b"), n: int = 6, folder: str = "photos", **extra) -> dict:
+    """Input files: ``folder/<class>/<i>.png`` for each class, ``n`` images each, and ``extra`` files."""
+    files = {f"{folder}/{c}/{i}.png": _image() for c in classes for i in range(n)}
+    return {**files, **{f"{folder}/{k}": v for k, v in extra.items()}}
+
+
+TRUNCATED = _image("RGB", "JPEG", (200, 10, 10))[:60]
+OWN = ["--set", "dataset=mine", "--set", "data={in}/photos"]
+CSV_OK = photos(folder="t")
+
+# Your own data: refused before any trial starts, with one line, nothing recorded.
+CASES += [
+    ("finetune", OWN + FAST, {}, "does not exist"),
+    ("finetune", OWN + FAST, photos(classes=("a",)), "has 1 class (a); a classifier needs at least 2"),
+    ("finetune", OWN + FAST, {"photos/": None}, "has 0 classes"),
+    ("finetune", OWN + FAST, {**photos(), **photos(classes=("c",), n=2)}, "class 'c' has 2 image(s)"),
+    ("finetune", OWN + FAST, photos(**{"a/bad.png": b"not an image"}), "bad.png' is not an image or is truncated"),
+    (
+        "finetune",
+        OWN + FAST,
+        photos(**{"a/x.jpg": TRUNCATED, "b/y.jpg": TRUNCATED}),
+        "x.jpg' is not an image or is truncated, and 1 other(s)",
+    ),
+    ("finetune", OWN + FAST, photos(classes=("val", "test")), "has test/, val/ but no train/"),
+    (  # grey and CMYK are converted, not refused: the truncated JPEG beside them is what the line names
+        "finetune",
+        ["--dataset", "mine", "--data", "{in}/photos"] + FAST,
+        photos(**{"a/cmyk.jpg": _image("CMYK", "JPEG"), "a/grey.png": _image("L"), "b/cut.jpg": TRUNCATED}),
+        "cut.jpg' is not an image or is truncated; remove or replace it",
+    ),
+    ("finetune", ["--dataset", "mine", "--data", "{in}/nope"] + FAST, {}, "does not exist"),
+    ("finetune", ["--set", "dataset=mine", "--set", "data={in}/t.txt"] + FAST, {"t.txt": "x"}, ".csv or .parquet"),
+    (
+        "finetune",
+        ["--set", "dataset=mine", "--set", "data={in}/t.csv"] + FAST,
+        {**CSV_OK, "t.csv": "path,label,split\nt/a/0.png,a,train\nt/b/0.png,b,train\nt/a/1.png,zebra,test\n"},
+        "label 'zebra' (test row) names no class",
+    ),
+    (
+        "finetune",
+        ["--set", "dataset=mine", "--set", "data={in}/t.csv"] + FAST,
+        {**CSV_OK, "t.csv": "path,label\nt/a/0.png,a\nt/b/0.png,b\nt/b/nope.png,b\n"},
+        "path 't/b/nope.png' does not exist",
+    ),
+    (
+        "finetune",
+        ["--set", "dataset=mine", "--set", "data={in}/t.csv"] + FAST,
+        {"t.csv": "file,y\n"},
+        "lacks the column",
+    ),
+    ("finetune", ["--set", "dataset=my data", "--set", "data={in}/photos"] + FAST, photos(), "must be a plain name"),
+    (
+        "finetune",
+        ["--set", "dataset=cifar10", "--set", "data={in}/photos"] + FAST,
+        photos(),
+        "names a registry dataset",
+    ),
+    ("grid", ["--data", "mine={in}/photos", "--dry-run"], photos(classes=("a",)), "has 1 class"),
+    ("grid", ["--data", "mine={in}/photos", "--dry-run"], photos(**{"b/z.png": TRUNCATED}), "z.png' is not an image"),
+    ("grid", ["--data", "mine", "--dry-run"], {}, "--data expects NAME=PATH"),
+    ("grid", ["--data", "mine={in}/nope", "--dry-run"], {}, "does not exist"),
+    ("grid", ["--data", "cifar10={in}/photos", "--dry-run"], photos(), "names a registry dataset"),
+    (
+        "grid",
+        GS,
+        {**photos(**{"a/bad.png": b"nope"}), "s.yaml": grid_space(datasets={"mine": {"data": "photos"}})},
+        "bad.png' is not an image",
+    ),  # a relative data path: from the space file's folder
+    ("init", ["--model", "vit_demo", "--data", "{in}/nope"], {}, "does not exist"),
+    ("init", ["--model", "vit_demo", "--data", "{in}/photos"], photos(classes=("a",)), "has 1 class"),
+    ("init", ["--model", "nope", "--data", "{in}/photos"], photos(), "unknown model 'nope'"),
+    (
+        "init",
+        ["--model", "vit_demo", "--data", "{in}/photos", "--out", "{in}/s.yaml"],
+        {**photos(), "s.yaml": "x"},
+        "exists",
+    ),
+    ("init", ["--model", "vit_demo", "--data", "{in}/photos", "--steps", "1"], photos(), "--steps must be >= 2"),
+    ("init", ["--model", "vit_demo", "--data", "{in}/photos", "--out", "{in}/s.txt"], photos(), "ends in .yaml"),
+    ("init", ["--model", "vit_demo"], {}, "the following arguments are required: --data"),
+    ("init", ["--model", "vit_demo", "--data", "{in}/photos", "--name", "a/b"], photos(), "must be a plain name"),
+    ("init", ["--model", "vit_demo", "--data", "{in}/photos", "--seeds", "4"], photos(), "--seeds must be between 1"),
+]
+
 MAINS = {
     "grid": "raystudy.grid",
     "search": "raystudy.search",
@@ -512,6 +608,7 @@ MAINS = {
     "report": "analysis.report",
     "export_best": "analysis.export_best",
     "replay": "analysis.replay",
+    "init": "raystudy.init",
 }
 
 
@@ -524,6 +621,7 @@ def runs_csv() -> str:
 def make_inputs(folder: Path, files: dict, stores: dict[str, Path]) -> None:
     folder.mkdir()
     for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         if name.endswith("/"):
             (folder / name.rstrip("/")).mkdir()
         elif isinstance(content, str) and content in stores:

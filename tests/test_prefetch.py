@@ -173,9 +173,18 @@ def test_check_reports_and_never_downloads(tmp_path, hf_cache, monkeypatch, caps
         (["--model", "vit_bse"], "unknown model 'vit_bse'"),
         (["--datasets", "cifar11"], "unknown dataset 'cifar11'"),
         ([], "nothing to fetch"),
+        (["--datasets", "hf:"], "give the hub dataset's name after hf:"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, msg, capsys):
     assert prefetch.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and msg in err and len(err.splitlines()) == 1
+
+
+def test_a_hub_dataset_missing_offline_is_one_line_naming_it(capsys, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # never the network in a test
+    assert prefetch.main(["--datasets", "hf:raystudy-nobody/no-such-data", "--check"]) == 1
+    out = capsys.readouterr()
+    line = [ln for ln in out.out.splitlines() if "no-such-data" in ln]
+    assert len(line) == 1 and line[0].startswith("missing dataset 'hf:raystudy-nobody/no-such-data': not cached"), out

@@ -62,7 +62,12 @@ def run_grid(
             exp_id,
             grid_key(trials),
             f"{role}-{label}",
-            {"label": label, "model": model, "trials": len(trials)},
+            {
+                "label": label,
+                "model": model,
+                "trials": len(trials),
+                **tracking.grid_data_params([t.config for t in trials]),
+            },
             role,
         ) as parent:
             counts = _drive(trials, label, settings, cl, exp_id, parent)
