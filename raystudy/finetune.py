@@ -244,12 +244,12 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
     cli.check_count("--threads", args.threads)
     out = None if args.no_save else Path(args.out or Path("runs/finetune") / run_name(cfg))
     cli.check_folder("--out", out)
-    notes = cli.check_data([cfg.data])
     uri = None if args.no_mlflow else (args.tracking_uri or tracking.default_uri())
     if uri:
         tracking.check_uri(uri)
     experiment = args.experiment or f"raystudy-finetune-{model_sources.short(models.resolve_name(cfg.model))}"
     preflight.check(cfg.model, cfg.weights)
+    notes = cli.check_data([cfg.data])  # the full scan of your own images, after the quick checks
     if cfg.weights is None and cfg.pretrained:
         pretrain.ensure_weights(cfg.model)
     return cfg, out, uri, experiment, notes

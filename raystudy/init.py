@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from raystudy import cli, datasets, models, spaces, userdata
+from raystudy import cli, datasets, models, preflight, spaces, userdata
 from raystudy.config import MAX_STEPS
 from raystudy.errors import ConfigError
 
@@ -90,6 +90,7 @@ def check(args) -> tuple[Path, str, str, list[str], userdata.Partition]:
     data = userdata.resolve(args.data)
     if models.input_config(args.model).get("tokens"):
         raise ConfigError(f"model {args.model!r} reads token ids; your own data are images")
+    preflight.check(args.model, skip_registered=True)  # the partition, before the data's full scan
     notes = cli.check_data([data])
     return out, args.model, data, notes, userdata.partition(userdata.scan(data))
 

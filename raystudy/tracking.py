@@ -443,7 +443,7 @@ def open_trial(
 ) -> str:
     """Find the run of ``key`` and mark it running, or create it (named ``name``, else after its
     condition, dataset, optimizer, lr and seed): never two runs for one key."""
-    from mlflow.entities import Param, RunTag
+    from mlflow.entities import RunTag
 
     status, run = trial_status(cl, exp_id, key)
     if run is not None:
@@ -451,6 +451,8 @@ def open_trial(
         attempts = int(run.data.tags.get(ATTEMPTS, "1")) + 1
         cl.update_run(run_id, status="RUNNING")
         cl.log_batch(run_id, tags=[RunTag(STATUS, "running"), RunTag(ATTEMPTS, str(attempts))])
+        if not run.data.params:  # a driver killed between creating the run and logging its config
+            _log_config(cl, run_id, config)
         return run_id
     name = name or trial_name(config)
     tags = {
@@ -467,9 +469,15 @@ def open_trial(
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     run = cl.create_run(exp_id, tags=tags, run_name=name)
-    cl.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in config.items()])
-    cl.log_text(run.info.run_id, _yaml(config), "config.yaml")
+    _log_config(cl, run.info.run_id, config)
     return run.info.run_id
+
+
+def _log_config(cl, run_id: str, config: dict[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    cl.log_batch(run_id, params=[Param(k, str(v)) for k, v in config.items()])
+    cl.log_text(run_id, _yaml(config), "config.yaml")
 
 
 DATA_TAG = "raystudy.data."  # a run on your own data: raystudy.data.location, .test_size, .test_hash, ...

@@ -58,6 +58,28 @@ def test_open_trial_twice_gives_one_run(store):
     assert [a.path for a in cl.list_artifacts(r1)] == ["config.yaml"]
 
 
+def test_a_run_created_by_a_driver_killed_before_its_params_gets_them_when_reopened(store, monkeypatch):
+    """A kill between the run's creation and its params left a run the analysis cannot read."""
+    uri, cl, exp = store
+    key = trial_key(CFG)
+
+    def killed(*a, **kw):
+        raise KeyboardInterrupt  # the driver dies right after create_run
+
+    with monkeypatch.context() as m:
+        m.setattr(cl, "log_batch", killed)
+        with pytest.raises(KeyboardInterrupt):
+            tracking.open_trial(cl, exp, None, key, CFG)
+    (run,) = cl.search_runs([exp])
+    assert run.data.params == {}  # what the killed driver left
+    rid = tracking.open_trial(tracking.client(uri), exp, None, key, CFG)  # the resumed driver
+    assert rid == run.info.run_id
+    run = cl.get_run(rid)
+    assert run.data.params == {k: str(v) for k, v in CFG.items()}
+    assert [a.path for a in cl.list_artifacts(rid)] == ["config.yaml"]
+    assert run.data.tags["raystudy.attempts"] == "2" and run.data.tags["raystudy.status"] == "running"
+
+
 def test_diverged_is_finished_not_failed_and_failed_keeps_its_error(store):
     uri, cl, exp = store
     k1, k2 = trial_key(CFG), trial_key({**CFG, "seed": 9})
