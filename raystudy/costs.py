@@ -80,6 +80,12 @@ class TrialCost:
     compiled: bool = False
 
 
+def hours_text(h: float) -> str:
+    """GPU-hours for a line of output: whole hours, and two significant digits below half an hour
+    (a small study on your own data would otherwise read "0 GPU-hours")."""
+    return f"{h:.2g}" if 0 < h < 0.5 else f"{h:,.0f}"
+
+
 @dataclass(frozen=True)
 class Estimate:
     """GPU-hours of a list of trials, by condition, and which source priced how many trials."""
@@ -99,7 +105,7 @@ class Estimate:
             return "no GPU-hour estimate (no step_seconds and no measured step times" + (
                 f"; {self.note})" if self.note else ")"
             )
-        head = f"estimate {self.hours:,.0f} GPU-hours"
+        head = f"estimate {hours_text(self.hours)} GPU-hours"
         fb = f"step_seconds={self.fallback} from the space, a FLOP estimate"
         if self.measured and not self.estimated:
             text = f"{head} from measured step times ({self.table.describe()})"

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raystudy import adaptive, cli, components, model_sources, models, preflight, spaces, tracking
+from raystudy import adaptive, cli, components, costs, model_sources, models, preflight, spaces, tracking
 from raystudy.config import FinetuneConfig
 from raystudy.driver import backlog, local_ray, lock
 from raystudy.errors import ConfigError
@@ -138,7 +138,7 @@ def projection(policy, space, model: str, trials: list) -> str:
         sgd = [v for v in view if components.has_lr(v["condition"])]  # the linear probe takes no steps
         frac = sum(steps[v["key"]] for v in sgd) / max(1, sum(v["steps"] for v in sgd))
         cost = (
-            f"{hours.hours:,.0f} of {full.hours:,.0f} GPU-hours"
+            f"{costs.hours_text(hours.hours)} of {costs.hours_text(full.hours)} GPU-hours"
             if hours.hours is not None and full.hours
             else "no GPU-hour estimate"
         )
@@ -184,12 +184,14 @@ def experiments_budget(args) -> int:
             trials += plan["trials"]
             priced = priced and cost.hours is not None
             hours += cost.hours or 0.0
-            gpu_hours = f"{cost.hours:,.0f} GPU-hours" if cost.hours is not None else "no GPU-hour estimate"
+            gpu_hours = (
+                f"{costs.hours_text(cost.hours)} GPU-hours" if cost.hours is not None else "no GPU-hour estimate"
+            )
             print(
                 f"  {name:<12} {model:<10} {','.join(plan['optimizers']):<10} {len(plan['datasets']):>3} datasets "
                 f"{plan['trials']:>7,} trials  {gpu_hours}" + (f"  ({e['description']})" if e["description"] else "")
             )
-    print(f"  total: {trials:,} trials" + (f", {hours:,.0f} GPU-hours" if priced else ""))
+    print(f"  total: {trials:,} trials" + (f", {costs.hours_text(hours)} GPU-hours" if priced else ""))
     print("dry run: nothing started")
     return 0
 
@@ -320,7 +322,7 @@ def scope_line(job: Job) -> str | None:
         return None
     every = spaces.plan(job.space, job.model, None, conds, optimizers, overrides)
     hours = spaces.gpu_hours(job.space, job.model, every["costs"])
-    cost = f", {hours.hours:,.0f} GPU-hours" if hours.hours is not None else ""
+    cost = f", {costs.hours_text(hours.hours)} GPU-hours" if hours.hours is not None else ""
     names = [n for n, e in job.space.experiments.items() if not e["models"] or job.model in e["models"]]
     planned = job.plan["datasets"]
     narrower = [f"{o} on {len(ds)} of them ({', '.join(ds)})" for o, ds in scope.items() if len(ds) < len(planned)]
@@ -371,7 +373,11 @@ def dry_run(job: Job) -> int:
         print(
             f"  already done (in MLflow): {len(job.done):,} of {total:,} trials; "
             f"{total - len(job.done):,} to run"
-            + (f", {left.hours:,.0f} GPU-hours" if left.hours is not None and job.hours.hours is not None else "")
+            + (
+                f", {costs.hours_text(left.hours)} GPU-hours"
+                if left.hours is not None and job.hours.hours is not None
+                else ""
+            )
         )
     else:
         print(f"  already done (in MLflow): none of {total:,} trials")
