@@ -33,7 +33,9 @@ def make_images(tmp: Path, fmt: str, *extra: str) -> str:
 
 def init_grid_report(tmp: Path, data: str, name: str, shared_ray: list[str]) -> str:
     """init → grid → report as docs/your_data.md runs them; the report's markdown."""
-    p = run([*RAYSTUDY, "init", "--model", "vit_demo", "--data", data, "--name", name, "--steps", "6", "--seeds", "1"], tmp)
+    p = run(
+        [*RAYSTUDY, "init", "--model", "vit_demo", "--data", data, "--name", name, "--steps", "6", "--seeds", "1"], tmp
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "wrote space.yaml" in p.stdout and "adaptive race" in p.stdout
     grid = [*RAYSTUDY, "grid", "--space", "space.yaml", "--conditions", "MHA,linear_probe", "--quiet", *shared_ray]
