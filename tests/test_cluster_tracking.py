@@ -48,6 +48,21 @@ def stop_postgres(state: Path) -> None:
             pass
 
 
+def db_rows(server, query: str) -> list[tuple]:
+    """``query``'s rows, read from the server's database itself with the secret node.sh keeps."""
+    import psycopg2
+
+    conn = psycopg2.connect(
+        host="127.0.0.1", port=server.pg_port, user="mlflow", dbname="mlflow", passfile=str(server.state / "pgpass")
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query)
+            return cur.fetchall()
+    finally:
+        conn.close()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     if PG_CTL is None:
@@ -141,7 +156,6 @@ def test_a_root_head_whose_state_the_postgres_user_cannot_reach_says_so_in_one_l
 def test_a_grid_with_the_credentials_records_every_trial_once_in_postgresql(
     server, tmp_path, demo_weights, shared_ray, monkeypatch
 ):
-    import psycopg2
 
     creds = exports(server.state / "mlflow-credentials")
     space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1}}  # MHA and LN2: two trials
@@ -167,18 +181,11 @@ def test_a_grid_with_the_credentials_records_every_trial_once_in_postgresql(
     assert sorted(df["tags.mlflow.runName"]) == ["LN2·digits_c·lr0.1·s0", "MHA·digits_c·lr0.1·s0"]
 
     # in the database itself, read with the secret node.sh keeps in the head's pgpass
-    conn = psycopg2.connect(
-        host="127.0.0.1", port=server.pg_port, user="mlflow", dbname="mlflow", passfile=str(server.state / "pgpass")
+    rows = db_rows(
+        server,
+        "select r.name, r.status from runs r join tags t on t.run_uuid = r.run_uuid "
+        "where t.key = 'raystudy.role' and t.value = 'trial' order by r.name",
     )
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "select r.name, r.status from runs r join tags t on t.run_uuid = r.run_uuid "
-                "where t.key = 'raystudy.role' and t.value = 'trial' order by r.name"
-            )
-            rows = cur.fetchall()
-    finally:
-        conn.close()
     assert rows == [("LN2·digits_c·lr0.1·s0", "FINISHED"), ("MHA·digits_c·lr0.1·s0", "FINISHED")]
 
 
@@ -196,7 +203,6 @@ def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experimen
 ):
     """Three drivers started together against the head's server (four workers on PostgreSQL), each
     with its experiment and storage; they join one Ray, as drivers on a cluster's head do."""
-    import psycopg2
 
     env = driver_env(**exports(server.state / "mlflow-credentials"))
     procs = {}
@@ -239,19 +245,12 @@ def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experimen
     assert max(s for s, _ in parents.values()) < min(e for _, e in parents.values()), parents
 
     # in the database: each experiment's runs, and no run of the three outside them
-    conn = psycopg2.connect(
-        host="127.0.0.1", port=server.pg_port, user="mlflow", dbname="mlflow", passfile=str(server.state / "pgpass")
+    rows = db_rows(
+        server,
+        "select e.name, count(*), count(distinct t.value) from runs r "
+        "join experiments e on e.experiment_id = r.experiment_id "
+        "join tags t on t.run_uuid = r.run_uuid and t.key = 'raystudy.key' "
+        "join tags role on role.run_uuid = r.run_uuid and role.key = 'raystudy.role' and role.value = 'trial' "
+        "where e.name like 'raystudy-three-%' group by e.name order by e.name",
     )
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "select e.name, count(*), count(distinct t.value) from runs r "
-                "join experiments e on e.experiment_id = r.experiment_id "
-                "join tags t on t.run_uuid = r.run_uuid and t.key = 'raystudy.key' "
-                "join tags role on role.run_uuid = r.run_uuid and role.key = 'raystudy.role' and role.value = 'trial' "
-                "where e.name like 'raystudy-three-%' group by e.name order by e.name"
-            )
-            rows = cur.fetchall()
-    finally:
-        conn.close()
     assert rows == [(exp, 3, 3) for exp in GRIDS]
