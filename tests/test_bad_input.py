@@ -581,6 +581,17 @@ CASES += [
         {**photos(**{"a/bad.png": b"nope"}), "s.yaml": grid_space(datasets={"mine": {"data": "photos"}})},
         "bad.png' is not an image",
     ),  # a relative data path: from the space file's folder
+    ("probe", ["--dataset", "mine", "--data", "{in}/photos", "--pairs", "8"], photos(classes=("a",)), "has 1 class"),
+    (
+        "probe",
+        ["--dataset", "mine", "--data", "{in}/photos", "--pairs", "8"],
+        photos(**{"b/z.png": TRUNCATED}),
+        "z.png' is not an image",
+    ),
+    ("probe", ["--dataset", "mine", "--data", "{in}/nope"], {}, "does not exist"),
+    ("probe", ["--data", "{in}/photos"], photos(), "--data needs --dataset NAME"),
+    ("probe", ["--dataset", "cifar10", "--data", "{in}/photos"], photos(), "names a registry dataset"),
+    ("probe", ["--model", "gpt2_tiny", "--dataset", "mine", "--data", "{in}/photos"], photos(), "reads token ids"),
     ("init", ["--model", "vit_demo", "--data", "{in}/nope"], {}, "does not exist"),
     ("init", ["--model", "vit_demo", "--data", "{in}/photos"], photos(classes=("a",)), "has 1 class"),
     ("init", ["--model", "nope", "--data", "{in}/photos"], photos(), "unknown model 'nope'"),
