@@ -80,6 +80,15 @@ def check_data(locations: Iterable[str], cache: str | os.PathLike | None = None)
     return notes
 
 
+def check_low_data(locations: Iterable[str]) -> None:
+    """Each of your own data ``locations`` drawn VTAB-1k style holds the images the draw needs
+    (``datasets.check_vtab1k_pool``), before any trial builds its splits. Raises ConfigError."""
+    from raystudy import datasets
+
+    for data in dict.fromkeys(d for d in locations if d):
+        datasets.check_vtab1k_pool(data)
+
+
 def parse_list(
     flag: str, value: str | None, allowed: list[str], canon: Callable[[str], str] = lambda s: s
 ) -> list[str] | None:

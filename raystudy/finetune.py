@@ -250,6 +250,7 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
     experiment = args.experiment or f"raystudy-finetune-{model_sources.short(models.resolve_name(cfg.model))}"
     preflight.check(cfg.model, cfg.weights)
     notes = cli.check_data([cfg.data])  # the full scan of your own images, after the quick checks
+    cli.check_low_data([cfg.data] if cfg.low_data and cfg.low_data_split == "vtab1k" else [])
     if cfg.weights is None and cfg.pretrained:
         pretrain.ensure_weights(cfg.model)
     return cfg, out, uri, experiment, notes
