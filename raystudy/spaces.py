@@ -700,7 +700,7 @@ def plan(
     """What ``expand`` would give, counted without building a trial: ``trials``, the
     ``datasets``, ``conditions`` and ``optimizers`` they cover, ``steps`` summed over trials,
     ``costs`` (one item per cell, for ``gpu_hours``), ``vtab1k_data`` (your own data drawn
-    VTAB-1k style, whose pool ``cli.check_low_data`` sizes); every check ``expand`` makes (configs
+    VTAB-1k style, whose pool ``cli.check_data`` sizes); every check ``expand`` makes (configs
     validated, repeats and empty grids refused)."""
     n, steps, seen, items = 0, 0, set(), []
     ds, conds, opts, vtab1k = [], set(), set(), []
