@@ -843,7 +843,7 @@ def load_search(name_or_path: str) -> SearchSpace:
     return SearchSpace(
         name=path.stem,
         study=f["study"],
-        base=f["base"],
+        base=_data_resolved(f["base"], path.parent),
         conditions=tuple(conds),
         params=f["params"],
         num_samples=budget["num_samples"],
