@@ -68,15 +68,21 @@ def parse_data(values: Iterable[str] | None) -> dict[str, str]:
     return out
 
 
-def check_data(locations: Iterable[str], cache: str | os.PathLike | None = None) -> list[str]:
+def check_data(
+    locations: Iterable[str], cache: str | os.PathLike | None = None, vtab1k: Iterable[str] = ()
+) -> list[str]:
     """The full check of each of your own data ``locations`` (every image decoded once, the verdict
-    cached: ``userdata.verify``), before Ray or MLflow start; the note lines to print. Raises
-    ConfigError (``userdata.DataError``) in one line on bad data."""
-    from raystudy import userdata
+    cached: ``userdata.verify``), before Ray or MLflow start; the note lines to print. Those of
+    ``vtab1k`` (drawn with ``low_data_split: vtab1k``) must hold the images that draw needs
+    (``datasets.check_vtab1k_pool``), refused here rather than when a trial builds its splits.
+    Raises ConfigError (``userdata.DataError``) in one line on bad data."""
+    from raystudy import datasets, userdata
 
     notes: list[str] = []
     for data in dict.fromkeys(d for d in locations if d):
         notes += userdata.verify(data, cache)
+    for data in dict.fromkeys(d for d in vtab1k if d):
+        datasets.check_vtab1k_pool(data)
     return notes
 
 

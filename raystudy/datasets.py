@@ -548,6 +548,22 @@ def transforms(img_size: int, mean: Sequence[float], std: Sequence[float], image
     return train, evaluate
 
 
+def check_vtab1k_pool(data: str) -> None:
+    """Your own data at ``data`` holds enough images for ``low_data_split: vtab1k`` (800 training
+    and 200 validation images drawn from its pool, or from its given train and val splits);
+    ConfigError naming the pool size and the fix otherwise."""
+    p = userdata.partition(userdata.scan(data))
+    sizes = [("training pool", len(p.pool.labels), VTAB_TRAIN + (VTAB_VAL if p.val is None else 0))]
+    if p.val is not None:
+        sizes.append(("given val split", len(p.val.labels), VTAB_VAL))
+    for what, have, need in sizes:
+        if have < need:
+            raise ConfigError(
+                f"data {data!r}: low_data_split vtab1k draws {VTAB_TRAIN} + {VTAB_VAL} images, but the "
+                f"{what} holds {have}; use low_data_split: per_class"
+            )
+
+
 def split_pool(
     labels: np.ndarray, seed: int, low_data: bool = False, frac: float = VAL_FRACTION, low_data_split: str = "vtab1k"
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -249,7 +249,8 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
         tracking.check_uri(uri)
     experiment = args.experiment or f"raystudy-finetune-{model_sources.short(models.resolve_name(cfg.model))}"
     preflight.check(cfg.model, cfg.weights)
-    notes = cli.check_data([cfg.data])  # the full scan of your own images, after the quick checks
+    vtab1k = [cfg.data] if cfg.low_data and cfg.low_data_split == "vtab1k" else []
+    notes = cli.check_data([cfg.data], vtab1k=vtab1k)  # the full scan of your own images, after the quick checks
     if cfg.weights is None and cfg.pretrained:
         pretrain.ensure_weights(cfg.model)
     return cfg, out, uri, experiment, notes

@@ -256,7 +256,7 @@ def prepare(args) -> Job:
     cli.check_count("--num-cpus", args.num_cpus)
     cli.check_folder("--storage", args.storage or "runs/ray")
     cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
-    notes = cli.check_data(data_locations(space, plan["datasets"], overrides))  # before MLflow and Ray
+    notes = cli.check_data(data_locations(space, plan["datasets"], overrides), vtab1k=plan["vtab1k_data"])
     uri = args.tracking_uri or tracking.default_uri()
     tracking.check_uri(uri)
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags

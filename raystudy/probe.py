@@ -4,15 +4,18 @@
     python -m raystudy.probe --mode in_situ --pairs 2048 --components MHA,FC1
     python -m raystudy.probe --model vit_base --dataset cifar100 --pairs 12800 --batch-size 128 \\
         --device cuda --num-workers 8                         # the paper's measurement
+    python -m raystudy.probe --dataset mine --data ./photos   # y from your own images, checked first
     python -m raystudy.probe --model gpt2 --dataset tokens_rule --tokens x.npy --target-tokens y.npy \\
         --mode shared                                         # GPT-2 on token ids you supply
 
 x comes from the source (pretraining-like) dataset's test split (default: ``digits`` for the
 demo, ``imagenet_val`` otherwise), y from the downstream dataset's test split; both go through
-the model's eval transform. For GPT-2 x and y are token-id sequences: x from ``--tokens FILE``
-(.npy or .pt, sequences x tokens; default: uniform random tokens, ``tokens_random``), y from
-``--target-tokens FILE`` or the dataset's test split. Prints a table per mode and the model-level
-ranking, and writes the tidy table (CSV and Parquet) and a figure (PNG and PDF) to --out.
+the model's eval transform. With ``--data PATH`` the downstream dataset is your own images there
+(``--dataset`` names it), checked in full first and split as a finetuning run splits them. For GPT-2
+x and y are token-id sequences: x from ``--tokens FILE`` (.npy or .pt, sequences x tokens; default:
+uniform random tokens, ``tokens_random``), y from ``--target-tokens FILE`` or the dataset's test split.
+Prints a table per mode and the model-level ranking, and writes the tidy table (CSV and Parquet)
+and a figure (PNG and PDF) to --out.
 
 Bad input (unknown mode, component, model or dataset, a count or seed outside its bound (see
 --help), image sizes that differ, missing dataset files or weights) exits with status 2 and one
@@ -168,6 +171,11 @@ def build_parser() -> cli.Parser:
     )
     ap.add_argument("--target-tokens", help="GPT-2: token ids for y (default: the dataset's test split)")
     ap.add_argument("--out", help="output folder (default runs/probe/<model>_<dataset>)")
+    ap.add_argument(
+        "--data",
+        help="your own images for y (a folder of class folders, a CSV or Parquet, a save_to_disk "
+        "folder or hf:NAME), named by --dataset; checked in full before the model is built",
+    )
     ap.add_argument("--data-root", help="dataset root (default $RAYSTUDY_DATA)")
     ap.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -200,8 +208,9 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
     source = args.source or models.source_dataset(full)
     arch = models.architecture(full)
     tokens = arch.tokens
+    own = check_own_data(args, tokens)
     args.dataset = args.dataset or ("tokens_rule" if tokens else "digits_c")
-    for name in (args.dataset, source):
+    for name in (source,) if own else (args.dataset, source):
         if datasets.check_dataset(name).tokens != tokens:
             fits = [n for n, i in datasets.DATASETS.items() if i.tokens == tokens]
             raise ConfigError(
@@ -212,6 +221,7 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
         models.check_weights_file(args.weights)
     preflight.check(args.model, args.weights)
     cli.check_folder("--out", args.out)
+    notes = cli.check_data([args.data or ""])  # the full scan of your own images, after the quick checks
     ic = {**models.input_config(args.model)}
     if not tokens:  # the images are normalised as a finetuning run with the same key sees them
         ic["mean"], ic["std"] = models.normalization(args.model, args.normalization)
@@ -221,7 +231,25 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"{flag} is for GPT-2 models; {args.model!r} reads images")
         if path is not None:
             supplied[flag] = gpt2.load_tokens(path, ic["vocab_size"], ic["max_len"])
-    return dict(modes=modes, comps=comps, full=full, source=source, tokens=tokens, supplied=supplied, ic=ic)
+    return dict(
+        modes=modes, comps=comps, full=full, source=source, tokens=tokens, supplied=supplied, ic=ic, notes=notes
+    )
+
+
+def check_own_data(args: argparse.Namespace, tokens: bool) -> bool:
+    """Whether y comes from your own images (``--data``); with them, ``--data`` made absolute and
+    the name and location checked cheaply (``datasets.dataset_info``). Raises ConfigError."""
+    from raystudy import datasets, userdata
+
+    if args.data is None:
+        return False
+    if tokens:
+        raise ConfigError(f"--data is your own images; model {args.model!r} reads token ids (give --target-tokens)")
+    if args.dataset is None:
+        raise ConfigError("--data needs --dataset NAME, the name your images go by in the tables (e.g. --dataset mine)")
+    args.data = userdata.resolve(args.data)
+    datasets.dataset_info(args.dataset, args.data)
+    return True
 
 
 def check_images(args: argparse.Namespace, plan: dict[str, Any], splits) -> None:
@@ -259,7 +287,9 @@ def load_data(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
         root=args.data_root,
         download=args.download,
     )
-    src, tgt = datasets.build_splits(source, **split), datasets.build_splits(args.dataset, **split)
+    src = datasets.build_splits(source, **split)
+    # your own images read with the model's channels, as a finetuning run reads them
+    tgt = datasets.build_splits(args.dataset, **split, data=args.data or "", channels=ic["in_chans"] or 3)
     data = dict(
         x=gpt2.TokenRows(supplied["--tokens"]) if "--tokens" in supplied else src.test,
         y=gpt2.TokenRows(supplied["--target-tokens"]) if "--target-tokens" in supplied else tgt.test,
@@ -309,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, plasticity.ProbeError, datasets.DatasetUnavailable, models.WeightsUnavailable) as e:
         return cli.fail(e)
 
+    for note in plan["notes"]:
+        print(note, flush=True)
     seed = args.seed or 0
     print(
         f"raystudy probe: {args.model} on {args.dataset} (x: {data['x_name']}, y: {data['y_name']}), "

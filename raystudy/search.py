@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raystudy import cli, model_sources, models, preflight, spaces, tracking
+from raystudy import cli, model_sources, models, preflight, spaces, tracking, userdata
 from raystudy.config import FinetuneConfig, from_dict, trial_key, validate
 from raystudy.driver import backlog, local_ray
 from raystudy.errors import ConfigError
@@ -47,6 +47,11 @@ def build_parser() -> cli.Parser:
     ap.add_argument("--space", default="optimiser", help="YAML file or name under search_spaces/optuna/")
     ap.add_argument("--model", help="model (default: the space's base model)")
     ap.add_argument("--dataset", help="dataset (default: the space's base dataset)")
+    ap.add_argument(
+        "--data",
+        help="your own images as the dataset --dataset names (a folder of class folders, a CSV or Parquet, "
+        "a save_to_disk folder or hf:NAME); checked in full before Ray starts",
+    )
     ap.add_argument("--conditions", help="comma-separated subset of the space's conditions")
     ap.add_argument(
         "--num-samples",
@@ -115,8 +120,8 @@ class Job:
 
 
 def _base(args, space: spaces.SearchSpace) -> tuple[dict, str, str, list[str]]:
-    """The search's base config with ``--set``, ``--model`` and ``--dataset`` on top, its model,
-    dataset and conditions, each checked."""
+    """The search's base config with ``--set``, ``--model``, ``--dataset`` and ``--data`` on top,
+    its model, dataset and conditions, each checked (your own data cheaply: it exists)."""
     from raystudy import datasets
 
     base = {**space.base, **cli.parse_set(args.set or [])}
@@ -124,10 +129,14 @@ def _base(args, space: spaces.SearchSpace) -> tuple[dict, str, str, list[str]]:
         base["model"] = args.model
     if args.dataset:
         base["dataset"] = args.dataset
+    if args.data:
+        base["data"] = args.data
+    if base.get("data"):  # a path typed on the command line, from the working directory
+        base["data"] = userdata.resolve(base["data"])
     model = base.get("model", FinetuneConfig.model)
     dataset = base.get("dataset", FinetuneConfig.dataset)
     models.check_model(model)
-    datasets.check_dataset(dataset)
+    datasets.dataset_info(dataset, base.get("data", ""))
     preflight.check(model, base.get("weights"), skip_registered=args.dry_run)
     conditions = list(space.conditions)
     if args.conditions:
@@ -162,6 +171,8 @@ def prepare(args) -> Job | None:
     check_samples(space, studies, base, resources)
     uri = args.tracking_uri or tracking.default_uri()
     tracking.check_uri(uri)  # before any summary line: a refusal is its one line
+    low = base.get("low_data") and base.get("low_data_split", "vtab1k") == "vtab1k"
+    notes = cli.check_data([base.get("data", "")], vtab1k=[base.get("data", "")] if low else [])
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
     experiment = args.experiment or f"raystudy-{space.study}-{model_sources.short(models.resolve_name(model))}"
     print(
@@ -169,6 +180,8 @@ def prepare(args) -> Job | None:
         f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}"
     )
     print(budget_line(time_budget, len(studies), num_samples))
+    for note in notes:
+        print(note)
     if args.dry_run:
         print("dry run: nothing started")
         return None

@@ -699,10 +699,11 @@ def plan(
 ) -> dict[str, Any]:
     """What ``expand`` would give, counted without building a trial: ``trials``, the
     ``datasets``, ``conditions`` and ``optimizers`` they cover, ``steps`` summed over trials,
-    ``costs`` (one item per cell, for ``gpu_hours``); every check ``expand`` makes (configs
+    ``costs`` (one item per cell, for ``gpu_hours``), ``vtab1k_data`` (your own data drawn
+    VTAB-1k style, whose pool ``cli.check_data`` sizes); every check ``expand`` makes (configs
     validated, repeats and empty grids refused)."""
     n, steps, seen, items = 0, 0, set(), []
-    ds, conds, opts = [], set(), set()
+    ds, conds, opts, vtab1k = [], set(), set(), []
     for full, seeds, mopts in _cells(space, model, datasets, conditions, optimizers, overrides, scope):
         if len(set(seeds)) != len(seeds):
             raise ConfigError("the grid repeats a trial config (two axes give the same values)")
@@ -717,6 +718,8 @@ def plan(
             ds.append(full["dataset"])
         conds.add(full["condition"])
         opts.add(full["optimizer"])
+        if full["data"] and full["low_data"] and full["low_data_split"] == "vtab1k" and full["data"] not in vtab1k:
+            vtab1k.append(full["data"])
     if not n:
         raise ConfigError("the grid is empty: no dataset × condition × lr × seed × optimizer left")
     return {
@@ -726,6 +729,7 @@ def plan(
         "optimizers": sorted(opts),
         "steps": steps,
         "costs": items,
+        "vtab1k_data": vtab1k,
     }
 
 
@@ -839,7 +843,7 @@ def load_search(name_or_path: str) -> SearchSpace:
     return SearchSpace(
         name=path.stem,
         study=f["study"],
-        base=f["base"],
+        base=_data_resolved(f["base"], path.parent),
         conditions=tuple(conds),
         params=f["params"],
         num_samples=budget["num_samples"],

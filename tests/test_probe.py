@@ -188,3 +188,29 @@ def test_the_probe_normalises_images_as_the_grid_does():
         text=True,
     )
     assert r.returncode == 2 and "normalization 'imagenet' is for RGB models" in r.stderr
+
+
+def test_probe_on_your_own_images_checks_them_first_and_probes_their_test_split(demo_weights, tmp_path, capsys):
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(("cat", "dog", "eel")):
+        (root / name).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray((rng.random((20, 20, 3)) * 60 + c * 90).astype("uint8")).save(root / name / f"{i}.png")
+    Image.new("CMYK", (20, 20), (0, 50, 100, 0)).save(root / "dog" / "cmyk.jpg")
+    (root / "eel" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    argv = ["--dataset", "mine", "--data", str(root), "--pairs", "8", "--batch-size", "4", "--out", str(tmp_path / "o")]
+    assert probe.main(argv) == 2  # the full check comes first: the truncated file, named
+    err = capsys.readouterr().err
+    assert "cut.jpg' is not an image" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+    (root / "eel" / "cut.jpg").unlink()
+    assert probe.main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "vit_demo on mine (x: digits test, y: mine test)" in stdout
+    df = pd.read_parquet(tmp_path / "o" / "plasticity.parquet")
+    assert set(df["dataset"]) == {"mine"} and (df["n"] == 8).all()
+    assert stdout.count("image(s) not RGB (CMYK 1); converted") == 1  # the mode converted, said once

@@ -64,6 +64,25 @@ def test_dry_run_states_the_time_budget(capsys):
     assert search.budget_line(None, 2, 16).startswith("time budget: none")
 
 
+def test_dry_run_on_your_own_images_checks_them_and_says_what_it_converted(tmp_path, capsys):
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    for c, name in enumerate(("cat", "dog")):
+        (root / name).mkdir(parents=True)
+        for i in range(8):
+            Image.new("RGB", (16, 16), (c * 100, i * 20, 50)).save(root / name / f"{i}.png")
+    Image.new("L", (16, 16), 30).save(root / "cat" / "grey.png")
+    assert search.main(["--dataset", "mine", "--data", str(root), "--dry-run", "--conditions", "MHA"]) == 0
+    out = capsys.readouterr().out
+    assert "vit_demo on mine; studies MHA" in out
+    assert out.count("1 image(s) not RGB (L 1); converted to RGB") == 1 and "dry run: nothing started" in out
+    # a search space's base may name the data itself, a path from the space file's folder
+    raw = yaml.safe_load((spaces.SEARCH_DIR / "optimiser.yaml").read_text())
+    raw["base"] = {**raw["base"], "dataset": "mine", "data": "photos"}
+    assert spaces.load_search(write(tmp_path, raw)).base["data"] == str(root)
+
+
 def test_conditionals_momentum_only_for_sgd_beta2_only_for_adamw(tmp_path):
     space = spaces.load_search(write(tmp_path, GOOD))
     seen = set()
