@@ -10,11 +10,9 @@ again for the server to write what it holds and close its runs, and otherwise gi
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
-import threading
 import time
 import urllib.request
 from collections import deque
@@ -22,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
+from raystudy.driver.tune_glue import sigint_as
 from raystudy.errors import ConfigError
 from raystudy.tracking import TrackingUnavailable
 
@@ -120,7 +119,7 @@ class Backlog:
         raises ``TrackingOutage`` if it is still away then."""
         deadline, why = self.clock() + wait, ""
         self.flush(cl)
-        with _interruptible():  # the driver's closing ignores Ctrl-C; this wait may be long
+        with sigint_as(signal.default_int_handler):  # the driver's closing ignores Ctrl-C; this wait may be long
             try:
                 while self.away_since is not None and self.clock() < deadline:
                     sleep(PROBE_EVERY_S)
@@ -145,19 +144,6 @@ class Backlog:
                 return r.status == 200
         except OSError:
             return False
-
-
-@contextlib.contextmanager
-def _interruptible():
-    """Ctrl-C raises ``KeyboardInterrupt`` inside, even where the caller ignores it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
 
 
 _HELD: dict[tuple[str, ...], Backlog] = {}

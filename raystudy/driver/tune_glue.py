@@ -24,17 +24,23 @@ class Stopped(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def uninterrupted():
-    """Ctrl-C ignored while MLflow is being closed: a user pressing it again (Tune's graceful stop
-    is slow) would otherwise cut the closing short and leave runs RUNNING."""
+def sigint_as(handler):
+    """Ctrl-C handled by ``handler`` inside, the handler before restored after; a no-op off the
+    main thread (only it may set signal handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    before = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def uninterrupted():
+    """Ctrl-C ignored while MLflow is being closed: a user pressing it again (Tune's graceful stop
+    is slow) would otherwise cut the closing short and leave runs RUNNING."""
+    return sigint_as(signal.SIG_IGN)
 
 
 def fit(tuner, verbose: int, close: Callable[[], Any]) -> bool:
