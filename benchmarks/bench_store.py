@@ -213,19 +213,14 @@ def parse(argv: list[str] | None):
     ap.add_argument("--reps", type=int, default=3, help="timings per fast wait and driver trials per size")
     ap.add_argument("--stores", default=",".join(STORES), help=f"comma-separated, of {', '.join(STORES)}")
     args = ap.parse_args(argv)
-    stores = [s for s in args.stores.split(",") if s]
     problem = None
-    if not stores or set(stores) - set(STORES):
-        problem = f"--stores {args.stores!r}: use {', '.join(STORES)} (comma-separated)"
-    elif not 2 <= args.small < args.runs <= 10560:
+    if not 2 <= args.small < args.runs <= 10560:
         problem = f"--small {args.small} and --runs {args.runs}: need 2 <= small < runs <= 10560"
     elif min(args.steps, args.page, args.reps) < 1:
         problem = "--steps, --page and --reps must be >= 1"
-    elif "postgresql" in stores:
-        from pg_server import pg_bin
+    from pg_server import stores_problem
 
-        if pg_bin() is None:
-            problem = "no PostgreSQL server programs (pg_ctl): apt-get install -y postgresql, or --stores sqlite"
+    stores, problem = stores_problem(args.stores, STORES, problem)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)

@@ -190,17 +190,12 @@ def parse(argv: list[str] | None):
     ap.add_argument("--pg-workers", type=int, default=4, help="the PostgreSQL-backed server's workers")
     ap.add_argument("--stores", default=",".join(STORES), help=f"comma-separated, of {', '.join(STORES)}")
     args = ap.parse_args(argv)
-    stores = [s for s in args.stores.split(",") if s]
     problem = None
-    if not stores or set(stores) - set(STORES):
-        problem = f"--stores {args.stores!r}: use {', '.join(STORES)} (comma-separated)"
-    elif min(args.writers, args.trials, args.steps, args.pg_workers) < 1:
+    if min(args.writers, args.trials, args.steps, args.pg_workers) < 1:
         problem = "--writers, --trials, --steps and --pg-workers must be >= 1"
-    elif "postgresql" in stores:
-        from pg_server import pg_bin
+    from pg_server import stores_problem
 
-        if pg_bin() is None:
-            problem = "no PostgreSQL server programs (pg_ctl): apt-get install -y postgresql, or --stores sqlite"
+    stores, problem = stores_problem(args.stores, STORES, problem)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)

@@ -22,6 +22,17 @@ def pg_bin() -> Path | None:
     return Path(found).resolve().parent if found else None
 
 
+def stores_problem(value: str, known: tuple[str, ...], other: str | None = None) -> tuple[list[str], str | None]:
+    """``--stores``' names and the first problem (None: none): unknown names, then ``other`` (the
+    caller's own flags), then PostgreSQL asked for where its server programs are missing."""
+    stores = [s for s in value.split(",") if s]
+    if not stores or set(stores) - set(known):
+        return stores, f"--stores {value!r}: use {', '.join(known)} (comma-separated)"
+    if other is None and "postgresql" in stores and pg_bin() is None:
+        other = "no PostgreSQL server programs (pg_ctl): apt-get install -y postgresql, or --stores sqlite"
+    return stores, other
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
