@@ -19,6 +19,7 @@ import functools
 import hashlib
 import json
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -129,28 +130,14 @@ def check_model(name: str) -> str:
     """``name`` resolved; ConfigError unless it is an alias, a local model, a timm ViT, or a
     ``local-dir:``/``hf-hub:`` timm model whose config.json names a timm ViT."""
     full = resolve_name(name)
-    if model_sources.split(full)[0] is not None:
-        arch = model_sources.config_json(full, lambda: hub_reachable())["architecture"]
-        try:
-            check_timm_vit(arch)
-        except ConfigError as e:
-            raise ConfigError(f"model {name!r} (architecture {arch!r}): {e}") from None
-        return full
-    if full in GPT2_SIZES:
-        import importlib.util
-
-        if importlib.util.find_spec("transformers") is None:
-            raise ConfigError(f"model {name!r} needs Hugging Face transformers: pip install 'raystudy[gpt2]'")
-        return full
-    if full in LOCAL_MODELS or full in ALIAS_INPUTS:  # ALIAS_INPUTS: checked by the tests
-        return full
-    return check_timm_vit(name)
+    family(full).check(name, full)
+    return full
 
 
 def registered(name: str) -> bool:
     """Whether ``name`` is one raystudy registers: an alias, a local model or a GPT-2 size."""
     full = resolve_name(name)
-    return full in ALIAS_INPUTS or full in LOCAL_MODELS or full in GPT2_SIZES
+    return family(full).registered(full)
 
 
 def check_timm_vit(name: str) -> str:
@@ -189,11 +176,7 @@ def create_model(
     ``transformers`` ViT checkpoint is not mapped (``raystudy.model_sources``).
     """
     full = check_model(name)
-    if full in GPT2_SIZES:
-        return _create_gpt2(name, full, num_classes, pretrained, weights)
-    if full in LOCAL_MODELS:
-        return _create_local(name, full, num_classes, pretrained, weights, img_size)
-    return _create_timm(name, full, num_classes, pretrained, weights, img_size)
+    return family(full).create(name, full, num_classes, pretrained, weights, img_size)
 
 
 def _create_local(
@@ -281,7 +264,9 @@ def _load_source(model: nn.Module, source: str, ident: str) -> None:
         ) from None
 
 
-def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool, weights: str | Path | None) -> nn.Module:
+def _create_gpt2(
+    name: str, full: str, num_classes: int, pretrained: bool, weights: str | Path | None, img_size: int | None
+) -> nn.Module:
     """A GPT-2 classifier: a weights file, the hub's weights (cache first, then a download), or
     random init (``pretrained=False``, or a size with no weights anywhere such as gpt2_tiny)."""
     from raystudy import gpt2
@@ -315,7 +300,7 @@ def _create_gpt2(name: str, full: str, num_classes: int, pretrained: bool, weigh
 def architecture(name: str) -> architectures.Architecture:
     """The family record of model ``name`` (``raystudy.architectures``): GPT-2 for the names in
     ``GPT2_SIZES``, a timm ViT for every other (aliases, local models, timm names)."""
-    return architectures.GPT2 if resolve_name(name) in GPT2_SIZES else architectures.VIT
+    return family(resolve_name(name)).architecture
 
 
 def takes_tokens(name: str) -> bool:
@@ -325,15 +310,21 @@ def takes_tokens(name: str) -> bool:
 
 def hf_hub_id(full: str) -> str | None:
     """The Hugging Face repo timm (or, for GPT-2, transformers) downloads ``full`` from, if any."""
-    if full in GPT2_SIZES:
-        return GPT2_HUB_IDS.get(full)
-    source, ident = model_sources.split(full)
-    if source is not None:
-        return ident if source == "hf-hub" else None
+    return family(full).hub_id(full)
+
+
+def _timm_hub_id(full: str) -> str | None:
+    """The Hugging Face repo of a timm model's pretrained config, if it has one."""
     import timm
 
     cfg = timm.models.get_pretrained_cfg(full, allow_unregistered=False)
     return getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+
+
+def _source_hub_id(full: str) -> str | None:
+    """The repo of an ``hf-hub:`` model (a ``local-dir:`` one has none)."""
+    source, ident = model_sources.split(full)
+    return ident if source == "hf-hub" else None
 
 
 def cached_weights(full: str) -> str | None:
@@ -444,17 +435,15 @@ def pretrain_recipe(name: str) -> dict | None:
 
 def source_dataset(name: str) -> str:
     """The dataset ``name`` was pretrained on, where plasticity probes draw x from."""
-    family = architecture(name).probe_source
-    if family is not None:
-        return family
-    spec = LOCAL_MODELS.get(resolve_name(name))
-    return spec.source if spec else HUB_SOURCE
+    full = resolve_name(name)
+    fam = family(full)
+    return fam.architecture.probe_source or fam.source(full)
 
 
 def note(name: str) -> str:
     """What a reader of ``name``'s results should know (empty for the paper's checkpoints)."""
-    spec = LOCAL_MODELS.get(resolve_name(name))
-    return spec.note if spec else GPT2_NOTES.get(resolve_name(name), "")
+    full = resolve_name(name)
+    return family(full).note(full)
 
 
 def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -476,35 +465,147 @@ def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...
 
 def plasticity_note(name: str) -> str:
     """What a reader of ``name``'s plasticity measurements should know (empty for hub models)."""
-    family = architecture(name).plasticity_note
-    if family:
-        return family
-    spec = LOCAL_MODELS.get(resolve_name(name))
-    return spec.plasticity_note if spec else ""
+    full = resolve_name(name)
+    fam = family(full)
+    return fam.architecture.plasticity_note or fam.plasticity_note(full)
 
 
 def input_config(name: str) -> dict:
     """Input size, channels and normalisation ``name`` was pretrained with, without building it."""
     full = check_model(name)
-    if full in GPT2_SIZES:  # token ids: no image size, no normalisation
-        size = GPT2_SIZES[full]
-        return dict(
-            img_size=None,
-            in_chans=None,
-            mean=(),
-            std=(),
-            tokens=True,
-            vocab_size=size["vocab_size"],
-            max_len=size["n_positions"],
-        )
-    if full in LOCAL_MODELS:
-        spec = LOCAL_MODELS[full]
-        return dict(img_size=spec.arch["img_size"], in_chans=spec.arch["in_chans"], mean=spec.mean, std=spec.std)
+    return family(full).input_config(full)
+
+
+def _gpt2_inputs(full: str) -> dict:
+    """Token ids: no image size, no normalisation."""
+    size = GPT2_SIZES[full]
+    return dict(
+        img_size=None,
+        in_chans=None,
+        mean=(),
+        std=(),
+        tokens=True,
+        vocab_size=size["vocab_size"],
+        max_len=size["n_positions"],
+    )
+
+
+def _local_inputs(full: str) -> dict:
+    """A local model's inputs, as its record states them."""
+    spec = LOCAL_MODELS[full]
+    return dict(img_size=spec.arch["img_size"], in_chans=spec.arch["in_chans"], mean=spec.mean, std=spec.std)
+
+
+def _timm_inputs(full: str) -> dict:
+    """A timm model's inputs: the paper's checkpoints' as stated (no timm import), else timm's config."""
     if full in ALIAS_INPUTS:
         return dict(ALIAS_INPUTS[full])
-    if model_sources.split(full)[0] is not None:
-        return model_sources.input_config(model_sources.config_json(full, lambda: hub_reachable()))
     import timm
 
     cfg = timm.models.get_pretrained_cfg(full)
     return dict(img_size=cfg.input_size[-1], in_chans=cfg.input_size[0], mean=tuple(cfg.mean), std=tuple(cfg.std))
+
+
+def _source_inputs(full: str) -> dict:
+    """A saved timm model's inputs, from its config.json."""
+    return model_sources.input_config(model_sources.config_json(full, lambda: hub_reachable()))
+
+
+def _check_gpt2(name: str, full: str) -> None:
+    """GPT-2 needs transformers installed (the ``gpt2`` extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise ConfigError(f"model {name!r} needs Hugging Face transformers: pip install 'raystudy[gpt2]'")
+
+
+def _check_source(name: str, full: str) -> None:
+    """A ``local-dir:``/``hf-hub:`` model's config.json must name a timm ViT."""
+    arch = model_sources.config_json(full, lambda: hub_reachable())["architecture"]
+    try:
+        check_timm_vit(arch)
+    except ConfigError as e:
+        raise ConfigError(f"model {name!r} (architecture {arch!r}): {e}") from None
+
+
+def _check_timm(name: str, full: str) -> None:
+    """The paper's checkpoints are known (the tests check them against timm); any other a timm ViT."""
+    if full not in ALIAS_INPUTS:
+        check_timm_vit(name)
+
+
+def _nothing(full: str) -> str:
+    """No note."""
+    return ""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family as data: which full names it owns and how each is checked, built and
+    described. ``FAMILIES`` is tried in order (the first that ``owns`` a name has it); nothing
+    outside this module asks which family a model is, only what the record answers."""
+
+    name: str
+    owns: Callable[[str], bool]
+    check: Callable[[str, str], None]  # (name as given, full name): ConfigError if unusable
+    create: Callable[..., nn.Module]  # (name, full, num_classes, pretrained, weights, img_size)
+    input_config: Callable[[str], dict]
+    hub_id: Callable[[str], str | None]
+    architecture: architectures.Architecture
+    registered: Callable[[str], bool]  # named by raystudy (not just any timm or saved model)
+    source: Callable[[str], str] = lambda full: HUB_SOURCE  # what probes draw x from
+    note: Callable[[str], str] = _nothing
+    plasticity_note: Callable[[str], str] = _nothing
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        name="gpt2",
+        owns=lambda full: full in GPT2_SIZES,
+        check=_check_gpt2,
+        create=_create_gpt2,
+        input_config=_gpt2_inputs,
+        hub_id=GPT2_HUB_IDS.get,
+        architecture=architectures.GPT2,
+        registered=lambda full: True,
+        note=lambda full: GPT2_NOTES.get(full, ""),
+    ),
+    Family(
+        name="local",
+        owns=lambda full: full in LOCAL_MODELS,
+        check=lambda name, full: None,
+        create=_create_local,
+        input_config=_local_inputs,
+        hub_id=lambda full: None,
+        architecture=architectures.VIT,
+        registered=lambda full: True,
+        source=lambda full: LOCAL_MODELS[full].source,
+        note=lambda full: LOCAL_MODELS[full].note,
+        plasticity_note=lambda full: LOCAL_MODELS[full].plasticity_note,
+    ),
+    Family(
+        name="saved timm",
+        owns=lambda full: model_sources.split(full)[0] is not None,
+        check=_check_source,
+        create=_create_timm,
+        input_config=_source_inputs,
+        hub_id=_source_hub_id,
+        architecture=architectures.VIT,
+        registered=lambda full: False,
+    ),
+    Family(
+        name="timm",
+        owns=lambda full: True,
+        check=_check_timm,
+        create=_create_timm,
+        input_config=_timm_inputs,
+        hub_id=_timm_hub_id,
+        architecture=architectures.VIT,
+        registered=lambda full: full in ALIAS_INPUTS,
+    ),
+)
+
+
+def family(full: str) -> Family:
+    """The record of the family that owns the full model name ``full``."""
+    return next(f for f in FAMILIES if f.owns(full))

@@ -97,3 +97,57 @@ def test_input_config_without_building():
     assert models.input_config("vit_demo") == dict(img_size=16, in_chans=1, mean=(0.5,), std=(0.5,))
     ic = models.input_config("vit_base")
     assert ic["img_size"] == 224 and ic["mean"] == (0.5, 0.5, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("vit_base", "timm"),
+        ("vit_small_patch16_224", "timm"),
+        ("vit_demo", "local"),
+        ("gpt2_tiny", "gpt2"),
+        ("local-dir:/nowhere", "saved timm"),
+        ("hf-hub:org/name", "saved timm"),
+    ],
+)
+def test_every_model_name_belongs_to_one_family(name, family):
+    full = models.resolve_name(name)
+    owners = [f.name for f in models.FAMILIES if f.owns(full)]
+    assert owners[0] == family == models.family(full).name  # first match wins; timm takes the rest
+    assert models.architecture(name) is models.family(full).architecture
+
+
+def test_a_new_family_is_one_record(monkeypatch):
+    # What docs/development.md's recipe says: a family is a record in models.FAMILIES (plus its
+    # architecture's record when its parameter names are new); every question about a model of
+    # it is answered by the record, with no branch on the family elsewhere.
+    built = []
+
+    def create(name, full, num_classes, pretrained, weights, img_size):
+        built.append((full, num_classes, pretrained))
+        return torch.nn.Linear(4, num_classes)
+
+    toy = models.Family(
+        name="toy",
+        owns=lambda full: full.startswith("toy_"),
+        check=lambda name, full: None,
+        create=create,
+        input_config=lambda full: dict(img_size=8, in_chans=3, mean=(0.1,) * 3, std=(0.2,) * 3),
+        hub_id=lambda full: "org/" + full,
+        architecture=models.architectures.VIT,
+        registered=lambda full: True,
+        source=lambda full: "digits",
+        note=lambda full: "a toy",
+    )
+    monkeypatch.setattr(models, "FAMILIES", (toy, *models.FAMILIES))
+    assert models.check_model("toy_1") == "toy_1" and models.registered("toy_1")
+    assert models.create_model("toy_1", 5, pretrained=False).out_features == 5
+    assert built == [("toy_1", 5, False)]
+    assert models.input_config("toy_1")["img_size"] == 8
+    assert models.normalization("toy_1") == ((0.1,) * 3, (0.2,) * 3)
+    assert (models.hf_hub_id("toy_1"), models.source_dataset("toy_1"), models.note("toy_1")) == (
+        "org/toy_1",
+        "digits",
+        "a toy",
+    )
+    assert models.family("vit_demo").name == "local"  # the others unchanged
