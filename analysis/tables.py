@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import load, stats
+
 DASH = "—"
 _LATEX = {
     "\\": r"\textbackslash{}",
@@ -29,6 +31,40 @@ _LATEX = {
     DASH: "--",
     "−": "-",
 }
+
+
+def closing_ranking(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per condition, the study's answer as the report computes it, for a grid's closing table:
+    one row per trial key (``load.dedupe``), the lr chosen on validation per dataset, the test
+    accuracy there (mean over seeds), averaged over datasets (the report's ``average`` column),
+    and the average rank over datasets; best first."""
+    cols = ["condition", "test_acc", "avg_rank", "best_lr", "runs"]
+    runs = load.dedupe(runs)[0] if not runs.empty else runs
+    best = stats.best_lr(stats.seed_means(runs), "val") if not runs.empty else pd.DataFrame()
+    best = best[best["test_mean"].notna()] if len(best) else best
+    if best.empty:
+        return pd.DataFrame(columns=cols)
+    table = stats.wide(best)
+    out = pd.DataFrame(
+        {
+            "test_acc": table.mean(axis=0),
+            "avg_rank": stats.ranks(table).mean(axis=0),
+            "best_lr": {c: _lrs(c, lrs) for c, lrs in best.groupby("condition")["lr"]},
+            "runs": best.groupby("condition")["n"].sum(),
+        }
+    )
+    out.index.name = "condition"
+    return out.sort_values("test_acc", ascending=False).reset_index()[cols]
+
+
+def _lrs(condition: str, chosen) -> str:
+    """The lrs a condition's ranking used (one per dataset, when they differ); "-" for a
+    condition with no lr (the linear probe's closed form)."""
+    from raystudy import components  # no torch at import
+
+    if not components.has_lr(condition):
+        return "-"
+    return ",".join(f"{v:g}" for v in sorted(set(chosen)))
 
 
 def fmt(x, digits: int = 1) -> str:

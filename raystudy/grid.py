@@ -86,40 +86,6 @@ def build_parser() -> cli.Parser:
     return ap
 
 
-def ranking(runs):
-    """Per condition, the study's answer as the report computes it: the lr chosen on validation
-    per dataset, the test accuracy there (mean over seeds), averaged over datasets (the report's
-    ``average`` column), and the average rank over datasets; best first."""
-    import pandas as pd
-
-    from analysis import stats
-
-    cols = ["condition", "test_acc", "avg_rank", "best_lr", "runs"]
-    best = stats.best_lr(stats.seed_means(runs), "val") if not runs.empty else pd.DataFrame()
-    best = best[best["test_mean"].notna()] if len(best) else best
-    if best.empty:
-        return pd.DataFrame(columns=cols)
-    table = stats.wide(best)
-    out = pd.DataFrame(
-        {
-            "test_acc": table.mean(axis=0),
-            "avg_rank": stats.ranks(table).mean(axis=0),
-            "best_lr": {c: _lrs(c, lrs) for c, lrs in best.groupby("condition")["lr"]},
-            "runs": best.groupby("condition")["n"].sum(),
-        }
-    )
-    out.index.name = "condition"
-    return out.sort_values("test_acc", ascending=False).reset_index()[cols]
-
-
-def _lrs(condition: str, chosen) -> str:
-    """The lrs a condition's ranking used (one per dataset, when they differ); "-" for a
-    condition with no lr (the linear probe's closed form)."""
-    if not components.has_lr(condition):
-        return "-"
-    return ",".join(f"{v:g}" for v in sorted(set(chosen)))
-
-
 def projection(policy, space, model: str, trials: list) -> str:
     """What ``policy`` would spend of the grid: halving's share is fixed by the grid's shape, the
     race's by the data, so both ends (every lr stays in the race, one per cell is left at the
@@ -500,10 +466,12 @@ def show_results(cl, exp_id: str, trials, model: str, uri: str, partial: int | N
     done, and the ranking says so."""
     import pandas as pd
 
+    from analysis import tables
+
     keys = {t.key for t in trials}
     found = tracking.find_runs(cl, exp_id, raystudy__role="trial")
     runs = pd.DataFrame([r for r in tracking.rows(found) if r["key"] in keys])
-    table = ranking(runs)
+    table = tables.closing_ranking(runs)
     if not table.empty:
         parents = [
             r.data.tags.get("mlflow.parentRunId")

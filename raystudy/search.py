@@ -83,12 +83,6 @@ def budget_line(time_budget: float | None, studies: int, num_samples: int) -> st
     )
 
 
-def browse_lines(uri: str, experiment: str, optuna_db: Path) -> str:
-    """Where to look at a search: its MLflow runs and its Optuna studies."""
-    mlflow = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite") else uri
-    return f"browse: {mlflow}  (experiment {experiment!r})\nOptuna studies: optuna-dashboard sqlite:///{optuna_db}"
-
-
 def main(argv: list[str] | None = None) -> int:
     """The search command: 0 when done, 2 on bad input, 130 when stopped (the rerun resumes it)."""
     args = build_parser().parse_args(argv)
@@ -254,7 +248,9 @@ def run(job: Job) -> int:
         print("\nsearch stopped; run the same command to resume it", flush=True)
         return 130
     print_summary(summary)
-    print("\n" + browse_lines(job.uri, job.experiment, storage / "optuna" / "optuna.db"))
+    optuna_db = storage / "optuna" / "optuna.db"
+    browse = [*tracking.browse_lines(job.uri, exp_id), f"Optuna studies: optuna-dashboard sqlite:///{optuna_db}"]
+    print("\n" + "\n".join(browse))
     return 0
 
 

@@ -365,7 +365,7 @@ def parent_run(cl, exp_id: str, grid_key: str, name: str, params: dict[str, Any]
 
 def ranking_note(rows: list[dict[str, Any]], partial: bool = False) -> str:
     """The parent run's description (Markdown): the ranking of the conditions, best first. Each
-    row: condition, test_acc, avg_rank, best_lr, runs (``grid.ranking``'s columns)."""
+    row: condition, test_acc, avg_rank, best_lr, runs (``analysis.tables.closing_ranking``'s columns)."""
     head = "## Ranking" + (" (partial: the grid has unfinished trials)" if partial else "")
     lines = [
         head,

@@ -124,53 +124,6 @@ def test_unreachable_tracking_server_and_unknown_address_exit_2(tmp_path, capsys
     assert "file store is disabled" in capsys.readouterr().err
 
 
-def test_ranking_chooses_lr_on_validation():
-    import pandas as pd
-
-    df = pd.DataFrame(
-        [
-            # MHA: lr 0.1 wins on val (0.9) though lr 0.3 has the better test accuracy
-            dict(dataset="d", condition="MHA", lr=0.1, seed=0, status="finished", val_acc=0.9, test_acc=0.70),
-            dict(dataset="d", condition="MHA", lr=0.3, seed=0, status="finished", val_acc=0.5, test_acc=0.80),
-            dict(dataset="d", condition="LN1", lr=0.1, seed=0, status="finished", val_acc=0.4, test_acc=0.40),
-            dict(dataset="d", condition="LN1", lr=0.3, seed=0, status="diverged", val_acc=None, test_acc=None),
-        ]
-    )
-    r = grid.ranking(df)
-    assert list(r["condition"]) == ["MHA", "LN1"]
-    assert r.iloc[0]["test_acc"] == pytest.approx(0.70)
-
-
-def test_ranking_shows_no_lr_for_the_linear_probe():
-    import pandas as pd
-
-    # the linear probe's closed form has no lr: its runs carry the space's lr, which means nothing
-    df = pd.DataFrame(
-        [
-            dict(dataset="d", condition=c, lr=lr, seed=0, status="finished", val_acc=v, test_acc=v)
-            for c, lr, v in (("MHA", 0.1, 0.5), ("MHA", 0.3, 0.6), ("linear_probe", 0.1, 0.4))
-        ]
-    )
-    r = grid.ranking(df).set_index("condition")
-    assert r.loc["MHA", "best_lr"] == "0.3" and r.loc["linear_probe", "best_lr"] == "-"
-
-
-def test_ranking_is_the_reports_average_and_average_rank():
-    import pandas as pd
-
-    rows = []
-    for d, accs in {"a": {"MHA": (0.8, 0.6), "LN1": (0.5, 0.5)}, "b": {"MHA": (0.4, 0.4), "LN1": (0.7, 0.5)}}.items():
-        for c, (s0, s1) in accs.items():
-            rows += [
-                dict(dataset=d, condition=c, lr=0.1, seed=0, status="finished", val_acc=0.5, test_acc=s0),
-                dict(dataset=d, condition=c, lr=0.1, seed=1, status="finished", val_acc=0.5, test_acc=s1),
-            ]
-    r = grid.ranking(pd.DataFrame(rows)).set_index("condition")
-    # seed means: MHA a 0.7, b 0.4 -> 0.55; LN1 a 0.5, b 0.6 -> 0.55; ranks: a MHA 1, b LN1 1
-    assert r.loc["MHA", "test_acc"] == pytest.approx(0.55) and r.loc["LN1", "test_acc"] == pytest.approx(0.55)
-    assert r.loc["MHA", "avg_rank"] == r.loc["LN1", "avg_rank"] == 1.5 and r.loc["MHA", "runs"] == 4
-
-
 SMALL = {
     "study": "t",
     "base": {"model": "vit_demo", "steps": 40},
