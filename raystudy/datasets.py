@@ -72,6 +72,7 @@ class DatasetInfo:
     tokens: bool = False  # token-id sequences, for GPT-2 (no transform, no tensor cache)
     val_fraction: float = VAL_FRACTION
     cache_size: int = 256  # side of the tensor cache's squares (data_path: cache)
+    download: str = ""  # where torchvision downloads it from (``download=true``, prefetch); empty: by hand
 
 
 @dataclass(frozen=True)
@@ -445,8 +446,22 @@ def _register(info: DatasetInfo) -> None:
 
 # CIFAR's tensor cache keeps the native 32x32 pixels; the others are squashed to 256x256 squares
 # (their original height and width are kept, so crops still cover the regions torchvision's do).
-_register(DatasetInfo("cifar10", 10, _cifar("CIFAR10", "cifar10", _TV), _TV, cache_size=32))
-_register(DatasetInfo("cifar100", 100, _cifar("CIFAR100", "cifar100", _TV), _TV, cache_size=32))
+_CIFAR_URL = "https://www.cs.toronto.edu/~kriz/{}-python.tar.gz"
+_register(
+    DatasetInfo(
+        "cifar10", 10, _cifar("CIFAR10", "cifar10", _TV), _TV, cache_size=32, download=_CIFAR_URL.format("cifar-10")
+    )
+)
+_register(
+    DatasetInfo(
+        "cifar100",
+        100,
+        _cifar("CIFAR100", "cifar100", _TV),
+        _TV,
+        cache_size=32,
+        download=_CIFAR_URL.format("cifar-100"),
+    )
+)
 for _c in CIFAR10C_CORRUPTIONS:
     _register(DatasetInfo(f"cifar10c_{_c}", 10, _cifar10c(_c, f"cifar10c_{_c}", _C10C), _C10C, cache_size=32))
 for _d in DOMAINNET_DOMAINS:
@@ -457,6 +472,7 @@ _register(
         102,
         _split_dataset("Flowers102", "flowers102", _TV, {"train": "train", "val": "val", "test": "test"}),
         _TV,
+        download="https://www.robots.ox.ac.uk/~vgg/data/flowers/102/",
     )
 )
 _register(
@@ -465,6 +481,7 @@ _register(
         37,
         _split_dataset("OxfordIIITPet", "pets", _TV, {"train": "trainval", "test": "test"}, target_types="category"),
         _TV,
+        download="https://www.robots.ox.ac.uk/~vgg/data/pets/data/images.tar.gz",
     )
 )
 _register(DatasetInfo("imagenet_val", 1000, _imagenet_val("imagenet_val", _IN), _IN))

@@ -29,12 +29,6 @@ from raystudy import userdata
 from raystudy.errors import ConfigError
 
 # Hosts torchvision downloads each dataset from (checked before a download, so offline fails fast).
-DOWNLOAD_URLS = {
-    "cifar10": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-    "cifar100": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
-    "flowers102": "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/",
-    "pets": "https://www.robots.ox.ac.uk/~vgg/data/pets/data/images.tar.gz",
-}
 HUB_HOST = "huggingface.co"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order
 
@@ -167,11 +161,11 @@ def fetch_dataset(name: str, root: Path, *, check_only: bool = False) -> str:
         return f"cached  {name}: {len(src.train_pool.labels) + len(src.test.labels)} images under {root}"
     except datasets.DatasetUnavailable as e:
         missing = str(e)
-    if name not in DOWNLOAD_URLS:  # CIFAR-10-C, DomainNet, ImageNet val: by hand
+    if not info.download:  # CIFAR-10-C, DomainNet, ImageNet val: by hand
         raise Unfetchable(missing)
     if check_only:
         raise Unfetchable(f"dataset {name!r}: not under {root}")
-    host = urlparse(DOWNLOAD_URLS[name]).hostname
+    host = urlparse(info.download).hostname
     if not models.hub_reachable(host):
         raise Unfetchable(
             f"dataset {name!r}: not under {root} and {host} is unreachable; run this where "

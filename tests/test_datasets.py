@@ -257,3 +257,10 @@ def test_cifar10c_tests_on_the_papers_images_in_its_order(tmp_path):
     got = [np.asarray(src.test.items[i][0])[0, 0] for i in range(len(src.test.items))]
     assert [int(p[0]) * 256 + int(p[1]) - 40_000 for p in got] == want_test.tolist()
     assert np.array_equal(src.test.labels, (want_test + 40_000) % 10)
+
+
+def test_the_registry_holds_each_download_source():
+    # torchvision downloads these (prefetch, download=true); the others are placed by hand
+    fetched = {n for n, info in datasets.DATASETS.items() if info.download}
+    assert fetched == {"cifar10", "cifar100", "flowers102", "pets"}
+    assert all(datasets.DATASETS[n].download.startswith("https://") for n in fetched)
