@@ -535,3 +535,20 @@ def test_the_report_opens_with_how_stable_its_answer_is(runs_csv, paper_csv, tmp
     assert report.main(["--csv", str(one), "--reference", "X", "--no-figures", "--out", str(tmp_path / "one")]) == 0
     assert "Skipped: one seed per cell" in (tmp_path / "one" / "report.md").read_text()
     assert not (tmp_path / "one" / "stability_lr.csv").exists()
+
+
+def test_a_new_section_is_one_function_in_the_list(runs_csv, tmp_path, monkeypatch):
+    # docs/development.md's recipe: a section is a pure function of the Study, listed in
+    # sections.SECTIONS at its place in the report; nothing else changes
+    from analysis import output, sections
+
+    def spread(s):
+        widest = (s.table.max(axis=1) - s.table.min(axis=1)).idxmax()
+        return output.section("Spread", f"The conditions differ most on {widest}.")
+
+    monkeypatch.setattr(sections, "SECTIONS", (*sections.SECTIONS[:4], spread, *sections.SECTIONS[4:]))
+    out = tmp_path / "out"
+    assert report.main(["--csv", str(runs_csv), "--reference", "X", "--out", str(out), "--no-figures"]) == 0
+    md = (out / "report.md").read_text()
+    assert "## Spread\n\nThe conditions differ most on B." in md  # B: 0.91 - 0.51 against A's 0.71 - 0.41
+    assert md.index("## Spread") > md.index("| average ")  # after the main table, before the rest

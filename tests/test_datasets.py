@@ -264,3 +264,21 @@ def test_the_registry_holds_each_download_source():
     fetched = {n for n, info in datasets.DATASETS.items() if info.download}
     assert fetched == {"cifar10", "cifar100", "flowers102", "pets"}
     assert all(datasets.DATASETS[n].download.startswith("https://") for n in fetched)
+
+
+def test_a_new_dataset_is_one_registry_entry(monkeypatch):
+    # docs/development.md's recipe: a loader returning a Source and one DatasetInfo in the
+    # registry; the splits, views and checks take it from there
+    def load(root, download):
+        x = torch.rand(50, 1, 16, 16)
+        y = np.arange(50) % 5
+        return datasets.Source(
+            datasets.Pool(datasets.TensorImages(x[:40], y[:40]), y[:40]),
+            datasets.Pool(datasets.TensorImages(x[40:], y[40:]), y[40:]),
+        )
+
+    info = datasets.DatasetInfo("toy", 5, load, "generated in the test", image=False)
+    monkeypatch.setitem(datasets.DATASETS, "toy", info)
+    assert datasets.check_dataset("toy") is info
+    s = datasets.build_splits("toy", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
+    assert (len(s.train) + len(s.val), len(s.test), s.num_classes) == (40, 10, 5)
