@@ -90,6 +90,8 @@ class FinetuneConfig:
     clip_grad: float = 1.0
     # measurement
     eval_every: int = 50
+    eval_last: bool = True  # also evaluate at the last step, so the final weights are a candidate
+    # (false: only every eval_every steps, the paper's)
     log_every: int = 50
     eval_batch_size: int = 256
     accuracy: str = "per_image"  # per_image: every image counts once; batch_mean: the mean of
@@ -218,6 +220,7 @@ KEYS_ADDED = {
     "accuracy": "per_image",
     "linear_probe_data": "clean",
     "data": "",
+    "eval_last": True,
 }
 
 

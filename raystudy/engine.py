@@ -327,6 +327,14 @@ def train(
         return _train(cfg, report, resume, model, stop)
 
 
+def evaluates(done: int, cfg: FinetuneConfig) -> bool:
+    """Whether validation runs after step ``done``: every ``eval_every`` steps, and at the last
+    step unless ``eval_last`` is off (the paper's code evaluates only on the period; with a period
+    over the run's steps it evaluates at the end, and so does this)."""
+    last = done == cfg.steps and (cfg.eval_last or cfg.eval_every > cfg.steps)
+    return done % cfg.eval_every == 0 or last
+
+
 def _train(
     cfg: FinetuneConfig,
     report: Report | None,
@@ -422,7 +430,7 @@ def _train(
                 report({**last, "diverged": 1.0}, None)
                 break
             report(last, None)
-        if done % cfg.eval_every == 0 or done == cfg.steps:
+        if evaluates(done, cfg):
             val = evaluate(net, val_loader, device, amp, batch_mean)
             if val["acc"] > best["val_acc"]:
                 best = {"val_acc": val["acc"], "step": done, "weights": trainable_state(model)}
