@@ -432,7 +432,9 @@ _IN = (
     "<data_root>/imagenet/val/<wnid>/*.JPEG exist (https://image-net.org, licence required)"
 )
 _DN = (
-    "download DomainNet from https://ai.bu.edu/M3SDA/ and unpack each domain so that "
+    "download DomainNet from https://ai.bu.edu/M3SDA/ (clipart: the cleaned release, "
+    "http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/clipart.zip, as the paper; sketch: "
+    "http://csr.bu.edu/ftp/visda/2019/multi-source/sketch.zip) and unpack each domain so that "
     "<data_root>/domainnet/<domain>/<class>/*.jpg exist"
 )
 
