@@ -69,6 +69,8 @@ class FinetuneConfig:
     # hf:NAME (raystudy.userdata); empty: ``dataset`` is a registry dataset
     data_root: str | None = None  # default: $RAYSTUDY_DATA or ~/.cache/raystudy/data
     download: bool = False  # torchvision datasets only, on request
+    expect_images: int = 0  # a class-folder dataset must hold this many images (0: any): the
+    # seeded split depends on the count, so another release gives other test images
     low_data: bool = False  # the low-data regime (low_data_split says which subsets)
     low_data_split: str = "vtab1k"  # vtab1k: 800 train + 200 val images (the paper's, VTAB-1k);
     # per_class: 10 training images per class
@@ -208,7 +210,7 @@ def parse_value(key: str, text: str) -> Any:
 
 # Config keys that say how a trial runs, not what it is: they do not enter its key.
 EXECUTION_KEYS = frozenset(
-    {"device", "num_workers", "data_root", "download", "compile", "eval_batch_size", "log_every"}
+    {"device", "num_workers", "data_root", "download", "compile", "eval_batch_size", "log_every", "expect_images"}
 )
 
 
@@ -369,6 +371,7 @@ def _check_signs(cfg: FinetuneConfig) -> None:
         "probe_pairs",
         "probe_batch_size",
         "num_workers",
+        "expect_images",
     ):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)!r}")

@@ -257,3 +257,20 @@ def test_cifar10c_tests_on_the_papers_images_in_its_order(tmp_path):
     got = [np.asarray(src.test.items[i][0])[0, 0] for i in range(len(src.test.items))]
     assert [int(p[0]) * 256 + int(p[1]) - 40_000 for p in got] == want_test.tolist()
     assert np.array_equal(src.test.labels, (want_test + 40_000) % 10)
+
+
+def test_a_domainnet_folder_of_another_release_is_refused_by_its_image_count(tmp_path):
+    # the paper's clipart is the cleaned release (the reference's src/vitef/data/images/domainnet.py:98-100)
+    from raystudy import datasets as registry
+    from raystudy.errors import ConfigError
+
+    d = tmp_path / "domainnet" / "clipart" / "apple"
+    d.mkdir(parents=True)
+    for i in range(2):
+        (d / f"{i}.jpg").write_bytes(b"x")
+    registry.check_image_count("domainnet_clipart", tmp_path, 2)
+    registry.check_image_count("domainnet_clipart", tmp_path, 0)  # 0: any
+    registry.check_image_count("domainnet_sketch", tmp_path, 5)  # not there: the trial says so
+    with pytest.raises(ConfigError, match="2 images under .* expected 3 .*groundtruth/clipart.zip"):
+        registry.check_image_count("domainnet_clipart", tmp_path, 3)
+    assert registry.DOMAINNET_CLEANED_CLIPART == 48_129

@@ -162,3 +162,16 @@ def test_the_small_batches_the_paper_used_are_in_the_space():
     for model, val in (("vit_large", 128), ("vit_huge", 64)):
         trials = spaces.expand(space, model, datasets=["domainnet_clipart"])
         assert {t.config["eval_batch_size"] for t in trials} == {val}, f"{model}: {REPO}"
+
+
+def test_clipart_is_the_cleaned_release_by_its_image_count():
+    # the reference downloads clipart from groundtruth/ (src/vitef/data/images/domainnet.py:98-100)
+    from raystudy import datasets
+
+    trials = spaces.expand(spaces.load_grid("paper"), "vit_base", datasets=["domainnet_clipart", "domainnet_sketch"])
+    by = {
+        d: {t.config["expect_images"] for t in trials if t.config["dataset"] == d}
+        for d in ("domainnet_clipart", "domainnet_sketch")
+    }
+    assert by == {"domainnet_clipart": {datasets.DOMAINNET_CLEANED_CLIPART}, "domainnet_sketch": {0}}
+    assert "groundtruth/clipart.zip" in datasets.DATASETS["domainnet_clipart"].where
