@@ -449,7 +449,9 @@ def _train(
         "trainable_params": sum(counts.values()),
         **{f"trainable_params/{k}": v for k, v in counts.items()},
     }
-    if status == "finished":
+    # A diverged run stopped early; its best checkpoint before that is tested too, as the paper's
+    # code (which never checks) tests it, and kept apart by its status.
+    if status == "finished" or best["step"] > 0:
         model.load_state_dict(best["weights"], strict=False)
         test = evaluate(net, test_loader, device, amp, batch_mean)
         results.update(
@@ -459,7 +461,7 @@ def _train(
             test_loss=test["loss"],
             final_loss=last.get("loss", float("nan")),
         )
-        if cfg.probe_pairs:  # the best-validation weights, finetuned
+        if cfg.probe_pairs and status == "finished":  # the best-validation weights, finetuned
             results["plasticity_after"] = probe_plasticity(cfg, model, splits)
     if probe_before is not None:
         results["plasticity_before"] = probe_before
