@@ -28,6 +28,7 @@ from raystudy.errors import ConfigError, check_input_file
 OPTIMIZERS = ("sgd", "adamw")
 DEVICES = ("auto", "cpu", "cuda")
 LOW_DATA_SPLITS = ("vtab1k", "per_class")
+PROBE_BOUNDS = ("raystudy", "paper")  # raystudy.plasticity.BOUNDS, without importing torch here
 NORMALIZATIONS = ("checkpoint", "imagenet")
 PRECISIONS = ("bf16", "fp32")
 ACCURACY_COUNTS = ("per_image", "batch_mean")
@@ -102,6 +103,8 @@ class FinetuneConfig:
     probe_pairs: int = 0  # plasticity pairs probed before and after (0: no probe)
     probe_pairing: str = "random"  # random: seeded draws; sequential: each split in loader
     # order, whole batches, cycled (the paper's measurement)
+    probe_bounds: str = "raystudy"  # the bounds column: raystudy (sound: |γ|max/σ_min, heads
+    # by rows, r measured) or paper (the reference's figure: max γ, heads by input columns, r 19.4)
     probe_batch_size: int = 0  # pairs per probe batch (0: eval_batch_size); with sequential
     # pairing it decides which images pair, as in the paper
     linear_probe_data: str = "clean"  # the linear probe's fit: clean (eval transform, every training
@@ -223,6 +226,7 @@ KEYS_ADDED = {
     "linear_probe_data": "clean",
     "data": "",
     "eval_last": True,
+    "probe_bounds": "raystudy",
 }
 
 
@@ -316,6 +320,7 @@ def _check_choices(cfg: FinetuneConfig) -> None:
         ("low_data_split", LOW_DATA_SPLITS),
         ("normalization", NORMALIZATIONS),
         ("probe_pairing", PAIRINGS),
+        ("probe_bounds", PROBE_BOUNDS),
         ("precision", PRECISIONS),
         ("accuracy", ACCURACY_COUNTS),
         ("linear_probe_data", LINEAR_PROBE_DATA),

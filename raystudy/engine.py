@@ -289,6 +289,7 @@ def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict
         dataset_name=cfg.dataset,
         num_workers=cfg.num_workers,
         pairing=cfg.probe_pairing,
+        bounds=cfg.probe_bounds,
     )
     return df.to_dict("records")
 
