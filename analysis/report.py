@@ -256,7 +256,7 @@ def report_from_mlflow(
     Curves are read for the finished runs at the chosen lr of each cell; plasticity before
     finetuning from every run that probed (they all probe the same pretrained model).
     """
-    runs = load.from_mlflow(experiment, tracking_uri)
+    runs = load.from_mlflow(experiment, tracking_uri, diverged_tested=kw.get("as_paper", False))
 
     def extras(sub: pd.DataFrame):
         sub = study.restrict(sub, kw.get("conditions"), kw.get("datasets"), "runs")

@@ -215,3 +215,39 @@ def test_the_plasticity_band_counts_distinct_pairs_not_runs_times_pairs():
     # random pairing: runs of one seed share their pairs; three seeds are three pair sets
     rnd = stats.pool_plasticity(_probes("random", [0, 42, 3407])).iloc[0]
     assert rnd["n"] == 300
+
+
+# ---------------------------------------------------------------- diverged runs
+def test_the_paper_mode_counts_a_diverged_runs_tested_best_checkpoint(tmp_path):
+    """The reference never checks for divergence (apps/vit/train.py:326-331 evaluates; nothing
+    stops a run whose loss is not finite), so a run that blew up has its best earlier checkpoint
+    tested and averaged like any other. raystudy records it as diverged and, by default, leaves it
+    out; --as-paper counts it."""
+    import mlflow
+
+    from analysis import load
+    from raystudy import tracking
+    from raystudy.config import FinetuneConfig, trial_key
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    c = mlflow.MlflowClient(tracking_uri=uri)
+    exp = tracking.experiment_id(c, "toy", (tmp_path / "artifacts").as_uri())
+    parent = tracking.parent_run(c, exp, "g", "grid-toy", {"space": "toy"})
+    cells = [("MHA", 0.1, "finished", 0.8), ("MHA", 0.3, "finished", 0.7), ("LN1", 0.1, "finished", 0.6)]
+    cells.append(("LN1", 0.3, "diverged", 0.9))  # its best checkpoint, tested before it blew up
+    for condition, lr, status, acc in cells:
+        cfg = FinetuneConfig(model="vit_demo", pretrained=False, dataset="digits", condition=condition, lr=lr)
+        rid = tracking.open_trial(c, exp, parent, trial_key(cfg.to_dict()), cfg.to_dict())
+        tracking.finish_trial(c, rid, {"status": status, "best_val_acc": acc, "test_acc": acc, "best_step": 6})
+    default = load.from_mlflow("toy", uri)
+    assert default.set_index("condition").loc["LN1"].set_index("lr").loc[0.3, "status"] == "diverged"
+    assert default["test_acc"].notna().sum() == 3
+    paper = load.from_mlflow("toy", uri, diverged_tested=True)
+    assert paper["test_acc"].notna().sum() == 4 and paper.attrs["diverged_tested"] == 1
+    for mode, kw in (("raystudy", {}), ("paper", {"as_paper": True})):
+        report.report_from_mlflow(
+            "toy", tmp_path / mode, uri, log=False, curves=False, select_on="test", draw_figures=False, **kw
+        )
+    ours = pd.read_csv(tmp_path / "raystudy" / "accuracy_test_selected.csv").set_index("condition")
+    theirs = pd.read_csv(tmp_path / "paper" / "accuracy_test_selected.csv").set_index("condition")
+    assert ours.loc["LN1", "test_mean"] == pytest.approx(0.6) and theirs.loc["LN1", "test_mean"] == pytest.approx(0.9)
