@@ -251,3 +251,20 @@ def test_the_paper_mode_counts_a_diverged_runs_tested_best_checkpoint(tmp_path):
     ours = pd.read_csv(tmp_path / "raystudy" / "accuracy_test_selected.csv").set_index("condition")
     theirs = pd.read_csv(tmp_path / "paper" / "accuracy_test_selected.csv").set_index("condition")
     assert ours.loc["LN1", "test_mean"] == pytest.approx(0.6) and theirs.loc["LN1", "test_mean"] == pytest.approx(0.9)
+
+
+def test_the_paper_mode_on_the_papers_printed_table_gives_its_headline_and_its_p_values(tmp_path, capsys):
+    # the headline (the paper: MHA 90.8, FC1 90.7, FC2 90.3, LN2 89.9, LN1 89.8) and the tests of
+    # apps/plots/finetuning.py:580-588, from the table of :1494-1508 in the paper's shape
+    printed = _printed_table()
+    p = tmp_path / "paper_table.csv"
+    printed.rename_axis("dataset").reset_index().to_csv(p, index=False)
+    out = tmp_path / "out"
+    argv = ["--csv", str(p), "--as-paper", "--no-figures", "--out", str(out), "--bootstrap-reps", "200"]
+    assert report.main([*argv, "--no-hierarchical"]) == 0
+    average = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| average "))
+    assert [c.strip() for c in average.split("|")[2:-1]] == ["89.8", "90.8", "89.9", "90.7", "90.3"]
+    tests = pd.read_csv(out / "tests.csv").set_index("other")
+    for other, (t_p, w_p) in _reference_tests(printed).items():
+        assert tests.loc[other, "t_p"] == pytest.approx(t_p, rel=1e-9), f"{other}: {REPO}"
+        assert tests.loc[other, "wilcoxon_p"] == pytest.approx(w_p, rel=1e-9), f"{other}: {REPO}"
