@@ -133,23 +133,29 @@ def rank_order(best: pd.DataFrame, conditions: list[str], value: str = "test_mea
     return sorted(conditions, key=lambda c: (rank[c], -mean[c], conditions.index(c)))
 
 
-def average_spread(best: pd.DataFrame, conditions: list[str]) -> pd.DataFrame:
+def average_spread(best: pd.DataFrame, conditions: list[str], paper: bool = False) -> pd.DataFrame:
     """Per condition, the mean over datasets of the seed means and its seed spread: the std over
     seeds of the average over datasets, sqrt(sum of the datasets' seed variances) / datasets
-    (seeds independent across datasets). NaN where a dataset has no std (one seed)."""
+    (seeds independent across datasets). NaN where a dataset has no std (one seed).
+
+    ``paper``: the paper's bars instead, the pooled seed std over the seeds' count,
+    sqrt(mean of the datasets' seed variances) / sqrt(seeds): the standard error of one
+    dataset's mean, not of the average over datasets, so wider by about sqrt(datasets)."""
     g = best[best["condition"].isin(conditions)].groupby("condition")
-    out = pd.DataFrame(
-        {
-            "mean": g["test_mean"].mean(),
-            "std": g["test_std"].apply(lambda v: math.sqrt((v**2).sum(skipna=False)) / len(v)),
-        }
-    )
-    return out.reindex(conditions)
+    if paper:
+        seeds = g["n"].max() if "n" in best else math.nan
+        std = g["test_std"].apply(lambda v: math.sqrt((v**2).mean(skipna=False))) / np.sqrt(seeds)
+    else:
+        std = g["test_std"].apply(lambda v: math.sqrt((v**2).sum(skipna=False)) / len(v))
+    return pd.DataFrame({"mean": g["test_mean"].mean(), "std": std}).reindex(conditions)
 
 
-def accuracy_figure(best: pd.DataFrame, conditions: list[str], scale: float = 1.0, title: str = ""):
+def accuracy_figure(
+    best: pd.DataFrame, conditions: list[str], scale: float = 1.0, title: str = "", paper: bool = False
+):
     """Test accuracy at the best lr per condition, best rank first: a panel of every dataset
-    (mean ± std over seeds) and a panel of the average over datasets (± its seed spread)."""
+    (mean ± std over seeds) and a panel of the average over datasets (± its seed spread, or
+    with ``paper`` the paper's bars: ``average_spread``)."""
     order = rank_order(best, conditions)
     datasets = sorted(best["dataset"].unique())
     col = palette(order)
@@ -169,7 +175,7 @@ def accuracy_figure(best: pd.DataFrame, conditions: list[str], scale: float = 1.
     ax.set_xticks(range(len(datasets)), datasets, rotation=30, ha="right")
     ax.set_ylabel("test accuracy" + (" (%)" if scale == 100 else ""))
     ax.set_title("per dataset (mean ± std over seeds)", fontsize=9)
-    avg = average_spread(best, order)
+    avg = average_spread(best, order, paper)
     for i, c in enumerate(order):
         avg_ax.errorbar(
             i,
@@ -184,7 +190,9 @@ def accuracy_figure(best: pd.DataFrame, conditions: list[str], scale: float = 1.
     avg_ax.set_xticks(range(len(order)), order, rotation=45, ha="right", fontsize=8)
     avg_ax.set_xlim(-0.6, len(order) - 0.4)
     avg_ax.set_title(
-        f"average over {len(datasets)} dataset{'s' * (len(datasets) != 1)}\n(± std over seeds), best rank left",
+        f"average over {len(datasets)} dataset{'s' * (len(datasets) != 1)}\n"
+        + ("(± pooled seed std / √seeds, the paper's)" if paper else "(± std over seeds)")
+        + ", best rank left",
         fontsize=9,
     )
     for a in (ax, avg_ax):
@@ -203,10 +211,15 @@ def accuracy_figure(best: pd.DataFrame, conditions: list[str], scale: float = 1.
 
 
 def accuracy(
-    best: pd.DataFrame, conditions: list[str], base: str | os.PathLike, scale: float = 1.0, title: str = ""
+    best: pd.DataFrame,
+    conditions: list[str],
+    base: str | os.PathLike,
+    scale: float = 1.0,
+    title: str = "",
+    paper: bool = False,
 ) -> list[Path]:
     """``accuracy_figure`` as PNG and PDF."""
-    return save(accuracy_figure(best, conditions, scale, title), base)
+    return save(accuracy_figure(best, conditions, scale, title, paper), base)
 
 
 def curves(

@@ -142,12 +142,18 @@ def experiment_id(experiment: str, tracking_uri: str | None = None) -> str:
     return exp.experiment_id
 
 
-def from_mlflow(experiment: str, tracking_uri: str | None = None) -> pd.DataFrame:
+DIVERGED_TESTED = ["diverged_val_acc", "diverged_test_acc"]
+
+
+def from_mlflow(experiment: str, tracking_uri: str | None = None, *, diverged_tested: bool = False) -> pd.DataFrame:
     """The runs table of every trial run of ``experiment`` (name or id).
 
     Raises AnalysisError for an unknown experiment, one without trial runs, or one where no
     run finished. Reruns of a trial key are reduced to one row (``dedupe``); the frame's
     ``attrs`` record the experiment, tracking URI and how many rows were replaced.
+    ``diverged_tested``: a diverged run whose best checkpoint before it diverged was tested counts
+    as finished with those accuracies, as the paper's code (which never checks) counts it;
+    ``attrs["diverged_tested"]`` says how many.
     """
     c = client(tracking_uri)
     exp_id = experiment_id(experiment, tracking_uri)
@@ -156,7 +162,13 @@ def from_mlflow(experiment: str, tracking_uri: str | None = None) -> pd.DataFram
         raise AnalysisError(
             f"experiment {experiment!r} has no trial runs (runs tagged raystudy.role=trial); has the grid started?"
         )
-    runs, replaced = dedupe(pd.DataFrame(tracking.rows(found), columns=RUN_COLUMNS + EXTRA_COLUMNS))
+    table = pd.DataFrame(tracking.rows(found), columns=RUN_COLUMNS + EXTRA_COLUMNS + DIVERGED_TESTED)
+    tested = (table["status"] == "diverged") & table["diverged_test_acc"].notna() & diverged_tested
+    table.loc[tested, ["val_acc", "test_acc"]] = table.loc[tested, DIVERGED_TESTED].to_numpy()
+    table.loc[tested, "status"] = "finished"
+    runs, replaced = dedupe(table.drop(columns=DIVERGED_TESTED))
+    if diverged_tested:
+        runs.attrs["diverged_tested"] = int(tested.sum())
     runs = runs.sort_values(["dataset", "condition", "lr", "seed"], ignore_index=True)
     check_runs(runs, f"experiment {experiment!r}")
     runs.attrs.update(

@@ -143,6 +143,7 @@ def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, draw_f
                 conditions=kw.get("conditions"),
                 datasets=kw.get("datasets"),
                 ddof=kw.get("ddof", 0),
+                as_paper=kw.get("as_paper", False),
             )
         ]
         if len(found) > 1
@@ -166,25 +167,24 @@ def across_settings(
     conditions: list[str] | None = None,
     datasets: list[str] | None = None,
     ddof: int = 0,
+    as_paper: bool = False,
 ) -> output.Section:
     """The tables across study settings: per model (and low-data flag) the optimizer ablation
     (mean over datasets at the chosen lr, one column per optimizer) where it has runs of two or
     more optimizers; with several models, every setting's means side by side (``settings``).
-    Each setting's own tables are in its subfolder."""
+    ``as_paper``: each cell averaged over every lr and seed instead (``stats.lr_averaged``), as
+    the paper's ablation table. Each setting's own tables are in its subfolder."""
     runs = study.restrict(runs, conditions, datasets, runs.attrs.get("source", "runs"))
-    bests = {}
-    for s in load.settings(runs):
-        sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
-        bests[s] = stats.best_lr(stats.seed_means(sub, ddof=ddof), select_on)
+    bests = _setting_cells(runs, select_on, ddof, as_paper)
     order = stats.order_conditions(runs["condition"], study.paper_order())
     scale = stats.display_scale(runs["test_acc"])
     unit = " (%)" if scale == 100 else ""
     chosen = {"val": "validation", "test": "test"}[select_on]
+    how = "every lr and seed averaged, as the paper" if as_paper else f"lr chosen on {chosen}"
+    at = "averaged over every lr and seed, as the paper's ablation table" if as_paper else ""
     parts = [
-        (
-            f"Mean test accuracy{unit} over datasets at the lr chosen on {chosen} accuracy; each "
-            "condition over the datasets every column has runs on (column datasets)."
-        )
+        f"Mean test accuracy{unit} over datasets {at or f'at the lr chosen on {chosen} accuracy'}; each "
+        "condition over the datasets every column has runs on (column datasets)."
     ]
     groups: dict[tuple, dict[str, pd.DataFrame]] = {}
     for (model, optimizer, low), b in bests.items():
@@ -197,7 +197,7 @@ def across_settings(
             continue
         ab = stats.setting_means({o: by_opt[o] for o in _optimizer_order(by_opt)}, order)
         name = "optimizer_ablation_" + model + ("_low_data" if low == "True" else "")
-        caption = f"Optimizer ablation, {what}: mean test accuracy{unit}, lr chosen on {chosen}"
+        caption = f"Optimizer ablation, {what}: mean test accuracy{unit}, {how}"
         means.append(_setting_means(ab, name, caption, f"Optimizer ablation, {what}", scale))
         parts.append(means[-1][0])
     if len({m for m, _, _ in bests}) > 1:
@@ -208,7 +208,7 @@ def across_settings(
             },
             order,
         )
-        caption = f"Every setting: mean test accuracy{unit}, lr chosen on {chosen}"
+        caption = f"Every setting: mean test accuracy{unit}, {how}"
         means.append(_setting_means(ab, "settings", caption, "Every setting", scale))
         parts.append(means[-1][0])
     parts.append(f"Each setting's own tables and tests: the subfolders {', '.join(_setting_name(s) for s in bests)}.")
@@ -218,6 +218,16 @@ def across_settings(
         [t for _, t, _ in means],
         [f for _, _, f in means],
     )
+
+
+def _setting_cells(runs: pd.DataFrame, select_on: str, ddof: int, as_paper: bool) -> dict[tuple, pd.DataFrame]:
+    """Per study setting, its cells' test accuracy: at the lr chosen on ``select_on``, or with
+    ``as_paper`` averaged over every lr and seed (``stats.lr_averaged``)."""
+    cells = {}
+    for s in load.settings(runs):
+        sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
+        cells[s] = stats.lr_averaged(sub, ddof) if as_paper else stats.best_lr(stats.seed_means(sub, ddof), select_on)
+    return cells
 
 
 def _setting_means(
@@ -246,7 +256,7 @@ def report_from_mlflow(
     Curves are read for the finished runs at the chosen lr of each cell; plasticity before
     finetuning from every run that probed (they all probe the same pretrained model).
     """
-    runs = load.from_mlflow(experiment, tracking_uri)
+    runs = load.from_mlflow(experiment, tracking_uri, diverged_tested=kw.get("as_paper", False))
 
     def extras(sub: pd.DataFrame):
         sub = study.restrict(sub, kw.get("conditions"), kw.get("datasets"), "runs")
@@ -331,8 +341,14 @@ def _add_comparison_args(ap) -> None:
     ap.add_argument(
         "--select-on",
         choices=stats.SELECT_ON,
-        default="val",
-        help="choose the lr on validation (default) or test accuracy",
+        help="choose the lr on validation (default; test with --as-paper) or test accuracy",
+    )
+    ap.add_argument(
+        "--as-paper",
+        action="store_true",
+        help="the tables and figures as the paper computed them: lr chosen on test, the five "
+        "components compared, tests on the means rounded to 2 decimals, the optimizer ablation "
+        "averaged over every lr, the paper's error bars (docs/study.md lists each)",
     )
     ap.add_argument("--reference", default="MHA", help="condition tested against the others (MHA)")
     ap.add_argument(
@@ -457,15 +473,16 @@ def _report_kwargs(args) -> dict:
         cd_cliques=args.cd_cliques,
     )
     return dict(
-        select_on=args.select_on,
+        select_on=args.select_on or ("test" if args.as_paper else "val"),
         reference=args.reference,
         conditions=_names(args.conditions),
         datasets=_names(args.datasets),
         options=opts,
         t_alternative=args.t_alternative,
         gain_reference=args.gain_reference,
-        compare=list(PAPER_COMPARISON) if args.paper_comparison else None,
+        compare=list(PAPER_COMPARISON) if args.paper_comparison or args.as_paper else None,
         draw_figures=not args.no_figures,
+        as_paper=args.as_paper,
     )
 
 

@@ -199,6 +199,23 @@ def setting_means(bests: dict[str, pd.DataFrame], conditions: Sequence[str], val
     return pd.DataFrame(rows, columns=["condition", "datasets", *names]).set_index("condition")
 
 
+def lr_averaged(runs: pd.DataFrame, ddof: int = 0) -> pd.DataFrame:
+    """Per (dataset, condition): test accuracy averaged over every lr and seed of the grid, with
+    its std over them: the paper's ablation table, which tunes no lr (an lr-sensitive condition
+    pays for its bad lrs). Finished runs only; the columns of ``best_lr`` that ``setting_means``
+    reads (``test_mean``, ``test_std``, ``n`` the runs averaged)."""
+    done = runs[runs["status"] == "finished"].assign(test_acc=lambda d: d["test_acc"].astype(float))
+    g = done.groupby(CELL, sort=True)["test_acc"]
+    out = pd.DataFrame({"test_mean": g.mean(), "test_std": g.std(ddof=ddof), "n": g.size()}).reset_index()
+    return out.astype({"n": int})
+
+
+def printed(table: pd.DataFrame, scale: float, digits: int = 2) -> pd.DataFrame:
+    """``table`` as a paper prints it: rounded to ``digits`` places in display units (percent
+    where ``scale`` is 100), back in the table's units. Values equal when printed become equal."""
+    return (table.astype(float) * scale).round(digits) / scale
+
+
 def trainable_params(runs: pd.DataFrame) -> pd.DataFrame:
     """Datasets × conditions: trainable parameter count (mean over the runs that logged one).
 
@@ -717,13 +734,32 @@ def t_interval(df: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     return out
 
 
+def pair_sets(df: pd.DataFrame) -> pd.Series:
+    """Which measurements of ``df`` saw the same image pairs: one label per row.
+
+    Sequential pairing reads every split in loader order, so every run sees the same pairs;
+    random pairing draws them with the run's seed, so runs of one seed share theirs. Rows with
+    neither recorded are taken as distinct."""
+    own = pd.Series([f"row {i}" for i in range(len(df))], index=df.index)
+    if "pairing" not in df:
+        return own
+    pairing = df["pairing"].astype(str)
+    seed = df["seed"].astype(str) if "seed" in df else pd.Series("", index=df.index)
+    labels = own.where(pairing != "sequential", "sequential")
+    return labels.where(~((pairing == "random") & (seed != "")), "random " + seed)
+
+
 def pool_plasticity(df: pd.DataFrame, z: float = 1.959964) -> pd.DataFrame:
     """Pool plasticity measurements of the same (model, dataset, mode, layer, component).
 
-    Several runs probe the same pretrained model (one per condition and seed); their pairs are
-    pooled: mean weighted by n, variance from within- and between-run spread, and a normal 95%
-    interval mean ± z·std/sqrt(n). A group with one measurement keeps its own interval.
+    Several runs probe the same pretrained model (one per condition and seed). Runs that saw the
+    same pairs (``pair_sets``) measured the same thing: they count once, or the interval would
+    shrink with the number of runs, not of pairs. The distinct pair sets are pooled: mean
+    weighted by n, variance from within- and between-set spread, and a normal 95% interval
+    mean ± z·std/sqrt(n). A group with one pair set keeps its own interval.
     """
+    if len(df):
+        df = df.assign(_pairs=pair_sets(df)).drop_duplicates(PLASTICITY_GROUP + ["_pairs"])
     rows = []
     for key, g in df.groupby(PLASTICITY_GROUP, sort=True):
         n = g["n"].to_numpy(float)

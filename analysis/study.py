@@ -61,7 +61,8 @@ class Study:
     ``best_other``: at the lr chosen the other way, where the runs allow; ``order``: the
     conditions analysed in table order; ``compared``: those ranks and tests are over; ``table``:
     datasets × conditions of ``best``'s test accuracy; ``scores``: (K, D, S) test accuracies at
-    the chosen lr (``trust.scores_of``); ``gain_reference``: resolved, None when there is none.
+    the chosen lr (``trust.scores_of``); ``gain_reference``: resolved, None when there is none;
+    ``as_paper``: the paper's computations where raystudy's differ (``analysis.report --as-paper``).
     """
 
     source: str
@@ -84,6 +85,7 @@ class Study:
     bands: pd.DataFrame | None
     plasticity: pd.DataFrame | None
     title: str
+    as_paper: bool = False
 
     @property
     def avg(self) -> pd.Series:
@@ -166,6 +168,7 @@ def build(
     t_alternative: str = "two-sided",
     compare: list[str] | None = None,
     gain_reference: str | None = None,
+    as_paper: bool = False,
 ) -> Study:
     """The checked ``Study`` of ``runs`` or ``summary`` (the arguments of
     ``analysis.report.analyse``); raises AnalysisError on any bad input."""
@@ -202,6 +205,7 @@ def build(
         bands=bands,
         plasticity=plasticity,
         title=title,
+        as_paper=as_paper,
     )
 
 

@@ -28,6 +28,7 @@ from raystudy.errors import ConfigError, check_input_file
 OPTIMIZERS = ("sgd", "adamw")
 DEVICES = ("auto", "cpu", "cuda")
 LOW_DATA_SPLITS = ("vtab1k", "per_class")
+PROBE_BOUNDS = ("raystudy", "paper")  # raystudy.plasticity.BOUNDS, without importing torch here
 NORMALIZATIONS = ("checkpoint", "imagenet")
 PRECISIONS = ("bf16", "fp32")
 ACCURACY_COUNTS = ("per_image", "batch_mean")
@@ -69,6 +70,8 @@ class FinetuneConfig:
     # hf:NAME (raystudy.userdata); empty: ``dataset`` is a registry dataset
     data_root: str | None = None  # default: $RAYSTUDY_DATA or ~/.cache/raystudy/data
     download: bool = False  # torchvision datasets only, on request
+    expect_images: int = 0  # a class-folder dataset must hold this many images (0: any): the
+    # seeded split depends on the count, so another release gives other test images
     low_data: bool = False  # the low-data regime (low_data_split says which subsets)
     low_data_split: str = "vtab1k"  # vtab1k: 800 train + 200 val images (the paper's, VTAB-1k);
     # per_class: 10 training images per class
@@ -90,6 +93,8 @@ class FinetuneConfig:
     clip_grad: float = 1.0
     # measurement
     eval_every: int = 50
+    eval_last: bool = True  # also evaluate at the last step, so the final weights are a candidate
+    # (false: only every eval_every steps, the paper's)
     log_every: int = 50
     eval_batch_size: int = 256
     accuracy: str = "per_image"  # per_image: every image counts once; batch_mean: the mean of
@@ -98,6 +103,8 @@ class FinetuneConfig:
     probe_pairs: int = 0  # plasticity pairs probed before and after (0: no probe)
     probe_pairing: str = "random"  # random: seeded draws; sequential: each split in loader
     # order, whole batches, cycled (the paper's measurement)
+    probe_bounds: str = "raystudy"  # the bounds column: raystudy (sound: |γ|max/σ_min, heads
+    # by rows, r measured) or paper (the reference's figure: max γ, heads by input columns, r 19.4)
     probe_batch_size: int = 0  # pairs per probe batch (0: eval_batch_size); with sequential
     # pairing it decides which images pair, as in the paper
     linear_probe_data: str = "clean"  # the linear probe's fit: clean (eval transform, every training
@@ -206,7 +213,7 @@ def parse_value(key: str, text: str) -> Any:
 
 # Config keys that say how a trial runs, not what it is: they do not enter its key.
 EXECUTION_KEYS = frozenset(
-    {"device", "num_workers", "data_root", "download", "compile", "eval_batch_size", "log_every"}
+    {"device", "num_workers", "data_root", "download", "compile", "eval_batch_size", "log_every", "expect_images"}
 )
 
 
@@ -218,6 +225,8 @@ KEYS_ADDED = {
     "accuracy": "per_image",
     "linear_probe_data": "clean",
     "data": "",
+    "eval_last": True,
+    "probe_bounds": "raystudy",
 }
 
 
@@ -311,6 +320,7 @@ def _check_choices(cfg: FinetuneConfig) -> None:
         ("low_data_split", LOW_DATA_SPLITS),
         ("normalization", NORMALIZATIONS),
         ("probe_pairing", PAIRINGS),
+        ("probe_bounds", PROBE_BOUNDS),
         ("precision", PRECISIONS),
         ("accuracy", ACCURACY_COUNTS),
         ("linear_probe_data", LINEAR_PROBE_DATA),
@@ -366,6 +376,7 @@ def _check_signs(cfg: FinetuneConfig) -> None:
         "probe_pairs",
         "probe_batch_size",
         "num_workers",
+        "expect_images",
     ):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)!r}")

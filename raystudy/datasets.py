@@ -236,6 +236,28 @@ def _cifar10c(corruption: str, name: str, where: str):
     return load
 
 
+# Images in DomainNet clipart's cleaned release (groundtruth/clipart.zip), the one the paper's code
+# downloads: the reference's src/vitef/data/images/domainnet.py:98-100.
+DOMAINNET_CLEANED_CLIPART = 48_129
+
+
+def check_image_count(name: str, root: str | Path | None, expected: int) -> None:
+    """Refuse, in one line, a class-folder dataset ``name`` under ``root`` whose image count is
+    not ``expected`` (0: any). A folder not there is left to the trial's own message."""
+    if not expected or not name.startswith("domainnet_"):
+        return
+    folder = Path(root or paths.data_root()) / "domainnet" / name.removeprefix("domainnet_")
+    if not folder.is_dir():
+        return
+    found = sum(1 for p in folder.rglob("*") if p.suffix.lower() in userdata.IMAGE_EXTS)
+    if found != expected:
+        raise ConfigError(
+            f"dataset {name!r}: {found:,} images under {folder}, expected {expected:,} (expect_images): "
+            "another release gives another seeded split and test set; "
+            + (DN_CLIPART if name == "domainnet_clipart" else "see the download note")
+        )
+
+
 def _domainnet(domain: str, name: str, where: str):
     def load(root: Path, download: bool) -> Source:
         from torchvision.datasets import ImageFolder
@@ -432,8 +454,11 @@ _IN = (
     "place the ImageNet-1k validation images, one folder per class, so that "
     "<data_root>/imagenet/val/<wnid>/*.JPEG exist (https://image-net.org, licence required)"
 )
+DN_CLIPART = "the paper's is the cleaned release, http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/clipart.zip"
 _DN = (
-    "download DomainNet from https://ai.bu.edu/M3SDA/ and unpack each domain so that "
+    "download DomainNet from https://ai.bu.edu/M3SDA/ (clipart: the cleaned release, "
+    "http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/clipart.zip, as the paper; sketch: "
+    "http://csr.bu.edu/ftp/visda/2019/multi-source/sketch.zip) and unpack each domain so that "
     "<data_root>/domainnet/<domain>/<class>/*.jpg exist"
 )
 

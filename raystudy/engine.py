@@ -289,6 +289,7 @@ def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict
         dataset_name=cfg.dataset,
         num_workers=cfg.num_workers,
         pairing=cfg.probe_pairing,
+        bounds=cfg.probe_bounds,
     )
     return df.to_dict("records")
 
@@ -325,6 +326,14 @@ def train(
     device = resolve_device(cfg.device)
     with seeded(cfg.seed, device):
         return _train(cfg, report, resume, model, stop)
+
+
+def evaluates(done: int, cfg: FinetuneConfig) -> bool:
+    """Whether validation runs after step ``done``: every ``eval_every`` steps, and at the last
+    step unless ``eval_last`` is off (the paper's code evaluates only on the period; with a period
+    over the run's steps it evaluates at the end, and so does this)."""
+    last = done == cfg.steps and (cfg.eval_last or cfg.eval_every > cfg.steps)
+    return done % cfg.eval_every == 0 or last
 
 
 def _train(
@@ -422,7 +431,7 @@ def _train(
                 report({**last, "diverged": 1.0}, None)
                 break
             report(last, None)
-        if done % cfg.eval_every == 0 or done == cfg.steps:
+        if evaluates(done, cfg):
             val = evaluate(net, val_loader, device, amp, batch_mean)
             if val["acc"] > best["val_acc"]:
                 best = {"val_acc": val["acc"], "step": done, "weights": trainable_state(model)}
@@ -441,7 +450,9 @@ def _train(
         "trainable_params": sum(counts.values()),
         **{f"trainable_params/{k}": v for k, v in counts.items()},
     }
-    if status == "finished":
+    # A diverged run stopped early; its best checkpoint before that is tested too, as the paper's
+    # code (which never checks) tests it, and kept apart by its status.
+    if status == "finished" or best["step"] > 0:
         model.load_state_dict(best["weights"], strict=False)
         test = evaluate(net, test_loader, device, amp, batch_mean)
         results.update(
@@ -451,7 +462,7 @@ def _train(
             test_loss=test["loss"],
             final_loss=last.get("loss", float("nan")),
         )
-        if cfg.probe_pairs:  # the best-validation weights, finetuned
+        if cfg.probe_pairs and status == "finished":  # the best-validation weights, finetuned
             results["plasticity_after"] = probe_plasticity(cfg, model, splits)
     if probe_before is not None:
         results["plasticity_before"] = probe_before

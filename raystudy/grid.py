@@ -222,7 +222,7 @@ def prepare(args) -> Job:
     cli.check_count("--num-cpus", args.num_cpus)
     cli.check_folder("--storage", args.storage or "runs/ray")
     cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
-    notes = cli.check_data(data_locations(space, plan["datasets"], overrides), vtab1k=plan["vtab1k_data"])
+    notes = _check_data(space, plan, overrides)
     uri = args.tracking_uri or tracking.default_uri()
     tracking.check_uri(uri)
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
@@ -254,6 +254,17 @@ def prepare(args) -> Job:
         done,
         notes,
     )
+
+
+def _check_data(space, plan: dict[str, Any], overrides: dict[str, Any]) -> list[str]:
+    """The data checks before anything runs: your own data (``cli.check_data``), then each registry
+    folder's image count where the space expects one (the seeded split depends on it); the notes."""
+    from raystudy import datasets as registry
+
+    notes = cli.check_data(data_locations(space, plan["datasets"], overrides), vtab1k=plan["vtab1k_data"])
+    for name, root, expected in plan["image_counts"]:
+        registry.check_image_count(name, root or None, expected)
+    return notes
 
 
 def data_locations(space, datasets: list[str], overrides: dict[str, Any]) -> list[str]:

@@ -352,6 +352,37 @@ def mha_bound(attn: nn.Module, n: int, r: float) -> float:
     return total
 
 
+# ---------------------------------------------------------------- the paper's bounds
+# The reference's bounds figure (apps/plots/theory.py), for reproducing it: its LayerNorm bound
+# is the signed max of γ with no 1/σ_min (:128-136), its heads slice W_Q, W_K, W_V by input
+# columns (:201-206), and r is one radius for every dataset (:221, :249). raystudy's are the sound
+# ones (``layernorm_bound``, ``head_weights``, r measured per probe); these are named apart.
+BOUNDS = ("raystudy", "paper")
+PAPER_RADIUS = 19.4  # the reference's r: CIFAR-10's mean per-image RMS token norm (theory.py:99-106)
+
+
+def paper_layernorm_bound(ln: nn.Module) -> float:
+    """The reference's LayerNorm 'bound': max γ, signed, not divided by σ_min."""
+    return 1.0 if getattr(ln, "weight", None) is None else ln.weight.detach().max().item()
+
+
+def paper_mha_bound(attn: nn.Module, n: int, r: float = PAPER_RADIUS) -> float:
+    """The reference's MHA bound: ``mha_bound``'s formula with each head's Q, K, V sliced by the
+    input columns of the (out, in) weights, W_O by its columns, and a fixed ``r``."""
+    if not (hasattr(attn, "qkv") and hasattr(attn, "proj")):
+        return float("nan")
+    q, k, v = _as64(effective_weight(attn.qkv)).chunk(3, dim=0)
+    wo = _as64(effective_weight(attn.proj))
+    dh = attn.head_dim
+    total = 0.0
+    for h in range(attn.num_heads):
+        s = slice(h * dh, (h + 1) * dh)
+        qk = q[:, s] @ k[:, s].T / math.sqrt(dh)
+        a = torch.linalg.matrix_norm(qk, ord=2).item()
+        total += spectral_norm(wo[:, s]) * spectral_norm(v[:, s]) * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2)
+    return total
+
+
 # ---------------------------------------------------------------- the probe
 
 
@@ -382,8 +413,8 @@ class _Site:
 class _Probe:
     """Accumulators for every (mode, layer, component), and the per-batch work of each mode."""
 
-    def __init__(self, vit: nn.Module, modes: tuple[str, ...], comps: tuple[str, ...], device):
-        self.vit, self.modes, self.comps, self.device = vit, modes, comps, device
+    def __init__(self, vit: nn.Module, modes: tuple[str, ...], comps: tuple[str, ...], device, bounds="raystudy"):
+        self.vit, self.modes, self.comps, self.device, self.bounds = vit, modes, comps, device, bounds
         self.arch = architectures.of_model(vit)
         self.paths = self.arch.module_paths
         self.mods = [{c: block_module(b, c, self.paths) for c in comps} for b in vit.blocks]
@@ -485,10 +516,11 @@ class _Probe:
                     linear[(i, c)] = linear_bound(mod)
                 bound = linear[(i, c)]
             elif c in ("LN1", "LN2"):
-                bound = layernorm_bound(mod, site.inputs.sigma_min.item())
+                paper = self.bounds == "paper"
+                bound = paper_layernorm_bound(mod) if paper else layernorm_bound(mod, site.inputs.sigma_min.item())
             else:
                 data = self.shared_inputs if m == "shared" else site.inputs
-                bound = mha_bound(mod, data.n, data.r)
+                bound = paper_mha_bound(mod, data.n) if self.bounds == "paper" else mha_bound(mod, data.n, data.r)
             out.append({"mode": m, "layer": i, "component": c, **site.stats.result(), "bound": bound})
         return out
 
@@ -498,6 +530,7 @@ def probe(
     pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
     mode: str | Sequence[str] = "shared",
     components: str | Sequence[str] = PROBE_COMPONENTS,
+    bounds: str = "raystudy",
 ) -> list[dict]:
     """Plasticity of each (layer, component) of a timm ViT or GPT-2 over a stream of (x, y) batches
     (images, or token ids of equal length for GPT-2).
@@ -509,13 +542,15 @@ def probe(
 
     Returns one row per (mode, layer, component), layers numbered like ``blocks.{i}``: mean, std,
     n (pairs with x != y) and bound (the theoretical bound, computed from the weights and the
-    data that entered the component).
+    data that entered the component; ``bounds="paper"``: the reference's, ``paper_*_bound``).
     """
     modes, comps = check_modes(mode), check_components(components)
+    if bounds not in BOUNDS:
+        raise ProbeError(f"unknown bounds {bounds!r}; valid: {', '.join(BOUNDS)}")
     vit = unwrap_vit(model)
     param = next(vit.parameters())
     device, dtype = param.device, param.dtype
-    state = _Probe(vit, modes, comps, device)
+    state = _Probe(vit, modes, comps, device, bounds)
     was_training = vit.training
     vit.eval()
     seen = 0
@@ -657,6 +692,7 @@ def probe_model(
     num_workers: int = 0,
     tags: dict | None = None,
     pairing: str = "random",
+    bounds: str = "raystudy",
 ) -> pd.DataFrame:  # noqa: F821
     """Probe an already built model (any device) on (x, y) pairs; returns the tidy table.
 
@@ -667,5 +703,5 @@ def probe_model(
     pairs = pairs_from_datasets(
         source_ds, target_ds, n_pairs, batch_size, seed, num_workers=num_workers, pairing=pairing
     )
-    rows = probe(model, pairs, mode=modes, components=components)
+    rows = probe(model, pairs, mode=modes, components=components, bounds=bounds)
     return to_frame(rows, model=model_name, dataset=dataset_name, pairing=pairing, **(tags or {}))

@@ -700,10 +700,11 @@ def plan(
     """What ``expand`` would give, counted without building a trial: ``trials``, the
     ``datasets``, ``conditions`` and ``optimizers`` they cover, ``steps`` summed over trials,
     ``costs`` (one item per cell, for ``gpu_hours``), ``vtab1k_data`` (your own data drawn
-    VTAB-1k style, whose pool ``cli.check_data`` sizes); every check ``expand`` makes (configs
+    VTAB-1k style, whose pool ``cli.check_data`` sizes), ``image_counts`` ((dataset, data_root,
+    expect_images) that ``datasets.check_image_count`` checks); every check ``expand`` makes (configs
     validated, repeats and empty grids refused)."""
     n, steps, seen, items = 0, 0, set(), []
-    ds, conds, opts, vtab1k = [], set(), set(), []
+    ds, conds, opts, vtab1k, counts = [], set(), set(), [], set()
     for full, seeds, mopts in _cells(space, model, datasets, conditions, optimizers, overrides, scope):
         if len(set(seeds)) != len(seeds):
             raise ConfigError("the grid repeats a trial config (two axes give the same values)")
@@ -720,6 +721,8 @@ def plan(
         opts.add(full["optimizer"])
         if full["data"] and full["low_data"] and full["low_data_split"] == "vtab1k" and full["data"] not in vtab1k:
             vtab1k.append(full["data"])
+        if full["expect_images"] and not full["data"]:
+            counts.add((full["dataset"], full["data_root"] or "", full["expect_images"]))
     if not n:
         raise ConfigError("the grid is empty: no dataset × condition × lr × seed × optimizer left")
     return {
@@ -730,6 +733,7 @@ def plan(
         "steps": steps,
         "costs": items,
         "vtab1k_data": vtab1k,
+        "image_counts": sorted(counts),
     }
 
 

@@ -741,8 +741,9 @@ def run_row(
     ``val_acc`` is the final ``best_val_acc`` (the validation accuracy of the checkpoint that was
     tested), ``test_acc`` its test accuracy. The status is the ``raystudy.status`` tag (MLflow's
     own status if the tag is absent); a run tagged finished without a test accuracy is marked
-    failed. Accuracies are NaN unless finished: never zeros in a mean. ``trainable_params`` is
-    the run's logged count (NaN when it logged none).
+    failed. Accuracies are NaN unless finished: never zeros in a mean; a diverged run's tested
+    best checkpoint is apart, in ``diverged_val_acc`` and ``diverged_test_acc``.
+    ``trainable_params`` is the run's logged count (NaN when it logged none).
     """
     status, why = run_status_of(run_status, tags, metrics)
     error = tags.get(ERROR, "") or why
@@ -769,6 +770,9 @@ def run_row(
         "linear_probe_data": params.get("linear_probe_data", "clean"),
         # logged by finished and diverged runs alike: the count does not depend on the outcome
         "trainable_params": _num(metrics.get("trainable_params")),
+        # a diverged run's best checkpoint before it diverged, tested: what the paper's code keeps
+        "diverged_val_acc": _num(metrics.get("best_val_acc")) if status == "diverged" else math.nan,
+        "diverged_test_acc": _num(metrics.get("test_acc")) if status == "diverged" else math.nan,
     }
 
 

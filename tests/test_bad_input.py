@@ -82,6 +82,12 @@ BIG = str(10**12)
 
 CASES = [
     # ------------------------------------------------------------------ grid
+    (
+        "grid",
+        ["--space", "paper", "--datasets", "domainnet_clipart", "--set", "data_root={in}/data", "--dry-run"],
+        {"data/domainnet/clipart/apple/0.jpg": b"\xff\xd8 one image, not the cleaned release's 48,129"},
+        "1 images under",
+    ),  # another DomainNet release: another seeded split, refused before anything runs
     ("grid", ["--set", "lr=nan", "--dry-run"], {}, "'lr' must be a finite number"),
     ("grid", ["--set", "lr=inf", "--dry-run"], {}, "'lr' must be a finite number"),
     ("grid", ["--set", "lr=-1", "--dry-run"], {}, "'lr' must be > 0"),

@@ -282,3 +282,20 @@ def test_a_new_dataset_is_one_registry_entry(monkeypatch):
     assert datasets.check_dataset("toy") is info
     s = datasets.build_splits("toy", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
     assert (len(s.train) + len(s.val), len(s.test), s.num_classes) == (40, 10, 5)
+
+
+def test_a_domainnet_folder_of_another_release_is_refused_by_its_image_count(tmp_path):
+    # the paper's clipart is the cleaned release (the reference's src/vitef/data/images/domainnet.py:98-100)
+    from raystudy import datasets as registry
+    from raystudy.errors import ConfigError
+
+    d = tmp_path / "domainnet" / "clipart" / "apple"
+    d.mkdir(parents=True)
+    for i in range(2):
+        (d / f"{i}.jpg").write_bytes(b"x")
+    registry.check_image_count("domainnet_clipart", tmp_path, 2)
+    registry.check_image_count("domainnet_clipart", tmp_path, 0)  # 0: any
+    registry.check_image_count("domainnet_sketch", tmp_path, 5)  # not there: the trial says so
+    with pytest.raises(ConfigError, match="2 images under .* expected 3 .*groundtruth/clipart.zip"):
+        registry.check_image_count("domainnet_clipart", tmp_path, 3)
+    assert registry.DOMAINNET_CLEANED_CLIPART == 48_129

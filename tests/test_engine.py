@@ -397,3 +397,30 @@ def test_fp32_precision_evaluates_without_autocast():
     engine.evaluate(model, loader, torch.device("cuda"), amp=True)
     engine.evaluate(model, loader, torch.device("cuda"), amp=False)
     assert seen == [torch.bfloat16, torch.float32]
+
+
+def test_the_last_step_is_evaluated_unless_eval_last_is_off_as_the_papers_code():
+    # the reference evaluates only when step % eval_period == 0 (apps/vit/train.py:326); with a
+    # period over the run's steps it sets the period to the steps (apps/vit/train.py:96-97)
+    cfg = FinetuneConfig(**{**FAST, "steps": 10, "eval_every": 4, "log_every": 5}, condition="MHA")
+    seen = {}
+    for eval_last in (True, False):
+        logs = []
+        engine.train(cfg.replace(eval_last=eval_last), report=lambda m, s: logs.append(m))
+        seen[eval_last] = [m["step"] for m in logs if "val_acc" in m]
+    assert seen == {True: [4, 8, 10], False: [4, 8]}
+    paper = cfg.replace(eval_last=False)
+    assert [s for s in range(1, 11) if engine.evaluates(s, paper.replace(eval_every=20))] == [10]
+
+
+def test_a_run_that_diverges_after_an_evaluation_tests_its_best_checkpoint_so_far():
+    # the paper's code never checks for divergence: the best earlier checkpoint is still tested
+    # (apps/vit/train.py:326-331 evaluates, nothing stops the run); raystudy stops early and tests
+    # it too, recorded as diverged
+    cfg = FinetuneConfig(
+        **{**FAST, "steps": 40, "warmup_steps": 20, "eval_every": 1, "log_every": 1}, condition="full", lr=1e30
+    )
+    res = engine.train(cfg, report=lambda m, s: None)
+    assert res["status"] == "diverged" and res["steps_done"] < cfg.steps
+    assert res["best_step"] >= 1 and 0.0 <= res["test_acc"] <= 1.0
+    assert "plasticity_after" not in res

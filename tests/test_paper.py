@@ -149,3 +149,29 @@ def test_an_experiment_naming_what_the_space_lacks_is_refused(tmp_path):
     f.write_text(yaml.safe_dump(raw))
     with pytest.raises(Exception, match="experiments.adamw.datasets: imagenet21k not in the file's 'datasets'"):
         spaces.load_grid(str(f))
+
+
+def test_the_small_batches_the_paper_used_are_in_the_space():
+    # speckle noise: batch_size=128, val_batch_size=128, grad_acc_steps=4
+    # (apps/vit/scripts/finetuning.sh:267-269); ViT-L val batches 128, ViT-H 64
+    # (apps/vit/scripts/ablation/model_size.sh:28,67)
+    space = spaces.load_grid("paper")
+    speckle = spaces.expand(space, "vit_base", datasets=["cifar10c_speckle_noise"])
+    assert {(t.config["batch_size"] // t.config["grad_accum"], t.config["grad_accum"]) for t in speckle} == {(128, 4)}
+    assert {t.config["eval_batch_size"] for t in speckle} == {128}
+    for model, val in (("vit_large", 128), ("vit_huge", 64)):
+        trials = spaces.expand(space, model, datasets=["domainnet_clipart"])
+        assert {t.config["eval_batch_size"] for t in trials} == {val}, f"{model}: {REPO}"
+
+
+def test_clipart_is_the_cleaned_release_by_its_image_count():
+    # the reference downloads clipart from groundtruth/ (src/vitef/data/images/domainnet.py:98-100)
+    from raystudy import datasets
+
+    trials = spaces.expand(spaces.load_grid("paper"), "vit_base", datasets=["domainnet_clipart", "domainnet_sketch"])
+    by = {
+        d: {t.config["expect_images"] for t in trials if t.config["dataset"] == d}
+        for d in ("domainnet_clipart", "domainnet_sketch")
+    }
+    assert by == {"domainnet_clipart": {datasets.DOMAINNET_CLEANED_CLIPART}, "domainnet_sketch": {0}}
+    assert "groundtruth/clipart.zip" in datasets.DATASETS["domainnet_clipart"].where

@@ -627,3 +627,47 @@ def test_the_papers_12800_sequential_pairs_run_on_a_split_smaller_than_the_pair_
     df = P.probe_model(model, source, target, n_pairs=12_800, batch_size=64, modes="shared", pairing="sequential")
     assert set(df["n"]) == {12_800} and df["mean"].notna().all()
     assert set(df["pairing"]) == {"sequential"}
+
+
+def _reference_bounds(vit, n: int, r: float = 19.4) -> dict[tuple[int, str], float]:
+    """apps/plots/theory.py of the reference, written out on timm's names: LayerNorms :126-136
+    (torch.max of γ), linears :156-168 (max singular value), MHA :190-212 (qkv chunked in 3, each
+    head's q, k, v and W_O sliced [:, i*d_h:(i+1)*d_h], QK by sqrt(len(q_h[0])), r fixed, :221)."""
+    out = {}
+    for i, block in enumerate(vit.blocks):
+        out[(i, "LN1")] = torch.max(block.norm1.weight.data).item()
+        out[(i, "LN2")] = torch.max(block.norm2.weight.data).item()
+        out[(i, "FC1")] = torch.max(torch.linalg.svdvals(block.mlp.fc1.weight.data)).item()
+        out[(i, "FC2")] = torch.max(torch.linalg.svdvals(block.mlp.fc2.weight.data)).item()
+        heads, d = block.attn.num_heads, block.attn.head_dim
+        A = block.attn.proj.weight.data
+        O_h = [torch.linalg.svdvals(A[:, h * d : (h + 1) * d]).max().item() for h in range(heads)]
+        q, k, v = block.attn.qkv.weight.data.chunk(3, dim=0)
+        V_h, QK_h = [], []
+        for h in range(heads):
+            q_h, k_h, v_h = (m[:, h * d : (h + 1) * d] for m in (q, k, v))
+            qk_h = q_h @ k_h.transpose(-1, -2) / math.sqrt(len(q_h[0]))
+            V_h.append(torch.linalg.svdvals(v_h).max().item())
+            QK_h.append(torch.linalg.svdvals(qk_h).max().item())
+        out[(i, "MHA")] = sum(
+            O_h[h] * V_h[h] * np.sqrt(3 * n + (12 * n + 3) * r**4 * QK_h[h] ** 2) for h in range(heads)
+        )
+    return out
+
+
+def test_paper_bounds_are_the_references_formulas_on_a_random_init_vit():
+    vit = tiny_vit()
+    with torch.no_grad():  # a γ with negative entries: the reference's max is signed
+        vit.blocks[0].norm1.weight.mul_(-1)
+    x, y = images(8, 3), images(8, 4, shift=-0.5)
+    paper = by_key(P.probe(vit, batches(x, y, 4), mode="both", bounds="paper"))
+    ours = by_key(P.probe(vit, batches(x, y, 4), mode="both"))
+    n = vit.patch_embed.num_patches + vit.num_prefix_tokens
+    ref = _reference_bounds(vit, n)
+    for (mode, i, c), row in paper.items():
+        assert row["bound"] == pytest.approx(ref[(i, c)], rel=1e-6, abs=1e-6), (mode, i, c)
+        assert row["mean"] == ours[(mode, i, c)]["mean"]  # the measurement is the same either way
+    assert paper[("shared", 0, "MHA")]["bound"] != pytest.approx(ours[("shared", 0, "MHA")]["bound"], rel=1e-3)
+    assert paper[("shared", 0, "LN1")]["bound"] != pytest.approx(ours[("shared", 0, "LN1")]["bound"], rel=1e-3)
+    with pytest.raises(P.ProbeError, match="unknown bounds"):
+        P.probe(vit, batches(x, y, 4), bounds="reference")
