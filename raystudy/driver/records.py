@@ -18,7 +18,12 @@ from typing import Any
 from ray import tune
 
 from raystudy import tracking
-from raystudy.driver import backlog
+from raystudy.driver import backlog, recovered
+
+# A fault point for tests: ``N`` kills the driver (SIGKILL) as Tune ends its Nth trial, after the
+# searcher (Optuna) has heard of the end and before MLflow has: the one moment a kill leaves a
+# trial done for the searcher and running for MLflow, which a resumed driver must record.
+KILL_AT_END_ENV = "RAYSTUDY_KILL_AT_TRIAL_END"
 
 
 class MlflowTrials(tune.Callback):
@@ -34,6 +39,7 @@ class MlflowTrials(tune.Callback):
         self._upto: dict[str, dict[str, int]] = {}  # run -> last step logged, by kind
         self._cl = None
         self._stopping = False
+        self._ended = 0
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state
         return {
@@ -46,6 +52,7 @@ class MlflowTrials(tune.Callback):
             "_upto": {},
             "_cl": None,
             "_stopping": False,
+            "_ended": 0,
         }
 
     @property
@@ -136,6 +143,9 @@ class MlflowTrials(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         """Logs the trial's final results and ends its run; a trial stopped early is recorded ``stopped``."""
         trial_id, t, last = trial.trial_id, trial.config["trial"], dict(trial.last_result or {})
+        self._ended += 1
+        if os.environ.get(KILL_AT_END_ENV) == str(self._ended):
+            os.kill(os.getpid(), signal.SIGKILL)
         self._write(lambda cl: self._complete(trial_id, t, last))
 
     def _complete(self, trial_id: str, t: dict[str, Any], last: dict[str, Any]) -> None:
@@ -174,6 +184,32 @@ class MlflowTrials(tune.Callback):
                 self._runs.pop(trial_id, None)
 
         self._write(write)
+
+
+class ResultLedger(tune.Callback):
+    """Every result of every trial, written to ``root`` as Tune reports it, before a searcher hears
+    of the trial's end: ``root/KEY/params.json`` (``{"trial": ...}``) and ``root/KEY/result.json``
+    (one JSON line per result), the layout ``driver.recovered`` reads. Tune's own result files are
+    staged in Ray's session folder and reach the storage later; a driver killed as a trial ends
+    would leave the storage without the results its searcher already counts."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        """Appends ``result`` to the trial's file (the folder made with its config first)."""
+        import json
+
+        from ray.tune.utils.util import SafeFallbackEncoder
+
+        t = trial.config["trial"]
+        folder = self.root / t["key"]
+        if not (folder / recovered.PARAMS).is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / recovered.PARAMS).write_text(json.dumps({"trial": t}, cls=SafeFallbackEncoder))
+        line = json.dumps({k: v for k, v in result.items() if k != "config"}, cls=SafeFallbackEncoder)
+        with open(folder / recovered.RESULTS, "a") as f:
+            f.write(line + "\n")
 
 
 def error_text(trial) -> str:
