@@ -289,6 +289,7 @@ def test_a_grid_whose_data_changed_under_its_recorded_runs_says_so_in_one_line_a
     assert grid.main(argv + ["--dry-run"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1, err
-    assert err.startswith(f"error: data {photos} changed since the study's 2 recorded runs on it saw it: 3 file(s) added")
+    said = f"error: data {photos} changed since the study's 2 recorded runs on it saw it: 3 file(s) added"
+    assert err.startswith(said), err
     assert "the test split's hash" in err and "--experiment" in err and "--accept-data-change" in err, err
     assert grid.main(argv + ["--dry-run", "--accept-data-change"]) == 0
