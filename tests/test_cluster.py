@@ -644,6 +644,8 @@ def _grants(policy: dict, action: str, arn: str) -> bool:
 
 
 def test_workers_can_neither_delete_nor_overwrite_the_stores_snapshots_and_the_head_still_writes_them():
+    import json
+
     iam = REPO / "cluster" / "iam"
     worker = json.loads((iam / "worker-policy.json").read_text())
     head = json.loads((iam / "head-policy.json").read_text())
