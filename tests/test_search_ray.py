@@ -75,8 +75,14 @@ def optuna_trials(tmp):
 
 def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
     tmp, ray = work
-    p = subprocess.run(cmd(tmp, ray), cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
+    # as on a cluster's head (node.sh env): the search ends with one snapshot of the store, taken last
+    snap = f"cp {tmp}/mlflow.db {tmp}/snap.db && echo snapshot of MLflow: {tmp}/snap.db"
+    env = driver_env(RAYSTUDY_SNAPSHOT_CMD=snap)
+    p = subprocess.run(cmd(tmp, ray), cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == f"snapshot of MLflow: {tmp}/snap.db", p.stdout[-3000:]
+    # 8 trials, 2 fresh seeds and their 2 parent runs, all ended in the snapshot
+    assert count_status(tmp / "snap.db", "finished", "stopped") == 12 and not count_status(tmp / "snap.db", "running")
     assert "best configuration per condition" in p.stdout and "(2 seeds)" in p.stdout
     df = runs(tmp)
     trials = df[df["tags.raystudy.search"] == "ts-vit_demo-digits_c-MHA"]
