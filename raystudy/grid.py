@@ -501,11 +501,14 @@ def judged_by_replay(policy: str) -> str:
 
 
 def stopped(uri: str, experiment: str, trials, model: str) -> int:
-    """Ctrl-C: one line on where the grid stands and how to go on, and the ranking so far."""
+    """Ctrl-C: one line on where the grid stands and how to go on, and the ranking so far (none
+    after a full disk: the ranking is written to MLflow too)."""
+    from raystudy.driver import tune_glue
+
     known = tracking.known_statuses(uri, experiment)
     done = sum(known.get(t.key) in tracking.TERMINAL for t in trials)
     print(f"\ngrid stopped: {done} of {len(trials)} trials done; run the same command to resume it", flush=True)
-    if done:
+    if done and tune_glue.full_disk_said() is None:
         cl = tracking.client(uri)
         show_results(
             cl,
