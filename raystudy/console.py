@@ -167,10 +167,10 @@ class ConsoleTrials(tune.Callback):
     def on_trial_recover(self, iteration, trials, trial, **info):
         """The line of a failed attempt that Tune retries; none for a full disk (the grid stops,
         and says so in one line)."""
-        from raystudy.driver import tune_glue
+        from raystudy.errors import disk_full
 
         error = _error_text(trial)
-        if tune_glue.disk_full(error):
+        if disk_full(error):
             return
         what = describe(trial.config["trial"]["finetune"], self.shown)
         self.log(f"retrying {what}: {error_line(error)}")

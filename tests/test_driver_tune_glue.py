@@ -76,3 +76,18 @@ def test_a_tune_runs_ctrl_c_handler_ends_with_it(ctrl_c):
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.1)
+
+
+def test_a_full_disk_is_known_by_errno_by_sqlites_words_and_through_the_errors_it_caused():
+    import errno
+
+    assert tune_glue.disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert tune_glue.disk_full("sqlite3.OperationalError: database or disk is full")
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "write")
+        except OSError as e:
+            raise RuntimeError("saving the checkpoint failed") from e
+    except RuntimeError as e:
+        assert tune_glue.disk_full(e)
+    assert not tune_glue.disk_full(OSError(errno.EACCES, "Permission denied")) and not tune_glue.disk_full(None)

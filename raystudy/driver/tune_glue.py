@@ -6,7 +6,6 @@ Nothing here imports Ray at module level: a session uses ``uninterrupted`` befor
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -17,6 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from raystudy.errors import disk_full
 
 
 class Stopped(KeyboardInterrupt):
@@ -39,18 +40,7 @@ def sigint_as(handler):
         signal.signal(signal.SIGINT, before)
 
 
-# What a full disk says: the OS (ENOSPC, also inside a trial's traceback) and SQLite.
-FULL_DISK = ("No space left on device", "database or disk is full")
 _full: dict[str, str] = {}  # the full disk's line, once said
-
-
-def disk_full(error) -> bool:
-    """Whether ``error`` (an exception, with what caused it, or an error's text) says a disk is full."""
-    while isinstance(error, BaseException):
-        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or any(m in str(error) for m in FULL_DISK):
-            return True
-        error = error.__cause__ or error.__context__
-    return error is not None and any(m in str(error) for m in FULL_DISK)
 
 
 def full_disk_line(places: dict[str, Any], command: str = "grid") -> str:
