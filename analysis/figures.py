@@ -126,10 +126,13 @@ def _log_y(ax) -> None:
 
 def rank_order(best: pd.DataFrame, conditions: list[str], value: str = "test_mean") -> list[str]:
     """``conditions`` best first: by average rank over datasets (highest ``value`` = 1), ties by
-    the mean over datasets, then by the order given."""
+    the mean over datasets, then by the order given; values equal in decimal tie (``stats.tie_exact``)."""
+    from analysis import stats
+
     table = best.pivot_table(index="dataset", columns="condition", values=value).reindex(columns=conditions)
+    table = pd.DataFrame(stats.tie_exact(table.to_numpy(float)), index=table.index, columns=table.columns)
     rank = table.rank(axis=1, ascending=False).mean().fillna(np.inf)
-    mean = table.mean().fillna(-np.inf)
+    mean = pd.Series(stats.tie_exact(table.mean().to_numpy(float)), index=table.columns).fillna(-np.inf)
     return sorted(conditions, key=lambda c: (rank[c], -mean[c], conditions.index(c)))
 
 

@@ -142,8 +142,9 @@ def order_conditions(names: Iterable[str], order: Sequence[str] = ()) -> list[st
 
 
 def ranks(table: pd.DataFrame) -> pd.DataFrame:
-    """Per-row ranks of a datasets × conditions table: highest value = 1, ties averaged."""
-    values = pd.DataFrame(table.to_numpy(dtype=float), index=table.index, columns=table.columns)
+    """Per-row ranks of a datasets × conditions table: highest value = 1, ties averaged; values
+    equal in decimal tie (``tie_exact``), as in every rank-based statistic here."""
+    values = pd.DataFrame(tie_exact(table.to_numpy(dtype=float)), index=table.index, columns=table.columns)
     r = values.rank(axis=1, ascending=False, method="average")
     # as scipy's rankdata: a row with a missing value has no ranks (pandas alone ranks the rest)
     return r.mask(values.isna().any(axis=1), np.nan)
@@ -404,6 +405,7 @@ def paired_tests(
 def friedman_skip(table: pd.DataFrame) -> str | None:
     """Why the Friedman test cannot run on ``table`` (conditions as columns), or None if it can."""
     k, n = table.shape[1], table.shape[0]
+    table = pd.DataFrame(tie_exact(table.to_numpy(dtype=float)), columns=table.columns)
     if k < 3:
         return f"needs at least 3 conditions (have {k})"
     if n < 2:
@@ -421,13 +423,14 @@ def friedman(table: pd.DataFrame) -> dict[str, float]:
 
     Returns statistic, p, k conditions and n datasets; NaN statistic and p where
     ``friedman_skip`` gives a reason (scipy needs at least three conditions and some order).
+    Values equal in decimal tie (``tie_exact``).
     """
     k, n = table.shape[1], table.shape[0]
     if friedman_skip(table) is not None:
         return {"statistic": math.nan, "p": math.nan, "k": k, "n": n}
     from scipy import stats as st
 
-    res = st.friedmanchisquare(*[table[c].to_numpy(float) for c in table.columns])
+    res = st.friedmanchisquare(*[tie_exact(table[c].to_numpy(float)) for c in table.columns])
     return {"statistic": float(res.statistic), "p": float(res.pvalue), "k": k, "n": n}
 
 
@@ -701,7 +704,7 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """Spearman rank correlation (rho, two-sided p); NaN below three points or with no spread."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = ~(np.isnan(x) | np.isnan(y))
-    x, y = x[keep], y[keep]
+    x, y = tie_exact(x[keep]), tie_exact(y[keep])  # equal in decimal: tied ranks
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan, math.nan
     from scipy import stats as st

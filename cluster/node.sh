@@ -105,8 +105,23 @@ pg_start() {
     fi
     touch "$state/postgres.log"
     if [ "$(id -u)" = 0 ]; then chown postgres "$state/postgres.log"; fi
-    as_pg "$bin/pg_ctl" -D "$data" status > /dev/null 2>&1 \
-        || as_pg "$bin/pg_ctl" -D "$data" -l "$state/postgres.log" -o "-p $port" -w -t 120 start > /dev/null
+    if as_pg "$bin/pg_ctl" -D "$data" status > /dev/null 2>&1; then
+        # postmaster.pid's fourth line is the port it listens on: another one would be a URI to nothing
+        local running
+        running=$(sed -n 4p "$data/postmaster.pid" 2>/dev/null)
+        if [ -n "$running" ] && [ "$running" != "$port" ]; then
+            echo "error: the head's PostgreSQL already runs on port $running, not $port ($data): use port $running, or stop it first (cluster/node.sh stop-postgres) to start it on $port" >&2
+            exit 2
+        fi
+    else
+        as_pg "$bin/pg_ctl" -D "$data" -l "$state/postgres.log" -o "-p $port" -w -t 120 start > /dev/null
+        # started on another port than before: libpq finds the secret by host and port
+        if ! grep -q "^127.0.0.1:$port:" "$state/pgpass" 2>/dev/null; then
+            local secret
+            secret=$(sed -n 's/^127\.0\.0\.1:[0-9]*:\*:mlflow://p' "$state/pgpass" | head -n 1)
+            (umask 077 && echo "127.0.0.1:$port:*:mlflow:$secret" >> "$state/pgpass")
+        fi
+    fi
     if [ -n "$new" ]; then
         PGPASSFILE=$state/pgpass "$bin/createdb" -h 127.0.0.1 -p "$port" -U mlflow mlflow
     fi

@@ -165,9 +165,15 @@ class ConsoleTrials(tune.Callback):
         self._ended(trials, trial, outcome(None, error_line(_error_text(trial))), problem=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        """The line of a failed attempt that Tune retries."""
+        """The line of a failed attempt that Tune retries; none for a full disk (the grid stops,
+        and says so in one line)."""
+        from raystudy.errors import disk_full
+
+        error = _error_text(trial)
+        if disk_full(error):
+            return
         what = describe(trial.config["trial"]["finetune"], self.shown)
-        self.log(f"retrying {what}: {error_line(_error_text(trial))}")
+        self.log(f"retrying {what}: {error_line(error)}")
 
 
 def _error_text(trial) -> str:

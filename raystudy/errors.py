@@ -1,8 +1,9 @@
 """The error every layer may raise for bad user input, and the argument parser every CLI uses to
-report its own errors the same way, and the check every reader of an input file makes first; a leaf
-module that imports nothing of raystudy."""
+report its own errors the same way, the check every reader of an input file makes first, and what
+a full disk says; a leaf module that imports nothing of raystudy."""
 
 import argparse
+import errno
 import os
 from pathlib import Path
 
@@ -20,6 +21,19 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         """Exit with status 2 after one line: ``error: <message> (see <prog> --help)``."""
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+# What a full disk says: the OS (ENOSPC, also inside a trial's traceback) and SQLite.
+FULL_DISK = ("No space left on device", "database or disk is full")
+
+
+def disk_full(error) -> bool:
+    """Whether ``error`` (an exception, with what caused it, or an error's text) says a disk is full."""
+    while isinstance(error, BaseException):
+        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or any(m in str(error) for m in FULL_DISK):
+            return True
+        error = error.__cause__ or error.__context__
+    return error is not None and any(m in str(error) for m in FULL_DISK)
 
 
 class Preempted(RuntimeError):

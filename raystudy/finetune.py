@@ -307,9 +307,25 @@ def print_results(results: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one finetuning from the command line; the exit status (2: bad input, 1: not finished)."""
+    """Run one finetuning from the command line; the exit status (2: bad input, 1: not finished,
+    or stopped by a full disk: one line naming it)."""
     args = build_parser().parse_args(argv)
+    try:
+        return _finetune(args)
+    except Exception as e:
+        from raystudy import paths
+        from raystudy.driver import tune_glue
 
+        if not tune_glue.disk_full(e):
+            raise
+        store = tracking.sqlite_path(args.tracking_uri or tracking.default_uri())
+        places = {"the output": args.out or "runs", "the store": store, "the tensor cache": paths.tensor_cache()}
+        print(tune_glue.full_disk_line({k: v for k, v in places.items() if v}, "finetune"), file=sys.stderr)
+        return 1
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    """The finetuning ``args`` ask for, checked, run and recorded; the exit status."""
     from raystudy import datasets, models
 
     try:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from raystudy import adaptive, cli, components, costs, model_sources, models, preflight, spaces, tracking
+from raystudy import adaptive, cli, components, costs, model_sources, models, preflight, spaces, tracking, userdata
 from raystudy.config import FinetuneConfig
 from raystudy.driver import backlog, local_ray, lock
 from raystudy.errors import ConfigError
@@ -60,6 +61,11 @@ def build_parser() -> cli.Parser:
         "--adaptive",
         metavar="POLICY",
         help=f"stop trials the study's answer does not need: {', '.join(adaptive.POLICIES)}",
+    )
+    ap.add_argument(
+        "--accept-data-change",
+        action="store_true",
+        help="go on where your own data changed since the study's recorded runs saw it (they stay done)",
     )
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/ray")
@@ -233,7 +239,7 @@ def prepare(args) -> Job:
     trials = (
         spaces.expand(space, model, datasets, conds, optimizers, overrides, scope) if known or not args.dry_run else []
     )
-    done = [t for t in trials if known.get(t.key) in tracking.TERMINAL]
+    done = _done(uri, experiment, known, trials, args.accept_data_change)
     if not args.dry_run and len(done) < len(trials):  # Ray only when there is something to run
         local_ray.check_address(args.address)
     return Job(
@@ -265,6 +271,23 @@ def _check_data(space, plan: dict[str, Any], overrides: dict[str, Any]) -> list[
     for name, root, expected in plan["image_counts"]:
         registry.check_image_count(name, root or None, expected)
     return notes
+
+
+def _done(uri: str, experiment: str, known: dict[str, str], trials: list, accept: bool) -> list:
+    """The ``trials`` MLflow holds done. Raises ``ConfigError`` where the grid's own data is no
+    longer what the study's ended runs on it saw (a trial's key holds its data's path, not its
+    contents: the grid would never train on the change, or mix runs on both), unless ``accept``."""
+    where = {t.config["data"] for t in trials if t.config.get("data")}
+    if known and where and not accept:
+        for loc, (seen, n) in tracking.recorded_data(uri, experiment, where).items():
+            what = userdata.change(seen, userdata.summary(loc)) if os.path.exists(loc) else None
+            if what:
+                raise ConfigError(
+                    f"data {loc} changed since the study's {n} recorded runs on it saw it: {what}; "
+                    f"run the grid as a new study (--experiment NEW_NAME), or add --accept-data-change "
+                    "to go on knowingly (its recorded runs stay done, on the data as it was)"
+                )
+    return [t for t in trials if known.get(t.key) in tracking.TERMINAL]
 
 
 def data_locations(space, datasets: list[str], overrides: dict[str, Any]) -> list[str]:
@@ -455,11 +478,14 @@ def judged_by_replay(policy: str) -> str:
 
 
 def stopped(uri: str, experiment: str, trials, model: str) -> int:
-    """Ctrl-C: one line on where the grid stands and how to go on, and the ranking so far."""
+    """Ctrl-C: one line on where the grid stands and how to go on, and the ranking so far (none
+    after a full disk: the ranking is written to MLflow too)."""
+    from raystudy.driver import tune_glue
+
     known = tracking.known_statuses(uri, experiment)
     done = sum(known.get(t.key) in tracking.TERMINAL for t in trials)
     print(f"\ngrid stopped: {done} of {len(trials)} trials done; run the same command to resume it", flush=True)
-    if done:
+    if done and tune_glue.full_disk_said() is None:
         cl = tracking.client(uri)
         show_results(
             cl,

@@ -209,8 +209,10 @@ def check_samples(space: spaces.SearchSpace, studies: list, base: dict[str, Any]
 
 
 def run(job: Job) -> int:
-    """Every study of the search on Ray (``driver.session``), then the best config per condition; the exit status."""
-    from raystudy.driver import session
+    """Every study of the search on Ray (``driver.session``), then the best config per condition;
+    then, on a cluster, a snapshot of MLflow's store (``driver.snapshot``), however the search
+    ended once it had started; the exit status."""
+    from raystudy.driver import session, snapshot
 
     args = job.args
     storage = Path(args.storage or "runs/search").resolve()
@@ -223,15 +225,28 @@ def run(job: Job) -> int:
             "conditions": job.conditions,
         }
     )
-    try:  # one driver per search: a second one refuses before starting anything
-        with session.Session(
-            storage,
-            f"search-{job.space.study}-{skey}",
-            job.model,
-            address=args.address,
-            num_cpus=args.num_cpus,
-            temp_dir=args.ray_temp_dir,
-        ):
+    s = session.Session(
+        storage,
+        f"search-{job.space.study}-{skey}",
+        job.model,
+        address=args.address,
+        num_cpus=args.num_cpus,
+        temp_dir=args.ray_temp_dir,
+    )
+    try:
+        return _run_studies(job, s, storage, skey)
+    finally:
+        if s.started is not None:  # it held the search's lock: a search refused before it started wrote nothing
+            snapshot.take(what="search")
+
+
+def _run_studies(job: Job, s, storage: Path, skey: str) -> int:
+    """The search's studies in the session ``s`` (one driver per search: a second one refuses
+    before starting anything), their summary; the exit status."""
+    from raystudy.driver import session
+
+    try:
+        with s:
             cl, exp_id = session.experiment(job.uri, job.experiment)
             with session.parent_run(
                 cl,

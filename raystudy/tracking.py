@@ -495,6 +495,27 @@ def data_tags(data: str) -> dict[str, str]:
     return {DATA_TAG + k: v for k, v in userdata.summary(data).items()}
 
 
+def recorded_data(uri: str, experiment: str, locations: set[str]) -> dict[str, tuple[dict[str, str], int]]:
+    """Location (of ``locations``) -> (the ``userdata.summary`` the latest ended trial run on it
+    recorded, how many ended trial runs are on it), read from the store at ``uri`` (nothing created)."""
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        return {}
+    cl = client(uri)
+    exp = cl.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}
+    out: dict[str, tuple[dict[str, str], int]] = {}
+    runs = find_runs(cl, exp.experiment_id, raystudy__role="trial")
+    for run in sorted(runs, key=lambda r: -(r.info.start_time or 0)):
+        tags = run.data.tags
+        where = tags.get(DATA_TAG + "location")
+        if where in locations and tags.get(STATUS) in TERMINAL:
+            seen, n = out.get(where, ({k[len(DATA_TAG) :]: v for k, v in tags.items() if k.startswith(DATA_TAG)}, 0))
+            out[where] = (seen, n + 1)
+    return out
+
+
 def grid_data_params(configs: list[dict[str, Any]]) -> dict[str, str]:
     """The grid parent run's record of its own data: per dataset with ``data``, its location and
     test split (``data/<dataset>``, ``data/<dataset>/test_size``, ``data/<dataset>/test_hash``)."""

@@ -314,17 +314,41 @@ def _check_counts(s: Scan, labels: np.ndarray, need: int, what: str) -> None:
 
 
 def summary(data: str) -> dict[str, str]:
-    """What identifies a run's data, for its record: the location, the number of classes, the test
-    split's size and the hash of its items (listed, not decoded)."""
+    """What identifies a run's data, for its record: the location, the number of classes and of
+    files, the files' fingerprint, the test split's size and the hash of its items (listed, not
+    decoded)."""
     s = scan(data)
     p = partition(s)
     return {
         "location": data,
         "classes": str(len(s.classes)),
+        "files": str(sum(len(v) for v in s.items.values())),
+        "fingerprint": s.fingerprint,
         "test_size": str(len(p.test.labels)),
         "test_hash": p.test_hash,
         "test_split": "given" if p.test_given else "fixed",
     }
+
+
+def change(seen: dict[str, str], now: dict[str, str]) -> str | None:
+    """What changed between the ``summary`` a run recorded (``seen``) and ``now``: files added or
+    removed (by count), changed (the same count, other sizes or times), the test split's hash;
+    None if nothing did. A record from before files were counted compares its test split alone."""
+    parts = []
+    if "files" in seen:
+        added = int(now["files"]) - int(seen["files"])
+        if added:
+            parts.append(f"{abs(added)} file(s) {'added' if added > 0 else 'removed'}")
+        elif seen.get("fingerprint") != now["fingerprint"]:
+            parts.append("files changed (sizes or times)")
+    if seen.get("test_hash") != now["test_hash"]:
+        parts.append(
+            f"the test split's hash {seen.get('test_hash')} is now {now['test_hash']} "
+            f"({seen.get('test_size')} images, now {now['test_size']})"
+        )
+    elif parts:
+        parts.append(f"the test split unchanged (hash {now['test_hash']})")
+    return ", ".join(parts) or None
 
 
 # ---------------------------------------------------------------- images

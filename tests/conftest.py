@@ -101,6 +101,18 @@ def shared_ray():
 
 
 @pytest.fixture()
+def ctrl_c():
+    """Ctrl-C raising KeyboardInterrupt in this process for the test (Python's default handler),
+    the handler before restored after: a suite started with SIGINT ignored (a background job of a
+    shell without job control) has none, and a test of what Ctrl-C does needs it."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture()
 def ray_tmp():
     """A temp dir for a Ray of the test's own (short: Ray's sockets live there)."""
     import shutil

@@ -60,8 +60,17 @@ def release_ray(proc: subprocess.Popen) -> None:
     kill_group(proc)
 
 
+def ctrl_c_default() -> None:
+    """Ctrl-C (SIGINT) back to its default, in a child about to start (``preexec_fn``): a suite
+    started with it ignored (a background job of a shell without job control) hands the ignore
+    down, and Python then installs no KeyboardInterrupt, so a driver would not hear the test's
+    Ctrl-C. A user's ignore is the driver's to honour; a test's Ctrl-C is the test's to make."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(cmd, cwd, stdout=subprocess.PIPE, env=None) -> subprocess.Popen:
-    """``cmd`` in a session of its own, so that ``kill_group`` also ends the Ray it started."""
+    """``cmd`` in a session of its own, so that ``kill_group`` also ends the Ray it started, with
+    Ctrl-C at its default (``ctrl_c_default``) whatever the suite inherited."""
     return subprocess.Popen(
         cmd,
         cwd=cwd,
@@ -70,6 +79,7 @@ def start(cmd, cwd, stdout=subprocess.PIPE, env=None) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=ctrl_c_default,
     )
 
 

@@ -193,3 +193,9 @@ def test_outputs_draws_and_keeps_the_files_only_when_drawing_is_on():
     off.add(fig_fn, "b")
     on += ["table.csv"]
     assert on == ["a.pdf", "table.csv"] and off == [] and drawn == ["a"]
+
+
+def test_rank_order_ties_means_equal_in_decimal():
+    # LN1's means equal MHA's in decimal (0.1 + 0.2 is 0.30000000000000004): a tie, in the order given
+    best = _best({"a": {"LN1": 0.1 + 0.2, "MHA": 0.3, "FC1": 0.2}, "b": {"LN1": 0.8, "MHA": 0.8, "FC1": 0.4}})
+    assert figures.rank_order(best, ["MHA", "LN1", "FC1"]) == ["MHA", "LN1", "FC1"]

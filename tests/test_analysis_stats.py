@@ -314,3 +314,24 @@ def test_wilcoxon_ties_equal_in_decimal_are_ties():
         assert got[0] == pytest.approx(w) and got[1] == pytest.approx(p, rel=1e-9) and got[2] == n
     w, _, n = _exact_signed_rank(d, "two-sided")
     assert stats.rank_biserial(a, b) == pytest.approx(2 * w / (n * (n + 1) / 2) - 1)
+
+
+# Means equal in decimal, apart in the 15th digit as floats: 0.1 + 0.2 is 0.30000000000000004.
+DECIMAL_TIES = pd.DataFrame(
+    {"a": [0.1 + 0.2, 0.7 + 0.1, 0.9], "b": [0.3, 0.8, 0.5], "c": [0.2, 0.4, 0.6]}, index=["d1", "d2", "d3"]
+)
+EXACT_TIES = pd.DataFrame({"a": [0.3, 0.8, 0.9], "b": [0.3, 0.8, 0.5], "c": [0.2, 0.4, 0.6]}, index=DECIMAL_TIES.index)
+
+
+def test_ranks_of_means_equal_in_decimal_are_ties():
+    assert DECIMAL_TIES.loc["d1", "a"] != DECIMAL_TIES.loc["d1", "b"]  # as floats they differ
+    r = stats.ranks(DECIMAL_TIES)
+    assert r.loc["d1"].tolist() == [1.5, 1.5, 3.0] and r.loc["d2"].tolist() == [1.5, 1.5, 3.0]
+    assert r.equals(stats.ranks(EXACT_TIES))
+
+
+def test_friedman_of_means_equal_in_decimal_is_that_of_the_ties():
+    got, want = stats.friedman(DECIMAL_TIES), stats.friedman(EXACT_TIES)
+    assert got["statistic"] == pytest.approx(want["statistic"], rel=1e-12) and got["p"] == pytest.approx(want["p"])
+    tied = pd.DataFrame({"a": [0.1 + 0.2, 0.8], "b": [0.3, 0.7 + 0.1], "c": [0.3, 0.8]})
+    assert "same accuracy on every dataset" in stats.friedman_skip(tied)

@@ -158,6 +158,8 @@ def test_aws_workers_get_a_profile_limited_to_the_bucket_prefix_and_only_the_hea
     worker = json.loads((iam / "worker-policy.json").read_text())
     assert all(a.startswith("s3:") for a in actions(worker)), actions(worker)
     for st in worker["Statement"]:  # objects under the prefix; listing only of the prefix
+        if st["Effect"] == "Deny":  # what it takes away (the snapshots'): the test below
+            continue
         res = [st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"]
         assert all(r in ("arn:aws:s3:::YOUR-BUCKET/raystudy/*", "arn:aws:s3:::YOUR-BUCKET") for r in res), st
         if "arn:aws:s3:::YOUR-BUCKET" in res and actions({"Statement": [st]}) != {"s3:GetBucketLocation"}:
@@ -625,3 +627,35 @@ def test_ray_down_stops_this_cluster_and_only_it(cluster):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     cluster.downed = True
     wait_for(lambda: not ours(), 30, "this cluster's Ray processes to stop")
+
+
+def _grants(policy: dict, action: str, arn: str) -> bool:
+    """Whether ``policy`` lets ``action`` on ``arn`` through: an Allow matches it and no Deny does
+    (IAM's wildcards in actions and resources)."""
+    import fnmatch
+
+    def matches(st):
+        acts = [st["Action"]] if isinstance(st["Action"], str) else st["Action"]
+        res = [st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"]
+        return any(fnmatch.fnmatchcase(action, a) for a in acts) and any(fnmatch.fnmatchcase(arn, r) for r in res)
+
+    effects = {st["Effect"] for st in policy["Statement"] if matches(st)}
+    return "Allow" in effects and "Deny" not in effects
+
+
+def test_workers_can_neither_delete_nor_overwrite_the_stores_snapshots_and_the_head_still_writes_them():
+    import json
+
+    iam = REPO / "cluster" / "iam"
+    worker = json.loads((iam / "worker-policy.json").read_text())
+    head = json.loads((iam / "head-policy.json").read_text())
+    snapshot = "arn:aws:s3:::YOUR-BUCKET/raystudy/mlflow-backups/mlflow-20260101T000000Z.sqlite.gz"
+    for action in ("s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutObject"):
+        assert not _grants(worker, action, snapshot), action
+        assert _grants(worker, action, "arn:aws:s3:::YOUR-BUCKET/raystudy/runs/ray/t/checkpoint") or (
+            action == "s3:DeleteObjectVersion"
+        )
+    for action in ("s3:PutObject", "s3:DeleteObject"):  # the head takes and prunes them
+        assert _grants(head, action, snapshot), action
+    runbook = (REPO / "docs" / "cluster.md").read_text()
+    assert "put-bucket-versioning" in runbook and "Status=Enabled" in runbook

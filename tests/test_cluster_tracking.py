@@ -254,3 +254,14 @@ def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experimen
         "where e.name like 'raystudy-three-%' group by e.name order by e.name",
     )
     assert rows == [(exp, 3, 3) for exp in GRIDS]
+
+
+def test_postgres_started_again_on_another_port_while_it_runs_says_so_in_one_line(server):
+    other = free_port()
+    p = node_sh(server.env, "postgres", str(other))
+    assert p.returncode == 2 and p.stdout == "", p.stdout + p.stderr
+    assert len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith(f"error: the head's PostgreSQL already runs on port {server.pg_port}, not {other}")
+    assert "stop-postgres" in p.stderr, p.stderr
+    same = node_sh(server.env, "postgres", str(server.pg_port))  # the port it runs on: its URI, as before
+    assert same.returncode == 0 and same.stdout.strip().endswith(f"127.0.0.1:{server.pg_port}/mlflow"), same.stderr

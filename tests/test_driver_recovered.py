@@ -133,3 +133,23 @@ def test_under_a_policy_the_trials_it_stops_are_recorded_stopped_and_the_rest_le
         assert "test_acc" not in run.data.metrics  # a stopped trial has no final results
     _, run = tracking.trial_status(cl, exp, by[(0.03, 0)].key)
     assert [(m.step, m.value) for m in cl.get_metric_history(run.info.run_id, "val_acc")] == [(5, 0.1)]
+
+
+def test_trials_a_searcher_holds_ended_are_recorded_as_their_results_end(tmp_path, mlflow_uri):
+    # a search's ledger: one trial finished, one stopped early by ASHA at step 10, both done for
+    # Optuna when the driver was killed; the second's run was RUNNING
+    ledger = tmp_path / "results"
+    trial_folder(ledger, "ka", "ka", [{"step": 10, "loss": 1.0}, FINAL])
+    trial_folder(ledger, "kb", "kb", [{"step": 10, "loss": 1.2, "val_acc": 0.3}])
+    cl = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(cl, "e", tracking.default_artifact_location(mlflow_uri))
+    parent = tracking.parent_run(cl, exp, "search-key", "search-t", {}, role="search")
+    running = tracking.open_trial(cl, exp, parent, "kb", CONFIG, {"raystudy.search": "s"})
+
+    tags = {"raystudy.search": "s"}
+    assert recovered.record_ended(cl, exp, parent, [ledger, tmp_path / "missing"], {"ka", "kb"}, tags) == 2
+    assert tracking.statuses(cl, exp) == {"ka": "finished", "kb": "stopped"}
+    _, a = tracking.trial_status(cl, exp, "ka")
+    assert a.data.tags["raystudy.search"] == "s" and a.data.metrics["test_acc"] == 0.8
+    _, b = tracking.trial_status(cl, exp, "kb")
+    assert b.info.run_id == running and b.info.status == "FINISHED" and b.data.metrics["steps_done"] == 10

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from drivers import ctrl_c_default
 from raystudy.driver import snapshot
 
 
@@ -57,7 +58,9 @@ def test_a_ctrl_c_during_the_snapshot_is_one_warning_line_and_the_command_is_kil
     pidfile = tmp_path / "pid"
     code = "from raystudy.driver import snapshot; snapshot.take(); print('after', flush=True)"
     env = {**os.environ, snapshot.ENV: f"sleep 60 & echo $! > {pidfile}; wait"}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True, preexec_fn=ctrl_c_default
+    )
     try:
         deadline = time.time() + 60
         while not (pidfile.exists() and pidfile.read_text().strip()) and time.time() < deadline:

@@ -9,7 +9,7 @@ import pytest
 from raystudy.driver import tune_glue
 
 
-def test_closing_the_runs_is_not_cut_short_by_another_ctrl_c():
+def test_closing_the_runs_is_not_cut_short_by_another_ctrl_c(ctrl_c):
     # A user who presses Ctrl-C again while the grid closes its MLflow runs must not interrupt
     # the closing (a KeyboardInterrupt inside the finally would leave runs RUNNING).
 
@@ -63,7 +63,7 @@ def test_the_first_ctrl_c_is_the_grids_line_and_tunes_other_warnings_stay_muted(
     assert out == "\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once\n"
 
 
-def test_a_tune_runs_ctrl_c_handler_ends_with_it():
+def test_a_tune_runs_ctrl_c_handler_ends_with_it(ctrl_c):
     # Tune installs its Ctrl-C handler for a run and leaves it there when the run ends unstopped:
     # a search's next Ctrl-C (between studies, or in its next Tune run, whose handler hands the
     # second Ctrl-C to the stale one) then only set the ended run's flag, and the search went on.
@@ -76,3 +76,18 @@ def test_a_tune_runs_ctrl_c_handler_ends_with_it():
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.1)
+
+
+def test_a_full_disk_is_known_by_errno_by_sqlites_words_and_through_the_errors_it_caused():
+    import errno
+
+    assert tune_glue.disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert tune_glue.disk_full("sqlite3.OperationalError: database or disk is full")
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "write")
+        except OSError as e:
+            raise RuntimeError("saving the checkpoint failed") from e
+    except RuntimeError as e:
+        assert tune_glue.disk_full(e)
+    assert not tune_glue.disk_full(OSError(errno.EACCES, "Permission denied")) and not tune_glue.disk_full(None)

@@ -208,3 +208,41 @@ def test_dry_run_adaptive_race_projects_both_ends(capsys):
     # 0.15 of the steps across the paper's datasets): (3 + 3 x f) / 12, between 28.1% and 28.75%
     assert "every lr stays in the race: 100.0% of the steps" in out
     assert "one lr per cell is left at the first milestone: 28.4% of the steps" in out
+
+
+def _photos(root, classes=("cat", "dog", "eel"), n=8, start=0):
+    """``n`` PNGs per class under ``root/<class>/``, numbered from ``start``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(start)
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(start, start + n):
+            Image.fromarray((rng.random((16, 16, 3)) * 60 + c * 90).astype("uint8")).save(root / name / f"{i}.png")
+    return root
+
+
+def test_a_grid_whose_data_changed_under_its_recorded_runs_says_so_in_one_line_and_refuses(
+    tmp_path, mlflow_uri, capsys
+):
+    from raystudy import tracking
+
+    photos = _photos(tmp_path / "photos")
+    argv = ["--data", f"mine={photos}", "--conditions", "MHA", "--tracking-uri", mlflow_uri, "--experiment", "e"]
+    job = grid.prepare(grid.build_parser().parse_args(argv))  # not a dry run: its trials listed
+    cl = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(cl, "e", tracking.default_artifact_location(mlflow_uri))
+    for t in job.trials[:2]:  # two runs recorded on the data as it was
+        tracking.finish_trial(cl, tracking.open_trial(cl, exp, None, t.key, t.config), {"test_acc": 0.5})
+    assert grid.main(argv + ["--dry-run"]) == 0  # unchanged: no word of it
+    capsys.readouterr()
+
+    _photos(photos, classes=("cat",), n=3, start=100)  # images added to a finished study's folder
+    assert grid.main(argv + ["--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, err
+    said = f"error: data {photos} changed since the study's 2 recorded runs on it saw it: 3 file(s) added"
+    assert err.startswith(said), err
+    assert "the test split's hash" in err and "--experiment" in err and "--accept-data-change" in err, err
+    assert grid.main(argv + ["--dry-run", "--accept-data-change"]) == 0

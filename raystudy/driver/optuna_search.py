@@ -38,6 +38,36 @@ def completed_trials(storage, study_name: str) -> int:
     return done
 
 
+def record_told(storage, study_name: str, sampler: Sampler, mlflow: tuple, folder: Path) -> int:
+    """Record in MLflow (``mlflow``: client, experiment, parent run) the trials the persisted study
+    holds COMPLETE whose runs never ended (a driver killed as Tune ended a trial: Optuna hears of
+    the end before MLflow), from the results its trials reported to the ``ledger`` under ``folder``
+    (``recovered.record_ended``); returns how many. Each is known by its key: its config drawn
+    again by ``sampler`` from the trial's params."""
+    import optuna
+
+    from raystudy.driver import recovered
+
+    cl, exp_id, parent = mlflow
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return 0
+    told = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    keys = {sampler(optuna.trial.FixedTrial(t.params))["trial"]["key"] for t in told}
+    known = tracking.statuses(cl, exp_id)
+    missing = {k for k in keys if known.get(k) not in (*tracking.TERMINAL, "failed")}
+    if not missing:
+        return 0
+    tags = {"raystudy.search": study_name}
+    return recovered.record_ended(cl, exp_id, parent, [ledger(folder, study_name)], missing, tags)
+
+
+def ledger(storage: Path, study_name: str) -> Path:
+    """The folder of every result the study's trials reported (``records.ResultLedger``)."""
+    return storage / "results" / study_name
+
+
 def make_searcher(
     space: SearchSpace, condition: str | None, base: dict[str, Any], resources: dict[str, Any], storage, study_name: str
 ):
@@ -88,9 +118,12 @@ def search_condition(
     ``tune_glue.Stopped`` if the user stopped it before its budget."""
     study_name = f"{space.study}-{model}-{dataset}-{label}"
     cl = tracking.client(tracking_uri)
-    # Runs a killed search left RUNNING: their configs are not resampled, so close them.
-    tracking.close_stale(cl, exp_id, raystudy__search=study_name)
     ostore = optuna_storage(storage / "optuna")
+    told = record_told(ostore, study_name, Sampler(space, condition, base, resources), (cl, exp_id, parent), storage)
+    if told:
+        print(f"[{label}] {told} trial(s) ended in Tune's files but not in MLflow: recorded from their results")
+    # Runs a killed search left RUNNING mid-trial: their configs are not resampled, so close them.
+    tracking.close_stale(cl, exp_id, raystudy__search=study_name)
     done = completed_trials(ostore, study_name)
     remaining = num_samples - done
     print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {max(remaining, 0)} to run", flush=True)
@@ -172,7 +205,12 @@ def _tuner(
             name=f"{study_name}-{int(time.time())}",
             storage_path=str(storage),
             verbose=verbose,
-            callbacks=[records.MlflowTrials(*mlflow, {"raystudy.search": study_name}), pruner],
+            # the ledger first: a result is on storage before the searcher or MLflow hear of it
+            callbacks=[
+                records.ResultLedger(ledger(storage, study_name)),
+                records.MlflowTrials(*mlflow, {"raystudy.search": study_name}),
+                pruner,
+            ],
             failure_config=tune.FailureConfig(max_failures=int(tuning["max_failures"])),
             checkpoint_config=kept,
         ),

@@ -17,8 +17,13 @@ from typing import Any
 
 from ray import tune
 
-from raystudy import tracking
-from raystudy.driver import backlog
+from raystudy import paths, tracking
+from raystudy.driver import backlog, recovered, tune_glue
+
+# A fault point for tests: ``N`` kills the driver (SIGKILL) as Tune ends its Nth trial, after the
+# searcher (Optuna) has heard of the end and before MLflow has: the one moment a kill leaves a
+# trial done for the searcher and running for MLflow, which a resumed driver must record.
+KILL_AT_END_ENV = "RAYSTUDY_KILL_AT_TRIAL_END"
 
 
 class MlflowTrials(tune.Callback):
@@ -34,6 +39,8 @@ class MlflowTrials(tune.Callback):
         self._upto: dict[str, dict[str, int]] = {}  # run -> last step logged, by kind
         self._cl = None
         self._stopping = False
+        self._ended = 0
+        self._storage = None
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state
         return {
@@ -46,6 +53,8 @@ class MlflowTrials(tune.Callback):
             "_upto": {},
             "_cl": None,
             "_stopping": False,
+            "_ended": 0,
+            "_storage": None,
         }
 
     @property
@@ -61,9 +70,26 @@ class MlflowTrials(tune.Callback):
         return backlog.of(self.tracking_uri, self.experiment_id, self.parent_id)
 
     def _write(self, write: Callable[[Any], Any]) -> None:
-        """Write now, or after what waits for the server; past the outage limit, stop the grid."""
-        self.waiting.put(write, self.cl)
+        """Write now, or after what waits for the server; past the outage limit, stop the grid; on
+        a full disk, stop it (``tune_glue.stop_on_full_disk``) and drop what cannot be written
+        (the trials that did not end in MLflow run again on the rerun)."""
+        try:
+            self.waiting.put(write, self.cl)
+        except Exception as e:
+            if not tune_glue.disk_full(e):
+                raise
+            self.waiting.pending.clear()
+            self._full_disk()
+            return
         self._stop_if_away_too_long()
+
+    def _full_disk(self, trial=None) -> None:
+        """The grid stops on a full disk: one line naming the fullest of its storage, its store and
+        the tensor cache."""
+        places = {"the store": tracking.sqlite_path(self.tracking_uri), "the tensor cache": paths.tensor_cache()}
+        storage = (trial.config.get("storage_path") if trial is not None else None) or self._storage
+        places = {"storage": storage, **{k: v for k, v in places.items() if v}} if storage else places
+        tune_glue.stop_on_full_disk(places, "search" if "raystudy.search" in self.tags else "grid")
 
     def _stop_if_away_too_long(self) -> None:
         """The server away past the limit: Tune stops the grid as on a Ctrl-C (its SIGUSR1 handler
@@ -108,6 +134,7 @@ class MlflowTrials(tune.Callback):
     def on_trial_start(self, iteration, trials, trial, **info):
         """Opens (or reopens) the trial's run."""
         trial_id, t = trial.trial_id, trial.config["trial"]
+        self._storage = trial.config.get("storage_path")
         self._write(lambda cl: self._run(trial_id, t))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -136,6 +163,9 @@ class MlflowTrials(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         """Logs the trial's final results and ends its run; a trial stopped early is recorded ``stopped``."""
         trial_id, t, last = trial.trial_id, trial.config["trial"], dict(trial.last_result or {})
+        self._ended += 1
+        if os.environ.get(KILL_AT_END_ENV) == str(self._ended):
+            os.kill(os.getpid(), signal.SIGKILL)
         self._write(lambda cl: self._complete(trial_id, t, last))
 
     def _complete(self, trial_id: str, t: dict[str, Any], last: dict[str, Any]) -> None:
@@ -155,6 +185,8 @@ class MlflowTrials(tune.Callback):
     def on_trial_recover(self, iteration, trials, trial, **info):
         """A failed attempt that Tune retries: count it and keep its error."""
         trial_id, t, error = trial.trial_id, trial.config["trial"], error_text(trial)
+        if tune_glue.disk_full(error):  # a retry would fail on the same disk
+            self._full_disk(trial)
 
         def write(cl):
             run_id = self._run(trial_id, t)
@@ -166,6 +198,8 @@ class MlflowTrials(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         """A trial failed for good: its run ends ``failed`` with the error."""
         trial_id, t, error = trial.trial_id, trial.config["trial"], error_text(trial)
+        if tune_glue.disk_full(error):
+            self._full_disk(trial)
 
         def write(cl):
             run_id = self._run(trial_id, t)
@@ -174,6 +208,32 @@ class MlflowTrials(tune.Callback):
                 self._runs.pop(trial_id, None)
 
         self._write(write)
+
+
+class ResultLedger(tune.Callback):
+    """Every result of every trial, written to ``root`` as Tune reports it, before a searcher hears
+    of the trial's end: ``root/KEY/params.json`` (``{"trial": ...}``) and ``root/KEY/result.json``
+    (one JSON line per result), the layout ``driver.recovered`` reads. Tune's own result files are
+    staged in Ray's session folder and reach the storage later; a driver killed as a trial ends
+    would leave the storage without the results its searcher already counts."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        """Appends ``result`` to the trial's file (the folder made with its config first)."""
+        import json
+
+        from ray.tune.utils.util import SafeFallbackEncoder
+
+        t = trial.config["trial"]
+        folder = self.root / t["key"]
+        if not (folder / recovered.PARAMS).is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / recovered.PARAMS).write_text(json.dumps({"trial": t}, cls=SafeFallbackEncoder))
+        line = json.dumps({k: v for k, v in result.items() if k != "config"}, cls=SafeFallbackEncoder)
+        with open(folder / recovered.RESULTS, "a") as f:
+            f.write(line + "\n")
 
 
 def error_text(trial) -> str:

@@ -29,6 +29,22 @@ def record(cl, exp_id: str, parent_id: str, path, keys: set[str]) -> int:
     return found
 
 
+def record_ended(cl, exp_id: str, parent_id: str, paths, keys: set[str], tags: dict[str, str] | None = None) -> int:
+    """Record in MLflow each trial of ``keys`` as its results in the Tune folders ``paths`` end:
+    ``finished`` on a final result, else ``stopped`` at its last step. For trials Tune is known to
+    have ended (a searcher holds them done: an early-stopping scheduler stopped those without a
+    final result); ``tags`` go on a run made anew. Returns how many; a trial with no result, none."""
+    found: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    for path in paths:
+        for key, got in reported(path, keys).items():
+            if key not in found or (_final(got[1]) and not _final(found[key][1])):
+                found[key] = got
+    ended = [(t, results) for t, results in found.values() if results]
+    for t, results in ended:
+        _write(cl, exp_id, parent_id, t, results, tags)
+    return len(ended)
+
+
 def record_stopped(cl, exp_id: str, parent_id: str, path, keys: set[str], policy, trials: list) -> int:
     """Record ``stopped`` each trial of ``keys`` (none done in MLflow) that the adaptive ``policy``
     stops, deciding on what MLflow holds of the grid's ``trials`` and what those of ``keys``
@@ -88,14 +104,16 @@ def _final(results: list[dict[str, Any]]) -> bool:
     return bool(results) and bool(results[-1].get("final"))
 
 
-def _write(cl, exp_id: str, parent_id: str, t: dict[str, Any], results: list[dict[str, Any]]) -> None:
-    """The trial's run (the existing one of its key, else a new one): its curves, its final results,
-    ended; results that end without a final one (stopped by the policy) end it ``stopped``."""
+def _write(
+    cl, exp_id: str, parent_id: str, t: dict[str, Any], results: list[dict[str, Any]], tags: dict | None = None
+) -> None:
+    """The trial's run (the existing one of its key, else a new one, with ``tags``): its curves,
+    its final results, ended; results that end without a final one (stopped by the policy or a
+    scheduler) end it ``stopped``."""
     _, run = tracking.trial_status(cl, exp_id, t["key"])
     if run is None:
-        run_id = tracking.open_trial(
-            cl, exp_id, parent_id, t["key"], t["finetune"], {"raystudy.recovered": "1"}, name=t.get("name")
-        )
+        extra = {"raystudy.recovered": "1", **(tags or {})}
+        run_id = tracking.open_trial(cl, exp_id, parent_id, t["key"], t["finetune"], extra, name=t.get("name"))
     else:
         run_id = run.info.run_id
         cl.set_tag(run_id, "raystudy.recovered", "1")

@@ -17,7 +17,7 @@ from typing import Any, Self
 
 from raystudy import tracking
 from raystudy.driver import local_ray, lock
-from raystudy.driver.tune_glue import uninterrupted
+from raystudy.driver.tune_glue import disk_full, uninterrupted
 
 
 class Session:
@@ -96,11 +96,21 @@ def parent_run(cl, exp_id: str, key: str, name: str, params: dict[str, Any], rol
         reachable = False
         raise
     except BaseException:  # a crash or an interrupt of the driver: the parent says so
-        tracking.tag_parent(cl, parent.run_id, "interrupted")
+        _unless_full(tracking.tag_parent, cl, parent.run_id, "interrupted")
         raise
     else:
-        tracking.tag_parent(cl, parent.run_id, parent.status)
+        _unless_full(tracking.tag_parent, cl, parent.run_id, parent.status)
     finally:
         if reachable:
             with uninterrupted():
-                tracking.end_run(cl, parent.run_id)
+                _unless_full(tracking.end_run, cl, parent.run_id)
+
+
+def _unless_full(write: Callable[..., Any], *args) -> None:
+    """``write(*args)``, left undone on a full disk (the driver has said so in one line; the same
+    command, rerun, writes it)."""
+    try:
+        write(*args)
+    except Exception as e:
+        if not disk_full(e):
+            raise

@@ -18,10 +18,11 @@ ENV = "RAYSTUDY_SNAPSHOT_CMD"
 TIMEOUT_S = 1800.0
 
 
-def take(timeout_s: float = TIMEOUT_S) -> str | None:
+def take(timeout_s: float = TIMEOUT_S, what: str = "grid") -> str | None:
     """Run ``$RAYSTUDY_SNAPSHOT_CMD`` once and print one line: the command's last line of output
     (where the snapshot went), or ``warning: ...`` when it failed, timed out or was interrupted;
-    returns that line, None when the variable is unset or empty. Never raises for the command."""
+    returns that line, None when the variable is unset or empty. Never raises for the command.
+    ``what`` names the command that ends (a grid, a search) in the warning."""
     cmd = os.environ.get(ENV, "").strip()
     if not cmd:
         return None
@@ -42,7 +43,7 @@ def take(timeout_s: float = TIMEOUT_S) -> str | None:
             return line
         why = f"it exited {rc}" + (f": {_last_line(err) or said}" if _last_line(err) or said else "")
     line = (
-        f"warning: no snapshot of MLflow's store as the grid ended ({ENV}={cmd}: {why}); "
+        f"warning: no snapshot of MLflow's store as the {what} ended ({ENV}={cmd}: {why}); "
         "the store keeps every record, and the head's loop takes the next snapshot on its schedule"
     )
     print(line, flush=True)

@@ -6,6 +6,7 @@ Nothing here imports Ray at module level: a session uses ``uninterrupted`` befor
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pickle
@@ -15,6 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from raystudy.errors import disk_full
 
 
 class Stopped(KeyboardInterrupt):
@@ -37,6 +40,83 @@ def sigint_as(handler):
         signal.signal(signal.SIGINT, before)
 
 
+_full: dict[str, str] = {}  # the full disk's line, once said
+
+
+def full_disk_line(places: dict[str, Any], command: str = "grid") -> str:
+    """One line for a full disk: of ``places`` (what -> path: the storage, the store, the tensor
+    cache), the filesystem with the least room, what it holds, how much is free and needed (a
+    trial's checkpoint, the largest file there), and how to resume."""
+    found = []
+    for what, path in places.items():
+        p = Path(path)
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        while not os.path.ismount(p) and p != p.parent:
+            p = p.parent
+        found.append((st.f_bavail * st.f_frsize, str(p), what))
+    free, mount, what = min(found) if found else (0, "?", "its files")
+    held = [w for f, m, w in found if m == mount] or [what]
+    need = max(_largest_checkpoint(places.get("storage")), 1 << 20)
+    return (
+        f"error: the disk is full: {mount} (holding {', '.join(held)}) has {_size(free)} free and a trial needs "
+        f"at least {_size(need)} more for its checkpoint and records; the {command} stopped there: free space on "
+        f"{mount} (or move them to another disk), then run the same command to resume"
+    )
+
+
+def _largest_checkpoint(storage) -> int:
+    """The size of the largest ``state.pt`` under ``storage`` (a trial's checkpoint), 0 if none."""
+    best = 0
+    if storage and "://" not in str(storage):
+        for root, _, files in os.walk(storage):
+            for f in files:
+                if f == "state.pt":
+                    with contextlib.suppress(OSError):
+                        best = max(best, os.path.getsize(os.path.join(root, f)))
+    return best
+
+
+def _size(n: float) -> str:
+    """``n`` bytes as MiB or GiB."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def stop_on_full_disk(places: dict[str, Any], command: str = "grid") -> None:
+    """At the first sign of a full disk: its one line (``full_disk_line``), once, and Tune's
+    graceful stop, as a Ctrl-C's (its SIGUSR1 handler is that of SIGINT): no trial is retried into
+    the same full disk, and Tune's state is kept for the same command to resume."""
+    if _full:
+        return
+    _full["line"] = full_disk_line(places, command)
+    print(_full["line"], flush=True)
+    for h in [logging.getLogger("mlflow.store.db.utils"), *logging.getLogger("mlflow").handlers]:
+        h.addFilter(FullDiskFilter())  # each write MLflow can no longer make, logged with its traceback
+    if threading.current_thread() is threading.main_thread() and callable(signal.getsignal(signal.SIGUSR1)):
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def full_disk_said() -> str | None:
+    """The full disk's line, if this process has said it."""
+    return _full.get("line")
+
+
+class FullDiskFilter(logging.Filter):
+    """Tune's errors that a full disk caused (each failed trial's traceback, each failed save of
+    its state) are left out: the driver says it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether Tune's log shows ``record``."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if full_disk_said() is not None and record.getMessage().startswith("Trials did not complete"):
+            return False  # the trials the stop left unfinished: the grid's last line counts them
+        return not (disk_full(exc) or disk_full(record.getMessage()))
+
+
 def uninterrupted():
     """Ctrl-C ignored while MLflow is being closed: a user pressing it again (Tune's graceful stop
     is slow) would otherwise cut the closing short and leave runs RUNNING."""
@@ -49,10 +129,19 @@ def fit(tuner, verbose: int, close: Callable[[], Any]) -> bool:
     try:
         with tune_output(verbose) as notice:
             tuner.fit()
+    except Exception:
+        if full_disk_said() is None:
+            raise
+        # stopped on a full disk: Tune's end, reading back the files it could not write, fails too
     finally:
         with uninterrupted():
-            close()
-    return notice.received
+            try:
+                close()
+            except Exception as e:
+                if not disk_full(e):
+                    raise
+                # a full store: its runs stay RUNNING, and the same command, rerun, closes them
+    return notice.received or full_disk_said() is not None
 
 
 @contextlib.contextmanager
@@ -71,6 +160,12 @@ def tune_output(verbose: int):
     if quiet:
         muted.setLevel(logging.ERROR)
     tune_log.addFilter(notice)
+    full = FullDiskFilter()
+    # a logger's filter sees only its own records, a handler's all that reach it: both
+    tune_logs = [logging.getLogger(n) for n in ("ray.tune", "ray.tune.execution.tune_controller", "ray.train")]
+    tune_logs += [h for n in ("ray", "") for h in logging.getLogger(n).handlers]
+    for log in tune_logs:
+        log.addFilter(full)
     # Tune leaves its Ctrl-C handler installed after a run that was not stopped: the next Ctrl-C
     # (between a search's studies, in the next Tune run) would only set that ended run's flag.
     main = threading.current_thread() is threading.main_thread()
@@ -82,6 +177,8 @@ def tune_output(verbose: int):
             signal.signal(signal.SIGINT, handler)
         muted.setLevel(level)
         tune_log.removeFilter(notice)
+        for log in tune_logs:
+            log.removeFilter(full)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -122,6 +219,8 @@ def restore(path, trainable):
                 shape = pickle.load(f).get("__flattened_param_space_keys")
             if shape is not None and "trial/grid_search" not in shape:
                 return None, f"its param space ({', '.join(shape)}) has no trial grid"
+            for state in path.glob("experiment_state-*.json"):  # cut short by a full disk: unusable
+                json.loads(state.read_text())
         return tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True), ""
     except Exception as e:  # noqa: BLE001 - any unreadable state is handled the same way
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""

@@ -1,0 +1,91 @@
+"""A disk that fills mid-grid, on a small filesystem the test mounts (slow; needs mount, as root):
+the grid stops at the first sign with one line, and the same command completes it once space is
+freed."""
+
+import errno
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from drivers import count_status, driver_env, kill_group, output_of, search_runs, start, wait_for
+from test_grid_ray import SPACE, grid_cmd, write_space
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 48 MiB tmpfs at ``tmp_path/disk``, unmounted after the test; skipped where mount is not permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command here")
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {p.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def fill(disk) -> None:
+    """Take every free byte of ``disk``: a file written until the filesystem refuses."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (1 << 20, 1 << 12, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
+
+
+def test_a_disk_that_fills_mid_grid_stops_it_in_one_line_and_the_rerun_completes_it(
+    tmp_path, small_disk, demo_weights, shared_ray
+):
+    space = {**SPACE, "grid": {**SPACE["grid"], "lr": {"grid_search": [0.1, 0.2, 0.3]}}}  # 6 trials
+    store = small_disk / "mlflow.db"
+    cmd = grid_cmd(write_space(tmp_path, space), shared_ray, "--tracking-uri", f"sqlite:///{store}")
+    cmd += ["--storage", str(small_disk / "ray")]
+    proc = start(cmd, tmp_path)
+    try:
+        assert wait_for(lambda: count_status(store, "finished") >= 1, proc), output_of(proc)
+        fill(small_disk)  # the disk of the storage and the store, full from here on
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        kill_group(proc)
+    (tmp_path / "first.log").write_text(out)
+    lines = out.strip().splitlines()
+    full = [ln for ln in lines if "full" in ln and str(small_disk) in ln]
+    assert len(full) == 1, out[-5000:]
+    assert "free" in full[0] and "run the same command" in full[0], full[0]
+    assert len(lines) <= 20 and "Traceback" not in out, out[-5000:]
+    assert proc.returncode != 0
+
+    (small_disk / "filler").unlink()
+    shutil.copytree(small_disk / "ray", tmp_path / "ray-at-stop")  # for a post-mortem
+    p = subprocess.run(cmd, cwd=tmp_path, env=driver_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    df = search_runs(f"sqlite:///{store}", "raystudy-t-vit_demo")
+    trials = df[df["tags.raystudy.role"] == "trial"]
+    assert trials["tags.raystudy.key"].nunique() == 6 and trials["tags.raystudy.key"].is_unique
+    assert set(trials["tags.raystudy.status"]) == {"finished"}, trials["tags.raystudy.status"]
+
+
+def test_finetune_on_a_full_disk_is_one_line(tmp_path, small_disk, demo_weights):
+    import sys
+
+    fill(small_disk)
+    cmd = [sys.executable, "-m", "raystudy.finetune", "--set", "steps=20", "--set", "eval_every=10"]
+    cmd += ["--set", "warmup_steps=2"]
+    cmd += ["--out", str(small_disk / "out"), "--tracking-uri", f"sqlite:///{small_disk / 'mlflow.db'}"]
+    p = subprocess.run(cmd, cwd=tmp_path, env=driver_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    said = [ln for ln in p.stderr.splitlines() if ln.startswith("error: the disk is full")]
+    assert len(said) == 1 and str(small_disk) in said[0] and "run the same command" in said[0], p.stderr[-3000:]
+    assert "Traceback" not in p.stdout + p.stderr and len((p.stdout + p.stderr).splitlines()) <= 10, p.stderr[-3000:]
