@@ -35,7 +35,7 @@ SQLITE_WHY = (
 
 
 def build_parser() -> cli.Parser:
-    """The slurm command's flags; what follows ``--`` is the program the job runs."""
+    """The slurm command's flags (what follows ``--``, the program the job runs, is ``parse``'s)."""
     ap = cli.Parser("raystudy slurm", __doc__)
     ap.add_argument("--shared", required=True, help="a folder every node mounts: checkpoints, snapshots, logs")
     ap.add_argument("--partition", help="SLURM partition (default: the cluster's default one)")
@@ -59,13 +59,21 @@ def build_parser() -> cli.Parser:
     ap.add_argument("--sbatch-arg", action="append", default=[], help="one more sbatch flag, as is (repeatable)")
     ap.add_argument("--wait", action="store_true", help="return when the job ends (sbatch --wait)")
     ap.add_argument("--dry-run", action="store_true", help="check and print the sbatch command, submit nothing")
-    ap.add_argument("program", nargs="*", help="after --: grid ... or search ... (default: grid)")
     return ap
+
+
+def parse(argv: list[str] | None):
+    """The flags before ``--``, and what follows it as ``program`` (the job's command line)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:cut])
+    args.program = argv[cut + 1 :]
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Check the submission, then submit it; sbatch's exit status, 2 on bad input."""
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         cmd, env = submission(args)
     except ConfigError as e:
@@ -180,6 +188,23 @@ def check_gpus(partition: str | None, gpus: int) -> None:
             + (f"at most {most} GPUs" if most else "no GPUs")
             + f" (sinfo: {found[0][1].strip()}); ask for {most} or fewer, or another partition"
         )
+
+
+def close_running(uri: str) -> int:
+    """Every run of the store at ``uri`` still RUNNING closed as a driver going down closes it:
+    trials interrupted and KILLED, parents tagged interrupted and ended; returns how many. For a
+    job whose grid was killed (``scancel``): the next job's grid resumes them."""
+    cl = tracking.client(uri)
+    n = 0
+    for exp in cl.search_experiments():
+        n += tracking.close_stale(cl, exp.experiment_id)
+        for run in tracking.find_runs(cl, exp.experiment_id):
+            if run.info.status == "RUNNING" and run.data.tags.get(tracking.ROLE) != "trial":
+                tracking.tag_parent(cl, run.info.run_id, "interrupted")
+                tracking.end_run(cl, run.info.run_id)
+                n += 1
+    print(f"closed {n} runs left RUNNING in {uri}")
+    return n
 
 
 def gpu_count(gres: str) -> int:

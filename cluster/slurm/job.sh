@@ -68,17 +68,32 @@ export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$shared/secrets/ray-token
 
 ip=$(python3 -c 'import ray.util; print(ray.util.get_node_ip_address())')
 ray_pid= mlflow_up= grid= stop_by=
+ray_pids() {  # this job's Ray processes on this node: those under its own folder, and `ray start`
+    local p
+    for p in /proc/[0-9]*; do
+        if tr '\0' ' ' < "$p/cmdline" 2> /dev/null | grep -qF -- "$tmp/ray"; then echo "${p#/proc/}"; fi
+    done
+}
+stop_ray() {  # never `ray stop`: it stops every Ray of this user on the node, other jobs' too
+    local pids
+    pids=$(ray_pids)
+    [ -n "$pids" ] || return 0
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2> /dev/null || true
+    for _ in $(seq 20); do [ -n "$(ray_pids)" ] || return 0; sleep 0.5; done
+    pids=$(ray_pids)
+    # shellcheck disable=SC2086
+    if [ -n "$pids" ]; then kill -KILL $pids 2> /dev/null || true; fi
+}
 cleanup() {
     trap - EXIT
     if [ -n "$grid" ] && kill -0 "$grid" 2> /dev/null; then kill -KILL "$grid" 2> /dev/null || true; fi
-    if [ -n "$ray_pid" ]; then
-        kill -TERM "$ray_pid" 2> /dev/null || true
-        for _ in $(seq 60); do kill -0 "$ray_pid" 2> /dev/null || break; sleep 0.5; done
-    fi
+    if [ -n "$ray_pid" ]; then stop_ray; fi
     if [ -n "$mlflow_up" ]; then RAYSTUDY_STATE=$state bash "$node_sh" stop-mlflow || true; fi
     rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM   # scancel while the job starts: what it started so far is stopped
 
 case "$store" in
 http://* | https://*)
@@ -150,6 +165,13 @@ while kill -0 "$grid" 2> /dev/null; do
 done
 grid=
 say "raystudy ${args[0]} exited $rc${stop_by:+ (stopped: $stop_by)}"
+if [ -n "$mlflow_up" ] && { [ "$stop_by" = scancel ] || ! [[ "$rc" =~ ^(0|1|2|130)$ ]]; }; then
+    # scancel's TERM reached every process (the grid's Ray aborts it, MLflow's server stops): the
+    # runs it left RUNNING are closed in the store itself and a snapshot taken, before SLURM's KILL.
+    python3 -c 'import sys; from raystudy import slurm; slurm.close_running(sys.argv[1])' "$(cat "$state/mlflow-store")" \
+        || say "could not close the runs left RUNNING: the next job's grid does"
+    RAYSTUDY_STATE=$state bash "$node_sh" snapshot || true
+fi
 cleanup
 if [ "$rc" = 130 ] && [ "$stop_by" = "time limit" ]; then
     say "trials remain: requeueing job $job, which resumes the study"
