@@ -71,7 +71,7 @@ ray_pid= mlflow_up= grid= stop_by=
 ray_pids() {  # this job's Ray processes on this node: those under its own folder, and `ray start`
     local p
     for p in /proc/[0-9]*; do
-        if tr '\0' ' ' < "$p/cmdline" 2> /dev/null | grep -qF -- "$tmp/ray"; then echo "${p#/proc/}"; fi
+        if { tr '\0' ' ' < "$p/cmdline"; } 2> /dev/null | grep -qF -- "$tmp/ray"; then echo "${p#/proc/}"; fi
     done
 }
 stop_ray() {  # never `ray stop`: it stops every Ray of this user on the node, other jobs' too
