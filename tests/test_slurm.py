@@ -85,15 +85,17 @@ def job_state(env, job: str) -> tuple[str, int, str]:
     return fields.get("JobState", "UNKNOWN"), int(fields.get("Restarts", 0)), fields.get("Reason", "")
 
 
-def wait_job(env, job: str, timeout: float = 420) -> tuple[str, int]:
-    """Until ``job`` ends: (state, restarts); a requeued one is made eligible at once."""
+def wait_job(env, job: str, timeout: float = 420, then_minutes: int | None = None) -> tuple[str, int]:
+    """Until ``job`` ends: (state, restarts); a requeued one is made eligible at once, and given
+    ``then_minutes`` as its time limit (its next run then finishes the grid)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         state, restarts, reason = job_state(env, job)
         if state in DONE:
             return state, restarts
         if state == "PENDING" and restarts and reason == "BeginTime":
-            subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, timeout=30)
+            more = [f"TimeLimit={then_minutes}"] if then_minutes else []
+            subprocess.run(["scontrol", "update", f"jobid={job}", *more, "StartTime=now"], env=env, timeout=30)
         time.sleep(2)
     raise AssertionError(f"job {job} still {job_state(env, job)} after {timeout} s:\n{log(Path(), job)}")
 
@@ -162,18 +164,28 @@ def credentials(folder: Path) -> tuple[str, str]:
 _JOIN = "import ray; ray.init(address={!r}, log_to_driver=False); print('JOINED', flush=True)"
 
 
-def ray_join(address: str, token_file: Path | None) -> str:
-    """What a driver joining ``address`` says in its first seconds, with that token or none."""
-    env = driver_env(RAY_AUTH_MODE="token") if token_file else driver_env()
-    if token_file:
-        env["RAY_AUTH_TOKEN_PATH"] = str(token_file)
-    try:
-        p = subprocess.run(
-            [sys.executable, "-c", _JOIN.format(address)], env=env, capture_output=True, text=True, timeout=20
+def ray_joins(tries: dict) -> dict:
+    """What a driver joining each address says in its first seconds, with that token file or none:
+    {name: (address, token)} -> {name: output}; all at once."""
+    procs = {}
+    for name, (address, token) in tries.items():
+        env = driver_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token)) if token else driver_env()
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-c", _JOIN.format(address)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
-        return p.stdout + p.stderr
-    except subprocess.TimeoutExpired as e:
-        return (e.stdout or b"").decode() + (e.stderr or b"").decode()
+    said = {}
+    for name, proc in procs.items():
+        try:
+            said[name] = proc.communicate(timeout=25)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            said[name] = proc.communicate()[0]
+    return said
 
 
 def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm, tmp_path):
@@ -183,8 +195,8 @@ def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm
     for f in (a, b):
         (f / "shared").mkdir(parents=True)
     _, jobs = study
-    ja = submit(slurm, a, jobs, ["MHA", "LN2"], 60)
-    jb = submit(slurm, b, jobs, ["FC1", "LN1"], 60)
+    ja = submit(slurm, a, jobs, ["MHA", "LN2"], 200)
+    jb = submit(slurm, b, jobs, ["FC1", "LN1"], 200)
     where = {}
     for f, j in ((a, ja), (b, jb)):
         m = wait_log(f, j, r"Ray (\S+) \(.*MLflow (http://\S+)")
@@ -193,15 +205,19 @@ def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm
     # the grid joined the job's Ray, not a local one of its own
     wait_log(a, ja, r"Connected to Ray cluster")
     assert "Started a local Ray instance" not in log(a, ja)
+    tries = {}
     for me, other in ((a, b), (b, a)):
         url = where[me][1]
         assert answers(url, None) == 401
         assert answers(url, credentials(other)) == 401
         assert answers(url, credentials(me)) == 200
-        for token in (None, other / "shared" / "secrets" / "ray-token"):
-            said = ray_join(where[me][0], token)
-            assert "JOINED" not in said and re.search(r"Unauthenticated|InvalidAuthToken|token", said), said[-2000:]
-    assert "JOINED" in ray_join(where[a][0], a / "shared" / "secrets" / "ray-token")
+        tries[(me.name, "none")] = (where[me][0], None)
+        tries[(me.name, "other")] = (where[me][0], other / "shared" / "secrets" / "ray-token")
+    tries[("a", "own")] = (where[a][0], a / "shared" / "secrets" / "ray-token")
+    said = ray_joins(tries)
+    assert "JOINED" in said.pop(("a", "own"))
+    for name, text in said.items():
+        assert "JOINED" not in text and re.search(r"Unauthenticated|InvalidAuthToken", text), (name, text[-2000:])
     for f in (a, b):
         assert (f / "shared" / "secrets" / "mlflow-credentials").stat().st_mode & 0o077 == 0
         assert (f / "shared" / "secrets" / "ray-token").stat().st_mode & 0o077 == 0
@@ -217,12 +233,13 @@ def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm
 def test_time_limit_mid_grid_stops_requeues_and_the_next_job_completes(study, slurm):
     """A job whose time limit falls mid-grid: SLURM's signal before the limit stops the grid as a
     Ctrl-C does, the job requeues itself, and its next run restores the store from the snapshot and
-    finishes the grid: every trial once, no step twice, nothing RUNNING."""
+    finishes the grid: every trial once, no step twice, nothing RUNNING. The requeued job is given
+    a longer limit, so that its next run is the last (each run pays the job's start)."""
     folder, jobs = study
-    job = submit(slurm, folder, jobs, ["MHA", "LN2", "FC1"], 400, "--time", "2", "--stop-before", "60", cpus=2)
-    state, restarts = wait_job(slurm, job, timeout=600)
+    job = submit(slurm, folder, jobs, ["MHA", "LN2", "FC1"], 300, "--time", "2", "--stop-before", "60", cpus=2)
+    state, restarts = wait_job(slurm, job, timeout=600, then_minutes=10)
     text = log(folder, job)
-    assert (state, restarts >= 1) == ("COMPLETED", True), text[-4000:]
+    assert (state, restarts) == ("COMPLETED", 1), text[-4000:]
     assert "stopped: time limit" in text and "requeueing job" in text
     assert "restored MLflow's store from the snapshot" in text.split("requeueing job")[1]
     assert "CANCELLED" not in text and "DUE TO TIME LIMIT" not in text
@@ -233,7 +250,7 @@ def test_scancel_mid_grid_stops_cleanly_and_resubmitting_completes_it(study, slu
     """``scancel`` mid-grid: the grid stops as on a Ctrl-C (no requeue), nothing is left RUNNING;
     the same submission again finishes the study from where it was."""
     folder, jobs = study
-    job = submit(slurm, folder, jobs, ["MHA", "LN2"], 400, cpus=2)
+    job = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
     wait_log(folder, job, r"running 2 of 2 trials")
     time.sleep(8)
     subprocess.run(["scancel", job], env=slurm, timeout=30, check=True)
@@ -242,7 +259,7 @@ def test_scancel_mid_grid_stops_cleanly_and_resubmitting_completes_it(study, slu
     assert "stopped: scancel" in text and "requeueing" not in text, text[-3000:]
     _, runs, _ = recorded(folder)
     assert not [r for r in runs if r.info.status == "RUNNING"]
-    again = submit(slurm, folder, jobs, ["MHA", "LN2"], 400, cpus=2)
+    again = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
     assert wait_job(slurm, again) == ("COMPLETED", 0), log(folder, again)[-3000:]
     assert "restored MLflow's store from the snapshot" in log(folder, again)
     assert_once_finished(folder, 2)

@@ -80,7 +80,7 @@ stop_ray() {  # never `ray stop`: it stops every Ray of this user on the node, o
     [ -n "$pids" ] || return 0
     # shellcheck disable=SC2086
     kill -TERM $pids 2> /dev/null || true
-    for _ in $(seq 20); do [ -n "$(ray_pids)" ] || return 0; sleep 0.5; done
+    for _ in $(seq 10); do [ -n "$(ray_pids)" ] || return 0; sleep 0.5; done
     pids=$(ray_pids)
     # shellcheck disable=SC2086
     if [ -n "$pids" ]; then kill -KILL $pids 2> /dev/null || true; fi
@@ -94,6 +94,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 143' TERM   # scancel while the job starts: what it started so far is stopped
+trap 'stop_by="time limit"' USR1   # the limit's notice while the job starts: no grid, a requeue
 
 case "$store" in
 http://* | https://*)
@@ -151,19 +152,22 @@ args=("$@")
 if [[ " ${args[*]} " != *" --storage"* ]]; then args+=(--storage "$shared/ray"); fi
 # Job control: the grid in a process group of its own, and SIGINT reaches it (a non-interactive
 # shell would start it with SIGINT ignored). TERM ignored: scancel's reaches it through the trap.
-set -m
-(trap '' TERM && exec python3 -m raystudy "${args[@]}") &
-grid=$!
-set +m
-trap 'stop_by=${stop_by:-time limit}; kill -INT "$grid" 2> /dev/null || true' USR1
-trap 'stop_by=scancel; kill -INT "$grid" 2> /dev/null || true' TERM
-rc=0
-wait "$grid" || rc=$?
-while kill -0 "$grid" 2> /dev/null; do
+rc=130
+if [ -z "$stop_by" ]; then
+    set -m
+    (trap '' TERM && exec python3 -m raystudy "${args[@]}") &
+    grid=$!
+    set +m
+    trap 'stop_by=${stop_by:-time limit}; kill -INT "$grid" 2> /dev/null || true' USR1
+    trap 'stop_by=scancel; kill -INT "$grid" 2> /dev/null || true' TERM
     rc=0
     wait "$grid" || rc=$?
-done
-grid=
+    while kill -0 "$grid" 2> /dev/null; do
+        rc=0
+        wait "$grid" || rc=$?
+    done
+    grid=
+fi
 say "raystudy ${args[0]} exited $rc${stop_by:+ (stopped: $stop_by)}"
 if [ -n "$mlflow_up" ] && { [ "$stop_by" = scancel ] || ! [[ "$rc" =~ ^(0|1|2|130)$ ]]; }; then
     # scancel's TERM reached every process (the grid's Ray aborts it, MLflow's server stops): the
