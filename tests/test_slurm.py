@@ -242,7 +242,7 @@ def test_time_limit_mid_grid_stops_requeues_and_the_next_job_completes(study, sl
     assert (state, restarts) == ("COMPLETED", 1), text[-4000:]
     assert "stopped: time limit" in text and "requeueing job" in text
     assert "restored MLflow's store from the snapshot" in text.split("requeueing job")[1]
-    assert "CANCELLED" not in text and "DUE TO TIME LIMIT" not in text
+    assert "DUE TO TIME LIMIT" not in text  # stopped before the limit, never killed by it
     assert_once_finished(folder, 3)
 
 
