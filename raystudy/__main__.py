@@ -25,6 +25,7 @@ COMMANDS = {
     "init": ("raystudy.init", "a starter grid space for your model and your own images, and its dry run"),
     "report": ("analysis.report", "the paper's tables, tests and figures from MLflow or a CSV"),
     "export": ("analysis.export_best", "the best config per condition as finetune YAML files"),
+    "slurm": ("raystudy.slurm", "the study as SLURM jobs that requeue themselves until it is done"),
     "prefetch": ("raystudy.prefetch", "weights and datasets into the caches before a cluster run"),
     "components": ("raystudy.components", "parameter counts per component and condition"),
     "data": ("raystudy.datasets", "the dataset registry and where its files live"),

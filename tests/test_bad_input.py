@@ -81,6 +81,18 @@ DB = "sqlite:///{in}/mlflow.db"
 BIG = str(10**12)
 
 CASES = [
+    # raystudy slurm: refused on the login node, before sbatch is asked anything
+    ("slurm", ["--shared", "{in}/nope", "--", "grid"], {}, "no such folder; make it on a filesystem every node mounts"),
+    ("slurm", ["--shared", "{in}/s", "--", "finetune"], {"s/": ""}, "use grid or search"),
+    (
+        "slurm",
+        ["--shared", "{in}/s", "--store", "sqlite:///{in}/s/mlflow.db", "--", "grid"],
+        {"s/": ""},
+        "SQLite in the shared folder: SQLite's locks are unsafe on a network filesystem",
+    ),
+    ("slurm", ["--shared", "{in}/s", "--store", "postgresql://u:pw@db:5432/m"], {"s/": ""}, "names a secret"),
+    ("slurm", ["--shared", "{in}/s", "--store", "file:///x"], {"s/": ""}, "use sqlite, postgres"),
+    ("slurm", ["--shared", "{in}/s", "--nodes", "0"], {"s/": ""}, "--nodes must be >= 1"),
     # ------------------------------------------------------------------ grid
     (
         "grid",
@@ -654,6 +666,7 @@ MAINS = {
     "export_best": "analysis.export_best",
     "replay": "analysis.replay",
     "init": "raystudy.init",
+    "slurm": "raystudy.slurm",
 }
 
 
@@ -783,6 +796,24 @@ def test_bad_input_as_a_user_types_it(cli, argv, needle, tmp_path):
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines[-10:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_slurm_without_sbatch_on_the_path_is_refused(tmp_path):
+    """`raystudy slurm` where there is no SLURM (no sbatch on the PATH): one line, exit 2."""
+    (tmp_path / "s").mkdir()
+    env = driver_env(PYTHONPATH=str(REPO), PATH=os.path.dirname(sys.executable))
+    p = subprocess.run(
+        [sys.executable, "-m", "raystudy", "slurm", "--shared", str(tmp_path / "s"), "--", "grid"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+    assert lines[0].startswith("error: no SLURM here: sbatch is not on the PATH"), lines
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["s"] and not list((tmp_path / "s").iterdir())
 
 
 def test_a_700000_trial_dry_run_answers_in_seconds(tmp_path):

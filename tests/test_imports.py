@@ -83,6 +83,7 @@ LAYERS = [
         "raystudy.probe",
         "raystudy.prefetch",
         "raystudy.init",
+        "raystudy.slurm",
         "analysis.report",
         "analysis.export_best",
         "analysis.replay",

@@ -157,6 +157,7 @@ def _tuner(
         if tuner is not None:
             print(f"resuming {path}: {len(pending)} of {len(trials)} trials unfinished", flush=True)
             tune_glue.set_console(tuner, lines, s["verbose"])
+            _record_here(tuner, s["tracking_uri"], exp_id, parent_id)
             return tuner
         print(
             f"could not restore the interrupted run's Tune state at {path} ({why}); "
@@ -165,6 +166,14 @@ def _tuner(
         )
         path = tune_glue.set_aside(path, storage, name)
     return _new_tuner(trainable, trials, pending, lines, Path(str(path)).name, s, exp_id, parent_id)
+
+
+def _record_here(tuner, uri: str, exp_id: str, parent_id: str) -> None:
+    """A restored Tuner's recording callback writes where this session records: the tracking
+    server's address may have changed since (a SLURM job's server is on whichever node it got)."""
+    for cb in tuner._local_tuner.get_run_config().callbacks or []:
+        if isinstance(cb, records.MlflowTrials):
+            cb.tracking_uri, cb.experiment_id, cb.parent_id = uri, exp_id, parent_id
 
 
 def _new_tuner(
