@@ -454,10 +454,11 @@ _IN = (
     "place the ImageNet-1k validation images, one folder per class, so that "
     "<data_root>/imagenet/val/<wnid>/*.JPEG exist (https://image-net.org, licence required)"
 )
-DN_CLIPART = "the paper's is the cleaned release, http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/clipart.zip"
+_DN_CLIPART_URL = "http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/clipart.zip"  # the cleaned release
+DN_CLIPART = f"the paper's is the cleaned release, {_DN_CLIPART_URL}"
 _DN = (
     "download DomainNet from https://ai.bu.edu/M3SDA/ (clipart: the cleaned release, "
-    "http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/clipart.zip, as the paper; sketch: "
+    f"{_DN_CLIPART_URL}, as the paper; sketch: "
     "http://csr.bu.edu/ftp/visda/2019/multi-source/sketch.zip) and unpack each domain so that "
     "<data_root>/domainnet/<domain>/<class>/*.jpg exist"
 )

@@ -313,14 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _finetune(args)
     except Exception as e:
-        from raystudy import paths
         from raystudy.driver import tune_glue
+        from raystudy.errors import disk_full
 
-        if not tune_glue.disk_full(e):
+        if not disk_full(e):
             raise
-        store = tracking.sqlite_path(args.tracking_uri or tracking.default_uri())
-        places = {"the output": args.out or "runs", "the store": store, "the tensor cache": paths.tensor_cache()}
-        print(tune_glue.full_disk_line({k: v for k, v in places.items() if v}, "finetune"), file=sys.stderr)
+        places = tune_glue.disk_places(args.tracking_uri or tracking.default_uri(), {"the output": args.out or "runs"})
+        print(tune_glue.full_disk_line(places, "finetune"), file=sys.stderr)
         return 1
 
 

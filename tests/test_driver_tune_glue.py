@@ -91,3 +91,15 @@ def test_a_full_disk_is_known_by_errno_by_sqlites_words_and_through_the_errors_i
     except RuntimeError as e:
         assert tune_glue.disk_full(e)
     assert not tune_glue.disk_full(OSError(errno.EACCES, "Permission denied")) and not tune_glue.disk_full(None)
+
+
+def test_the_places_a_full_disk_may_be_are_those_known(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
+    db = tmp_path / "mlflow.db"
+    places = tune_glue.disk_places(f"sqlite:///{db}", {"storage": tmp_path / "ray"})
+    assert list(places) == ["storage", "the store", "the tensor cache"] and places["the store"] == db
+    # a tracking server has no file here, and an unknown storage is left out: the line still names a disk
+    places = tune_glue.disk_places("http://127.0.0.1:5000", {"storage": None})
+    assert list(places) == ["the tensor cache"]
+    line = tune_glue.full_disk_line(places, "grid")
+    assert line.startswith("error: the disk is full: /") and "holding the tensor cache" in line

@@ -17,8 +17,9 @@ from typing import Any
 
 from ray import tune
 
-from raystudy import paths, tracking
+from raystudy import tracking
 from raystudy.driver import backlog, recovered, tune_glue
+from raystudy.errors import disk_full
 
 # A fault point for tests: ``N`` kills the driver (SIGKILL) as Tune ends its Nth trial, after the
 # searcher (Optuna) has heard of the end and before MLflow has: the one moment a kill leaves a
@@ -76,7 +77,7 @@ class MlflowTrials(tune.Callback):
         try:
             self.waiting.put(write, self.cl)
         except Exception as e:
-            if not tune_glue.disk_full(e):
+            if not disk_full(e):
                 raise
             self.waiting.pending.clear()
             self._full_disk()
@@ -86,9 +87,8 @@ class MlflowTrials(tune.Callback):
     def _full_disk(self, trial=None) -> None:
         """The grid stops on a full disk: one line naming the fullest of its storage, its store and
         the tensor cache."""
-        places = {"the store": tracking.sqlite_path(self.tracking_uri), "the tensor cache": paths.tensor_cache()}
         storage = (trial.config.get("storage_path") if trial is not None else None) or self._storage
-        places = {"storage": storage, **{k: v for k, v in places.items() if v}} if storage else places
+        places = tune_glue.disk_places(self.tracking_uri, {"storage": storage})
         tune_glue.stop_on_full_disk(places, "search" if "raystudy.search" in self.tags else "grid")
 
     def _stop_if_away_too_long(self) -> None:
@@ -185,7 +185,7 @@ class MlflowTrials(tune.Callback):
     def on_trial_recover(self, iteration, trials, trial, **info):
         """A failed attempt that Tune retries: count it and keep its error."""
         trial_id, t, error = trial.trial_id, trial.config["trial"], error_text(trial)
-        if tune_glue.disk_full(error):  # a retry would fail on the same disk
+        if disk_full(error):  # a retry would fail on the same disk
             self._full_disk(trial)
 
         def write(cl):
@@ -198,7 +198,7 @@ class MlflowTrials(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         """A trial failed for good: its run ends ``failed`` with the error."""
         trial_id, t, error = trial.trial_id, trial.config["trial"], error_text(trial)
-        if tune_glue.disk_full(error):
+        if disk_full(error):
             self._full_disk(trial)
 
         def write(cl):

@@ -17,7 +17,8 @@ from typing import Any, Self
 
 from raystudy import tracking
 from raystudy.driver import local_ray, lock
-from raystudy.driver.tune_glue import disk_full, uninterrupted
+from raystudy.driver.tune_glue import uninterrupted
+from raystudy.errors import disk_full
 
 
 class Session:

@@ -69,6 +69,15 @@ def full_disk_line(places: dict[str, Any], command: str = "grid") -> str:
     )
 
 
+def disk_places(tracking_uri: str, first: dict[str, Any]) -> dict[str, Any]:
+    """Where a full disk may be, those known: ``first`` (what -> path), then the store (a SQLite
+    file) and the tensor cache; ``full_disk_line``'s ``places``."""
+    from raystudy import paths, tracking
+
+    places = {**first, "the store": tracking.sqlite_path(tracking_uri), "the tensor cache": paths.tensor_cache()}
+    return {k: v for k, v in places.items() if v}
+
+
 def _largest_checkpoint(storage) -> int:
     """The size of the largest ``state.pt`` under ``storage`` (a trial's checkpoint), 0 if none."""
     best = 0
