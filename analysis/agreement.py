@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 from scipy import stats as st
 
-from analysis import stats
+from analysis.stats import paired, selection, significance
 
 ALPHA = 0.05
 
@@ -24,8 +24,8 @@ ALPHA = 0.05
 def calls_of(table: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA) -> dict[str, bool]:
     """Every significance call at ``alpha`` on a datasets × conditions ``table`` of test
     accuracies (conditions with a missing dataset left out): name -> significant. The p-values are
-    those of ``stats.paired_tests`` (its default alternatives), ``stats.friedman`` and
-    ``stats.pairwise_wilcoxon``, computed without their effect sizes: a floor calls this per replicate."""
+    those of ``significance.paired_tests`` (its default alternatives), ``significance.friedman`` and
+    ``significance.pairwise_wilcoxon``, computed without their effect sizes: a floor calls this per replicate."""
     calls: dict[str, bool] = {}
     complete = table.dropna(axis=1, how="any")
     if complete.shape[0] < 2 or complete.shape[1] < 2:
@@ -35,15 +35,15 @@ def calls_of(table: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA) 
         for other, b in cols.items():
             if other != reference:
                 calls[f"wilcoxon {reference} > {other}"] = bool(
-                    stats.wilcoxon(cols[reference], b, "greater")[1] <= alpha
+                    paired.wilcoxon(cols[reference], b, "greater")[1] <= alpha
                 )
-                calls[f"t {reference} vs {other}"] = bool(stats.paired_t(cols[reference], b, "two-sided")[1] <= alpha)
-    fr = stats.friedman(complete)
+                calls[f"t {reference} vs {other}"] = bool(paired.paired_t(cols[reference], b, "two-sided")[1] <= alpha)
+    fr = significance.friedman(complete)
     if not math.isnan(fr["p"]):
         calls["friedman"] = bool(fr["p"] <= alpha)
     pairs = list(itertools.combinations(complete.columns, 2))
-    p = [stats.wilcoxon(cols[a], cols[b], "two-sided")[1] for a, b in pairs]
-    for (a, b), q in zip(pairs, stats.holm(p)):
+    p = [paired.wilcoxon(cols[a], cols[b], "two-sided")[1] for a, b in pairs]
+    for (a, b), q in zip(pairs, paired.holm(p)):
         calls[f"holm {a} vs {b}"] = bool(q <= alpha)
     return calls
 
@@ -51,9 +51,9 @@ def calls_of(table: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA) 
 def conclusions(runs: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA) -> dict[str, Any]:
     """What the report concludes from ``runs``: the lr chosen per cell (on validation), the mean
     test accuracy of each condition at it, and every significance call at ``alpha``."""
-    means = stats.seed_means(runs)
-    best = stats.best_lr(means, "val")
-    table = stats.wide(best)
+    means = selection.seed_means(runs)
+    best = selection.best_lr(means, "val")
+    table = selection.wide(best)
     chosen = {(r.dataset, r.condition): r.lr for r in best.itertuples()}
     complete = table.dropna(axis=1, how="any")
     val = {(r.dataset, r.condition, r.lr): r.val_mean for r in means.itertuples()}

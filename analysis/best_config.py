@@ -2,7 +2,7 @@
 (``best_overall``, ``best_per_dataset``), the config it trained with (``run_config``: its
 ``config.yaml`` artifact or its params), and the file (``write``: the rerun command and why
 this run, in a comment block, then the config). ``analysis.export_best`` writes every
-condition's; the report's answer (``analysis.answer_section``) writes the winner's beside report.md.
+condition's; the report's answer (``analysis.sections.answer``) writes the winner's beside report.md.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from analysis import AnalysisError, load, stats
-from raystudy.config import ConfigError, from_dict
+from analysis import AnalysisError, load
+from analysis.stats import selection
+from raystudy.train.config import ConfigError, from_dict
 
 # ---------------------------------------------------------------- params → config
 
@@ -27,10 +28,10 @@ def coerce_params(params: dict[str, str]) -> dict[str, Any]:
     >>> coerce_params({"lr": "0.01", "betas": "[0.9, 0.999]", "weights": "None", "compile": "False"})
     {'lr': 0.01, 'betas': [0.9, 0.999], 'weights': None, 'compile': False}
     """
-    from raystudy import tracking
+    from raystudy.tracking import query
 
     try:
-        return tracking.run_config(params)
+        return query.run_config(params)
     except ConfigError as e:
         raise AnalysisError(f"a run's params do not read back as a config: {e}") from None
 
@@ -57,7 +58,7 @@ def _best_seed(runs: pd.DataFrame, select_on: str) -> pd.Series:
 
 def best_per_dataset(runs: pd.DataFrame, select_on: str = "val") -> pd.DataFrame:
     """One row per (dataset, condition): the best-seed run at the lr chosen for that cell."""
-    best = stats.best_lr(stats.seed_means(runs), select_on)
+    best = selection.best_lr(selection.seed_means(runs), select_on)
     rows = []
     for b in best.itertuples():
         if math.isnan(b.lr):
@@ -74,7 +75,7 @@ def best_overall(runs: pd.DataFrame, select_on: str = "val") -> pd.DataFrame:
     Candidate lrs are those with a finished run on every dataset the condition ran on (the
     DomainNet grid differs from the others, so an lr tried on one dataset only cannot win).
     """
-    means = stats.seed_means(runs)
+    means = selection.seed_means(runs)
     col = f"{select_on}_mean"
     rows = []
     for condition, g in means.groupby("condition", sort=False):

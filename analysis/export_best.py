@@ -12,7 +12,7 @@ first dataset's run as the file's dataset (a comment lists the others).
 
 Each file is the winning run's own config (its ``config.yaml`` artifact, or its params turned
 back into typed values), begins with the command that reruns it, and loads with
-``raystudy.config.load_config``:
+``raystudy.train.config.load_config``:
 
     python -m raystudy.finetune --config best/MHA.yaml
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import AnalysisError, load, stats
+from analysis import AnalysisError, load
 from analysis.best_config import (  # noqa: F401 - callers use them as export_best's
     best_overall,
     best_per_dataset,
@@ -36,7 +36,8 @@ from analysis.best_config import (  # noqa: F401 - callers use them as export_be
     slug,
 )
 from analysis.best_config import write as write_config
-from raystudy.config import ConfigError, validate
+from analysis.stats import selection
+from raystudy.train.config import ConfigError, validate
 
 
 def export(
@@ -51,7 +52,7 @@ def export(
     out = Path(out_dir)
     found = load.settings(runs)
     written = []
-    scale = stats.display_scale(runs["test_acc"])
+    scale = selection.display_scale(runs["test_acc"])
     for s in found:
         sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
         base = out if len(found) == 1 else out / slug("_".join(s[:2]) + ("_low_data" if s[2] == "True" else ""))
@@ -67,7 +68,7 @@ def export(
 
 def check(paths: list[Path]) -> list[str]:
     """Load and validate each written file; the one-line problems of those that fail here."""
-    from raystudy.config import load_config
+    from raystudy.train.config import load_config
 
     problems = []
     for p in paths:
@@ -91,7 +92,7 @@ def build_parser():
     ap.add_argument("--per-dataset", action="store_true", help="one file per dataset and condition")
     ap.add_argument(
         "--select-on",
-        choices=stats.SELECT_ON,
+        choices=selection.SELECT_ON,
         default="val",
         help="choose the lr and seed on validation (default) or test accuracy",
     )
@@ -107,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     from raystudy import cli
 
     args = build_parser().parse_args(argv)
-    from raystudy import tracking
+    from raystudy.tracking import connect
 
     try:  # before MLflow's seconds of imports
         cli.check_folder("--out", args.out)
-        uri = args.tracking_uri or tracking.default_uri()
-        tracking.check_uri(uri, must_exist=True)
+        uri = args.tracking_uri or connect.default_uri()
+        connect.check_uri(uri, must_exist=True)
     except ConfigError as e:
         return cli.fail(e)
     from mlflow.exceptions import MlflowException

@@ -60,7 +60,7 @@ def palette(names) -> dict[str, tuple]:
     left, in the order given."""
     from matplotlib import colormaps
 
-    from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS  # no torch at import
+    from raystudy.models.components import PAPER_CONDITIONS, STUDY_COMPONENTS
 
     known = list(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
     extra = [n for n in dict.fromkeys(names) if n not in known]
@@ -126,13 +126,13 @@ def _log_y(ax) -> None:
 
 def rank_order(best: pd.DataFrame, conditions: list[str], value: str = "test_mean") -> list[str]:
     """``conditions`` best first: by average rank over datasets (highest ``value`` = 1), ties by
-    the mean over datasets, then by the order given; values equal in decimal tie (``stats.tie_exact``)."""
-    from analysis import stats
+    the mean over datasets, then by the order given; values equal in decimal tie (``paired.tie_exact``)."""
+    from analysis.stats import paired
 
     table = best.pivot_table(index="dataset", columns="condition", values=value).reindex(columns=conditions)
-    table = pd.DataFrame(stats.tie_exact(table.to_numpy(float)), index=table.index, columns=table.columns)
+    table = pd.DataFrame(paired.tie_exact(table.to_numpy(float)), index=table.index, columns=table.columns)
     rank = table.rank(axis=1, ascending=False).mean().fillna(np.inf)
-    mean = pd.Series(stats.tie_exact(table.mean().to_numpy(float)), index=table.columns).fillna(-np.inf)
+    mean = pd.Series(paired.tie_exact(table.mean().to_numpy(float)), index=table.columns).fillna(-np.inf)
     return sorted(conditions, key=lambda c: (rank[c], -mean[c], conditions.index(c)))
 
 
@@ -619,7 +619,7 @@ __all__ = [
 def parameter_efficiency(eff: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0, title: str = "") -> list[Path]:
     """Accuracy against trainable parameter count (log x), one labelled point per condition.
 
-    ``eff`` is ``analysis.stats.parameter_efficiency`` (index: condition; params, accuracy).
+    ``eff`` is ``analysis.stats.selection.parameter_efficiency`` (index: condition; params, accuracy).
     """
     names = list(eff.index)
     col = palette(names)
@@ -658,7 +658,7 @@ def gains(avg_gain: pd.Series, base: str | os.PathLike, reference: str, title: s
 def setting_means(ab: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0, title: str = "") -> list[Path]:
     """One row per condition, one marker per setting (e.g. SGD and AdamW): mean test accuracy.
 
-    ``ab`` is ``analysis.stats.setting_means`` (index: condition; a ``datasets`` column).
+    ``ab`` is ``analysis.stats.selection.setting_means`` (index: condition; a ``datasets`` column).
     """
     names = [c for c in ab.columns if c != "datasets"]
     col = palette(names)

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import agreement, stability, stats
+from analysis import agreement, stability
+from analysis.stats import selection
 
 QUANTILE = 0.05  # a policy agrees with the full grid at least as well as 95% of reseedings do
 CONFIDENT = 0.95  # a call the full grid makes in this share of reseedings is not to be flipped
@@ -79,7 +80,7 @@ def floor(runs: pd.DataFrame, reference: str = "MHA", reps: int = 200, seed: int
     """The floor of the full grid's ``runs``: ``reps`` reseedings (seeds drawn again in every cell,
     datasets kept, lrs chosen again), each compared with the full grid as a policy's replay is."""
     full = agreement.conclusions(runs, reference)
-    conditions = list(stats.wide(stats.best_lr(stats.seed_means(runs), "val")).columns)
+    conditions = list(selection.wide(selection.best_lr(selection.seed_means(runs), "val")).columns)
     datasets = sorted({d for d, _ in full["chosen_lr"]})
     g = stability.grid(runs, conditions, datasets, "val")
     boot = stability.replicates(g, reps, seed, datasets=False)

@@ -43,9 +43,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import AnalysisError, stats
-from raystudy import tracking
+from analysis import AnalysisError
+from analysis.stats import pooling
 from raystudy.errors import check_input_file
+from raystudy.tracking import connect, query
 
 RUN_COLUMNS = [
     "run_id",
@@ -92,7 +93,7 @@ INTERVAL = ["ci_low", "ci_high"]  # computed from n, mean and std where a table 
 # ---------------------------------------------------------------- one run → one row
 
 # How a run becomes a row is the run record's business (raystudy.tracking); kept here by name.
-run_row = tracking.run_row
+run_row = query.run_row
 
 
 NO_TEST_ACC = "finished without a test_acc value"
@@ -117,8 +118,8 @@ def dedupe(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 
 
 def client(tracking_uri: str | None = None):
-    """An MLflow client of ``tracking_uri`` (``raystudy.tracking.client``)."""
-    return tracking.client(tracking_uri)
+    """An MLflow client of ``tracking_uri`` (``raystudy.tracking.connect.client``)."""
+    return connect.client(tracking_uri)
 
 
 def experiment_id(experiment: str, tracking_uri: str | None = None) -> str:
@@ -157,12 +158,12 @@ def from_mlflow(experiment: str, tracking_uri: str | None = None, *, diverged_te
     """
     c = client(tracking_uri)
     exp_id = experiment_id(experiment, tracking_uri)
-    found = tracking.find_runs(c, exp_id, raystudy__role="trial")
+    found = query.find_runs(c, exp_id, raystudy__role="trial")
     if not found:
         raise AnalysisError(
             f"experiment {experiment!r} has no trial runs (runs tagged raystudy.role=trial); has the grid started?"
         )
-    table = pd.DataFrame(tracking.rows(found), columns=RUN_COLUMNS + EXTRA_COLUMNS + DIVERGED_TESTED)
+    table = pd.DataFrame(query.rows(found), columns=RUN_COLUMNS + EXTRA_COLUMNS + DIVERGED_TESTED)
     tested = (table["status"] == "diverged") & table["diverged_test_acc"].notna() & diverged_tested
     table.loc[tested, ["val_acc", "test_acc"]] = table.loc[tested, DIVERGED_TESTED].to_numpy()
     table.loc[tested, "status"] = "finished"
@@ -192,9 +193,7 @@ def check_runs(runs: pd.DataFrame, source: str) -> None:
 def grid_runs(experiment: str, tracking_uri: str | None = None) -> list[str]:
     """Ids of the experiment's grid parent runs (tag ``raystudy.role=grid``)."""
     c = client(tracking_uri)
-    return [
-        r.info.run_id for r in tracking.find_runs(c, experiment_id(experiment, tracking_uri), raystudy__role="grid")
-    ]
+    return [r.info.run_id for r in query.find_runs(c, experiment_id(experiment, tracking_uri), raystudy__role="grid")]
 
 
 def run_params(run_id: str, tracking_uri: str | None = None) -> dict[str, str]:
@@ -245,7 +244,7 @@ def step_metrics(runs: pd.DataFrame, keys: Iterable[str], tracking_uri: str | No
 
 def plasticity(runs: pd.DataFrame, which: str = "before", tracking_uri: str | None = None) -> pd.DataFrame:
     """The ``plasticity_{which}.csv`` artifacts of ``runs``, stacked, with run_id, condition, seed,
-    and the 95% t interval of each mean (``stats.t_interval``) where an artifact lacks it.
+    and the 95% t interval of each mean (``pooling.t_interval``) where an artifact lacks it.
 
     Runs that did not probe (``probe_pairs=0``) have no such artifact and are not asked.
     """
@@ -338,7 +337,7 @@ def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
         if col in df:  # how the runs counted accuracy and fitted the linear probe, where the file says
             out[col] = df[col].fillna(default).astype(str).str.strip()
     # a run that says it finished but has no test accuracy is no finished run: counted as failed,
-    # with the reason, as the MLflow reader counts it (tracking.run_status_of)
+    # with the reason, as the MLflow reader counts it (query.run_status_of)
     empty = (out["status"] == "finished") & out["test_acc"].isna()
     out.loc[empty, "status"] = "failed"
     out.loc[empty, "error"] = NO_TEST_ACC
@@ -436,7 +435,7 @@ def read_plasticity(path: str | os.PathLike) -> pd.DataFrame:
 
 def _with_interval(df: pd.DataFrame) -> pd.DataFrame:
     """A table the probe wrote (n, mean, std) with its interval; one written with it, as it is."""
-    return df if all(c in df for c in INTERVAL) else stats.t_interval(df)
+    return df if all(c in df for c in INTERVAL) else pooling.t_interval(df)
 
 
 def settings(runs: pd.DataFrame) -> list[tuple]:

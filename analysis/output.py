@@ -1,6 +1,6 @@
 """A report section's outputs as data -- its Markdown, tables and figures -- and the one writer.
 
-A section (``analysis.sections``, ``analysis.trust``) computes and returns a ``Section``; nothing
+A section (``analysis.sections``, ``analysis.sections.trust``) computes and returns a ``Section``; nothing
 is written until ``write`` puts every section of one folder on disk, so a report that fails
 anywhere in its sections leaves no folder behind.
 """

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from analysis import AnalysisError
-from raystudy import adaptive
+from raystudy.spaces import adaptive
 
 RUNS = ["key", "model", "optimizer", "low_data", "dataset", "condition", "lr", "seed", "status", "val_acc", "test_acc"]
 VIEW = ["steps", "eval_every", "ended", "best", "curve", "steps_done", "wall_s"]

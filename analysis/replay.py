@@ -8,7 +8,7 @@ and whether the study would have concluded the same.
 
 From what MLflow holds of each trial (validation accuracy by step, the test accuracy of the
 best-validation checkpoint, steps run and wall-clock seconds), the policy of
-``raystudy.adaptive`` decides which trials stop when, exactly as the live grid's scheduler does
+``raystudy.spaces.adaptive`` decides which trials stop when, exactly as the live grid's scheduler does
 (``python -m raystudy.grid --adaptive POLICY``). A stopped trial keeps no accuracy: it lost the
 lr choice. Reported: trials stopped, steps and device-hours spent (seconds per step as
 measured), and against the full grid: the lr chosen per (dataset, condition), the ranking of the
@@ -33,7 +33,8 @@ import pandas as pd
 
 from analysis import AnalysisError, floor, load, recordings
 from analysis.agreement import compare, conclusions
-from raystudy import adaptive, tracking
+from raystudy.spaces import adaptive
+from raystudy.tracking import connect, query, views
 
 # ---------------------------------------------------------------- the recorded grid
 
@@ -43,17 +44,17 @@ def recorded(experiment: str, tracking_uri: str | None = None) -> dict[str, Any]
     ``steps_done`` and ``wall_s``), ``trials`` and ``seen`` (the policy's view of it)."""
     cl = load.client(tracking_uri)
     exp_id = load.experiment_id(experiment, tracking_uri)
-    found = tracking.find_runs(cl, exp_id, raystudy__role="trial")
+    found = query.find_runs(cl, exp_id, raystudy__role="trial")
     if not found:
         raise AnalysisError(f"experiment {experiment!r} has no trial runs to replay")
-    table = pd.DataFrame(tracking.rows(found), columns=load.RUN_COLUMNS + load.EXTRA_COLUMNS)
+    table = pd.DataFrame(query.rows(found), columns=load.RUN_COLUMNS + load.EXTRA_COLUMNS)
     runs, _ = load.dedupe(table)
     by_id = {r.info.run_id: r for r in found}
     trials, seen, steps_done, wall = [], {}, [], []
     for row in runs.itertuples():
         run = by_id[row.run_id]
-        trials.append(adaptive.trial_of(row.key, tracking.run_config(run.data.params)))
-        seen[row.key] = tracking.policy_view(cl, run)
+        trials.append(adaptive.trial_of(row.key, query.run_config(run.data.params)))
+        seen[row.key] = views.policy_view(cl, run)
         steps_done.append(run.data.metrics.get("steps_done", math.nan))
         wall.append(run.data.metrics.get("wall_s", math.nan))
     runs = runs.assign(steps_done=steps_done, wall_s=wall).reset_index(drop=True)
@@ -207,8 +208,8 @@ def _grid(args) -> dict[str, Any]:
         cli.check_folder("--out", args.out)
     if args.recording is not None:
         return recordings.load(Path(args.recording))
-    uri = args.tracking_uri or tracking.default_uri()
-    tracking.check_uri(uri)
+    uri = args.tracking_uri or connect.default_uri()
+    connect.check_uri(uri)
     return recorded(args.experiment, uri)
 
 

@@ -32,7 +32,7 @@ Input: per-run results, a per-dataset summary (``dataset, condition, mean[, std]
 paper's table shape (``dataset`` plus one column per condition, cells ``mean`` or ``mean ±
 std``); see ``analysis.load``.
 
-Past the p-values (``analysis.trust``, over every condition analysed): effect sizes beside every
+Past the p-values (``analysis.sections.trust``, over every condition analysed): effect sizes beside every
 test (Hodges-Lehmann shift with its interval, rank-biserial r); stratified-bootstrap intervals of
 each condition's mean and IQM, of every pairwise difference and of the probability of improvement
 (``--bootstrap-reps``, ``--bootstrap-seed``, ``--bootstrap-over``); Bayesian signed-rank and
@@ -58,8 +58,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import AnalysisError, figures, load, output, sections, stats, study, tables, trust
-from analysis.sections import CURVE_KEYS
+from analysis import AnalysisError, figures, load, output, study, tables
+from analysis.sections import paper, trust
+from analysis.sections.paper import CURVE_KEYS
+from analysis.stats import selection, significance, variance
 from analysis.study import paper_order  # noqa: F401 - callers use analysis.report.paper_order
 
 # The paper's own comparison: the five single components (--paper-comparison).
@@ -88,7 +90,7 @@ def analyse(out_dir: str | Path, *, draw_figures: bool = True, **study_args) -> 
     """Write the tables, tests and figures of one study (one model, optimizer) into ``out_dir``.
 
     ``study_args`` are ``analysis.study.build``'s: ``runs`` (the per-run table of
-    ``analysis.load``) or ``summary`` (per-dataset means); ``bands`` (``stats.curve_bands`` of the
+    ``analysis.load``) or ``summary`` (per-dataset means); ``bands`` (``variance.curve_bands`` of the
     selected runs) and ``plasticity`` (stacked plasticity artifacts) add their figures and tables;
     ``options`` are the flags of the interval, equivalence and budget sections
     (``trust.Options``); ``t_alternative`` is the paired t-test's alternative (the paper's:
@@ -99,7 +101,7 @@ def analyse(out_dir: str | Path, *, draw_figures: bool = True, **study_args) -> 
     tables and tests alone. Every section is computed before anything is written: bad input
     raises AnalysisError and writes nothing.
     """
-    parts = sections.of(study.build(**study_args))
+    parts = paper.of(study.build(**study_args))
     return Report(text=output.text(parts), files=output.write(out_dir, parts, draw_figures))
 
 
@@ -132,9 +134,7 @@ def analyse_runs(runs: pd.DataFrame, out_dir: str | Path, *, extras=None, draw_f
         sub.attrs = dict(runs.attrs)
         bands, plast = extras(sub) if extras else (None, None)
         target = Path(out_dir) if len(found) == 1 else Path(out_dir) / _setting_name(s)
-        planned.append(
-            (target, sections.of(study.build(runs=sub, bands=bands, plasticity=plast, title=_title(s), **kw)))
-        )
+        planned.append((target, paper.of(study.build(runs=sub, bands=bands, plasticity=plast, title=_title(s), **kw))))
     across = (
         [
             across_settings(
@@ -172,12 +172,12 @@ def across_settings(
     """The tables across study settings: per model (and low-data flag) the optimizer ablation
     (mean over datasets at the chosen lr, one column per optimizer) where it has runs of two or
     more optimizers; with several models, every setting's means side by side (``settings``).
-    ``as_paper``: each cell averaged over every lr and seed instead (``stats.lr_averaged``), as
+    ``as_paper``: each cell averaged over every lr and seed instead (``selection.lr_averaged``), as
     the paper's ablation table. Each setting's own tables are in its subfolder."""
     runs = study.restrict(runs, conditions, datasets, runs.attrs.get("source", "runs"))
     bests = _setting_cells(runs, select_on, ddof, as_paper)
-    order = stats.order_conditions(runs["condition"], study.paper_order())
-    scale = stats.display_scale(runs["test_acc"])
+    order = selection.order_conditions(runs["condition"], study.paper_order())
+    scale = selection.display_scale(runs["test_acc"])
     unit = " (%)" if scale == 100 else ""
     chosen = {"val": "validation", "test": "test"}[select_on]
     how = "every lr and seed averaged, as the paper" if as_paper else f"lr chosen on {chosen}"
@@ -195,13 +195,13 @@ def across_settings(
         if len(by_opt) < 2:
             parts.append(f"Optimizer ablation, {what}: runs of one optimizer only ({', '.join(by_opt)}); no table.")
             continue
-        ab = stats.setting_means({o: by_opt[o] for o in _optimizer_order(by_opt)}, order)
+        ab = selection.setting_means({o: by_opt[o] for o in _optimizer_order(by_opt)}, order)
         name = "optimizer_ablation_" + model + ("_low_data" if low == "True" else "")
         caption = f"Optimizer ablation, {what}: mean test accuracy{unit}, {how}"
         means.append(_setting_means(ab, name, caption, f"Optimizer ablation, {what}", scale))
         parts.append(means[-1][0])
     if len({m for m, _, _ in bests}) > 1:
-        ab = stats.setting_means(
+        ab = selection.setting_means(
             {
                 ", ".join(v for v in (m, o, "low data" if low == "True" else "") if v): b
                 for (m, o, low), b in bests.items()
@@ -222,18 +222,22 @@ def across_settings(
 
 def _setting_cells(runs: pd.DataFrame, select_on: str, ddof: int, as_paper: bool) -> dict[tuple, pd.DataFrame]:
     """Per study setting, its cells' test accuracy: at the lr chosen on ``select_on``, or with
-    ``as_paper`` averaged over every lr and seed (``stats.lr_averaged``)."""
+    ``as_paper`` averaged over every lr and seed (``selection.lr_averaged``)."""
     cells = {}
     for s in load.settings(runs):
         sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
-        cells[s] = stats.lr_averaged(sub, ddof) if as_paper else stats.best_lr(stats.seed_means(sub, ddof), select_on)
+        cells[s] = (
+            selection.lr_averaged(sub, ddof)
+            if as_paper
+            else selection.best_lr(selection.seed_means(sub, ddof), select_on)
+        )
     return cells
 
 
 def _setting_means(
     ab: pd.DataFrame, name: str, caption: str, title: str, scale: float
 ) -> tuple[str, output.Table, output.Figure]:
-    """One table of settings' means (``stats.setting_means``): its Markdown, table and figure."""
+    """One table of settings' means (``selection.setting_means``): its Markdown, table and figure."""
     shown = tables.ablation_table(ab, scale)
     return (
         f"{caption}:\n\n{tables.markdown(shown).rstrip()}",
@@ -262,10 +266,10 @@ def report_from_mlflow(
         sub = study.restrict(sub, kw.get("conditions"), kw.get("datasets"), "runs")
         bands = None
         if curves:
-            best = stats.best_lr(stats.seed_means(sub), kw.get("select_on", "val"))
+            best = selection.best_lr(selection.seed_means(sub), kw.get("select_on", "val"))
             chosen = selected_runs(sub, best)
             hist = load.step_metrics(chosen, list(CURVE_KEYS), tracking_uri)
-            bands = stats.curve_bands(hist, chosen) if len(hist) else None
+            bands = variance.curve_bands(hist, chosen) if len(hist) else None
         return bands, load.plasticity(sub, "before", tracking_uri)
 
     report = analyse_runs(runs, out_dir, extras=extras, **kw)
@@ -277,7 +281,7 @@ def report_from_mlflow(
 def log_outputs(out_dir: str | Path, runs: pd.DataFrame, experiment: str, tracking_uri: str | None = None) -> list[str]:
     """Log ``out_dir`` as ``analysis/`` artifacts of the grid parent run(s) of ``runs``, and its
     ``report.md`` into their description (what the UI shows on the run's page)."""
-    from raystudy import tracking
+    from raystudy.tracking import record
 
     grids = load.grid_runs(experiment, tracking_uri)
     parents = [p for p in dict.fromkeys(runs["parent_run_id"]) if p in grids] or grids
@@ -286,7 +290,7 @@ def log_outputs(out_dir: str | Path, runs: pd.DataFrame, experiment: str, tracki
     for pid in parents:
         c.log_artifacts(pid, str(out_dir), artifact_path="analysis")
         if md.is_file():
-            tracking.attach_report(c, pid, md.read_text())
+            record.attach_report(c, pid, md.read_text())
     return parents
 
 
@@ -340,7 +344,7 @@ def _add_comparison_args(ap) -> None:
     """Add how the lr is chosen, which conditions are compared and against which, and what is read."""
     ap.add_argument(
         "--select-on",
-        choices=stats.SELECT_ON,
+        choices=selection.SELECT_ON,
         help="choose the lr on validation (default; test with --as-paper) or test accuracy",
     )
     ap.add_argument(
@@ -353,7 +357,7 @@ def _add_comparison_args(ap) -> None:
     ap.add_argument("--reference", default="MHA", help="condition tested against the others (MHA)")
     ap.add_argument(
         "--t-alternative",
-        choices=stats.T_ALTERNATIVES,
+        choices=significance.T_ALTERNATIVES,
         default="two-sided",
         help="paired t-test: two-sided (default, the paper's) or one-sided, the "
         "reference greater (the Wilcoxon test is one-sided, as in the paper)",
@@ -433,13 +437,13 @@ def main(argv: list[str] | None = None) -> int:
     except (AnalysisError, ConfigError) as e:
         return cli.fail(e)
     kw = _report_kwargs(args)
-    from raystudy import tracking
+    from raystudy.tracking import connect
 
     uri = None
     if args.experiment:
-        uri = args.tracking_uri or tracking.default_uri()
+        uri = args.tracking_uri or connect.default_uri()
         try:  # before MLflow's seconds of imports
-            tracking.check_uri(uri, must_exist=True)
+            connect.check_uri(uri, must_exist=True)
         except ConfigError as e:
             return cli.fail(e)
     return _write_report(args, uri, kw)

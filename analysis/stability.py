@@ -5,7 +5,7 @@ choice's own noise is left out. Here one replicate redraws, for every (dataset, 
 the seeds with replacement -- a drawn seed brings its run at every lr of the cell, as rerunning
 the grid with that seed would -- and, where datasets are resampled, the datasets (the same draw
 for every condition); it then chooses each cell's lr again by the report's rule
-(``analysis.stats.best_lr``: the highest seed mean of the selection accuracy over finished runs,
+(``analysis.stats.selection.best_lr``: the highest seed mean of the selection accuracy over finished runs,
 ties to the smaller lr) and takes the test accuracy there. From the replicates: how often each
 cell's lr is chosen again, each condition's probability of every rank and of the top-1 (ranked
 by the mean over datasets, the accuracy table's average), selection-aware intervals of each
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis import AnalysisError, stats
+from analysis import AnalysisError
+from analysis.stats import selection
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Grid:
 
 def grid(runs: pd.DataFrame, conditions: Sequence[str], datasets: Sequence[str], select_on: str = "val") -> Grid:
     """The ``Grid`` of ``runs`` (the tidy runs table) over ``conditions`` × ``datasets``, with each
-    cell's lr chosen by ``stats.best_lr`` on ``select_on`` (-1 where no lr can be chosen)."""
+    cell's lr chosen by ``selection.best_lr`` on ``select_on`` (-1 where no lr can be chosen)."""
     runs = runs[runs["condition"].isin(conditions) & runs["dataset"].isin(datasets)]
     lrs = sorted(set(runs["lr"].dropna().astype(float)))
     seeds = sorted(runs["seed"].dropna().unique())
@@ -62,7 +63,7 @@ def grid(runs: pd.DataFrame, conditions: Sequence[str], datasets: Sequence[str],
     )
     select[at] = done[f"{select_on}_acc"].to_numpy(float)
     test[at] = done["test_acc"].to_numpy(float)
-    best = stats.best_lr(stats.seed_means(runs), select_on)
+    best = selection.best_lr(selection.seed_means(runs), select_on)
     chosen = np.full(shape[:2], -1)
     for c, d, lr in zip(best["condition"], best["dataset"], best["lr"]):
         if pd.notna(lr):

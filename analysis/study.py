@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis import AnalysisError, load, stats, trust
+from analysis import AnalysisError, load
+from analysis.sections import trust
+from analysis.stats import selection
 
 
 def paper_order() -> tuple[str, ...]:
     """The order tables list conditions in: the paper's, then the other components, then LoRA."""
-    from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS  # no torch at import
+    from raystudy.models.components import PAPER_CONDITIONS, STUDY_COMPONENTS
 
     return tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
 
@@ -118,11 +120,11 @@ def _choose_lrs(runs: pd.DataFrame, select_on: str, ddof: int, source: str):
             f"{source}: no validation accuracies (val_acc) to choose the lr "
             "on; choose it on test accuracy with --select-on test"
         )
-    means = stats.seed_means(runs, ddof=ddof)
-    best = stats.best_lr(means, select_on)
+    means = selection.seed_means(runs, ddof=ddof)
+    best = selection.best_lr(means, select_on)
     other = "test" if select_on == "val" else "val"
-    best_other = stats.best_lr(means, other) if runs.loc[finished, f"{other}_acc"].notna().any() else None
-    return means, best, best_other, stats.display_scale(runs["test_acc"])
+    best_other = selection.best_lr(means, other) if runs.loc[finished, f"{other}_acc"].notna().any() else None
+    return means, best, best_other, selection.display_scale(runs["test_acc"])
 
 
 def _gain_reference(order: list[str], gain_reference: str | None, reference: str) -> str | None:
@@ -140,11 +142,11 @@ def _checked_conditions(
     """The conditions analysed, in the paper's order, and those compared, once the chosen results
     (and the other selection's, if any) are complete and ``reference`` is among those compared;
     raises AnalysisError otherwise."""
-    stats.check_complete(best)
-    order = stats.order_conditions(best["condition"], paper_order())
+    selection.check_complete(best)
+    order = selection.order_conditions(best["condition"], paper_order())
     compared = compared_conditions(order, compare, source)
     if best_other is not None:  # its table and ranks are shown beside the chosen one's
-        stats.check_complete(best_other)
+        selection.check_complete(best_other)
     if len(compared) >= 2 and reference not in compared:
         raise AnalysisError(
             f"reference condition {reference!r} is not among the conditions: {', '.join(map(str, compared))}"
@@ -181,9 +183,9 @@ def build(
     else:
         summary = restrict(summary, conditions, datasets, source)
         means, best, best_other = None, summary, None
-        scale = stats.display_scale(summary["test_mean"])
+        scale = selection.display_scale(summary["test_mean"])
     order, compared = _checked_conditions(best, best_other, compare, reference, source)
-    table = stats.wide(best, conditions=order)
+    table = selection.wide(best, conditions=order)
     return Study(
         source=source,
         runs=runs,
@@ -196,7 +198,7 @@ def build(
         order=order,
         compared=compared,
         table=table,
-        ranks=stats.ranks(table[compared]),
+        ranks=selection.ranks(table[compared]),
         scores=trust.scores_of(runs, best, table, order),
         reference=reference,
         gain_reference=_gain_reference(order, gain_reference, reference),

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import load, stats
+from analysis import load
+from analysis.stats import selection
 
 DASH = "—"
 _LATEX = {
@@ -40,15 +41,15 @@ def closing_ranking(runs: pd.DataFrame) -> pd.DataFrame:
     and the average rank over datasets; best first."""
     cols = ["condition", "test_acc", "avg_rank", "best_lr", "runs"]
     runs = load.dedupe(runs)[0] if not runs.empty else runs
-    best = stats.best_lr(stats.seed_means(runs), "val") if not runs.empty else pd.DataFrame()
+    best = selection.best_lr(selection.seed_means(runs), "val") if not runs.empty else pd.DataFrame()
     best = best[best["test_mean"].notna()] if len(best) else best
     if best.empty:
         return pd.DataFrame(columns=cols)
-    table = stats.wide(best)
+    table = selection.wide(best)
     out = pd.DataFrame(
         {
             "test_acc": table.mean(axis=0),
-            "avg_rank": stats.ranks(table).mean(axis=0),
+            "avg_rank": selection.ranks(table).mean(axis=0),
             "best_lr": {c: _lrs(c, lrs) for c, lrs in best.groupby("condition")["lr"]},
             "runs": best.groupby("condition")["n"].sum(),
         }
@@ -60,7 +61,7 @@ def closing_ranking(runs: pd.DataFrame) -> pd.DataFrame:
 def _lrs(condition: str, chosen) -> str:
     """The lrs a condition's ranking used (one per dataset, when they differ); "-" for a
     condition with no lr (the linear probe's closed form)."""
-    from raystudy import components  # no torch at import
+    from raystudy.models import components
 
     if not components.has_lr(condition):
         return "-"
@@ -262,7 +263,7 @@ ALTERNATIVE_LABEL = {
 
 def tests_table(tests: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.DataFrame:
     """The paired tests of the reference condition, formatted; every p column names its
-    alternative (``stats.paired_tests``' ``wilcoxon_alternative`` and ``t_alternative``)."""
+    alternative (``significance.paired_tests``' ``wilcoxon_alternative`` and ``t_alternative``)."""
     w_alt = tests["wilcoxon_alternative"].iloc[0] if "wilcoxon_alternative" in tests and len(tests) else "greater"
     t_alt = tests["t_alternative"].iloc[0] if "t_alternative" in tests and len(tests) else "greater"
     shown = pd.DataFrame(
@@ -314,7 +315,7 @@ def dataset_table(
 
 
 def ablation_table(ab: pd.DataFrame, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
-    """``stats.optimizer_ablation`` formatted; with two optimizers, their difference (second −
+    """``selection.optimizer_ablation`` formatted; with two optimizers, their difference (second −
     first) as a last column."""
     opts = [c for c in ab.columns if c != "datasets"]
     shown = pd.DataFrame({o: [fmt(v * scale, digits) for v in ab[o]] for o in opts}, index=ab.index)
@@ -326,7 +327,7 @@ def ablation_table(ab: pd.DataFrame, scale: float = 1.0, digits: int = 1) -> pd.
 
 
 def efficiency_table(eff: pd.DataFrame, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
-    """``stats.parameter_efficiency`` formatted: the count with thousands separators."""
+    """``selection.parameter_efficiency`` formatted: the count with thousands separators."""
     return pd.DataFrame(
         {
             "trainable params": [DASH if math.isnan(v) else f"{v:,.0f}" for v in eff["params"]],
@@ -362,7 +363,7 @@ def _effect_columns(df: pd.DataFrame, scale: float, digits: int) -> dict[str, li
 
 
 def posthoc_table(pairs: pd.DataFrame, scale: float = 1.0, digits: int = 2) -> pd.DataFrame:
-    """``stats.pairwise_wilcoxon`` formatted: one row per pair, raw and Holm-corrected p, whether
+    """``significance.pairwise_wilcoxon`` formatted: one row per pair, raw and Holm-corrected p, whether
     significant, and the effect sizes where present."""
     shown = pd.DataFrame(
         {

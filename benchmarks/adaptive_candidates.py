@@ -4,7 +4,7 @@
     python benchmarks/adaptive_candidates.py --orders              # and over the six orders of the seeds
     python benchmarks/adaptive_candidates.py --recordings s012 --candidates "gap 0.07,spread 1"
 
-None of them is a policy of raystudy: each is the race (``raystudy.adaptive``) with a rule added,
+None of them is a policy of raystudy: each is the race (``raystudy.spaces.adaptive``) with a rule added,
 kept here so that the history's figures can be measured again. The rules, as the history
 describes them:
 - ``lo``/``frac`` (learning-curve extrapolation): at a milestone, an lr trailing its seed's best by
@@ -83,8 +83,8 @@ def _swing(p, rule: dict, k: int, alive: list, mean: dict, diffs) -> float:
 
 
 def race_with(p, rule: dict, members: list, seen: dict, pooled: dict) -> dict:
-    """The race over one cell's trials with ``rule`` added: key -> Stop (``raystudy.adaptive``)."""
-    from raystudy.adaptive import Seen, Stop, _reached, _score, milestone_steps
+    """The race over one cell's trials with ``rule`` added: key -> Stop (``raystudy.spaces.adaptive``)."""
+    from raystudy.spaces.adaptive import Seen, Stop, _reached, _score, milestone_steps
 
     seeds = sorted({t["seed"] for t in members})
     alive = sorted({t["lr"] for t in members})
@@ -133,7 +133,7 @@ def race_with(p, rule: dict, members: list, seen: dict, pooled: dict) -> dict:
 
 def _pooled(cells: dict, seen: dict) -> dict:
     """(condition, optimizer) -> lr -> mean over datasets of its first-seed deficit (capped at 0.5)."""
-    from raystudy.adaptive import _score
+    from raystudy.spaces.adaptive import _score
 
     acc: dict = {}
     for (_, cond, opt), members in cells.items():
@@ -149,7 +149,7 @@ def judge(grid: dict, name: str, f) -> tuple:
     """Candidate ``name`` replayed on ``grid``: (steps share, same lr, bar, tau, flips, preserving)."""
     from analysis import floor, replay
     from analysis.agreement import compare, conclusions
-    from raystudy import adaptive
+    from raystudy.spaces import adaptive
 
     changed, rule = CANDIDATES[name]
     p = dataclasses.replace(adaptive.POLICIES["race"], **changed)

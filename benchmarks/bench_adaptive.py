@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))
     from analysis import floor, recordings, replay
-    from raystudy import adaptive
+    from raystudy.spaces import adaptive
 
     files = [Path(p) for p in args.recordings] if args.recordings else sorted(RECORDINGS.glob("*.csv.gz"))
     missing = [str(p) for p in files if not p.is_file()]

@@ -34,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raystudy import batches, datasets  # noqa: E402
+from raystudy.data import batches, datasets  # noqa: E402
 
 MEAN = STD = (0.5, 0.5, 0.5)
 

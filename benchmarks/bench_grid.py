@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def plain(trials) -> float:
     import torch
 
-    from raystudy import engine
-    from raystudy.config import from_dict
+    from raystudy.train import engine
+    from raystudy.train.config import from_dict
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -91,16 +91,16 @@ def startup(workers: int, steps: int = 8) -> tuple[float, float]:
     }
     f = work / "s.yaml"
     f.write_text(yaml.safe_dump(space))
-    from raystudy import spaces
+    from raystudy.spaces import grids
 
-    trials = spaces.expand(spaces.load_grid(str(f)))
+    trials = grids.expand(grids.load_grid(str(f)))
     base = plain(trials)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("MLFLOW_TRACKING_URI", None)
     code = (
-        "import time, sys; from pathlib import Path; from raystudy import spaces; import ray\n"
+        "import time, sys; from pathlib import Path; from raystudy.spaces import grids; import ray\n"
         "from raystudy.driver import grid_run, local_ray\n"
-        f"s = spaces.load_grid({str(f)!r}); trials = spaces.expand(s)\n"
+        f"s = grids.load_grid({str(f)!r}); trials = grids.expand(s)\n"
         f"local_ray.start_ray(None, 2, {str(work / 'r')!r}, dashboard={workers > 1})\n"
         "t0 = time.perf_counter()\n"
         f"grid_run.run_grid(trials, label='bench', model='vit_demo', tracking_uri='sqlite:///{work}/m.db',\n"
@@ -121,7 +121,8 @@ def main() -> int:
     ap.add_argument("--conditions", help="restrict the demo grid (default: all 7)")
     ap.add_argument("--steps", type=int, help="override steps (default: the demo's 300)")
     args = ap.parse_args()
-    from raystudy import pretrain, spaces
+    from raystudy.spaces import grids, schema
+    from raystudy.train import pretrain
 
     pretrain.ensure_weights("vit_demo")
     extra = []
@@ -129,17 +130,17 @@ def main() -> int:
         extra += ["--conditions", args.conditions]
     if args.steps:
         extra += ["--set", f"steps={args.steps}", "--set", f"eval_every={max(1, args.steps // 6)}"]
-    space = spaces.load_grid("demo")
+    space = grids.load_grid("demo")
     overrides = {"steps": args.steps, "eval_every": max(1, args.steps // 6)} if args.steps else None
     conds = args.conditions.split(",") if args.conditions else None
-    trials = spaces.expand(space, None, conditions=conds, overrides=overrides)
+    trials = grids.expand(space, None, conditions=conds, overrides=overrides)
     n = len(trials)
     print(f"demo grid: {n} trials; machine: {os.cpu_count()} CPUs", flush=True)
     t_plain = plain(trials)
     print(f"plain      {t_plain:8.1f} s  ({t_plain / n:.2f} s/trial)", flush=True)
-    t_grid = grid_wall(spaces.space_path("demo"), extra + ["--max-concurrent", "1"])
+    t_grid = grid_wall(schema.space_path("demo"), extra + ["--max-concurrent", "1"])
     print(f"grid       {t_grid:8.1f} s  ({t_grid / n:.2f} s/trial)", flush=True)
-    t_grid2 = grid_wall(spaces.space_path("demo"), extra)
+    t_grid2 = grid_wall(schema.space_path("demo"), extra)
     print(f"grid x2    {t_grid2:8.1f} s  ({t_grid2 / n:.2f} s/trial, 2 trials at a time)", flush=True)
     print(
         f"overhead per trial (grid - plain) / trials = {(t_grid - t_plain) / n:.2f} s   "

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import timm
 
-    from raystudy import plasticity
+    from raystudy.measure import plasticity
 
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(args.seed)

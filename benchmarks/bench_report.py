@@ -53,24 +53,24 @@ def build_store(root: Path, runs) -> tuple[str, str]:
     """An MLflow SQLite store holding ``runs`` as trials of one grid; returns (uri, parent id)."""
     import mlflow
 
-    from raystudy import tracking
-    from raystudy.config import FinetuneConfig, trial_key
+    from raystudy.tracking import connect, record
+    from raystudy.train.config import FinetuneConfig, trial_key
 
     db = root / "mlflow.db"
     uri = f"sqlite:///{db}"
     c = mlflow.MlflowClient(tracking_uri=uri)
-    exp_id = tracking.experiment_id(c, EXPERIMENT, (root / "artifacts").as_uri())
-    parent = tracking.parent_run(c, exp_id, "bench", "grid-bench", {"space": "bench"})
+    exp_id = connect.experiment_id(c, EXPERIMENT, (root / "artifacts").as_uri())
+    parent = record.parent_run(c, exp_id, "bench", "grid-bench", {"space": "bench"})
     cfg = FinetuneConfig(
         model="vit_demo", pretrained=False, dataset="digits", condition="MHA", lr=0.1, seed=0
     ).to_dict()
-    template = tracking.open_trial(c, exp_id, parent, trial_key(cfg), cfg)
-    tracking.log_steps(
+    template = record.open_trial(c, exp_id, parent, trial_key(cfg), cfg)
+    record.log_steps(
         c,
         template,
         [{"loss": 1.0, "grad_norm/total": 2.0, "grad_norm/MHA": 1.0, "val_loss": 0.5, "val_acc": 0.8, "step": 10}],
     )
-    tracking.finish_trial(c, template, {"status": "finished", "best_val_acc": 0.8, "test_acc": 0.7, "best_step": 10})
+    record.finish_trial(c, template, {"status": "finished", "best_val_acc": 0.8, "test_acc": 0.7, "best_step": 10})
     c.set_terminated(parent, "FINISHED")
 
     con = sqlite3.connect(db)
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", help="build the store and write the report here (default: a temp folder)")
     args = ap.parse_args(argv)
 
-    from analysis import load, report, trust
+    from analysis import load, report
+    from analysis.sections import trust
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp)

@@ -38,8 +38,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raystudy import batches, components, datasets, engine, models  # noqa: E402
-from raystudy.config import FinetuneConfig  # noqa: E402
+from raystudy.data import batches, datasets  # noqa: E402
+from raystudy.models import components, registry  # noqa: E402
+from raystudy.train import engine  # noqa: E402
+from raystudy.train.config import FinetuneConfig  # noqa: E402
 
 CONDITIONS = components.PAPER_CONDITIONS  # LN1, MHA, LN2, FC1, FC2, full, linear_probe
 VITB = "vit_base_patch16_224"
@@ -98,7 +100,7 @@ def setup(model_name: str, condition: str, device: torch.device, seed: int = 0):
         dataset="digits_c" if model_name == "vit_demo" else "cifar10",
     )
     torch.manual_seed(seed)
-    model = models.create_model(model_name, 10, pretrained=False)
+    model = registry.create_model(model_name, 10, pretrained=False)
     components.apply_condition(model, condition)
     model.to(device).train()
     return model, engine.build_optimizer(model, cfg, device), engine.trainable_groups(model)
@@ -194,7 +196,7 @@ def cifar_like_streams(batch: int, device: torch.device, workers: int, cache: Pa
     imgs = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, n)
     pool = datasets.Pool(datasets.ArrayImages(imgs, labels), labels)
-    ic = models.input_config(VITB)
+    ic = registry.input_config(VITB)
     tp = batches.tensor_cache("bench_cifar_like", "train", pool, 32, cache, cache=cache, log=None)
     view = batches.CachedView(tp, np.arange(n), train=True, size=224, mean=ic["mean"], std=ic["std"])
     cached = batches.train_stream(batches.place(datasets.Splits(view, view, view, 10), device).train, batch, 0, device)
@@ -397,7 +399,7 @@ def projection(vitb: dict | None, gpu: dict | None) -> None:
         total = sum(hours.values())
         print(f"  {'total':<14} {'':>15} {total:8.1f} GPU-hours  [goal <= 200: {'met' if total <= 200 else 'NOT met'}]")
         return
-    model = models.create_model(VITB, 10, pretrained=False)
+    model = registry.create_model(VITB, 10, pretrained=False)
     per = {}
     for c in conds:
         components.apply_condition(model, c)

@@ -14,7 +14,7 @@ among the waits. Then, each apart:
     page      the MLflow runs page's query: one page of runs (``--page``) newest first
     curves    one run's curves: ``get_metric_history`` of each of its step metrics
     load      ``analysis.load.from_mlflow``, the report's load of every trial run
-    done      a resumed grid's "what is done": ``tracking.known_statuses``
+    done      a resumed grid's "what is done": ``query.known_statuses``
     trial     the driver's writes for one finished trial (``open_trial``, ``logged_upto``,
               ``log_steps`` once per report, ``finish_trial``), at ``--small`` and at ``--runs``
               recorded runs: it must not grow with the store
@@ -51,32 +51,32 @@ def reports(steps: int, seed: int = 0) -> list[dict]:
 def driver_trial(cl, exp_id: str, parent: str, seed: int, steps: int) -> tuple[float, float]:
     """Seconds one finished trial's records take, written as the grid's driver writes them, and
     of those ``open_trial``'s."""
-    from raystudy import tracking
-    from raystudy.config import FinetuneConfig, trial_key
+    from raystudy.tracking import query, record
+    from raystudy.train.config import FinetuneConfig, trial_key
 
     cfg = FinetuneConfig(
         model="vit_demo", pretrained=False, dataset="digits", condition="MHA", lr=0.1, seed=seed
     ).to_dict()
     t = time.perf_counter()
-    run = tracking.open_trial(cl, exp_id, parent, trial_key(cfg), cfg)
+    run = record.open_trial(cl, exp_id, parent, trial_key(cfg), cfg)
     opened = time.perf_counter() - t
-    upto = tracking.logged_upto(cl, run)
+    upto = query.logged_upto(cl, run)
     for r in reports(steps, seed):
-        tracking.log_steps(cl, run, [r], upto)
-    tracking.finish_trial(cl, run, {"status": "finished", "best_val_acc": 0.8, "test_acc": 0.7, "best_step": 10})
+        record.log_steps(cl, run, [r], upto)
+    record.finish_trial(cl, run, {"status": "finished", "best_val_acc": 0.8, "test_acc": 0.7, "best_step": 10})
     return time.perf_counter() - t, opened
 
 
 def start_store(uri: str, root: Path, steps: int) -> tuple[object, str, str, str]:
     """The experiment, its grid parent run and the template trial in the store at ``uri``;
     returns (client, experiment id, parent run id, template run id)."""
-    from raystudy import tracking
+    from raystudy.tracking import connect, query, record
 
-    cl = tracking.client(uri)
-    exp_id = tracking.experiment_id(cl, EXPERIMENT, (root / "artifacts").as_uri())
-    parent = tracking.parent_run(cl, exp_id, "bench", "grid-bench", {"space": "bench"})
+    cl = connect.client(uri)
+    exp_id = connect.experiment_id(cl, EXPERIMENT, (root / "artifacts").as_uri())
+    parent = record.parent_run(cl, exp_id, "bench", "grid-bench", {"space": "bench"})
     driver_trial(cl, exp_id, parent, 0, steps)  # the template every clone copies
-    template = tracking.find_runs(cl, exp_id, raystudy__role="trial")[0].info.run_id
+    template = query.find_runs(cl, exp_id, raystudy__role="trial")[0].info.run_id
     return cl, exp_id, parent, template
 
 
@@ -144,17 +144,17 @@ def median_time(f, reps: int) -> float:
 def waits(uri: str, cl, exp_id: str, page: int, reps: int) -> dict[str, float]:
     """Seconds of each wait but the driver's (module docstring) on the store as it is now."""
     from analysis import load
-    from raystudy import tracking
+    from raystudy.tracking import query, tags
 
     newest = cl.search_runs([exp_id], max_results=1, order_by=["attributes.start_time DESC"])[0]
-    keys = [k for k in newest.data.metrics if k in tracking.STEP_METRICS or k.startswith("grad_norm/")]
+    keys = [k for k in newest.data.metrics if k in tags.STEP_METRICS or k.startswith("grad_norm/")]
     return {
         "page": median_time(
             lambda: cl.search_runs([exp_id], max_results=page, order_by=["attributes.start_time DESC"]), reps
         ),
         "curves": median_time(lambda: [cl.get_metric_history(newest.info.run_id, k) for k in keys], reps),
         "load": median_time(lambda: load.from_mlflow(EXPERIMENT, uri), 1),
-        "done": median_time(lambda: tracking.known_statuses(uri, EXPERIMENT), 1),
+        "done": median_time(lambda: query.known_statuses(uri, EXPERIMENT), 1),
     }
 
 
@@ -195,7 +195,7 @@ ROWS = (
     ("page", "the runs page's query: {page} runs newest first"),
     ("curves", "one run's curves: the history of each step metric"),
     ("load", "analysis.load.from_mlflow: every trial run"),
-    ("done", "a resumed grid's 'what is done' (tracking.known_statuses)"),
+    ("done", "a resumed grid's 'what is done' (query.known_statuses)"),
     ("trial@{small}", "the driver's writes for one finished trial, {small} runs recorded"),
     ("trial@{runs}", "the same, {runs} runs recorded"),
     ("open@{small}", "of which open_trial (finds the trial by key), {small} runs recorded"),

@@ -36,13 +36,13 @@ def writer(uri: str, index: int, trials: int, steps: int, barrier, results) -> N
     """One driver's writes (module docstring), timed; puts [(start, seconds, call)] on ``results``."""
     from bench_store import reports
 
-    from raystudy import tracking
-    from raystudy.config import FinetuneConfig, trial_key
+    from raystudy.tracking import connect, query, record
+    from raystudy.train.config import FinetuneConfig, trial_key
 
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # a line per run would bury the table
-    cl = tracking.client(uri)
-    exp_id = tracking.experiment_id(cl, f"bench-writers-{index}")
-    parent = tracking.parent_run(cl, exp_id, f"grid-{index}", f"grid-{index}", {"space": "bench"})
+    cl = connect.client(uri)
+    exp_id = connect.experiment_id(cl, f"bench-writers-{index}")
+    parent = record.parent_run(cl, exp_id, f"grid-{index}", f"grid-{index}", {"space": "bench"})
     done: list[tuple[float, float, str]] = []
 
     def timed(name, f, *a):
@@ -56,12 +56,12 @@ def writer(uri: str, index: int, trials: int, steps: int, barrier, results) -> N
         cfg = FinetuneConfig(
             model="vit_demo", pretrained=False, dataset="digits", condition="MHA", lr=0.1, seed=i
         ).to_dict()
-        run = timed("open_trial", tracking.open_trial, cl, exp_id, parent, trial_key(cfg), cfg)
-        upto = timed("logged_upto", tracking.logged_upto, cl, run)
+        run = timed("open_trial", record.open_trial, cl, exp_id, parent, trial_key(cfg), cfg)
+        upto = timed("logged_upto", query.logged_upto, cl, run)
         for r in reports(steps, i):
-            timed("log_steps", tracking.log_steps, cl, run, [r], upto)
+            timed("log_steps", record.log_steps, cl, run, [r], upto)
         result = {"status": "finished", "best_val_acc": 0.8, "test_acc": 0.7, "best_step": 10}
-        timed("finish_trial", tracking.finish_trial, cl, run, result)
+        timed("finish_trial", record.finish_trial, cl, run, result)
     results.put(done)
 
 
@@ -121,14 +121,14 @@ def run_writers(uri: str, args) -> list[tuple[float, float, str]]:
 
 def check_once(uri: str, args) -> None:
     """Every writer's experiment holds each of its trials exactly once, finished."""
-    from raystudy import tracking
+    from raystudy.tracking import connect, query, tags
 
-    cl = tracking.client(uri)
+    cl = connect.client(uri)
     for i in range(args.writers):
         exp_id = cl.get_experiment_by_name(f"bench-writers-{i}").experiment_id
-        found = tracking.find_runs(cl, exp_id, raystudy__role="trial")
-        keys = {r.data.tags[tracking.KEY] for r in found}
-        status = {r.data.tags[tracking.STATUS] for r in found}
+        found = query.find_runs(cl, exp_id, raystudy__role="trial")
+        keys = {r.data.tags[tags.KEY] for r in found}
+        status = {r.data.tags[tags.STATUS] for r in found}
         if len(found) != args.trials or len(keys) != args.trials or status != {"finished"}:
             raise RuntimeError(f"writer {i}: {len(found)} runs of {len(keys)} trials, statuses {status}")
 
@@ -152,7 +152,7 @@ def measure(store: str, root: Path, args) -> dict[str, float]:
     """The figures of one store: its server started, the writers run, the records checked."""
     from pg_server import postgres
 
-    from raystudy import tracking
+    from raystudy.tracking import connect
 
     with contextlib.ExitStack() as stack:
         if store == "sqlite":
@@ -161,7 +161,7 @@ def measure(store: str, root: Path, args) -> dict[str, float]:
             store_uri = stack.enter_context(postgres(root, max_connections=max(100, 20 * args.pg_workers)))
             workers = args.pg_workers
         # The schema made once here: the server's workers would otherwise race to make it.
-        tracking.client(store_uri).search_experiments(max_results=1)
+        connect.client(store_uri).search_experiments(max_results=1)
         server, uri = serve(store_uri, workers, root)
         stack.callback(stop, server)
         out = figures(run_writers(uri, args), args)

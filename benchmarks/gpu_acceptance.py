@@ -20,7 +20,7 @@ Writes to --out, rewritten after every part so that a run cut short still leaves
   gpu_acceptance.json  every part's status (ok, error, skipped, interrupted), seconds and figures,
                        an error's last traceback line or a skip's reason; targets and verdicts
   gpu_acceptance.md    the same as a summary
-  step_times.json      measured seconds per step, per model and condition (raystudy.costs format):
+  step_times.json      measured seconds per step, per model and condition (raystudy.measure.costs format):
                        copied to search_spaces/measured/ (paper.yaml names it there),
                        `python -m raystudy.grid --dry-run` prices the grid from it
   gpu_tests.xml        pytest's report of part 1
@@ -134,10 +134,10 @@ class ModelSpec:
 
     def create(self, num_classes: int):
         if self.timm_name is not None:
-            from raystudy import models
+            from raystudy.models import registry
 
             extra = {"img_size": self.img_size} if self.img_size != 224 else {}
-            return models.create_model(self.timm_name, num_classes, pretrained=False, **extra)
+            return registry.create_model(self.timm_name, num_classes, pretrained=False, **extra)
         from timm.models.vision_transformer import VisionTransformer
 
         return VisionTransformer(num_classes=num_classes, img_size=self.img_size, **self.kwargs)
@@ -481,8 +481,9 @@ def build(spec: ModelSpec, device, num_classes: int = 100):
 
 def prepare(model, condition: str, device):
     """``model`` with ``condition`` applied, its optimizer and groups, as engine.train builds them."""
-    from raystudy import components, engine
-    from raystudy.config import FinetuneConfig
+    from raystudy.models import components
+    from raystudy.train import engine
+    from raystudy.train.config import FinetuneConfig
 
     components.apply_condition(model, condition)
     for p in model.parameters():
@@ -796,7 +797,7 @@ def part_large(run: Run, r: dict) -> None:
     """Part 3: ViT-L and ViT-H at the paper's per-GPU batch: peak memory, step time per condition."""
     import torch
 
-    from raystudy import engine
+    from raystudy.train import engine
 
     bench_step, _ = bench()
     plan, dev = run.plan, run.device
@@ -900,7 +901,7 @@ def per_image_rate(pool, size: int, batch: int, workers: int, epochs: int) -> tu
     import numpy as np
     from torch.utils.data import DataLoader
 
-    from raystudy import datasets
+    from raystudy.data import datasets
 
     train_tf, _ = datasets.transforms(size, (0.5,) * 3, (0.5,) * 3)
     ds = datasets.View(pool.items, np.arange(len(pool.labels)), train_tf)
@@ -1026,7 +1027,7 @@ def part_probe(run: Run, r: dict) -> None:
     """Part 5: probe passes (shared, in_situ) vs a plain forward over the same pairs, interleaved."""
     import torch
 
-    from raystudy import plasticity
+    from raystudy.measure import plasticity
 
     bench_step, _ = bench()
     plan, dev = run.plan, run.device
@@ -1109,7 +1110,7 @@ def finetune(spec: ModelSpec, condition: str, steps: int, batch: int, device, am
     """``steps`` SGD steps of random-init ``spec`` on the synthetic task; losses read once at the end."""
     import torch
 
-    from raystudy import engine
+    from raystudy.train import engine
 
     model, opt, groups = prepare(build(spec, device, num_classes=TASK_CLASSES), condition, device)
     draw = synthetic_task(spec.img_size, device)
@@ -1200,7 +1201,7 @@ def part_finetune(run: Run, r: dict) -> None:
 
 def write_step_times(run: Run) -> Path | None:
     """step_times.json from every step time measured so far; None if there is none yet."""
-    from raystudy import costs
+    from raystudy.measure import costs
 
     plan = run.plan
     models_doc = {}
@@ -1241,7 +1242,8 @@ def write_step_times(run: Run) -> Path | None:
 
 def part_step_times(run: Run, r: dict) -> None:
     """Part 7: step_times.json from the measured steps, and the paper grid priced from it."""
-    from raystudy import costs, spaces
+    from raystudy.measure import costs
+    from raystudy.spaces import grids, schema
 
     plan = run.plan
     path = write_step_times(run)
@@ -1253,10 +1255,10 @@ def part_step_times(run: Run, r: dict) -> None:
     r["measured_models"] = sorted(table.models)
 
     # The ViT-B paper grid, priced exactly as `python -m raystudy.grid --model vit_base --dry-run`.
-    space = spaces.load_grid("paper")
-    trials = spaces.expand(space, "vit_base")
-    flops_est = spaces.gpu_hours(dataclasses.replace(space, step_times=None), "vit_base", trials)
-    est = spaces.gpu_hours(dataclasses.replace(space, step_times=path), "vit_base", trials)
+    space = grids.load_grid("paper")
+    trials = grids.expand(space, "vit_base")
+    flops_est = grids.gpu_hours(dataclasses.replace(space, step_times=None), "vit_base", trials)
+    est = grids.gpu_hours(dataclasses.replace(space, step_times=path), "vit_base", trials)
     r["paper_grid"] = {
         "trials": len(trials),
         "vit_base": {
@@ -1272,7 +1274,7 @@ def part_step_times(run: Run, r: dict) -> None:
     paper = paper_models()
     for key, _ in plan.large:
         pm = paper[key]
-        opts = spaces.model_options(space.models, key)
+        opts = schema.model_options(space.models, key)
         e = costs.estimate(
             key,
             [costs.TrialCost(c, s, b, pm["workers"], pm["gpus_per_trial"], comp) for c, s, b, comp in rows],

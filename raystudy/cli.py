@@ -15,8 +15,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from raystudy.config import MAX_BATCH, MAX_CPUS, MAX_PAIRS, MAX_WORKERS, PAIRS_WHY, SEED_END, SEED_WHY, parse_value
 from raystudy.errors import ConfigError, OneLineParser
+from raystudy.train.config import (
+    MAX_BATCH,
+    MAX_CPUS,
+    MAX_PAIRS,
+    MAX_WORKERS,
+    PAIRS_WHY,
+    SEED_END,
+    SEED_WHY,
+    parse_value,
+)
 
 
 class Parser(OneLineParser):
@@ -53,7 +62,7 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
 def parse_data(values: Iterable[str] | None) -> dict[str, str]:
     """``--data NAME=PATH`` values (the flag repeated for more; a path may hold commas) as
     {name: location}; each name a plain name, each location one that exists (``userdata.check_location``)."""
-    from raystudy import userdata
+    from raystudy.data import userdata
 
     out: dict[str, str] = {}
     for item in values or []:
@@ -76,7 +85,7 @@ def check_data(
     ``vtab1k`` (drawn with ``low_data_split: vtab1k``) must hold the images that draw needs
     (``datasets.check_vtab1k_pool``), refused here rather than when a trial builds its splits.
     Raises ConfigError (``userdata.DataError``) in one line on bad data."""
-    from raystudy import datasets, userdata
+    from raystudy.data import datasets, userdata
 
     notes: list[str] = []
     for data in dict.fromkeys(d for d in locations if d):

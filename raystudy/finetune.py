@@ -25,9 +25,12 @@ from typing import Any
 
 import yaml
 
-from raystudy import cli, components, tracking, userdata
-from raystudy.config import FinetuneConfig, limit_help, load_config, parse_value, validate
+from raystudy import cli
+from raystudy.data import userdata
 from raystudy.errors import ConfigError
+from raystudy.models import components
+from raystudy.tracking import connect, query, record, tags
+from raystudy.train.config import FinetuneConfig, limit_help, load_config, parse_value, validate
 
 # Flags for the keys people change most; any other key goes through --set key=value.
 FLAGS = (
@@ -173,16 +176,16 @@ class Recorder:
 
     def open(self) -> None:
         """Find or create the run (once); its step metrics logged so far are not logged again."""
-        from raystudy.config import trial_key
+        from raystudy.train.config import trial_key
 
         if self.run_id is not None:
             return
-        self.cl = tracking.client(self.uri)
-        exp_id = tracking.experiment_id(self.cl, self.experiment, tracking.default_artifact_location(self.uri))
-        self.run_id = tracking.open_trial(
+        self.cl = connect.client(self.uri)
+        exp_id = connect.experiment_id(self.cl, self.experiment, connect.default_artifact_location(self.uri))
+        self.run_id = record.open_trial(
             self.cl, exp_id, None, trial_key(self.config), self.config, extra_tags={"raystudy.source": "finetune"}
         )
-        self.upto = tracking.logged_upto(self.cl, self.run_id)  # a rerun of the same config logs no point twice
+        self.upto = query.logged_upto(self.cl, self.run_id)  # a rerun of the same config logs no point twice
 
     def report(self, m: dict[str, Any]) -> None:
         """Keep one report of the loop; written to MLflow at each evaluation."""
@@ -193,14 +196,14 @@ class Recorder:
 
     def flush(self) -> None:
         """Log the reports kept since the last write."""
-        tracking.log_steps(self.cl, self.run_id, self.pending, self.upto)
+        record.log_steps(self.cl, self.run_id, self.pending, self.upto)
         self.pending = []
 
     def finish(self, results: dict[str, Any]) -> None:
         """Log the final results and close the run as finished."""
         self.open()
         self.flush()
-        tracking.finish_trial(self.cl, self.run_id, results)
+        record.finish_trial(self.cl, self.run_id, results)
 
     def fail(self, error: str, status: str = "failed") -> None:
         """Close the run as ``status`` (failed, with ``error``; or interrupted); no-op if none opened."""
@@ -208,9 +211,9 @@ class Recorder:
             return  # it failed before measuring anything: nothing was recorded
         self.flush()
         if status == "failed":
-            tracking.fail_trial(self.cl, self.run_id, error)
+            record.fail_trial(self.cl, self.run_id, error)
         else:
-            self.cl.set_tag(self.run_id, tracking.STATUS, status)
+            self.cl.set_tag(self.run_id, tags.STATUS, status)
             self.cl.set_terminated(self.run_id, status="KILLED")
 
 
@@ -233,7 +236,8 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
     """Every check of the command line, before any weights are loaded: (config, output folder or
     None, tracking URI or None, experiment, notes on your own data). Your own data is checked in
     full (``cli.check_data``). Raises ConfigError or WeightsUnavailable (one line)."""
-    from raystudy import model_sources, models, preflight, pretrain
+    from raystudy.models import preflight, registry, sources
+    from raystudy.train import pretrain
 
     cli.check_unused("--no-save", args.no_save, {"--out": args.out})
     cli.check_unused(
@@ -244,10 +248,10 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
     cli.check_count("--threads", args.threads)
     out = None if args.no_save else Path(args.out or Path("runs/finetune") / run_name(cfg))
     cli.check_folder("--out", out)
-    uri = None if args.no_mlflow else (args.tracking_uri or tracking.default_uri())
+    uri = None if args.no_mlflow else (args.tracking_uri or connect.default_uri())
     if uri:
-        tracking.check_uri(uri)
-    experiment = args.experiment or f"raystudy-finetune-{model_sources.short(models.resolve_name(cfg.model))}"
+        connect.check_uri(uri)
+    experiment = args.experiment or f"raystudy-finetune-{sources.short(registry.resolve_name(cfg.model))}"
     preflight.check(cfg.model, cfg.weights)
     vtab1k = [cfg.data] if cfg.low_data and cfg.low_data_split == "vtab1k" else []
     notes = cli.check_data([cfg.data], vtab1k=vtab1k)  # the full scan of your own images, after the quick checks
@@ -259,7 +263,9 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
 def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[str, Any]:
     """``engine.train`` with each report recorded (``recorder``) and printed (unless ``quiet``);
     a run that fails or is interrupted is marked so in MLflow, and the exception goes on."""
-    from raystudy import datasets, engine, models
+    from raystudy.data import datasets
+    from raystudy.models import registry
+    from raystudy.train import engine
 
     show = None if quiet else printer(cfg)
 
@@ -272,7 +278,7 @@ def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[s
 
     try:
         return engine.train(cfg, report=report)
-    except (models.WeightsUnavailable, datasets.DatasetUnavailable) as e:
+    except (registry.WeightsUnavailable, datasets.DatasetUnavailable) as e:
         if recorder:
             recorder.fail(str(e))
         raise
@@ -318,18 +324,19 @@ def main(argv: list[str] | None = None) -> int:
 
         if not disk_full(e):
             raise
-        places = tune_glue.disk_places(args.tracking_uri or tracking.default_uri(), {"the output": args.out or "runs"})
+        places = tune_glue.disk_places(args.tracking_uri or connect.default_uri(), {"the output": args.out or "runs"})
         print(tune_glue.full_disk_line(places, "finetune"), file=sys.stderr)
         return 1
 
 
 def _finetune(args: argparse.Namespace) -> int:
     """The finetuning ``args`` ask for, checked, run and recorded; the exit status."""
-    from raystudy import datasets, models
+    from raystudy.data import datasets
+    from raystudy.models import registry
 
     try:
         cfg, out, uri, experiment, notes = prepare(args)
-    except (ConfigError, models.WeightsUnavailable) as e:
+    except (ConfigError, registry.WeightsUnavailable) as e:
         return cli.fail(e)
 
     import torch
@@ -346,7 +353,7 @@ def _finetune(args: argparse.Namespace) -> int:
     recorder = Recorder(uri, experiment, cfg) if uri else None
     try:
         results = train(cfg, recorder, args.quiet)
-    except (models.WeightsUnavailable, datasets.DatasetUnavailable) as e:
+    except (registry.WeightsUnavailable, datasets.DatasetUnavailable) as e:
         return cli.fail(e)
     except userdata.CorruptImage as e:  # changed since the check: the run failed (recorded so), not the input
         print(f"error: {e}", file=sys.stderr)

@@ -25,10 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raystudy import adaptive, cli, components, costs, model_sources, models, preflight, spaces, tracking, userdata
-from raystudy.config import FinetuneConfig
+from raystudy import cli
+from raystudy.data import userdata
 from raystudy.driver import backlog, local_ray, lock
 from raystudy.errors import ConfigError
+from raystudy.measure import costs
+from raystudy.models import components, preflight, registry, sources
+from raystudy.spaces import adaptive, grids, schema
+from raystudy.tracking import connect, query, record, tags, views
+from raystudy.train.config import FinetuneConfig
 
 
 def build_parser() -> cli.Parser:
@@ -98,15 +103,15 @@ def projection(policy, space, model: str, trials: list) -> str:
     first milestone) are given, priced like the full grid (measured step times, else the space's
     estimate)."""
     view = [adaptive.trial_of(t.key, t.config) for t in trials]
-    full = spaces.gpu_hours(space, model, trials)
+    full = grids.gpu_hours(space, model, trials)
     lines = [f"adaptive {policy.name} (replay a finished grid to measure it: python -m analysis.replay):"]
     ends = ((False, "from the grid's shape"),)
     if policy.race:
         ends = ((False, "every lr stays in the race"), (True, "one lr per cell is left at the first milestone"))
     for settled, what in ends:
         steps = adaptive.planned_steps(policy, view, settled)
-        items = [spaces.trial_cost({**t.config, "steps": steps[t.key]}, t.gpu, t.workers) for t in trials]
-        hours = spaces.gpu_hours(space, model, items)
+        items = [grids.trial_cost({**t.config, "steps": steps[t.key]}, t.gpu, t.workers) for t in trials]
+        hours = grids.gpu_hours(space, model, items)
         sgd = [v for v in view if components.has_lr(v["condition"])]  # the linear probe takes no steps
         frac = sum(steps[v["key"]] for v in sgd) / max(1, sum(v["steps"] for v in sgd))
         cost = (
@@ -139,7 +144,7 @@ def experiments_budget(args) -> int:
     )
     if not args.dry_run:
         raise ConfigError("--experiments prices experiments with --dry-run; run each model's grid with --model M")
-    space = spaces.load_grid(args.space or "paper")
+    space = grids.load_grid(args.space or "paper")
     names = cli.parse_list("--experiments", args.experiments, list(space.experiments))
     if not space.experiments:
         raise ConfigError(f"--experiments: the space {space.name!r} names no experiments")
@@ -150,9 +155,9 @@ def experiments_budget(args) -> int:
     for name in names:
         e = space.experiments[name]
         for model in e["models"] or [space.base.get("model", FinetuneConfig.model)]:
-            models.check_model(model)
-            plan = spaces.plan(space, model, e["datasets"] or None, conds, e["optimizers"] or None, overrides)
-            cost = spaces.gpu_hours(space, model, plan["costs"])
+            registry.check_model(model)
+            plan = grids.plan(space, model, e["datasets"] or None, conds, e["optimizers"] or None, overrides)
+            cost = grids.gpu_hours(space, model, plan["costs"])
             trials += plan["trials"]
             priced = priced and cost.hours is not None
             hours += cost.hours or 0.0
@@ -173,8 +178,8 @@ def _conditions(args, space) -> list[str]:
     return cli.parse_list(
         "--conditions",
         args.conditions,
-        [spaces.canonical_condition(c) for c in space.grid.get("condition", [])] or list(components.PAPER_CONDITIONS),
-        spaces.canonical_condition,
+        [schema.canonical_condition(c) for c in space.grid.get("condition", [])] or list(components.PAPER_CONDITIONS),
+        schema.canonical_condition,
     )
 
 
@@ -183,7 +188,7 @@ class Job:
     """A grid command, checked: the space, its trials, where they are recorded, what MLflow already holds."""
 
     args: argparse.Namespace
-    space: spaces.Space
+    space: grids.Space
     model: str
     grid: tuple  # datasets, conditions, optimizers, overrides, scope (optimizer -> its experiments' datasets)
     plan: dict
@@ -202,11 +207,11 @@ class Job:
 
 def prepare(args) -> Job:
     """The grid ``args`` ask for, every flag checked; raises ``ConfigError`` naming what is wrong."""
-    space = spaces.load_grid(args.space or ("paper" if args.model else "demo"))
+    space = grids.load_grid(args.space or ("paper" if args.model else "demo"))
     own = cli.parse_data(args.data)
-    space = spaces.with_data(space, own) if own else space
+    space = grids.with_data(space, own) if own else space
     model = args.model or space.base.get("model", FinetuneConfig.model)
-    models.check_model(model)
+    registry.check_model(model)
     conds = _conditions(args, space)
     datasets = cli.parse_list("--datasets", args.datasets, list(space.datasets))
     if own and datasets is None:
@@ -214,11 +219,11 @@ def prepare(args) -> Job:
     optimizers = cli.parse_list("--optimizers", args.optimizers, list(space.optimizers))
     overrides = cli.parse_set(args.set or [])
     scope = _scope(space, model, datasets, optimizers)
-    plan = spaces.plan(space, model, datasets, conds, optimizers, overrides, scope)
+    plan = grids.plan(space, model, datasets, conds, optimizers, overrides, scope)
     preflight.check(model, overrides.get("weights", space.base.get("weights")), skip_registered=args.dry_run)
-    mopts = spaces.model_options(space.models, model)
-    hours = spaces.gpu_hours(space, model, plan["costs"])
-    tuning = spaces.tune_options(space)
+    mopts = schema.model_options(space.models, model)
+    hours = grids.gpu_hours(space, model, plan["costs"])
+    tuning = schema.tune_options(space)
     cli.check_count("--max-failures", args.max_failures, 0)
     max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
     if max_failures < 0:
@@ -229,15 +234,15 @@ def prepare(args) -> Job:
     cli.check_folder("--storage", args.storage or "runs/ray")
     cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
     notes = _check_data(space, plan, overrides)
-    uri = args.tracking_uri or tracking.default_uri()
-    tracking.check_uri(uri)
+    uri = args.tracking_uri or connect.default_uri()
+    connect.check_uri(uri)
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
-    experiment = args.experiment or f"raystudy-{space.study}-{model_sources.short(models.resolve_name(model))}"
-    known = tracking.known_statuses(uri, experiment)
+    experiment = args.experiment or f"raystudy-{space.study}-{sources.short(registry.resolve_name(model))}"
+    known = query.known_statuses(uri, experiment)
     # Only a store that knows some of the study's trials is matched against the grid's keys:
     # a dry run of a huge new grid stays a count.
     trials = (
-        spaces.expand(space, model, datasets, conds, optimizers, overrides, scope) if known or not args.dry_run else []
+        grids.expand(space, model, datasets, conds, optimizers, overrides, scope) if known or not args.dry_run else []
     )
     done = _done(uri, experiment, known, trials, args.accept_data_change)
     if not args.dry_run and len(done) < len(trials):  # Ray only when there is something to run
@@ -265,11 +270,11 @@ def prepare(args) -> Job:
 def _check_data(space, plan: dict[str, Any], overrides: dict[str, Any]) -> list[str]:
     """The data checks before anything runs: your own data (``cli.check_data``), then each registry
     folder's image count where the space expects one (the seeded split depends on it); the notes."""
-    from raystudy import datasets as registry
+    from raystudy.data import datasets as datasets_mod
 
     notes = cli.check_data(data_locations(space, plan["datasets"], overrides), vtab1k=plan["vtab1k_data"])
     for name, root, expected in plan["image_counts"]:
-        registry.check_image_count(name, root or None, expected)
+        datasets_mod.check_image_count(name, root or None, expected)
     return notes
 
 
@@ -279,7 +284,7 @@ def _done(uri: str, experiment: str, known: dict[str, str], trials: list, accept
     contents: the grid would never train on the change, or mix runs on both), unless ``accept``."""
     where = {t.config["data"] for t in trials if t.config.get("data")}
     if known and where and not accept:
-        for loc, (seen, n) in tracking.recorded_data(uri, experiment, where).items():
+        for loc, (seen, n) in query.recorded_data(uri, experiment, where).items():
             what = userdata.change(seen, userdata.summary(loc)) if os.path.exists(loc) else None
             if what:
                 raise ConfigError(
@@ -287,7 +292,7 @@ def _done(uri: str, experiment: str, known: dict[str, str], trials: list, accept
                     f"run the grid as a new study (--experiment NEW_NAME), or add --accept-data-change "
                     "to go on knowingly (its recorded runs stay done, on the data as it was)"
                 )
-    return [t for t in trials if known.get(t.key) in tracking.TERMINAL]
+    return [t for t in trials if known.get(t.key) in tags.TERMINAL]
 
 
 def data_locations(space, datasets: list[str], overrides: dict[str, Any]) -> list[str]:
@@ -298,7 +303,7 @@ def data_locations(space, datasets: list[str], overrides: dict[str, Any]) -> lis
     for ds in datasets:
         entry = space.datasets.get(ds, {})
         if "data" in entry:
-            values = spaces.axis_values(f"datasets.{ds}.data", entry["data"])
+            values = schema.axis_values(f"datasets.{ds}.data", entry["data"])
         else:
             values = space.grid.get("data", [space.base.get("data", "")])
         found += [v for v in values if v and v not in found]
@@ -311,7 +316,7 @@ def _scope(space, model: str, datasets: list[str] | None, optimizers: list[str] 
     if datasets is not None or not space.experiments:
         return {}
     opts = optimizers or [o for o in space.grid.get("optimizer", list(space.optimizers))]
-    found = {o: spaces.experiment_datasets(space, model, o) for o in opts}
+    found = {o: grids.experiment_datasets(space, model, o) for o in opts}
     return {o: ds for o, ds in found.items() if ds is not None}
 
 
@@ -320,8 +325,8 @@ def scope_line(job: Job) -> str | None:
     datasets, conds, optimizers, overrides, scope = job.grid
     if not scope or all(len(ds) == len(job.space.datasets) for ds in scope.values()):
         return None
-    every = spaces.plan(job.space, job.model, None, conds, optimizers, overrides)
-    hours = spaces.gpu_hours(job.space, job.model, every["costs"])
+    every = grids.plan(job.space, job.model, None, conds, optimizers, overrides)
+    hours = grids.gpu_hours(job.space, job.model, every["costs"])
     cost = f", {costs.hours_text(hours.hours)} GPU-hours" if hours.hours is not None else ""
     names = [n for n, e in job.space.experiments.items() if not e["models"] or job.model in e["models"]]
     planned = job.plan["datasets"]
@@ -357,7 +362,7 @@ def run(job: Job) -> int:
         return dry_run(job)
     if len(job.done) == len(job.trials):  # nothing to run: the answer is in MLflow
         print(f"all {len(job.trials)} trials are already done (MLflow: {job.uri}); nothing to run")
-        cl = tracking.client(job.uri)
+        cl = connect.client(job.uri)
         show_results(cl, cl.get_experiment_by_name(job.experiment).experiment_id, job.trials, job.model, job.uri)
         return 0
     return drive(job)
@@ -367,8 +372,8 @@ def dry_run(job: Job) -> int:
     """What MLflow already holds of the grid and, with ``--adaptive``, what the policy would spend; starts nothing."""
     total = job.plan["trials"]
     if job.done:
-        left = spaces.gpu_hours(
-            job.space, job.model, [t for t in job.trials if job.known.get(t.key) not in tracking.TERMINAL]
+        left = grids.gpu_hours(
+            job.space, job.model, [t for t in job.trials if job.known.get(t.key) not in tags.TERMINAL]
         )
         print(
             f"  already done (in MLflow): {len(job.done):,} of {total:,} trials; "
@@ -382,7 +387,7 @@ def dry_run(job: Job) -> int:
     else:
         print(f"  already done (in MLflow): none of {total:,} trials")
     if job.policy is not None:
-        print(projection(job.policy, job.space, job.model, spaces.expand(job.space, job.model, *job.grid)))
+        print(projection(job.policy, job.space, job.model, grids.expand(job.space, job.model, *job.grid)))
     print("dry run: nothing started")
     return 0
 
@@ -449,7 +454,7 @@ def run_trials(job: Job, s, storage, label: str) -> int:
                 quiet=args.quiet,
                 policy=job.policy,
             )
-    except (ConfigError, models.WeightsUnavailable) as e:
+    except (ConfigError, registry.WeightsUnavailable) as e:
         return cli.fail(e)
     except KeyboardInterrupt:  # Ctrl-C: the first once Tune has stopped (tune_glue.Stopped), or a second
         return stopped(uri, job.experiment, trials, job.model)
@@ -464,7 +469,7 @@ def run_trials(job: Job, s, storage, label: str) -> int:
     )
     if job.policy is not None:
         print(judged_by_replay(job.policy.name))
-    show_results(tracking.client(uri), counts["experiment_id"], trials, job.model, uri)
+    show_results(connect.client(uri), counts["experiment_id"], trials, job.model, uri)
     return 0 if counts["unfinished"] == 0 and counts["failed"] == 0 else 1
 
 
@@ -482,11 +487,11 @@ def stopped(uri: str, experiment: str, trials, model: str) -> int:
     after a full disk: the ranking is written to MLflow too)."""
     from raystudy.driver import tune_glue
 
-    known = tracking.known_statuses(uri, experiment)
-    done = sum(known.get(t.key) in tracking.TERMINAL for t in trials)
+    known = query.known_statuses(uri, experiment)
+    done = sum(known.get(t.key) in tags.TERMINAL for t in trials)
     print(f"\ngrid stopped: {done} of {len(trials)} trials done; run the same command to resume it", flush=True)
     if done and tune_glue.full_disk_said() is None:
-        cl = tracking.client(uri)
+        cl = connect.client(uri)
         show_results(
             cl,
             cl.get_experiment_by_name(experiment).experiment_id,
@@ -506,8 +511,8 @@ def show_results(cl, exp_id: str, trials, model: str, uri: str, partial: int | N
     from analysis import tables
 
     keys = {t.key for t in trials}
-    found = tracking.find_runs(cl, exp_id, raystudy__role="trial")
-    runs = pd.DataFrame([r for r in tracking.rows(found) if r["key"] in keys])
+    found = query.find_runs(cl, exp_id, raystudy__role="trial")
+    runs = pd.DataFrame([r for r in query.rows(found) if r["key"] in keys])
     table = tables.closing_ranking(runs)
     if not table.empty:
         parents = [
@@ -516,7 +521,7 @@ def show_results(cl, exp_id: str, trials, model: str, uri: str, partial: int | N
             if r.data.tags.get("raystudy.key") in keys and r.data.tags.get("mlflow.parentRunId")
         ]
         if parents:  # the grid's parent run carries the ranking too (MLflow UI)
-            tracking.log_ranking(
+            record.log_ranking(
                 cl, max(set(parents), key=parents.count), table.to_dict("records"), partial=partial is not None
             )
         head = (
@@ -529,9 +534,9 @@ def show_results(cl, exp_id: str, trials, model: str, uri: str, partial: int | N
             "average rank over datasets), as analysis.report computes it:"
         )
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    if models.note(model):
-        print(f"\nnote: {models.note(model)}")
-    print("\n" + "\n".join(tracking.browse_lines(uri, exp_id)))
+    if registry.note(model):
+        print(f"\nnote: {registry.note(model)}")
+    print("\n" + "\n".join(views.browse_lines(uri, exp_id)))
 
 
 if __name__ == "__main__":

@@ -23,9 +23,12 @@ from typing import Any
 
 import yaml
 
-from raystudy import cli, datasets, models, preflight, spaces, userdata
-from raystudy.config import MAX_STEPS
+from raystudy import cli
+from raystudy.data import datasets, userdata
 from raystudy.errors import ConfigError
+from raystudy.models import preflight, registry
+from raystudy.spaces import grids, schema
+from raystudy.train.config import MAX_STEPS
 
 PAPER_BATCH = 512
 DEMO_BATCH = 64  # the demo grid's, for the demo model
@@ -68,9 +71,9 @@ def dataset_name(data: str, name: str | None) -> str:
 
 
 def protocol(n_train: int, demo: bool, steps: int | None = None) -> dict[str, int]:
-    """``spaces.scaled_protocol`` of ``n_train`` training images from the paper's batch (the
+    """``grids.scaled_protocol`` of ``n_train`` training images from the paper's batch (the
     demo's for the demo model)."""
-    return spaces.scaled_protocol(n_train, DEMO_BATCH if demo else PAPER_BATCH, steps)
+    return grids.scaled_protocol(n_train, DEMO_BATCH if demo else PAPER_BATCH, steps)
 
 
 def check(args) -> tuple[Path, str, str, list[str], userdata.Partition]:
@@ -81,14 +84,14 @@ def check(args) -> tuple[Path, str, str, list[str], userdata.Partition]:
     if out.suffix not in (".yaml", ".yml"):
         raise ConfigError(f"--out {args.out!r}: a space file ends in .yaml or .yml")
     cli.check_folder("--out", out.absolute().parent)
-    models.check_model(args.model)
+    registry.check_model(args.model)
     if args.steps is not None and not 2 <= args.steps <= MAX_STEPS:
         raise ConfigError(f"--steps must be >= 2 (warmup takes one) and <= {MAX_STEPS:,}, got {args.steps}")
-    seeds = len(spaces.load_grid("paper").grid["seed"])
+    seeds = len(grids.load_grid("paper").grid["seed"])
     if args.seeds is not None and not 1 <= args.seeds <= seeds:
         raise ConfigError(f"--seeds must be between 1 and the paper's {seeds}, got {args.seeds}")
     data = userdata.resolve(args.data)
-    if models.input_config(args.model).get("tokens"):
+    if registry.input_config(args.model).get("tokens"):
         raise ConfigError(f"model {args.model!r} reads token ids; your own data are images")
     preflight.check(args.model, skip_registered=True)  # the partition, before the data's full scan
     notes = cli.check_data([data])
@@ -98,17 +101,17 @@ def check(args) -> tuple[Path, str, str, list[str], userdata.Partition]:
 def space_doc(model: str, name: str, data_ref: str, proto: dict[str, int], seeds: int | None = None) -> dict[str, Any]:
     """The space as data: the paper's base, conditions, lrs, seeds and optimizers; the model's
     resources and tuning (the paper's, the demo's for the demo model); the dataset with its steps."""
-    paper, demo = spaces.load_grid("paper"), spaces.load_grid("demo")
+    paper, demo = grids.load_grid("paper"), grids.load_grid("demo")
     is_demo = model in demo.models
     src = demo if is_demo else paper
     base = {k: v for k, v in paper.base.items() if k not in ("model", "batch_size", "eval_every", "warmup_steps")}
-    if models.input_config(model)["in_chans"] != 3:
+    if registry.input_config(model)["in_chans"] != 3:
         base["normalization"] = "checkpoint"  # ImageNet's statistics are for RGB models
     base = {"model": model, "batch_size": proto["batch_size"], **base}
     grid = {k: {"grid_search": list(v)} for k, v in paper.grid.items()}
     grid["seed"]["grid_search"] = grid["seed"]["grid_search"][:seeds]
     entry = {"data": data_ref, **{k: proto[k] for k in ("steps", "warmup_steps", "eval_every")}}
-    known = src.models.get(model) or src.models.get(models.resolve_name(model))
+    known = src.models.get(model) or src.models.get(registry.resolve_name(model))
     resources = {k: v for k, v in (known or {"gpu": 1, "cpu": 8}).items() if v is not None and v != {}}
     return {
         "study": name,
@@ -118,7 +121,7 @@ def space_doc(model: str, name: str, data_ref: str, proto: dict[str, int], seeds
         "datasets": {name: entry},
         "optimizers": paper.optimizers,
         "models": {model: resources},
-        "tune": {k: v for k, v in spaces.tune_options(src).items() if v is not None},
+        "tune": {k: v for k, v in schema.tune_options(src).items() if v is not None},
     }
 
 
@@ -137,13 +140,13 @@ def render(doc: dict[str, Any], part: userdata.Partition, proto: dict[str, int],
         "base": ["The paper's protocol (search_spaces/paper.yaml), its batch cut to the data."],
         "grid": ["The paper's seven conditions, lr grid (SGD; AdamW: x0.01 by lr_scale) and seeds."],
         "datasets": [
-            f"Steps: {spaces.EPOCHS} epochs of the training split, between {spaces.MIN_STEPS} and the paper's "
-            f"{spaces.PAPER_STEPS:,} (unless --steps);",
-            f"warmup {spaces.WARMUP_SHARE:.0%} of them and {spaces.EVALUATIONS} evaluations a run, as the paper.",
+            f"Steps: {grids.EPOCHS} epochs of the training split, between {grids.MIN_STEPS} and the paper's "
+            f"{grids.PAPER_STEPS:,} (unless --steps);",
+            f"warmup {grids.WARMUP_SHARE:.0%} of them and {grids.EVALUATIONS} evaluations a run, as the paper.",
             "data is relative to this file's folder.",
         ],
         "optimizers": ["The paper's optimizers; the grid runs SGD, add --optimizers sgd,adamw for its ablation."],
-        "models": ["Resources per trial (step_seconds prices the dry run; see raystudy.costs)."],
+        "models": ["Resources per trial (step_seconds prices the dry run; see raystudy.measure.costs)."],
         "tune": ["Ray Tune: retries, threads and checkpoint cadence."],
     }
     text = []
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return cli.fail(e)
     for note in notes:
         print(note)
-    proto = protocol(spaces.training_size(part), model == "vit_demo", args.steps)
+    proto = protocol(grids.training_size(part), model == "vit_demo", args.steps)
     ref = data if data.startswith(userdata.HF_PREFIX) else os.path.relpath(data, out.absolute().parent)
     command = "raystudy init " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(space_doc(model, name, ref, proto, args.seeds), part, proto, command)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from raystudy import userdata
+from raystudy.data import userdata
 from raystudy.errors import ConfigError
 
 # Hosts torchvision downloads each dataset from (checked before a download, so offline fails fast).
@@ -39,20 +39,20 @@ class Unfetchable(RuntimeError):
 
 def parse_models(value: str | None) -> list[str]:
     """The model names of a comma-separated ``--models`` value, each checked (ConfigError)."""
-    from raystudy import models
+    from raystudy.models import registry
 
     names = [v.strip() for v in (value or "").split(",") if v.strip()]
     if value is not None and not names:
         raise ConfigError(f"--models: empty list {value!r}")
     for n in names:
-        models.check_model(n)
+        registry.check_model(n)
     return names
 
 
 def parse_datasets(value: str | None) -> list[str]:
     """The dataset names of a comma-separated ``--datasets`` value (``study``: the 11 benchmarks),
     each checked, without repeats (ConfigError)."""
-    from raystudy import datasets
+    from raystudy.data import datasets
 
     names = []
     for v in (value or "").split(","):
@@ -77,31 +77,32 @@ def parse_datasets(value: str | None) -> list[str]:
 
 def fetch_weights(name: str, *, check_only: bool = False) -> str:
     """Make ``name``'s pretrained weights available offline; returns a one-line status."""
-    from raystudy import models, pretrain
+    from raystudy.models import registry
+    from raystudy.train import pretrain
 
-    full = models.resolve_name(name)
-    if models.pretrain_recipe(full) is not None:  # pretrained here, on data that ships offline
+    full = registry.resolve_name(name)
+    if registry.pretrain_recipe(full) is not None:  # pretrained here, on data that ships offline
         if check_only:
-            state = "built" if models.weights_file(full).is_file() else "built by prefetch"
+            state = "built" if registry.weights_file(full).is_file() else "built by prefetch"
             return (
                 f"local   {name}: {state} from data that ships offline "
-                f"({models.weights_file(full)}); nothing to download"
+                f"({registry.weights_file(full)}); nothing to download"
             )
         return f"ready   {name}: {pretrain.ensure_weights(full, log=None)}"
-    arch = models.architecture(full)
-    if arch.hubless_is_random_init and models.hf_hub_id(full) is None:
+    arch = registry.architecture(full)
+    if arch.hubless_is_random_init and registry.hf_hub_id(full) is None:
         return f"local   {name}: random init (no pretrained weights exist for it); nothing to download"
-    cached = models.cached_weights(full)
+    cached = registry.cached_weights(full)
     if cached is not None:
         return f"cached  {name} ({full}): {cached}"
-    repo = models.hf_hub_id(full)
+    repo = registry.hf_hub_id(full)
     if not repo:
         raise Unfetchable(f"{name} ({full}): timm knows no Hugging Face repo for it; pass --weights FILE to the runs")
     if check_only:
-        raise Unfetchable(f"{name} ({full}): not in the Hugging Face cache {models.hub_cache_dir()}")
-    if not models.hub_reachable(HUB_HOST):
+        raise Unfetchable(f"{name} ({full}): not in the Hugging Face cache {registry.hub_cache_dir()}")
+    if not registry.hub_reachable(HUB_HOST):
         raise Unfetchable(
-            f"{name} ({full}): not in the Hugging Face cache {models.hub_cache_dir()} "
+            f"{name} ({full}): not in the Hugging Face cache {registry.hub_cache_dir()} "
             f"and {HUB_HOST} is unreachable; run this where there is network, then copy the cache"
         )
     from huggingface_hub import hf_hub_download
@@ -151,7 +152,8 @@ def fetch_hub_dataset(name: str, *, check_only: bool = False) -> str:
 
 def fetch_dataset(name: str, root: Path, *, check_only: bool = False) -> str:
     """Make dataset ``name`` available under ``root`` (``hf:NAME``: in the hub cache); returns a one-line status."""
-    from raystudy import datasets, models
+    from raystudy.data import datasets
+    from raystudy.models import registry
 
     if name.startswith(userdata.HF_PREFIX):
         return fetch_hub_dataset(name, check_only=check_only)
@@ -166,7 +168,7 @@ def fetch_dataset(name: str, root: Path, *, check_only: bool = False) -> str:
     if check_only:
         raise Unfetchable(f"dataset {name!r}: not under {root}")
     host = urlparse(info.download).hostname
-    if not models.hub_reachable(host):
+    if not registry.hub_reachable(host):
         raise Unfetchable(
             f"dataset {name!r}: not under {root} and {host} is unreachable; run this where "
             "there is network, or place the files there"

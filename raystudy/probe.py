@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from raystudy import cli
-from raystudy.architectures import PROBE_COMPONENTS
-from raystudy.components import PAIRINGS
-from raystudy.config import NORMALIZATIONS
 from raystudy.errors import ConfigError
+from raystudy.models.architectures import PROBE_COMPONENTS
+from raystudy.models.components import PAIRINGS
+from raystudy.train.config import NORMALIZATIONS
 
 # From the torch-free registries, so that `--help` needs no torch.
 COMPONENTS = ",".join(PROBE_COMPONENTS)
@@ -46,7 +46,7 @@ def aggregate(df):
     The aggregate is the mean over layers of the per-layer means (every layer weighs the same,
     whatever its n); rank 1 is the most plastic component.
     """
-    from raystudy import plasticity
+    from raystudy.measure import plasticity
 
     keys = [k for k in ("model", "dataset", "mode") if k in df]
     extra = [c for c in df.columns if c not in (*plasticity.COLUMNS, *INTERVAL) and df[c].nunique(dropna=False) > 1]
@@ -80,23 +80,23 @@ def save_table(df, path_stem: str | Path) -> list[Path]:
 def save_figure(df, path_stem: str | Path) -> list[Path]:
     """The report's plasticity figure (per-layer curves with 95% bands) as PNG and PDF."""
     from analysis import figures
-    from raystudy import plasticity
+    from raystudy.measure import plasticity
 
     comps = [c for c in plasticity.PROBE_COMPONENTS if c in set(df["component"])]
     return figures.plasticity_layers(with_interval(df), comps, path_stem, modes=list(plasticity.MODES))
 
 
 def with_interval(df):
-    """``df`` with the 95% t interval of each mean (``analysis.stats.t_interval``, scipy's t
+    """``df`` with the 95% t interval of each mean (``analysis.stats.pooling.t_interval``, scipy's t
     quantile) after its n, unless it has one: the probe measures n, mean and std."""
-    from analysis import stats
+    from analysis.stats import pooling
 
-    return df if all(c in df for c in INTERVAL) else stats.t_interval(df)
+    return df if all(c in df for c in INTERVAL) else pooling.t_interval(df)
 
 
 def format_tables(df) -> list[str]:
     """Lines of the per-layer tables (mean P, bound) and the ranking of each mode."""
-    from raystudy import plasticity
+    from raystudy.measure import plasticity
 
     lines = []
     agg = aggregate(df)
@@ -189,7 +189,9 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
     """Every cheap check of the command line, before any data or weights are touched: the plan
     (modes, components, full model name, source dataset, whether the model reads tokens, the
     token files given, the model's input config). Raises ConfigError or ProbeError (one line)."""
-    from raystudy import datasets, gpt2, models, plasticity, preflight
+    from raystudy.data import datasets
+    from raystudy.measure import plasticity
+    from raystudy.models import gpt2, preflight, registry
 
     modes = plasticity.check_modes(args.mode)
     comps = plasticity.check_components(args.components)
@@ -204,9 +206,9 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
     cli.check_device("--device", args.device)
     cli.check_seed("--seed", args.seed)
     cli.check_unused("--pairing sequential", args.pairing == "sequential", {"--seed": args.seed})
-    full = models.check_model(args.model)
-    source = args.source or models.source_dataset(full)
-    arch = models.architecture(full)
+    full = registry.check_model(args.model)
+    source = args.source or registry.source_dataset(full)
+    arch = registry.architecture(full)
     tokens = arch.tokens
     own = check_own_data(args, tokens)
     args.dataset = args.dataset or ("tokens_rule" if tokens else "digits_c")
@@ -218,13 +220,13 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
                 f"{arch.inputs}; valid: {', '.join(fits)}"
             )
     if args.weights is not None:
-        models.check_weights_file(args.weights)
+        registry.check_weights_file(args.weights)
     preflight.check(args.model, args.weights)
     cli.check_folder("--out", args.out)
     notes = cli.check_data([args.data or ""])  # the full scan of your own images, after the quick checks
-    ic = {**models.input_config(args.model)}
+    ic = {**registry.input_config(args.model)}
     if not tokens:  # the images are normalised as a finetuning run with the same key sees them
-        ic["mean"], ic["std"] = models.normalization(args.model, args.normalization)
+        ic["mean"], ic["std"] = registry.normalization(args.model, args.normalization)
     supplied = {}  # flag -> token ids of a file the user gave
     for flag, path in (("--tokens", args.tokens), ("--target-tokens", args.target_tokens)):
         if path is not None and not tokens:
@@ -239,7 +241,7 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
 def check_own_data(args: argparse.Namespace, tokens: bool) -> bool:
     """Whether y comes from your own images (``--data``); with them, ``--data`` made absolute and
     the name and location checked cheaply (``datasets.dataset_info``). Raises ConfigError."""
-    from raystudy import datasets, userdata
+    from raystudy.data import datasets, userdata
 
     if args.data is None:
         return False
@@ -254,7 +256,7 @@ def check_own_data(args: argparse.Namespace, tokens: bool) -> bool:
 
 def check_images(args: argparse.Namespace, plan: dict[str, Any], splits) -> None:
     """Both test splits give images of the model's input shape; ProbeError naming the one that does not."""
-    from raystudy import plasticity
+    from raystudy.measure import plasticity
 
     ic = plan["ic"]
     want = (ic["in_chans"], ic["img_size"], ic["img_size"])
@@ -276,7 +278,8 @@ def check_images(args: argparse.Namespace, plan: dict[str, Any], splits) -> None
 def load_data(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
     """x and y (test splits at the model's input size, or the token files given), their names
     and the downstream class count, their shapes checked against each other and the model."""
-    from raystudy import datasets, gpt2
+    from raystudy.data import datasets
+    from raystudy.models import gpt2
 
     ic, supplied, source = plan["ic"], plan["supplied"], plan["source"]
     split = dict(
@@ -311,11 +314,13 @@ def load_data(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
 
 def build_model(args: argparse.Namespace, plan: dict[str, Any], num_classes: int):
     """The model with its weights, on its device, unwrapped for the probe: (model, device)."""
-    from raystudy import engine, models, plasticity, pretrain
+    from raystudy.measure import plasticity
+    from raystudy.models import registry
+    from raystudy.train import engine, pretrain
 
     if args.weights is None:
         pretrain.ensure_weights(plan["full"])
-    model = models.create_model(args.model, num_classes, weights=args.weights)
+    model = registry.create_model(args.model, num_classes, weights=args.weights)
     device = engine.resolve_device(args.device)
     model.to(device)
     plasticity.unwrap_vit(model)
@@ -330,13 +335,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed its message; same status, no traceback
         return int(e.code or 0)
 
-    from raystudy import datasets, models, plasticity
+    from raystudy.data import datasets
+    from raystudy.measure import plasticity
+    from raystudy.models import registry
 
     try:  # everything cheap first, then the data, then the model: each refuses in one line
         plan = check_args(args)
         data = load_data(args, plan)
         model, device = build_model(args, plan, data["num_classes"])
-    except (ConfigError, plasticity.ProbeError, datasets.DatasetUnavailable, models.WeightsUnavailable) as e:
+    except (ConfigError, plasticity.ProbeError, datasets.DatasetUnavailable, registry.WeightsUnavailable) as e:
         return cli.fail(e)
 
     for note in plan["notes"]:
@@ -364,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in format_tables(df):
         print(line)
-    if models.plasticity_note(plan["full"]):
-        print("note: " + models.plasticity_note(plan["full"]))
+    if registry.plasticity_note(plan["full"]):
+        print("note: " + registry.plasticity_note(plan["full"]))
 
     out = Path(args.out or Path("runs") / "probe" / f"{args.model}_{args.dataset}")
     stem = out / "plasticity"

@@ -22,10 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raystudy import cli, model_sources, models, preflight, spaces, tracking, userdata
-from raystudy.config import FinetuneConfig, from_dict, trial_key, validate
+from raystudy import cli
+from raystudy.data import userdata
 from raystudy.driver import backlog, local_ray
 from raystudy.errors import ConfigError
+from raystudy.models import preflight, registry, sources
+from raystudy.spaces import grids, schema, searches
+from raystudy.tracking import connect, query, views
+from raystudy.train.config import FinetuneConfig, from_dict, trial_key, validate
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         job = prepare(args)
-    except (ConfigError, models.WeightsUnavailable) as e:
+    except (ConfigError, registry.WeightsUnavailable) as e:
         return cli.fail(e)
     return 0 if job is None else run(job)
 
@@ -98,7 +102,7 @@ class Job:
     """A search command, checked: the space, its studies, the trials' resources and tuning, where they are recorded."""
 
     args: argparse.Namespace
-    space: spaces.SearchSpace
+    space: searches.SearchSpace
     base: dict[str, Any]
     model: str
     dataset: str
@@ -113,10 +117,10 @@ class Job:
     experiment: str
 
 
-def _base(args, space: spaces.SearchSpace) -> tuple[dict, str, str, list[str]]:
+def _base(args, space: searches.SearchSpace) -> tuple[dict, str, str, list[str]]:
     """The search's base config with ``--set``, ``--model``, ``--dataset`` and ``--data`` on top,
     its model, dataset and conditions, each checked (your own data cheaply: it exists)."""
-    from raystudy import datasets
+    from raystudy.data import datasets
 
     base = {**space.base, **cli.parse_set(args.set or [])}
     if args.model:
@@ -129,14 +133,14 @@ def _base(args, space: spaces.SearchSpace) -> tuple[dict, str, str, list[str]]:
         base["data"] = userdata.resolve(base["data"])
     model = base.get("model", FinetuneConfig.model)
     dataset = base.get("dataset", FinetuneConfig.dataset)
-    models.check_model(model)
+    registry.check_model(model)
     datasets.dataset_info(dataset, base.get("data", ""))
     preflight.check(model, base.get("weights"), skip_registered=args.dry_run)
     conditions = list(space.conditions)
     if args.conditions:
         if space.searches_components:
             raise ConfigError("--conditions: this space searches the trained components themselves")
-        conditions = cli.parse_list("--conditions", args.conditions, conditions, spaces.canonical_condition)
+        conditions = cli.parse_list("--conditions", args.conditions, conditions, schema.canonical_condition)
     return base, model, dataset, conditions
 
 
@@ -145,11 +149,11 @@ def prepare(args) -> Job | None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = spaces.load_search(args.space)
+    space = searches.load_search(args.space)
     base, model, dataset, conditions = _base(args, space)
     studies = space.studies(conditions)
     validate(from_dict(base))
-    mopts = spaces.model_options(space.models, model)
+    mopts = schema.model_options(space.models, model)
     if mopts["workers"] > 1:
         raise ConfigError("searches run single-worker trials; use the grid for DDP models")
     resources = {"gpu": float(mopts["gpu"]), "cpu": float(mopts["cpu"]), "workers": 1}
@@ -161,14 +165,14 @@ def prepare(args) -> Job | None:
     num_samples = args.num_samples if args.num_samples is not None else space.num_samples
     time_budget = args.time_budget if args.time_budget is not None else space.time_budget_s
     test_seeds = parse_seeds(args.test_seeds) if args.test_seeds is not None else list(space.test_seeds)
-    tuning = {**spaces.tune_options(space), "max_failures": space.tune.get("max_failures", 1)}
+    tuning = {**schema.tune_options(space), "max_failures": space.tune.get("max_failures", 1)}
     check_samples(space, studies, base, resources)
-    uri = args.tracking_uri or tracking.default_uri()
-    tracking.check_uri(uri)  # before any summary line: a refusal is its one line
+    uri = args.tracking_uri or connect.default_uri()
+    connect.check_uri(uri)  # before any summary line: a refusal is its one line
     low = base.get("low_data") and base.get("low_data_split", "vtab1k") == "vtab1k"
     notes = cli.check_data([base.get("data", "")], vtab1k=[base.get("data", "")] if low else [])
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
-    experiment = args.experiment or f"raystudy-{space.study}-{model_sources.short(models.resolve_name(model))}"
+    experiment = args.experiment or f"raystudy-{space.study}-{sources.short(registry.resolve_name(model))}"
     print(
         f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
         f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}"
@@ -198,14 +202,14 @@ def prepare(args) -> Job | None:
     )
 
 
-def check_samples(space: spaces.SearchSpace, studies: list, base: dict[str, Any], resources: dict[str, Any]) -> None:
+def check_samples(space: searches.SearchSpace, studies: list, base: dict[str, Any], resources: dict[str, Any]) -> None:
     """A dry sample through the sampler: catches configs the space can produce but ``validate`` refuses."""
     import optuna
 
     probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(8):
         for _, cond in studies:
-            validate(from_dict(spaces.Sampler(space, cond, base, resources)(probe.ask())["trial"]["finetune"]))
+            validate(from_dict(searches.Sampler(space, cond, base, resources)(probe.ask())["trial"]["finetune"]))
 
 
 def run(job: Job) -> int:
@@ -257,14 +261,14 @@ def _run_studies(job: Job, s, storage: Path, skey: str) -> int:
                 role="search",
             ) as parent:
                 summary = [study(job, label, cond, storage, cl, exp_id, parent.run_id) for label, cond in job.studies]
-    except (ConfigError, models.WeightsUnavailable) as e:
+    except (ConfigError, registry.WeightsUnavailable) as e:
         return cli.fail(e)
     except KeyboardInterrupt:  # Ctrl-C: Optuna's studies and MLflow keep what is done; the rerun goes on from there
         print("\nsearch stopped; run the same command to resume it", flush=True)
         return 130
     print_summary(summary)
     optuna_db = storage / "optuna" / "optuna.db"
-    browse = [*tracking.browse_lines(job.uri, exp_id), f"Optuna studies: optuna-dashboard sqlite:///{optuna_db}"]
+    browse = [*views.browse_lines(job.uri, exp_id), f"Optuna studies: optuna-dashboard sqlite:///{optuna_db}"]
     print("\n" + "\n".join(browse))
     return 0
 
@@ -295,7 +299,7 @@ def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str
         print(f"[{label}] no trial finished: nothing to evaluate on test")
         return {"condition": label, **best}
     trials = [
-        spaces.Trial(trial_key(c), c, job.resources["gpu"], job.resources["cpu"], 1)
+        grids.Trial(trial_key(c), c, job.resources["gpu"], job.resources["cpu"], 1)
         for c in ({**best["config"], "seed": s} for s in job.test_seeds)
     ]
     counts = grid_run.run_grid(
@@ -315,7 +319,7 @@ def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str
     keys = {t.key for t in trials}
     rows = [
         r
-        for r in tracking.rows(tracking.find_runs(cl, exp_id, raystudy__role="trial"))
+        for r in query.rows(query.find_runs(cl, exp_id, raystudy__role="trial"))
         if r["key"] in keys and r["status"] == "finished"
     ]
     acc = [r["test_acc"] for r in rows]

@@ -20,8 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from raystudy import cli, tracking
+from raystudy import cli
 from raystudy.errors import ConfigError
+from raystudy.tracking import connect, query, record, tags
 
 JOB_SH = Path(__file__).resolve().parent.parent / "cluster" / "slurm" / "job.sh"
 PROGRAMS = ("grid", "search")
@@ -134,7 +135,7 @@ def check_store(store: str, shared: Path) -> str:
         raise ConfigError("--store names a secret (USER:SECRET@HOST): put it in SHARED/secrets/pgpass (mode 600)")
     if store.startswith("postgresql"):
         return store
-    path = tracking.sqlite_path(store)
+    path = connect.sqlite_path(store)
     if path is None:
         raise ConfigError(
             f"--store {store}: use sqlite, postgres, postgresql://USER@HOST:PORT/DB or http(s)://HOST:PORT"
@@ -194,14 +195,14 @@ def close_running(uri: str) -> int:
     """Every run of the store at ``uri`` still RUNNING closed as a driver going down closes it:
     trials interrupted and KILLED, parents tagged interrupted and ended; returns how many. For a
     job whose grid was killed (``scancel``): the next job's grid resumes them."""
-    cl = tracking.client(uri)
+    cl = connect.client(uri)
     n = 0
     for exp in cl.search_experiments():
-        n += tracking.close_stale(cl, exp.experiment_id)
-        for run in tracking.find_runs(cl, exp.experiment_id):
-            if run.info.status == "RUNNING" and run.data.tags.get(tracking.ROLE) != "trial":
-                tracking.tag_parent(cl, run.info.run_id, "interrupted")
-                tracking.end_run(cl, run.info.run_id)
+        n += record.close_stale(cl, exp.experiment_id)
+        for run in query.find_runs(cl, exp.experiment_id):
+            if run.info.status == "RUNNING" and run.data.tags.get(tags.ROLE) != "trial":
+                record.tag_parent(cl, run.info.run_id, "interrupted")
+                record.end_run(cl, run.info.run_id)
                 n += 1
     print(f"closed {n} runs left RUNNING in {uri}")
     return n

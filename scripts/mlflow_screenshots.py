@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-from raystudy import tracking
+from raystudy.tracking import views
 
 FLAGS = [
     "--headless",
@@ -176,7 +176,7 @@ def pages(base: str, experiment: str) -> list[tuple]:
         raise LookupError(f"experiment {experiment!r} has no grid parent run or no trial runs; run a grid first")
     best = max(trials, key=lambda r: metric(r, "test_acc"))
     return [
-        ("runs.png", tracking.runs_url(base, exp), (1400, 760), wait_text("test_acc")),
+        ("runs.png", views.runs_url(base, exp), (1400, 760), wait_text("test_acc")),
         ("trial.png", f"{base}/#/experiments/{exp}/runs/{best['info']['run_id']}", (1100, 1300), trial_action),
         ("parent.png", f"{base}/#/experiments/{exp}/runs/{parents[-1]['info']['run_id']}", (1100, 2400), parent_action),
     ]

@@ -59,15 +59,15 @@ def pytest_sessionstart(session):
     """In the controller: note the checkout's study files, and build the demo backbone in the
     background while the first tests (which do not need it) run: on a fresh machine it is about a
     minute of one core's time, now off the critical path."""
-    from raystudy import models
+    from raystudy.models import registry
 
     if hasattr(session.config, "workerinput"):  # an xdist worker: the controller does both
         return
     _SESSION["study_files"] = _study_files()
     if session.config.getoption("markexpr", "") == "gpu":  # the GPU machine's run needs no demo
         return
-    if not models.weights_file("vit_demo").is_file():
-        code = "from raystudy import pretrain; pretrain.ensure_weights('vit_demo', log=None)"
+    if not registry.weights_file("vit_demo").is_file():
+        code = "from raystudy.train import pretrain; pretrain.ensure_weights('vit_demo', log=None)"
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         _PRETRAIN["proc"] = subprocess.Popen([sys.executable, "-c", code], env=env)
 
@@ -75,7 +75,7 @@ def pytest_sessionstart(session):
 @pytest.fixture(scope="session")
 def demo_weights():
     """The demo backbone (pretrained once on clean digits, cached across runs)."""
-    from raystudy import pretrain
+    from raystudy.train import pretrain
 
     proc = _PRETRAIN.pop("proc", None)
     if proc is not None:

@@ -222,12 +222,12 @@ def search_runs(uri: str, experiment: str):
     raystudy's lock: a store being created by the driver at that moment is left to it."""
     import mlflow
 
-    from raystudy import tracking
+    from raystudy.tracking import connect
 
-    db = tracking.sqlite_path(uri)
+    db = connect.sqlite_path(uri)
     if db is not None and not db.is_file():
         raise FileNotFoundError(uri)
-    tracking.client(uri)
+    connect.client(uri)
     mlflow.set_tracking_uri(uri)
     try:
         return mlflow.search_runs(experiment_names=[experiment])

@@ -1,13 +1,13 @@
-"""Allocation policies on hand-worked curve tables (raystudy.adaptive): no Ray, no torch."""
+"""Allocation policies on hand-worked curve tables (raystudy.spaces.adaptive): no Ray, no torch."""
 
 import math
 import re
 
 import pytest
 
-from raystudy import adaptive
-from raystudy.adaptive import Seen, Stop
 from raystudy.errors import ConfigError
+from raystudy.spaces import adaptive
+from raystudy.spaces.adaptive import Seen, Stop
 
 LRS = (0.01, 0.03, 0.1, 0.3)
 

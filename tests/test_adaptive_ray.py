@@ -36,7 +36,7 @@ SPACE = {
 
 def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(work):  # noqa: F811
     from analysis import replay
-    from raystudy import adaptive
+    from raystudy.spaces import adaptive
 
     tmp, ray = work
     cmd = grid_cmd(write_space(tmp, SPACE), ray, "--adaptive", "halving")

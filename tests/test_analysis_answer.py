@@ -1,4 +1,4 @@
-"""The answer that opens the report (``analysis.answer_section``), on hand-built studies whose
+"""The answer that opens the report (``analysis.sections.answer``), on hand-built studies whose
 paragraph can be checked claim by claim: a clear winner, two conditions within the ROPE, one
 dataset against several, with and without plasticity probes, and a per-dataset summary."""
 
@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import answer_section, output, report, study, synthetic
+from analysis import output, report, study, synthetic
 from analysis.load import RUN_COLUMNS
-from raystudy.config import load_config
+from analysis.sections import answer as answer_section
+from raystudy.train.config import load_config
 
 PARAMS = {"MHA": 7_000_000, "FC1": 4_700_000, "LN1": 3_000, "full": 85_000_000}
 

@@ -69,15 +69,15 @@ def test_names_from_tags_never_leave_out(tmp_path, mlflow_uri):
     """A run whose dataset tag is '..' (MLflow tags are anyone's to set) writes inside --out."""
     import mlflow
 
-    from raystudy import tracking
-    from raystudy.config import FinetuneConfig, trial_key
+    from raystudy.tracking import connect, record
+    from raystudy.train.config import FinetuneConfig, trial_key
 
     c = mlflow.MlflowClient(tracking_uri=mlflow_uri)
-    exp = tracking.experiment_id(c, "planted", (tmp_path / "artifacts").as_uri())
+    exp = connect.experiment_id(c, "planted", (tmp_path / "artifacts").as_uri())
     for ds, cond in ((("..", "MHA")), (".", "../../evil"), ("digits", "..")):
         cfg = FinetuneConfig(pretrained=False, dataset=ds, condition=cond).to_dict()
-        rid = tracking.open_trial(c, exp, None, trial_key(cfg), cfg)
-        tracking.finish_trial(c, rid, {"status": "finished", "best_val_acc": 0.5, "test_acc": 0.5})
+        rid = record.open_trial(c, exp, None, trial_key(cfg), cfg)
+        record.finish_trial(c, rid, {"status": "finished", "best_val_acc": 0.5, "test_acc": 0.5})
     out = tmp_path / "a" / "best"
     assert (
         export_best.main(["--experiment", "planted", "--tracking-uri", mlflow_uri, "--per-dataset", "--out", str(out)])

@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 
-from analysis import AnalysisError, figures, stats
+from analysis import AnalysisError, figures
 from analysis.report import analyse
+from analysis.stats import significance
 from analysis.synthetic import fake_runs
 
 CONDITIONS = ["LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe"]
@@ -160,7 +161,7 @@ def test_a_multi_dataset_report_computes_friedman_and_draws_the_cd_diagram(tmp_p
     omnibus = pd.read_csv(tmp_path / "omnibus.csv").set_index("test")
     assert omnibus.loc["friedman", "p"] < 0.05  # the synthetic conditions differ
     k, n = len(CONDITIONS), 4
-    assert omnibus.loc["nemenyi_cd", "statistic"] == pytest.approx(stats.nemenyi_cd(k, n))
+    assert omnibus.loc["nemenyi_cd", "statistic"] == pytest.approx(significance.nemenyi_cd(k, n))
     assert "Friedman test over 7 conditions and 4 datasets: chi2 =" in report.text
     assert (tmp_path / "figures" / "cd_diagram.png").stat().st_size > 1000
 

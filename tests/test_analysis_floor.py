@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import AnalysisError, agreement, floor, recordings, replay, stats, synthetic
-from raystudy import adaptive
+from analysis import AnalysisError, agreement, floor, recordings, replay, synthetic
+from analysis.stats import selection, significance
+from raystudy.spaces import adaptive
 from test_analysis_replay import grid_of
 from test_analysis_stability import flip_runs, synthetic_runs
 
@@ -85,7 +86,7 @@ def test_the_rule_is_calibrated_on_reseedings_it_was_not_measured_on():
 def loop_floor(runs: pd.DataFrame, reference: str, reps: int, seed: int):
     """The floor with plain loops and the report's own path: each replicate's runs table rebuilt
     from the documented draws (seeds drawn with replacement per cell, relabelled), its
-    conclusions by ``agreement.conclusions`` (``stats.best_lr``, ``stats.paired_tests``, ...)."""
+    conclusions by ``agreement.conclusions`` (``selection.best_lr``, ``significance.paired_tests``, ...)."""
     full = agreement.conclusions(runs, reference)
     conds, datasets = sorted(set(runs["condition"])), sorted(set(runs["dataset"]))
     done = runs[runs["status"] == "finished"]
@@ -122,14 +123,14 @@ def test_against_an_independent_bootstrap():
 
 def test_calls_are_the_reports_tests():
     runs = synthetic.fake_runs(n_datasets=6, seed=4)
-    table = stats.wide(stats.best_lr(stats.seed_means(runs), "val"))
+    table = selection.wide(selection.best_lr(selection.seed_means(runs), "val"))
     calls = agreement.calls_of(table, "MHA")
     expect = {}
-    for r in stats.paired_tests(table, "MHA").itertuples():
+    for r in significance.paired_tests(table, "MHA").itertuples():
         expect[f"wilcoxon MHA > {r.other}"] = r.wilcoxon_p <= 0.05
         expect[f"t MHA vs {r.other}"] = r.t_p <= 0.05
-    expect["friedman"] = stats.friedman(table)["p"] <= 0.05
-    for r in stats.pairwise_wilcoxon(table).itertuples():
+    expect["friedman"] = significance.friedman(table)["p"] <= 0.05
+    for r in significance.pairwise_wilcoxon(table).itertuples():
         expect[f"holm {r.a} vs {r.b}"] = bool(r.significant)
     assert calls == expect and any(calls.values()) and not all(calls.values())
 

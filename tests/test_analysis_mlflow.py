@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import AnalysisError, export_best, load, report, stats
-from raystudy import tracking
-from raystudy.config import FinetuneConfig, load_config, trial_key, validate
+from analysis import AnalysisError, export_best, load, report
+from analysis.stats import variance
+from raystudy.tracking import connect, record
+from raystudy.train.config import FinetuneConfig, load_config, trial_key, validate
 
 DATASETS = ("digits_c", "digits")
 CONDITIONS = ("MHA", "FC1", "LN1")
@@ -53,9 +54,9 @@ def trial_config(dataset, condition, lr, seed) -> dict:
 
 def log_trial(c, exp_id, parent, cfg, status, val=None, test=None, artifacts=True):
     """One trial written by raystudy's own tracking writer, as the grid's driver does."""
-    rid = tracking.open_trial(c, exp_id, parent, trial_key(cfg), cfg)
+    rid = record.open_trial(c, exp_id, parent, trial_key(cfg), cfg)
     for i, step in enumerate(range(10, 70, 10)):
-        tracking.log_steps(
+        record.log_steps(
             c,
             rid,
             [
@@ -68,9 +69,9 @@ def log_trial(c, exp_id, parent, cfg, status, val=None, test=None, artifacts=Tru
             ],
         )
     for step in (30, 60):
-        tracking.log_steps(c, rid, [{"val_loss": 1.0 / step, "val_acc": 0.5, "step": step}])
+        record.log_steps(c, rid, [{"val_loss": 1.0 / step, "val_acc": 0.5, "step": step}])
     if status == "failed":
-        tracking.fail_trial(c, rid, "RuntimeError: CUDA out of memory")
+        record.fail_trial(c, rid, "RuntimeError: CUDA out of memory")
         return rid
     # the engine logs the count whether the run finished or diverged (head: 10 classes)
     count = TRAINABLE[cfg["condition"]] + 650
@@ -98,7 +99,7 @@ def log_trial(c, exp_id, parent, cfg, status, val=None, test=None, artifacts=Tru
             for layer in range(4)
             for k, comp in enumerate(COMPONENTS)
         ]
-    tracking.finish_trial(c, rid, results)
+    record.finish_trial(c, rid, results)
     return rid
 
 
@@ -115,8 +116,8 @@ def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root}/mlflow.db"
     c = mlflow.MlflowClient(tracking_uri=uri)
-    exp_id = tracking.experiment_id(c, EXPERIMENT, (root / "artifacts").as_uri())
-    parent = tracking.parent_run(c, exp_id, "gridkey", "grid-toy", {"space": "toy"})
+    exp_id = connect.experiment_id(c, EXPERIMENT, (root / "artifacts").as_uri())
+    parent = record.parent_run(c, exp_id, "gridkey", "grid-toy", {"space": "toy"})
     ids = {}
     for d, cond, lr, seed in toy_rows():
         val, test = accuracies(d, cond, lr, seed)
@@ -125,10 +126,10 @@ def store(tmp_path_factory):
     ids["failed"] = log_trial(c, exp_id, parent, trial_config("digits_c", "MHA", 0.3, 2), "failed")
     c.set_terminated(parent, "FINISHED")
     # an experiment whose grid has not started trials, and one where every trial failed
-    empty = tracking.experiment_id(c, "empty", (root / "a2").as_uri())
-    c.set_terminated(tracking.parent_run(c, empty, "g2", "grid-empty", {}))
-    broken = tracking.experiment_id(c, "broken", (root / "a3").as_uri())
-    bparent = tracking.parent_run(c, broken, "g3", "grid-broken", {})
+    empty = connect.experiment_id(c, "empty", (root / "a2").as_uri())
+    c.set_terminated(record.parent_run(c, empty, "g2", "grid-empty", {}))
+    broken = connect.experiment_id(c, "broken", (root / "a3").as_uri())
+    bparent = record.parent_run(c, broken, "g3", "grid-broken", {})
     for seed in (0, 1):
         log_trial(c, broken, bparent, trial_config("digits", "MHA", 0.1, seed), "failed", artifacts=False)
     log_trial(c, broken, bparent, trial_config("digits", "MHA", 0.3, 0), "diverged", artifacts=False)
@@ -157,7 +158,7 @@ def test_step_metrics_and_plasticity_artifacts(store):
     assert len(hist) == 3 * (2 + 6)
     own = hist[hist["key"] == "grad_norm/{condition}"]
     assert sorted(own["step"].unique()) == [10, 20, 30, 40, 50, 60] and own["value"].max() == 5.5
-    bands = stats.curve_bands(hist, two)
+    bands = variance.curve_bands(hist, two)
     assert set(bands["condition"]) == set(CONDITIONS) and (bands["n"] == 1).all()
     plast = load.plasticity(two, "before", store["uri"])
     assert len(plast) == 3 * 2 * 4 * 5 and set(plast["condition"]) == set(CONDITIONS)
@@ -279,7 +280,7 @@ def test_run_config_from_params_when_there_is_no_config_artifact(store):
     from mlflow.entities import Param
 
     c = mlflow.MlflowClient(tracking_uri=store["uri"])
-    exp = tracking.experiment_id(c, "params-only", (store["root"] / "a4").as_uri())
+    exp = connect.experiment_id(c, "params-only", (store["root"] / "a4").as_uri())
     cfg = FinetuneConfig(
         model="vit_demo", pretrained=False, weights=None, betas=(0.8, 0.99), lr=3e-3, low_data=True
     ).to_dict()

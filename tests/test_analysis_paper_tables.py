@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from analysis import AnalysisError, load, report, stats, tables
+from analysis import AnalysisError, load, report, tables
+from analysis.stats import selection, significance
 
 FIVE = ["LN1", "MHA", "LN2", "FC1", "FC2"]
 
@@ -38,13 +39,13 @@ def wide_csv(tmp_path):
 
 def test_relative_gain_by_hand():
     table = pd.DataFrame({"lp": [50.0, 80.0], "MHA": [60.0, 84.0]}, index=["a", "b"])
-    g = stats.relative_gain(table, "lp")
+    g = selection.relative_gain(table, "lp")
     # (60 − 50) / 50 = 20%; (84 − 80) / 80 = 5%
     assert g["MHA"].tolist() == pytest.approx([20.0, 5.0]) and g["lp"].tolist() == [0.0, 0.0]
     shown = tables.dataset_table(g, ["lp", "MHA"], "average", 2)
     assert shown.loc["average", "MHA"] == "12.50"
     with pytest.raises(AnalysisError, match="gain reference 'full'"):
-        stats.relative_gain(table, "full")
+        selection.relative_gain(table, "full")
 
 
 def _best(rows):
@@ -54,7 +55,7 @@ def _best(rows):
 def test_setting_means_over_common_datasets():
     sgd = _best([("a", "MHA", 0.8), ("b", "MHA", 0.6), ("c", "MHA", 0.1)])
     adamw = _best([("a", "MHA", 0.9), ("b", "MHA", 0.7), ("a", "LN1", 0.5)])
-    ab = stats.setting_means({"sgd": sgd, "adamw": adamw}, ["MHA", "LN1"])
+    ab = selection.setting_means({"sgd": sgd, "adamw": adamw}, ["MHA", "LN1"])
     # c is sgd's only: left out, so both columns average a and b
     assert ab.loc["MHA", "sgd"] == pytest.approx(0.7) and ab.loc["MHA", "adamw"] == pytest.approx(0.8)
     assert ab.loc["MHA", "datasets"] == 2
@@ -72,11 +73,11 @@ def test_trainable_params_and_efficiency_by_hand():
             "trainable_params": [100.0, 100.0, 120.0, 1000.0, float("nan")],
         }
     )
-    params = stats.trainable_params(runs)
+    params = selection.trainable_params(runs)
     assert params.loc["a", "MHA"] == 100 and params.loc["b", "MHA"] == 120
     assert math.isnan(params.loc["b", "full"])
     acc = pd.DataFrame({"MHA": [0.8, 0.6], "full": [0.9, 0.7]}, index=["a", "b"])
-    eff = stats.parameter_efficiency(params, acc)
+    eff = selection.parameter_efficiency(params, acc)
     assert list(eff.index) == ["MHA", "full"]  # by count
     assert eff.loc["MHA", "params"] == 110 and eff.loc["MHA", "accuracy"] == pytest.approx(0.7)
     # full has a count on a only: its accuracy is a's, over the same datasets as the count
@@ -84,7 +85,7 @@ def test_trainable_params_and_efficiency_by_hand():
     assert eff.loc["MHA", "share_of_full"] == pytest.approx(0.11)
     shown = tables.efficiency_table(eff, 100)
     assert shown.loc["full"].tolist() == ["1,000", "100.000", "90.0", "1"]
-    assert stats.trainable_params(runs.drop(columns="trainable_params")).empty
+    assert selection.trainable_params(runs.drop(columns="trainable_params")).empty
 
 
 def test_main_table_is_datasets_by_conditions_with_average():
@@ -103,10 +104,10 @@ def test_main_table_is_datasets_by_conditions_with_average():
 
 def test_tests_table_names_each_alternative():
     table = pd.DataFrame({"MHA": [5.0, 6, 7, 8, 9], "FC1": [6.0, 5, 8, 4, 9.5]})
-    two = tables.tests_table(stats.paired_tests(table, "MHA"))
+    two = tables.tests_table(significance.paired_tests(table, "MHA"))
     assert "Wilcoxon p (one-sided, reference greater)" in two.columns
     assert "t-test p (two-sided)" in two.columns and len([c for c in two if c.startswith("t-test")]) == 1
-    one = tables.tests_table(stats.paired_tests(table, "MHA", t_alternative="greater"))
+    one = tables.tests_table(significance.paired_tests(table, "MHA", t_alternative="greater"))
     assert {"t-test p (one-sided, reference greater)", "t-test p (two-sided)"} <= set(one.columns)
 
 
@@ -221,7 +222,7 @@ def test_one_sided_t_option(wide_csv, tmp_path, capsys):
 
 
 def _quick():
-    from analysis import trust
+    from analysis.sections import trust
 
     return trust.Options(reps=200, hierarchical=False)
 
@@ -338,12 +339,12 @@ def test_parameter_efficiency_from_runs(tmp_path):
 def test_the_papers_experiments_tables_compare_on_the_datasets_both_sides_ran(tmp_path):
     """Runs shaped like the paper's three experiments: ViT-B with SGD on 11 datasets, with AdamW on
     4 of them, ViT-L and ViT-H on one. The optimizer ablation compares on the 4, the models on the 1."""
-    from raystudy import spaces
+    from raystudy.spaces import grids
 
-    space = spaces.load_grid("paper")
+    space = grids.load_grid("paper")
     every = list(space.datasets)
-    adamw = spaces.experiment_datasets(space, "vit_base", "adamw")
-    clipart = spaces.experiment_datasets(space, "vit_huge", "sgd")
+    adamw = grids.experiment_datasets(space, "vit_base", "adamw")
+    clipart = grids.experiment_datasets(space, "vit_huge", "sgd")
     shift = {
         ("vit_base", "sgd"): 0.0,
         ("vit_base", "adamw"): 0.03,

@@ -7,9 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import replay, report, synthetic, trust
-from raystudy import adaptive
-from raystudy.adaptive import Seen, Stop
+from analysis import replay, report, synthetic
+from analysis.sections import trust
+from raystudy.spaces import adaptive
+from raystudy.spaces.adaptive import Seen, Stop
 
 STEPS, EVERY = 100, 25
 
@@ -180,13 +181,13 @@ def test_replay_from_an_mlflow_store(tmp_path, capsys):
     curves and the costs back, and the command line prints and writes every policy."""
     import mlflow
 
-    from raystudy import tracking
-    from raystudy.config import FinetuneConfig, trial_key
+    from raystudy.tracking import connect, record
+    from raystudy.train.config import FinetuneConfig, trial_key
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     c = mlflow.MlflowClient(tracking_uri=uri)
-    exp = tracking.experiment_id(c, "rp", (tmp_path / "art").as_uri())
-    parent = tracking.parent_run(c, exp, "g", "grid-rp", {})
+    exp = connect.experiment_id(c, "rp", (tmp_path / "art").as_uri())
+    parent = record.parent_run(c, exp, "g", "grid-rp", {})
     final = {}
     for d in ("digits", "digits_c"):
         for cond, base in (("MHA", 0.9), ("FC1", 0.8)):
@@ -202,14 +203,14 @@ def test_replay_from_an_mlflow_store(tmp_path, capsys):
                         steps=100,
                         eval_every=25,
                     ).to_dict()
-                    rid = tracking.open_trial(c, exp, parent, trial_key(cfg), cfg)
+                    rid = record.open_trial(c, exp, parent, trial_key(cfg), cfg)
                     val = base - 0.05 * i + 0.01 * seed
-                    tracking.log_steps(
+                    record.log_steps(
                         c,
                         rid,
                         [{"step": s, "val_acc": val * f} for s, f in zip((25, 50, 75, 100), (0.8, 0.9, 0.95, 1.0))],
                     )
-                    tracking.finish_trial(
+                    record.finish_trial(
                         c,
                         rid,
                         {

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from analysis import AnalysisError, load, report, stats
+from analysis import AnalysisError, load, report
+from analysis.stats import selection, significance
 
 # Per-run results as another codebase might publish them: no run_id, no model or optimizer.
 # Cell (A, X): lr 0.1 is best on validation (0.81) but lr 0.3 on test (0.76 vs 0.71).
@@ -119,7 +120,7 @@ def test_report_on_per_run_csv(runs_csv, tmp_path, capsys):
     assert status["runs"].sum() == 24 and status.loc["Z", "failed"] == 1
     # tests over per-dataset means agree with scipy
     tests = pd.read_csv(out / "tests.csv").set_index("other")
-    table = stats.wide(stats.best_lr(stats.seed_means(load.read_csv(runs_csv)[1]), "val"))
+    table = selection.wide(selection.best_lr(selection.seed_means(load.read_csv(runs_csv)[1]), "val"))
     ref = st.wilcoxon(table["X"], table["Z"], alternative="greater")
     assert tests.loc["Z", "wilcoxon_p"] == pytest.approx(ref.pvalue)
     for name in (
@@ -210,7 +211,7 @@ def test_summary_csv_of_paper_means(paper_csv, tmp_path, capsys):
 def test_summary_and_runs_give_the_same_tests(runs_csv, tmp_path):
     """A summary of the per-dataset means at the best lr yields the same tests as the runs."""
     _, runs = load.read_csv(runs_csv)
-    best = stats.best_lr(stats.seed_means(runs), "val")
+    best = selection.best_lr(selection.seed_means(runs), "val")
     summary = tmp_path / "summary.csv"
     best.rename(columns={"test_mean": "mean", "test_std": "std"})[["dataset", "condition", "mean", "std"]].to_csv(
         summary, index=False
@@ -371,12 +372,12 @@ def _summary(tmp_path, table: pd.DataFrame):
 @pytest.mark.parametrize("k", [4, 6])
 def test_friedman_skip_names_identical_conditions_not_their_number(tmp_path, capsys, k):
     table = pd.DataFrame({f"C{i}": [80.0, 70.0, 90.0] for i in range(k)}, index=["a", "b", "c"])
-    assert stats.friedman_skip(table) == (
+    assert significance.friedman_skip(table) == (
         f"all {k} conditions have the same accuracy on every dataset "
         "(every dataset ties them): there is no order to test"
     )
-    assert stats.friedman_skip(table.iloc[:, :2]) == "needs at least 3 conditions (have 2)"
-    assert stats.friedman_skip(table.iloc[:1]) == "needs at least 2 datasets (have 1)"
+    assert significance.friedman_skip(table.iloc[:, :2]) == "needs at least 3 conditions (have 2)"
+    assert significance.friedman_skip(table.iloc[:1]) == "needs at least 2 datasets (have 1)"
     assert (
         report.main(
             [
@@ -497,11 +498,9 @@ def test_the_report_says_how_accuracy_was_counted_and_the_probe_fitted(tmp_path,
         "Linear probe: fitted on one augmented pass of training batches, as the paper's code "
         "(linear_probe_data: augmented)"
     ) in out
-    from raystudy import tracking
+    from raystudy.tracking import query
 
-    row = tracking.run_row(
-        "r", "FINISHED", {"raystudy.status": "finished"}, {"lr": "0.1", "seed": "0"}, {"test_acc": 0.5}
-    )
+    row = query.run_row("r", "FINISHED", {"raystudy.status": "finished"}, {"lr": "0.1", "seed": "0"}, {"test_acc": 0.5})
     assert (row["accuracy"], row["linear_probe_data"]) == ("per_image", "clean")  # runs before the keys
 
 
@@ -539,14 +538,15 @@ def test_the_report_opens_with_how_stable_its_answer_is(runs_csv, paper_csv, tmp
 
 def test_a_new_section_is_one_function_in_the_list(runs_csv, tmp_path, monkeypatch):
     # docs/development.md's recipe: a section is a pure function of the Study, listed in
-    # sections.SECTIONS at its place in the report; nothing else changes
-    from analysis import output, sections
+    # paper.SECTIONS at its place in the report; nothing else changes
+    from analysis import output
+    from analysis.sections import paper
 
     def spread(s):
         widest = (s.table.max(axis=1) - s.table.min(axis=1)).idxmax()
         return output.section("Spread", f"The conditions differ most on {widest}.")
 
-    monkeypatch.setattr(sections, "SECTIONS", (*sections.SECTIONS[:4], spread, *sections.SECTIONS[4:]))
+    monkeypatch.setattr(paper, "SECTIONS", (*paper.SECTIONS[:4], spread, *paper.SECTIONS[4:]))
     out = tmp_path / "out"
     assert report.main(["--csv", str(runs_csv), "--reference", "X", "--out", str(out), "--no-figures"]) == 0
     md = (out / "report.md").read_text()

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import AnalysisError, stability, stats
+from analysis import AnalysisError, stability
+from analysis.stats import selection
 
 # One dataset; condition X has two lrs and two seeds, Y one lr. X's validation accuracy picks lr
 # 0.1 on both seeds (0.7 vs 0.65) and on seed 0 alone, lr 0.3 on seed 1 alone; a mixed draw
@@ -178,7 +179,7 @@ def test_against_an_independent_bootstrap():
 
 
 def test_the_replicate_choice_is_the_reports_rule():
-    # rebuild a replicate's runs table from its draws and choose with stats.best_lr
+    # rebuild a replicate's runs table from its draws and choose with selection.best_lr
     runs = synthetic_runs(seed=2)
     conds, datasets = ["P", "Q", "R"], ["d0", "d1", "d2"]
     g = stability.grid(runs, conds, datasets)
@@ -194,7 +195,7 @@ def test_the_replicate_choice_is_the_reports_rule():
                 for i in range(n[k, j]):
                     s = avail[int(np.floor(u[r, k, j, i] * n[k, j]))]
                     parts.append(cell[cell["seed"] == s].assign(seed=i))
-        best = stats.best_lr(stats.seed_means(pd.concat(parts)), "val").set_index(["condition", "dataset"])
+        best = selection.best_lr(selection.seed_means(pd.concat(parts)), "val").set_index(["condition", "dataset"])
         for k, c in enumerate(conds):
             for j, d in enumerate(datasets):
                 assert g.lrs[boot.chosen[r, k, j]] == best.loc[(c, d), "lr"]

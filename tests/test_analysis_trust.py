@@ -10,7 +10,8 @@ import pytest
 from scipy import integrate
 from scipy import stats as st
 
-from analysis import AnalysisError, bayes, intervals, stats
+from analysis import AnalysisError, bayes, intervals
+from analysis.stats import budget, effects, paired, selection, significance, variance
 
 # ---------------------------------------------------------------- bootstrap
 
@@ -220,35 +221,35 @@ def test_truncated_samplers_match_their_distributions():
 
 def test_hodges_lehmann_by_hand():
     # d = 1, 2, 10: Walsh averages 1, 1.5, 2, 5.5, 6, 10 -> median 3.75; n = 3: no 95% interval
-    est, lo, hi = stats.hodges_lehmann([1, 2, 10], [0, 0, 0])
+    est, lo, hi = effects.hodges_lehmann([1, 2, 10], [0, 0, 0])
     assert est == 3.75 and math.isnan(lo) and math.isnan(hi)
     # d = 1..11: P(W+ <= 10) = 0.021 <= 0.025 < P(W+ <= 11), so the interval runs from the 11th
     # smallest to the 11th largest of the 66 Walsh averages: 3.5 and 8.5
-    est, lo, hi = stats.hodges_lehmann(np.arange(1.0, 12.0), np.zeros(11))
+    est, lo, hi = effects.hodges_lehmann(np.arange(1.0, 12.0), np.zeros(11))
     assert (est, lo, hi) == (6.0, 3.5, 8.5)
-    null_w, null_p = stats.signed_rank_null(np.arange(1, 12))
+    null_w, null_p = paired.signed_rank_null(np.arange(1, 12))
     assert null_p[null_w <= 10].sum() == pytest.approx(0.0210, abs=1e-4)
 
 
 def test_hodges_lehmann_interval_inverts_the_wilcoxon_test():
     rng = np.random.default_rng(5)
     d = rng.normal(0.5, 1.0, 12)
-    est, lo, hi = stats.hodges_lehmann(d, np.zeros(12))
+    est, lo, hi = effects.hodges_lehmann(d, np.zeros(12))
     # shifts just inside the interval are not rejected at 5% (two-sided), just outside are
     assert st.wilcoxon(d - (lo + 1e-9)).pvalue > 0.05 and st.wilcoxon(d - (lo - 1e-6)).pvalue <= 0.05
 
 
 def test_rank_biserial_by_hand():
     # d = 1, −2, 3: ranks 1, 2, 3; W+ = 4 of 6 -> r = 2·4/6 − 1 = 1/3
-    assert stats.rank_biserial([1, -2, 3], [0, 0, 0]) == pytest.approx(1 / 3)
-    assert stats.rank_biserial([1, 2], [0, 0]) == 1.0
-    assert math.isnan(stats.rank_biserial([1, 2], [1, 2]))
+    assert effects.rank_biserial([1, -2, 3], [0, 0, 0]) == pytest.approx(1 / 3)
+    assert effects.rank_biserial([1, 2], [0, 0]) == 1.0
+    assert math.isnan(effects.rank_biserial([1, 2], [1, 2]))
 
 
 def test_holm_matches_statsmodels():
     multitest = pytest.importorskip("statsmodels.stats.multitest")
     p = [0.01, 0.04, 0.03, 0.2, 0.001, 0.04]
-    assert stats.holm(p) == pytest.approx(multitest.multipletests(p, method="holm")[1])
+    assert paired.holm(p) == pytest.approx(multitest.multipletests(p, method="holm")[1])
 
 
 def test_wilcoxon_cliques_follow_the_holm_decisions():
@@ -257,10 +258,10 @@ def test_wilcoxon_cliques_follow_the_holm_decisions():
         {"a": ["a", "a", "b", "c"], "b": ["c", "d", "d", "d"], "significant": [True, True, False, False]}
     )
     # a–c significant: a joins b only; b, c, d share no significant pair
-    assert stats.wilcoxon_cliques(r, pairs) == [["a", "b"], ["b", "c", "d"]]
+    assert significance.wilcoxon_cliques(r, pairs) == [["a", "b"], ["b", "c", "d"]]
     # the Nemenyi bars are rank_cliques with "ranks apart by CD or more"
     for cd in (0.5, 1.5, 2.5, 3.5):
-        assert stats.rank_cliques(r, lambda x, y: abs(r[x] - r[y]) >= cd) == stats.cd_cliques(r, cd)
+        assert significance.rank_cliques(r, lambda x, y: abs(r[x] - r[y]) >= cd) == significance.cd_cliques(r, cd)
 
 
 # ---------------------------------------------------------------- tuning budget, variance
@@ -268,11 +269,11 @@ def test_wilcoxon_cliques_follow_the_holm_decisions():
 
 def test_expected_max_by_hand():
     # values 1, 2, 3: E[max of 1] = 2; of 2: 1·1/9 + 2·3/9 + 3·5/9 = 22/9
-    assert stats.expected_max([3, 1, 2], 1) == pytest.approx(2.0)
-    assert stats.expected_max([3, 1, 2], 2) == pytest.approx(22 / 9)
-    assert stats.expected_max([3, 1, 2], 50) == pytest.approx(3.0, abs=1e-6)
+    assert budget.expected_max([3, 1, 2], 1) == pytest.approx(2.0)
+    assert budget.expected_max([3, 1, 2], 2) == pytest.approx(22 / 9)
+    assert budget.expected_max([3, 1, 2], 50) == pytest.approx(3.0, abs=1e-6)
     # the test accuracy at the draw best on validation: same weights on the follower
-    assert stats.expected_max([3, 1, 2], 2, follow=[30, 10, 20]) == pytest.approx(220 / 9)
+    assert budget.expected_max([3, 1, 2], 2, follow=[30, 10, 20]) == pytest.approx(220 / 9)
 
 
 def test_tuning_budget_and_lr_edges():
@@ -291,12 +292,12 @@ def test_tuning_budget_and_lr_edges():
             "n_failed": 0,
         }
     )
-    b = stats.tuning_budget(means).set_index("n_lrs")
+    b = budget.tuning_budget(means).set_index("n_lrs")
     # n = 2: d gives 22/9; e (values 4, 5): 4·1/4 + 5·3/4 = 4.75; mean over the datasets
     assert b.loc[2, "expected_val"] == pytest.approx((22 / 9 + 4.75) / 2)
     assert b.loc[3, "datasets"] == 1 and b.loc[1, "datasets"] == 2
-    best = stats.best_lr(means, "val")
-    edges = stats.lr_edges(means, best).set_index("dataset")
+    best = selection.best_lr(means, "val")
+    edges = budget.lr_edges(means, best).set_index("dataset")
     assert edges.loc["d", "edge"] == "high" and edges.loc["e", "edge"] == "low"
 
 
@@ -312,7 +313,7 @@ def test_variance_decomposition_by_hand():
             "status": "finished",
         }
     )
-    v = stats.variance_decomposition(runs).iloc[0]
+    v = variance.variance_decomposition(runs).iloc[0]
     # grand mean 40/6; dataset means 4 (x4) and 12 (x2); lr means 2, 6 (d1) and 12
     y = runs["test_acc"].to_numpy()
     assert v["var_total"] == pytest.approx(np.var(y))
@@ -365,13 +366,13 @@ def test_report_writes_every_new_table_and_figure(study_csv, tmp_path, capsys):
         assert rope[[f"{t}_p_a", f"{t}_p_rope", f"{t}_p_b"]].sum(axis=1).to_numpy() == pytest.approx(1.0)
     # the signed-rank column is the function's output on the per-dataset means of the tables
     acc = pd.read_csv(out / "accuracy_val_selected.csv")
-    table = stats.wide(acc)
+    table = selection.wide(acc)
     ref = bayes.signed_rank(table["MHA"], table["FC1"], 0.005)
     row = rope.set_index(["a", "b"]).loc[("MHA", "FC1")]
     assert row["signed_rank_p_rope"] == pytest.approx(ref["p_rope"])
     # effect sizes sit beside the p-values
     tests = pd.read_csv(out / "tests.csv").set_index("other")
-    hl = stats.hodges_lehmann(table["MHA"], table["LN1"])
+    hl = effects.hodges_lehmann(table["MHA"], table["LN1"])
     assert tests.loc["LN1", ["hl", "hl_low", "hl_high"]].tolist() == pytest.approx(list(hl), nan_ok=True)
     assert "HL shift [95% CI]" in (out / "posthoc.md").read_text()
     # the mean's interval brackets the accuracy table's average
@@ -443,7 +444,7 @@ def test_report_degrades_on_one_dataset_and_one_seed(study_csv, tmp_path, capsys
 
 def test_report_condition_order_is_the_components_order():
     from analysis import report
-    from raystudy.components import PAPER_CONDITIONS, STUDY_COMPONENTS
+    from raystudy.models.components import PAPER_CONDITIONS, STUDY_COMPONENTS
 
     assert report.paper_order() == tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
 

@@ -12,9 +12,8 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from raystudy import architectures as A
-from raystudy import components, models
-from raystudy import plasticity as P
+from raystudy.measure import plasticity
+from raystudy.models import architectures, components, registry
 
 
 def vit(**kw):
@@ -24,7 +23,7 @@ def vit(**kw):
 
 
 def gpt2_tiny(attention: str = "sdpa"):
-    model = models.create_model("gpt2_tiny", 10, pretrained=False)
+    model = registry.create_model("gpt2_tiny", 10, pretrained=False)
     model.transformer.config._attn_implementation = attention  # eager: causal only by the mask
     return model
 
@@ -32,16 +31,20 @@ def gpt2_tiny(attention: str = "sdpa"):
 # (record, builder, input): the ViT variants the patterns name (LayerScale, registers, average
 # pooling's fc_norm, CLIP's pre-norm) each get a case.
 MODELS = {
-    "vit": (A.VIT, vit, lambda: torch.randn(3, 1, 16, 16)),
-    "vit_layerscale_registers": (A.VIT, lambda: vit(init_values=1e-5, reg_tokens=2), lambda: torch.randn(3, 1, 16, 16)),
+    "vit": (architectures.VIT, vit, lambda: torch.randn(3, 1, 16, 16)),
+    "vit_layerscale_registers": (
+        architectures.VIT,
+        lambda: vit(init_values=1e-5, reg_tokens=2),
+        lambda: torch.randn(3, 1, 16, 16),
+    ),
     "vit_avg_pool_no_cls": (
-        A.VIT,
+        architectures.VIT,
         lambda: vit(class_token=False, global_pool="avg"),
         lambda: torch.randn(3, 1, 16, 16),
     ),
-    "vit_pre_norm": (A.VIT, lambda: vit(pre_norm=True), lambda: torch.randn(3, 1, 16, 16)),
-    "gpt2": (A.GPT2, gpt2_tiny, lambda: torch.randint(0, 256, (3, 12))),
-    "gpt2_eager": (A.GPT2, lambda: gpt2_tiny("eager"), lambda: torch.randint(0, 256, (3, 12))),
+    "vit_pre_norm": (architectures.VIT, lambda: vit(pre_norm=True), lambda: torch.randn(3, 1, 16, 16)),
+    "gpt2": (architectures.GPT2, gpt2_tiny, lambda: torch.randint(0, 256, (3, 12))),
+    "gpt2_eager": (architectures.GPT2, lambda: gpt2_tiny("eager"), lambda: torch.randint(0, 256, (3, 12))),
 }
 
 
@@ -52,20 +55,20 @@ def case(request):
     return arch, build().eval(), inputs()
 
 
-def owners(arch: A.Architecture, name: str) -> list[str]:
+def owners(arch: architectures.Architecture, name: str) -> list[str]:
     return [c for c, pats in arch.patterns.items() if any(re.fullmatch(p, name) for p in pats)]
 
 
 def test_every_family_of_the_registry_is_tested():
-    assert {arch.name for arch, _, _ in MODELS.values()} == set(A.ARCHITECTURES)
+    assert {arch.name for arch, _, _ in MODELS.values()} == set(architectures.ARCHITECTURES)
 
 
 def test_records_list_the_components_in_one_order():
     order = list(components.COMPONENTS)
-    for arch in A.ARCHITECTURES.values():
+    for arch in architectures.ARCHITECTURES.values():
         assert list(arch.patterns) == order, arch.name
-        assert set(arch.module_paths) == set(A.PROBE_COMPONENTS), arch.name
-    assert A.PROBE_COMPONENTS == ("LN1", "MHA", "LN2", "FC1", "FC2")
+        assert set(arch.module_paths) == set(architectures.PROBE_COMPONENTS), arch.name
+    assert architectures.PROBE_COMPONENTS == ("LN1", "MHA", "LN2", "FC1", "FC2")
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -87,26 +90,32 @@ def test_module_paths_resolve_in_every_block(case):
         for comp, path in arch.module_paths.items():
             mod = block.get_submodule(path)
             assert isinstance(mod, torch.nn.Module)
-            assert P.block_module(block, comp, arch.module_paths) is mod
+            assert plasticity.block_module(block, comp, arch.module_paths) is mod
 
 
 def test_the_model_and_its_name_find_the_record(case):
     arch, model, _ = case
-    assert A.of_model(model) is arch
-    assert A.of_model(torch.nn.Linear(2, 2)) is None
+    assert architectures.of_model(model) is arch
+    assert architectures.of_model(torch.nn.Linear(2, 2)) is None
 
 
 @pytest.mark.parametrize(
-    "name,arch", [("vit_demo", A.VIT), ("vit_base", A.VIT), ("gpt2_tiny", A.GPT2), ("gpt2", A.GPT2)]
+    "name,arch",
+    [
+        ("vit_demo", architectures.VIT),
+        ("vit_base", architectures.VIT),
+        ("gpt2_tiny", architectures.GPT2),
+        ("gpt2", architectures.GPT2),
+    ],
 )
 def test_a_model_name_finds_its_record(name, arch):
-    assert models.architecture(name) is arch
-    assert models.takes_tokens(name) == arch.tokens == (arch.inputs == "token ids")
+    assert registry.architecture(name) is arch
+    assert registry.takes_tokens(name) == arch.tokens == (arch.inputs == "token ids")
 
 
 def test_a_built_model_and_its_name_agree():
     for name in ("vit_demo", "gpt2_tiny"):
-        assert A.of_model(models.create_model(name, 4, pretrained=False)) is models.architecture(name)
+        assert architectures.of_model(registry.create_model(name, 4, pretrained=False)) is registry.architecture(name)
 
 
 @torch.no_grad()
@@ -137,5 +146,5 @@ def test_attend_is_the_attention_of_the_forward(case):
         handle.remove()
     inp, want = seen[0]
     mask = arch.attention_mask(inp.shape[1], inp.dtype, inp.device)
-    assert (mask is not None) == (arch is A.GPT2)  # GPT-2's attention is causal
+    assert (mask is not None) == (arch is architectures.GPT2)  # GPT-2's attention is causal
     torch.testing.assert_close(arch.attend(attn, inp, mask), want)

@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from analysis import figures, report, stats, trust
+from analysis import figures, report
+from analysis.sections import trust
+from analysis.stats import pooling
 
 REPO = "github.com/ambroiseodt/vit-plasticity@268c240"
 
@@ -209,11 +211,11 @@ def _probes(pairing: str, seeds: list[int]) -> pd.DataFrame:
 def test_the_plasticity_band_counts_distinct_pairs_not_runs_times_pairs():
     # the reference: one probe's pairs per layer, 1.96·std/sqrt(pairs) (apps/plots/analysis.py:205,
     # :244); sequential pairing gives every run the same pairs
-    seq = stats.pool_plasticity(_probes("sequential", [0, 42, 3407])).iloc[0]
+    seq = pooling.pool_plasticity(_probes("sequential", [0, 42, 3407])).iloc[0]
     assert seq["n"] == 100 and seq["mean"] == pytest.approx(2.0)
     assert seq["ci_high"] - seq["mean"] == pytest.approx(HALF)
     # random pairing: runs of one seed share their pairs; three seeds are three pair sets
-    rnd = stats.pool_plasticity(_probes("random", [0, 42, 3407])).iloc[0]
+    rnd = pooling.pool_plasticity(_probes("random", [0, 42, 3407])).iloc[0]
     assert rnd["n"] == 300
 
 
@@ -226,19 +228,19 @@ def test_the_paper_mode_counts_a_diverged_runs_tested_best_checkpoint(tmp_path):
     import mlflow
 
     from analysis import load
-    from raystudy import tracking
-    from raystudy.config import FinetuneConfig, trial_key
+    from raystudy.tracking import connect, record
+    from raystudy.train.config import FinetuneConfig, trial_key
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     c = mlflow.MlflowClient(tracking_uri=uri)
-    exp = tracking.experiment_id(c, "toy", (tmp_path / "artifacts").as_uri())
-    parent = tracking.parent_run(c, exp, "g", "grid-toy", {"space": "toy"})
+    exp = connect.experiment_id(c, "toy", (tmp_path / "artifacts").as_uri())
+    parent = record.parent_run(c, exp, "g", "grid-toy", {"space": "toy"})
     cells = [("MHA", 0.1, "finished", 0.8), ("MHA", 0.3, "finished", 0.7), ("LN1", 0.1, "finished", 0.6)]
     cells.append(("LN1", 0.3, "diverged", 0.9))  # its best checkpoint, tested before it blew up
     for condition, lr, status, acc in cells:
         cfg = FinetuneConfig(model="vit_demo", pretrained=False, dataset="digits", condition=condition, lr=lr)
-        rid = tracking.open_trial(c, exp, parent, trial_key(cfg.to_dict()), cfg.to_dict())
-        tracking.finish_trial(c, rid, {"status": status, "best_val_acc": acc, "test_acc": acc, "best_step": 6})
+        rid = record.open_trial(c, exp, parent, trial_key(cfg.to_dict()), cfg.to_dict())
+        record.finish_trial(c, rid, {"status": status, "best_val_acc": acc, "test_acc": acc, "best_step": 6})
     default = load.from_mlflow("toy", uri)
     assert default.set_index("condition").loc["LN1"].set_index("lr").loc[0.3, "status"] == "diverged"
     assert default["test_acc"].notna().sum() == 3

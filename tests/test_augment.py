@@ -7,7 +7,7 @@ from scipy.stats import ks_2samp
 from torchvision.transforms import RandomResizedCrop
 from torchvision.transforms import functional as TF
 
-from raystudy import augment, datasets
+from raystudy.data import augment, datasets
 
 N = 4000
 

@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from raystudy import batches, datasets, engine, models, paths
-from raystudy.config import ConfigError, FinetuneConfig, validate
+from raystudy import paths
+from raystudy.data import batches, datasets
+from raystudy.models import registry
+from raystudy.train import engine
+from raystudy.train.config import ConfigError, FinetuneConfig, validate
 
 FAST = dict(
     model="vit_demo",
@@ -237,7 +240,7 @@ def test_the_normalisation_a_config_names_is_what_reaches_the_model(tmp_path, mo
     for norm in ("checkpoint", "imagenet"):
         _, splits, _ = engine.build(base.replace(normalization=norm))
         seen[norm] = torch.stack([splits.test[i][0] for i in range(len(splits.test))])
-    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (models.IMAGENET_MEAN, models.IMAGENET_STD))
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (registry.IMAGENET_MEAN, registry.IMAGENET_STD))
     pixels = seen["checkpoint"] * 0.5 + 0.5
     assert torch.allclose(seen["imagenet"], (pixels - mean) / std, atol=1e-5)
     assert not torch.allclose(seen["imagenet"], seen["checkpoint"], atol=1e-2)

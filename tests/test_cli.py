@@ -18,7 +18,7 @@ from raystudy.__main__ import COMMANDS
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "ray", "mlflow", "optuna", "timm")
-# raystudy.datasets holds the registry next to its torch Datasets: listing it imports torch.
+# raystudy.data.datasets holds the registry next to its torch Datasets: listing it imports torch.
 LIGHT = [c for c in COMMANDS if c != "data"]
 QUICK = [
     "--set",
@@ -132,7 +132,8 @@ def test_finetune_records_its_run_in_mlflow_and_saves_results(mlflow_uri, tmp_pa
     import torch
     from mlflow import MlflowClient
 
-    from raystudy import finetune, tracking
+    from raystudy import finetune
+    from raystudy.tracking import query
 
     work = tmp_path / "work"
     work.mkdir()
@@ -174,7 +175,7 @@ def test_finetune_records_its_run_in_mlflow_and_saves_results(mlflow_uri, tmp_pa
     # one MLflow trial run, recorded as the grid records a trial
     cl = MlflowClient(tracking_uri=mlflow_uri)
     exp = cl.get_experiment_by_name("raystudy-finetune-vit_demo")
-    (run,) = tracking.find_runs(cl, exp.experiment_id, raystudy__role="trial")
+    (run,) = query.find_runs(cl, exp.experiment_id, raystudy__role="trial")
     assert f"MLflow: run {run.info.run_id}" in out
     assert run.info.status == "FINISHED" and run.data.tags["raystudy.status"] == "finished"
     assert run.data.tags["condition"] == "FC1" and run.data.params["lr"] == "0.3"
@@ -242,7 +243,8 @@ def test_download_without_network_is_one_line_exit_2(tmp_path):
 
 def test_probe_help_names_the_components_plasticity_probes():
     """probe spells its choices out so that --help needs no torch: they must stay plasticity's."""
-    from raystudy import plasticity, probe
+    from raystudy import probe
+    from raystudy.measure import plasticity
 
     assert probe.COMPONENTS.split(",") == list(plasticity.PROBE_COMPONENTS)
     assert probe.PAIRINGS == plasticity.PAIRINGS

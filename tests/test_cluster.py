@@ -124,13 +124,13 @@ def test_aws_cluster_shape():
 
 
 def test_aws_worker_types_fit_every_model_of_the_papers_grid():
-    from raystudy import spaces
+    from raystudy.spaces import grids, schema
 
     cfg = load("cluster.yaml")
     workers = [t for name, t in cfg["available_node_types"].items() if name != cfg["head_node_type"]]
-    space = spaces.load_grid("paper")
+    space = grids.load_grid("paper")
     for model in space.models:
-        o = spaces.model_options(space.models, model)
+        o = schema.model_options(space.models, model)
         need = {"CPU": o["cpu"] * o["workers"], "GPU": o["gpu"] * o["workers"]}  # DDP workers packed on one node
         assert any(all(t["resources"].get(k, 0) >= v for k, v in need.items()) for t in workers), (model, need)
 
@@ -289,11 +289,11 @@ class LocalCluster:
         self.storage.mkdir()
         # The demo's weights, prefetched (they take a minute to build): the file and its manifest,
         # without which the head takes the file for a damaged one and builds it again.
-        from raystudy import models
+        from raystudy.models import registry
 
         cache = self.home / ".cache" / "raystudy"
         cache.mkdir(parents=True)
-        for f in (demo_weights, models.weights_manifest(demo_weights)):
+        for f in (demo_weights, registry.weights_manifest(demo_weights)):
             shutil.copy(f, cache / f.name)
 
     # -- the SSH server and the user's environment

@@ -3,7 +3,8 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from raystudy import components as C
+from raystudy import components as components_command
+from raystudy.models import components as C
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_layer_scale_and_register_tokens_have_a_component():
 
 
 def test_components_cli_counts_a_dinov2_style_vit_with_registers(capsys):
-    assert C.main(["--model", "vit_small_patch14_reg4_dinov2", "--conditions", "MHA,FC2,full"]) == 0
+    assert components_command.main(["--model", "vit_small_patch14_reg4_dinov2", "--conditions", "MHA,FC2,full"]) == 0
     out = capsys.readouterr().out
     per = {line.split()[0]: int(line.split()[1].replace(",", "")) for line in out.splitlines()[2:9]}
     assert per["MHA"] == 12 * (384 * 1152 + 1152 + 384 * 384 + 384 + 384)  # qkv, proj, ls1
@@ -154,13 +155,13 @@ def test_condition_counts_report_each_condition(vit_base):
 
 
 def test_components_cli_prints_table(capsys):
-    assert C.main(["--model", "vit_demo", "--conditions", "MHA,lora"]) == 0
+    assert components_command.main(["--model", "vit_demo", "--conditions", "MHA,lora"]) == 0
     out = capsys.readouterr().out
     assert "MHA" in out and "lora" in out and "HEAD" in out
 
 
 def test_components_cli_bad_condition_exits_2(capsys):
-    assert C.main(["--model", "vit_demo", "--conditions", "XYZ"]) == 2
+    assert components_command.main(["--model", "vit_demo", "--conditions", "XYZ"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "XYZ" in err[0]
 

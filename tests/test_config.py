@@ -1,6 +1,6 @@
 import pytest
 
-from raystudy.config import ConfigError, FinetuneConfig, from_dict, load_config, validate
+from raystudy.train.config import ConfigError, FinetuneConfig, from_dict, load_config, validate
 
 
 def test_defaults_are_the_demo_and_valid():
@@ -83,7 +83,7 @@ def test_config_is_frozen():
 
 
 def test_a_key_added_later_leaves_earlier_trials_their_keys():
-    from raystudy.config import FinetuneConfig, trial_key
+    from raystudy.train.config import FinetuneConfig, trial_key
 
     cfg = FinetuneConfig().to_dict()
     before = {k: v for k, v in cfg.items() if k != "probe_batch_size"}  # a config recorded before the key

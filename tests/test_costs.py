@@ -1,11 +1,13 @@
-"""Pricing trials from measured step times (raystudy.costs) and the grid's dry run that uses them."""
+"""Pricing trials from measured step times (raystudy.measure.costs) and the grid's dry run that uses them."""
 
 import json
 
 import pytest
 import yaml
 
-from raystudy import costs, grid, spaces
+from raystudy import grid
+from raystudy.measure import costs
+from raystudy.spaces import grids, schema
 
 
 def doc(models=None, **extra):
@@ -119,7 +121,7 @@ def test_bad_step_times_are_refused_in_one_line(tmp_path, bad, needle):
 
 
 def paper_space(tmp_path, step_times):
-    raw = yaml.safe_load(spaces.space_path("paper").read_text())
+    raw = yaml.safe_load(schema.space_path("paper").read_text())
     raw["step_times"] = step_times
     p = tmp_path / "paper_measured.yaml"
     p.write_text(yaml.safe_dump(raw))
@@ -143,8 +145,8 @@ def test_dry_run_prices_trials_from_the_measured_file_the_space_names(tmp_path, 
     # pets: 4000 steps x 4 lrs x 3 seeds = 48,000 steps per condition at batch 512 (2 x 256):
     # full 0.4 s -> 5.33 h; LN1, MHA, LN2, FC1, FC2 0.2 s -> 2.67 h each; the linear probe takes no
     # steps (a logistic regression on frozen features) -> 0 h; 18.67 h in all
-    space = spaces.load_grid(str(space_file))
-    est = spaces.gpu_hours(space, "vit_base", spaces.expand(space, "vit_base", ["pets"]))
+    space = grids.load_grid(str(space_file))
+    est = grids.gpu_hours(space, "vit_base", grids.expand(space, "vit_base", ["pets"]))
     assert est.by_condition["full"] == pytest.approx(48_000 * 0.4 / 3600)
     assert est.by_condition["LN1"] == pytest.approx(48_000 * 0.2 / 3600)
     assert est.by_condition.get("linear_probe", 0.0) == 0.0

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from raystudy import batches, datasets
+from raystudy import datasets as data_command
+from raystudy.data import batches, datasets
 from raystudy.errors import ConfigError
 
 
@@ -68,7 +69,9 @@ def test_digits_are_scikit_learns_read_without_importing_it():
     images, target = datasets.digits_arrays()
     d = load_digits()
     assert np.array_equal(images, d.images) and np.array_equal(target, d.target) and target.dtype == np.int64
-    code = "import sys; from raystudy import datasets; datasets.demo_digits('blur'); print('sklearn' in sys.modules)"
+    code = (
+        "import sys; from raystudy.data import datasets; datasets.demo_digits('blur'); print('sklearn' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
@@ -219,7 +222,7 @@ def test_train_batches_are_endless_and_seeded():
 
 
 def test_data_cli_lists_the_registry(capsys):
-    assert datasets.main([]) == 0
+    assert data_command.main([]) == 0
     out = capsys.readouterr().out
     assert "cifar10c_speckle_noise" in out and "zenodo" in out
 
@@ -286,16 +289,16 @@ def test_a_new_dataset_is_one_registry_entry(monkeypatch):
 
 def test_a_domainnet_folder_of_another_release_is_refused_by_its_image_count(tmp_path):
     # the paper's clipart is the cleaned release (the reference's src/vitef/data/images/domainnet.py:98-100)
-    from raystudy import datasets as registry
+    from raystudy.data import datasets
     from raystudy.errors import ConfigError
 
     d = tmp_path / "domainnet" / "clipart" / "apple"
     d.mkdir(parents=True)
     for i in range(2):
         (d / f"{i}.jpg").write_bytes(b"x")
-    registry.check_image_count("domainnet_clipart", tmp_path, 2)
-    registry.check_image_count("domainnet_clipart", tmp_path, 0)  # 0: any
-    registry.check_image_count("domainnet_sketch", tmp_path, 5)  # not there: the trial says so
+    datasets.check_image_count("domainnet_clipart", tmp_path, 2)
+    datasets.check_image_count("domainnet_clipart", tmp_path, 0)  # 0: any
+    datasets.check_image_count("domainnet_sketch", tmp_path, 5)  # not there: the trial says so
     with pytest.raises(ConfigError, match="2 images under .* expected 3 .*groundtruth/clipart.zip"):
-        registry.check_image_count("domainnet_clipart", tmp_path, 3)
-    assert registry.DOMAINNET_CLEANED_CLIPART == 48_129
+        datasets.check_image_count("domainnet_clipart", tmp_path, 3)
+    assert datasets.DOMAINNET_CLEANED_CLIPART == 48_129

@@ -1,12 +1,12 @@
 """driver.optuna_search: a resumed search goes on from the persisted study."""
 
-from raystudy import spaces
 from raystudy.driver import optuna_search
+from raystudy.spaces import searches
 
 
 def test_a_resumed_search_suggests_no_config_twice(tmp_path):
     # Rebuilt with the same seed, a searcher would replay its first suggestions.
-    space = spaces.load_search("optimiser")
+    space = searches.load_search("optimiser")
     base = {**space.base, "model": "vit_demo", "dataset": "digits_c"}
     res = {"gpu": 0.0, "cpu": 1.0, "workers": 1}
     store = optuna_search.optuna_storage(tmp_path)

@@ -1,13 +1,13 @@
 """raystudy.driver.scheduler: the order an adaptive grid starts its trials in."""
 
-from raystudy import spaces
 from raystudy.driver import scheduler
+from raystudy.spaces import grids
 
 
 def test_an_adaptive_grid_starts_its_seeds_one_after_another():
     # decisions on a cell's earlier seeds come before its later seeds start
     trials = [
-        spaces.Trial(
+        grids.Trial(
             f"{c}/{lr}/{s}", {"dataset": "d", "condition": c, "optimizer": "sgd", "lr": lr, "seed": s}, 1.0, 1.0, 1
         )
         for s in (7, 0, 3)

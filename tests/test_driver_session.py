@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from raystudy import tracking
 from raystudy.driver import session
+from raystudy.tracking import tags
 
 
 def test_importing_the_session_loads_no_ray_mlflow_or_torch():
@@ -22,12 +22,12 @@ def test_importing_the_session_loads_no_ray_mlflow_or_torch():
 def test_a_parent_run_ends_finished_with_its_status_or_interrupted(mlflow_uri):
     cl, exp = session.experiment(mlflow_uri, "s")
     with session.parent_run(cl, exp, "g1", "grid-a", {"trials": 2}, "grid") as parent:
-        assert cl.get_run(parent.run_id).data.tags[tracking.STATUS] == "running"
+        assert cl.get_run(parent.run_id).data.tags[tags.STATUS] == "running"
         parent.status = "incomplete"
     run = cl.get_run(parent.run_id)
-    assert run.info.status == "FINISHED" and run.data.tags[tracking.STATUS] == "incomplete"
+    assert run.info.status == "FINISHED" and run.data.tags[tags.STATUS] == "incomplete"
     with pytest.raises(KeyboardInterrupt), session.parent_run(cl, exp, "g1", "grid-a", {"trials": 2}, "grid") as again:
         raise KeyboardInterrupt
     assert again.run_id == parent.run_id  # found by its key, not created twice
     run = cl.get_run(parent.run_id)
-    assert run.info.status == "FINISHED" and run.data.tags[tracking.STATUS] == "interrupted"
+    assert run.info.status == "FINISHED" and run.data.tags[tags.STATUS] == "interrupted"

@@ -3,8 +3,9 @@ import math
 import pytest
 import torch
 
-from raystudy import batches, engine
-from raystudy.config import FinetuneConfig
+from raystudy.data import batches
+from raystudy.train import engine
+from raystudy.train.config import FinetuneConfig
 
 FAST = dict(
     model="vit_demo",
@@ -125,7 +126,7 @@ def test_diverging_run_stops_and_says_so():
 @pytest.mark.slow
 def test_demo_run_clearly_beats_chance(demo_weights):
     """The embedded default: MHA on corrupted digits from the digits-pretrained tiny ViT."""
-    from raystudy.config import load_config
+    from raystudy.train.config import load_config
 
     res = engine.train(load_config("demo"))
     assert res["status"] == "finished"
@@ -135,9 +136,10 @@ def test_demo_run_clearly_beats_chance(demo_weights):
 @pytest.mark.slow
 def test_demo_source_model_solves_source_but_not_target(demo_weights):
     # The shift is real: the pretrained model (with its own head) fails on the corrupted digits.
-    from raystudy import batches, datasets, models
+    from raystudy.data import batches, datasets
+    from raystudy.models import registry
 
-    model = models.create_model("vit_demo", 10, pretrained=False)
+    model = registry.create_model("vit_demo", 10, pretrained=False)
     model.load_state_dict(torch.load(demo_weights, weights_only=True))
     acc = {}
     for name in ("digits", "digits_c"):
@@ -183,13 +185,14 @@ def test_linear_probe_is_the_papers_logistic_regression_on_frozen_pooled_feature
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from raystudy import datasets, models
+    from raystudy.data import datasets
+    from raystudy.models import registry
 
     cfg = FinetuneConfig(condition="linear_probe", seed=3)
     res = engine.train(cfg)
     assert res["status"] == "finished" and res["steps_done"] == 0 and res["trainable_params"] == 10 * 65
 
-    model = models.create_model("vit_demo", 10, weights=demo_weights).eval()
+    model = registry.create_model("vit_demo", 10, weights=demo_weights).eval()
     splits = datasets.build_splits(
         "digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache", augment_train=False
     )
@@ -235,7 +238,7 @@ def test_a_layer_scale_and_register_vit_finetunes_and_probes(tmp_path, monkeypat
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
     assert res["trainable_params/MHA"] == 12 * (384 * 1152 + 1152 + 384 * 384 + 384 + 384)  # with ls1
 
-    from raystudy import plasticity
+    from raystudy.measure import plasticity
 
     model, splits, _ = engine.build(cfg)  # x and y both from the folder: ImageNet val is not here
     df = plasticity.probe_model(
@@ -340,14 +343,15 @@ def test_linear_probe_fits_on_one_augmented_epoch_as_the_papers_code(demo_weight
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from raystudy import batches, datasets, models
+    from raystudy.data import batches, datasets
+    from raystudy.models import registry
 
     cfg = FinetuneConfig(condition="linear_probe", seed=3, batch_size=64, linear_probe_data="augmented")
     res = engine.train(cfg)
     clean = engine.train(FinetuneConfig(condition="linear_probe", seed=3))
     assert res["test_acc"] != clean["test_acc"]
 
-    model = models.create_model("vit_demo", 10, weights=demo_weights).eval()
+    model = registry.create_model("vit_demo", 10, weights=demo_weights).eval()
     splits = datasets.build_splits("digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
     stream = batches.train_stream(splits.train, 64, seed=3, device=torch.device("cpu"))
     epoch = [next(stream) for _ in range(len(splits.train) // 64)]

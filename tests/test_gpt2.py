@@ -8,17 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raystudy import components as C
-from raystudy import datasets, engine, gpt2, models
-from raystudy import plasticity as P
-from raystudy.config import FinetuneConfig, validate
+from raystudy import components as components_command
+from raystudy.data import datasets
 from raystudy.errors import ConfigError
+from raystudy.measure import plasticity
+from raystudy.models import components as C
+from raystudy.models import gpt2, registry
+from raystudy.train import engine
+from raystudy.train.config import FinetuneConfig, validate
 
 
 def tiny(seed=0, num_classes=4):
     """gpt2_tiny in float64, eval mode, every parameter random (HF zero-inits biases)."""
     torch.manual_seed(seed)
-    model = models.create_model("gpt2_tiny", num_classes).double().eval()
+    model = registry.create_model("gpt2_tiny", num_classes).double().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
@@ -39,7 +42,7 @@ def tokens(n, length, seed):
 
 def test_gpt2_sizes_partition_into_exactly_one_component_each():
     with torch.device("meta"):  # the real 124M sizes without allocating them
-        model = models.create_model("gpt2", 100, pretrained=False)
+        model = registry.create_model("gpt2", 100, pretrained=False)
     groups = C.partition(model)
     names = [n for ns in groups.values() for n in ns]
     assert sorted(names) == sorted(n for n, _ in model.named_parameters())
@@ -59,15 +62,15 @@ def test_gpt2_sizes_partition_into_exactly_one_component_each():
 
 def test_a_bare_gpt2_model_partitions_too():
     with torch.device("meta"):
-        body = models.create_model("gpt2_tiny", 2).transformer
+        body = registry.create_model("gpt2_tiny", 2).transformer
     groups = C.partition(body)
     assert groups["EMBED"] == ["wte.weight", "wpe.weight"] and groups["HEAD"] == ["ln_f.weight", "ln_f.bias"]
 
 
 def test_components_cli_prints_gpt2_counts(capsys):
-    assert C.main(["--model", "gpt2_tiny", "--conditions", "MHA,full,lora"]) == 0
+    assert components_command.main(["--model", "gpt2_tiny", "--conditions", "MHA,full,lora"]) == 0
     out = capsys.readouterr().out
-    model = models.create_model("gpt2_tiny", 100)
+    model = registry.create_model("gpt2_tiny", 100)
     total = sum(p.numel() for p in model.parameters())
     assert f"gpt2_tiny: {total:,} parameters" in out
     mha = sum(p.numel() for n, p in model.named_parameters() if ".attn." in n)
@@ -123,7 +126,7 @@ def ref_ratio(f, a, b):
 def test_shared_mode_matches_a_hand_computation_with_causal_attention():
     model = tiny()
     x, y = tokens(6, 12, 1), tokens(6, 12, 2)
-    rows = {(r["layer"], r["component"]): r for r in P.probe(model, [(x[:4], y[:4]), (x[4:], y[4:])])}
+    rows = {(r["layer"], r["component"]): r for r in plasticity.probe(model, [(x[:4], y[:4]), (x[4:], y[4:])])}
     t = model.transformer
     pos = torch.arange(12)
     ex, ey = t.wte.weight[x] + t.wpe.weight[pos], t.wte.weight[y] + t.wpe.weight[pos]
@@ -156,7 +159,7 @@ def test_shared_mode_matches_a_hand_computation_with_causal_attention():
 def test_in_situ_mode_measures_what_enters_each_component_in_the_forward():
     model = tiny()
     x, y = tokens(5, 9, 3), tokens(5, 9, 4)
-    rows = {(r["layer"], r["component"]): r for r in P.probe(model, [(x, y)], mode="in_situ")}
+    rows = {(r["layer"], r["component"]): r for r in plasticity.probe(model, [(x, y)], mode="in_situ")}
     t = model.transformer
     pos = torch.arange(9)
     hx, hy = t.wte.weight[x] + t.wpe.weight[pos], t.wte.weight[y] + t.wpe.weight[pos]
@@ -181,10 +184,10 @@ def test_in_situ_mode_measures_what_enters_each_component_in_the_forward():
 
 
 def test_probe_model_streams_token_datasets():
-    model = models.create_model("gpt2_tiny", 4)
+    model = registry.create_model("gpt2_tiny", 4)
     src = datasets.build_splits("tokens_random", seed=0, img_size=None, mean=(), std=())
     tgt = datasets.build_splits("tokens_rule", seed=0, img_size=None, mean=(), std=())
-    df = P.probe_model(model, src.test, tgt.test, n_pairs=10, batch_size=4, modes="shared")
+    df = plasticity.probe_model(model, src.test, tgt.test, n_pairs=10, batch_size=4, modes="shared")
     assert len(df) == 2 * 5 and (df["n"] == 10).all() and df["mean"].gt(0).all()
 
 
@@ -194,7 +197,7 @@ def test_probe_model_streams_token_datasets():
 def test_tokens_rule_is_a_learnable_rule_and_fits_every_gpt2():
     ids, labels = datasets.rule_tokens()
     assert ids.dtype == torch.int64 and ids.shape == (2000, datasets.TOKEN_LEN)
-    assert 0 <= int(ids.min()) and int(ids.max()) < min(s["vocab_size"] for s in models.GPT2_SIZES.values())
+    assert 0 <= int(ids.min()) and int(ids.max()) < min(s["vocab_size"] for s in registry.GPT2_SIZES.values())
     counts = torch.stack([(ids % 4 == c).sum(1) for c in range(4)], 1)
     assert (counts.argmax(1).numpy() == labels).mean() > 0.95  # the planted class is the majority
     assert np.bincount(labels).min() > 400
@@ -254,7 +257,7 @@ def test_probe_cli_on_a_supplied_token_file(tmp_path, capsys):
     import pandas as pd
 
     df = pd.read_csv(tmp_path / "out" / "plasticity.csv")
-    assert set(df["component"]) == set(P.PROBE_COMPONENTS) and (df["n"] == 8).all()
+    assert set(df["component"]) == set(plasticity.PROBE_COMPONENTS) and (df["n"] == 8).all()
 
 
 @pytest.mark.parametrize(
@@ -303,7 +306,7 @@ def test_a_token_model_and_an_image_dataset_are_refused_before_any_work():
 def test_mha_condition_trains_only_gpt2_attention_and_the_head():
     cfg = FinetuneConfig(**FAST, condition="MHA", probe_pairs=8)
     torch.manual_seed(0)
-    model = models.create_model("gpt2_tiny", 4)
+    model = registry.create_model("gpt2_tiny", 4)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     res = engine.train(cfg, model=model)
     assert res["status"] == "finished" and 0.0 <= res["test_acc"] <= 1.0
@@ -359,7 +362,7 @@ def test_prefetch_knows_gpt2s_hub_repo_and_that_gpt2_tiny_has_no_weights(tmp_pat
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache; main() sets both
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: pytest.fail("--check touched the network"))
+    monkeypatch.setattr(registry, "hub_reachable", lambda *a, **k: pytest.fail("--check touched the network"))
     rc = prefetch.main(["--model", "gpt2_tiny,gpt2", "--check", "--hf-cache", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 1
@@ -368,17 +371,17 @@ def test_prefetch_knows_gpt2s_hub_repo_and_that_gpt2_tiny_has_no_weights(tmp_pat
 
 
 def test_gpt2_without_cache_or_network_names_the_command_that_gets_it(monkeypatch):
-    if models.cached_weights("gpt2") is not None:
+    if registry.cached_weights("gpt2") is not None:
         pytest.skip("gpt2's weights are cached on this machine")
-    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: False)
-    with pytest.raises(models.WeightsUnavailable, match="prefetch --model gpt2"):
-        models.create_model("gpt2", 2)
+    monkeypatch.setattr(registry, "hub_reachable", lambda *a, **k: False)
+    with pytest.raises(registry.WeightsUnavailable, match="prefetch --model gpt2"):
+        registry.create_model("gpt2", 2)
 
 
 def test_a_weights_file_loads_into_the_body_and_the_head_stays_fresh(tmp_path):
     src = tiny(seed=1).float()
     torch.save(src.transformer.state_dict(), tmp_path / "body.pt")  # a bare GPT2Model's names
-    model = models.create_model("gpt2_tiny", 7, weights=tmp_path / "body.pt")
+    model = registry.create_model("gpt2_tiny", 7, weights=tmp_path / "body.pt")
     for n, p in src.transformer.state_dict().items():
         assert torch.equal(model.transformer.state_dict()[n], p), n
     assert model.head.out_features == 7

@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from raystudy import batches, components, datasets, engine, models
-from raystudy.config import FinetuneConfig
+from raystudy.data import batches, datasets
+from raystudy.models import components, registry
+from raystudy.train import engine
+from raystudy.train.config import FinetuneConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -22,7 +24,7 @@ def tiny(condition: str, optimizer: str = "sgd"):
     """A random-init ViT-Ti at 64x64 on the GPU with ``condition`` applied, its optimizer and groups."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    model = models.create_model(MODEL, 10, pretrained=False, img_size=64)
+    model = registry.create_model(MODEL, 10, pretrained=False, img_size=64)
     components.apply_condition(model, condition)
     model.to(dev).train()
     cfg = FinetuneConfig(model=MODEL, pretrained=False, dataset="cifar10", optimizer=optimizer, lr=0.01)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from raystudy import costs
+from raystudy.measure import costs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_acceptance.py"
@@ -155,7 +155,7 @@ def test_the_import_blocker_refuses_exactly_the_absent_packages():
     for name in ("ray", "ray.tune", "mlflow", "mlflow.tracking", "optuna"):
         with pytest.raises(ModuleNotFoundError, match="blocked"):
             b.find_spec(name)
-    for name in ("raystudy", "raystudy.costs", "rayon", "mlflowish", "torch"):
+    for name in ("raystudy", "raystudy.measure.costs", "rayon", "mlflowish", "torch"):
         assert b.find_spec(name) is None
     assert b.attempts == ["ray", "ray.tune", "mlflow", "mlflow.tracking", "optuna"]
 

@@ -1,12 +1,13 @@
 import pytest
 import yaml
 
-from raystudy import grid, spaces
+from raystudy import grid
+from raystudy.spaces import grids, schema
 
 
 def test_paper_grid_for_vit_base_is_the_papers_grid_with_a_linear_probe_that_has_no_lr():
-    space = spaces.load_grid("paper")
-    trials = spaces.expand(space, "vit_base")
+    space = grids.load_grid("paper")
+    trials = grids.expand(space, "vit_base")
     assert len(trials) == 11 * (6 * 4 + 1) * 3 == 825
     assert len({t.config["dataset"] for t in trials}) == 11
     assert len({t.key for t in trials}) == 825
@@ -17,7 +18,7 @@ def test_paper_grid_for_vit_base_is_the_papers_grid_with_a_linear_probe_that_has
     assert {t.config["probe_pairing"] for t in trials} == {"sequential"}
     # the reference probes ViT-B in batches of 64, ViT-L/H in 32 (apps/vit/scripts/analysis.sh)
     assert {t.config["probe_batch_size"] for t in trials} == {64}
-    assert {t.config["probe_batch_size"] for t in spaces.expand(space, "vit_huge", datasets=["pets"])} == {32}
+    assert {t.config["probe_batch_size"] for t in grids.expand(space, "vit_huge", datasets=["pets"])} == {32}
     every = {t.config["dataset"]: t.config["eval_every"] for t in trials}
     assert every["cifar10c_snow"] == 350 and every["flowers102"] == 250 and every["pets"] == 200
     assert every["cifar10"] == every["domainnet_sketch"] == 500
@@ -29,31 +30,31 @@ def test_paper_grid_for_vit_base_is_the_papers_grid_with_a_linear_probe_that_has
 
 
 def test_adamw_ablation_scales_the_lr_grid():
-    space = spaces.load_grid("paper")
-    trials = spaces.expand(space, "vit_base", datasets=["cifar10"], optimizers=["sgd", "adamw"])
+    space = grids.load_grid("paper")
+    trials = grids.expand(space, "vit_base", datasets=["cifar10"], optimizers=["sgd", "adamw"])
     assert len(trials) == 2 * (6 * 4 + 1) * 3  # the linear probe has no lr axis
     lrs = sorted({t.config["lr"] for t in trials if t.config["optimizer"] == "adamw"})
     assert lrs == pytest.approx([1e-5, 3e-5, 1e-4, 3e-4])
 
 
 def test_restrictions_and_overrides():
-    space = spaces.load_grid("demo")
-    trials = spaces.expand(space, None, conditions=["MHA+FC1"], overrides={"steps": 40, "warmup_steps": 4})
+    space = grids.load_grid("demo")
+    trials = grids.expand(space, None, conditions=["MHA+FC1"], overrides={"steps": 40, "warmup_steps": 4})
     assert {t.config["condition"] for t in trials} == {"MHA+FC1"}
     assert {t.config["steps"] for t in trials} == {40}
     assert len(trials) == 16  # 4 datasets x 2 lrs x 2 seeds
 
 
 def test_trial_key_ignores_how_a_trial_runs_but_not_what_it_is():
-    space = spaces.load_grid("demo")
-    a = spaces.expand(space, None)[0]
-    b = spaces.expand(space, None, overrides={"device": "cpu", "num_workers": 2})[0]
-    c = spaces.expand(space, None, overrides={"steps": 301})[0]
+    space = grids.load_grid("demo")
+    a = grids.expand(space, None)[0]
+    b = grids.expand(space, None, overrides={"device": "cpu", "num_workers": 2})[0]
+    c = grids.expand(space, None, overrides={"steps": 301})[0]
     assert a.key == b.key != c.key
 
 
 def _space(tmp_path, **changes):
-    raw = yaml.safe_load(open(spaces.space_path("demo")))
+    raw = yaml.safe_load(open(schema.space_path("demo")))
     raw.update(changes)
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump(raw))
@@ -135,19 +136,19 @@ SMALL = {
 
 def _record(uri, trials, accs):
     """Finished runs of ``trials`` in the store, written as the grid's driver writes them."""
-    from raystudy import tracking
+    from raystudy.tracking import connect, record
 
-    cl = tracking.client(uri)
-    exp = tracking.experiment_id(cl, "raystudy-t-vit_demo", tracking.default_artifact_location(uri))
+    cl = connect.client(uri)
+    exp = connect.experiment_id(cl, "raystudy-t-vit_demo", connect.default_artifact_location(uri))
     for t, acc in zip(trials, accs):
-        run = tracking.open_trial(cl, exp, None, t.key, t.config)
-        tracking.finish_trial(cl, run, {"status": "finished", "final": 1, "best_val_acc": acc, "test_acc": acc})
+        run = record.open_trial(cl, exp, None, t.key, t.config)
+        record.finish_trial(cl, run, {"status": "finished", "final": 1, "best_val_acc": acc, "test_acc": acc})
 
 
 def test_dry_run_counts_what_mlflow_holds_and_a_finished_grid_answers_without_ray(tmp_path, mlflow_uri):
     space_file = tmp_path / "space.yaml"
     space_file.write_text(yaml.safe_dump(SMALL))
-    trials = spaces.expand(spaces.load_grid(str(space_file)), "vit_demo")
+    trials = grids.expand(grids.load_grid(str(space_file)), "vit_demo")
     order = sorted(trials, key=lambda t: (t.config["condition"], t.config["lr"]))  # LN2 0.1, 0.3, MHA 0.1, 0.3
     flags = ["--space", str(space_file), "--tracking-uri", mlflow_uri]
     import subprocess
@@ -226,15 +227,15 @@ def _photos(root, classes=("cat", "dog", "eel"), n=8, start=0):
 def test_a_grid_whose_data_changed_under_its_recorded_runs_says_so_in_one_line_and_refuses(
     tmp_path, mlflow_uri, capsys
 ):
-    from raystudy import tracking
+    from raystudy.tracking import connect, record
 
     photos = _photos(tmp_path / "photos")
     argv = ["--data", f"mine={photos}", "--conditions", "MHA", "--tracking-uri", mlflow_uri, "--experiment", "e"]
     job = grid.prepare(grid.build_parser().parse_args(argv))  # not a dry run: its trials listed
-    cl = tracking.client(mlflow_uri)
-    exp = tracking.experiment_id(cl, "e", tracking.default_artifact_location(mlflow_uri))
+    cl = connect.client(mlflow_uri)
+    exp = connect.experiment_id(cl, "e", connect.default_artifact_location(mlflow_uri))
     for t in job.trials[:2]:  # two runs recorded on the data as it was
-        tracking.finish_trial(cl, tracking.open_trial(cl, exp, None, t.key, t.config), {"test_acc": 0.5})
+        record.finish_trial(cl, record.open_trial(cl, exp, None, t.key, t.config), {"test_acc": 0.5})
     assert grid.main(argv + ["--dry-run"]) == 0  # unchanged: no word of it
     capsys.readouterr()
 

@@ -398,11 +398,11 @@ def test_retried_trial_resumes_from_its_checkpoint_and_logs_each_step_once(work)
 
 
 def _grid_name(space_file, model="vit_demo"):
-    from raystudy import spaces
     from raystudy.driver import lock
+    from raystudy.spaces import grids
 
-    space = spaces.load_grid(str(space_file))
-    return lock.grid_name(spaces.expand(space, model, None, None, None, {}), f"{space.study}-{model}")
+    space = grids.load_grid(str(space_file))
+    return lock.grid_name(grids.expand(space, model, None, None, None, {}), f"{space.study}-{model}")
 
 
 def test_an_unrestorable_tune_state_falls_back_to_a_fresh_run(work):

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raystudy import init, spaces, userdata
+from raystudy import init
+from raystudy.data import userdata
+from raystudy.spaces import grids
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,17 +53,17 @@ def test_the_written_space_loads_dry_runs_and_keeps_the_papers_grid(tmp_path, ca
     assert "adaptive race" in out and "dry run: nothing started" in out
     path = tmp_path / "study" / "space.yaml"
     assert path.read_text().startswith("# Written by: raystudy init")
-    space, paper = spaces.load_grid(str(path)), spaces.load_grid("paper")
+    space, paper = grids.load_grid(str(path)), grids.load_grid("paper")
     assert space.datasets["photos"]["data"] == str(tmp_path / "photos")  # written relative, read absolute
     assert space.grid["lr"] == paper.grid["lr"] and space.grid["seed"] == paper.grid["seed"]
     assert space.grid["condition"] == ["LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe"]
     assert space.optimizers == paper.optimizers
     assert space.base["normalization"] == "checkpoint"  # the demo model is grey: ImageNet's statistics are RGB
-    plan = spaces.plan(space, "vit_demo")
+    plan = grids.plan(space, "vit_demo")
     assert plan["trials"] == 75 and plan["datasets"] == ["photos"]
     # 18 images: a fixed test split of 4, a pool of 14, 11 of them for training per run
-    assert space.base["batch_size"] == 8 and space.datasets["photos"]["steps"] == spaces.MIN_STEPS
-    assert space.datasets["photos"]["eval_every"] == spaces.MIN_STEPS // spaces.EVALUATIONS
+    assert space.base["batch_size"] == 8 and space.datasets["photos"]["steps"] == grids.MIN_STEPS
+    assert space.datasets["photos"]["eval_every"] == grids.MIN_STEPS // grids.EVALUATIONS
 
 
 def test_an_existing_file_is_never_overwritten(tmp_path, capsys):
@@ -75,19 +77,19 @@ def test_an_existing_file_is_never_overwritten(tmp_path, capsys):
 def test_the_protocol_scales_with_the_data():
     big = init.protocol(40_000, demo=False)
     assert big == {"steps": 782, "warmup_steps": 156, "eval_every": 39, "batch_size": 512}  # 10 epochs
-    assert init.protocol(10**8, demo=False)["steps"] == spaces.PAPER_STEPS
+    assert init.protocol(10**8, demo=False)["steps"] == grids.PAPER_STEPS
     small = init.protocol(11, demo=True)
-    assert small["batch_size"] == 8 and small["steps"] == spaces.MIN_STEPS
+    assert small["batch_size"] == 8 and small["steps"] == grids.MIN_STEPS
     assert init.protocol(11, demo=True, steps=4) == {"steps": 4, "warmup_steps": 1, "eval_every": 1, "batch_size": 8}
 
 
 def test_a_paper_model_takes_the_papers_resources_and_normalisation(tmp_path):
     image_folder(tmp_path / "photos", n=40)
     part = userdata.partition(userdata.scan(str(tmp_path / "photos")))
-    assert spaces.training_size(part) == 53  # 82 images: a test split of 16, 13 of the pool for validation
-    doc = init.space_doc("vit_base", "photos", "photos", init.protocol(spaces.training_size(part), demo=False))
+    assert grids.training_size(part) == 53  # 82 images: a test split of 16, 13 of the pool for validation
+    doc = init.space_doc("vit_base", "photos", "photos", init.protocol(grids.training_size(part), demo=False))
     assert doc["base"]["normalization"] == "imagenet" and doc["base"]["batch_size"] == 32
-    assert doc["models"] == {"vit_base": spaces.load_grid("paper").models["vit_base"]}
+    assert doc["models"] == {"vit_base": grids.load_grid("paper").models["vit_base"]}
     assert init.dataset_name("/x/my photos.csv", None) == "my_photos"
     assert init.dataset_name("/x/cifar10", None) == "cifar10_own"
 
@@ -176,10 +178,10 @@ def test_grid_data_adds_your_images_to_a_space_with_the_protocol_scaled(tmp_path
 
     image_folder(tmp_path / "photos")
     monkeypatch.chdir(tmp_path)
-    space = spaces.with_data(spaces.load_grid("paper"), {"photos": "photos"})
+    space = grids.with_data(grids.load_grid("paper"), {"photos": "photos"})
     entry = space.datasets["photos"]
-    assert entry == {"data": str(tmp_path / "photos"), **spaces.scaled_protocol(11, 512)}
-    assert entry["batch_size"] == 8 and entry["steps"] == spaces.MIN_STEPS  # not the paper's 2,000 warmup steps
+    assert entry == {"data": str(tmp_path / "photos"), **grids.scaled_protocol(11, 512)}
+    assert entry["batch_size"] == 8 and entry["steps"] == grids.MIN_STEPS  # not the paper's 2,000 warmup steps
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert (
         grid.main(["--model", "vit_base", "--data", "photos=photos", "--dry-run", "--tracking-uri", "sqlite:///m.db"])

@@ -4,7 +4,7 @@ of the space that drifts from the paper fails here rather than silently in a use
 
 import pytest
 
-from raystudy import spaces
+from raystudy.spaces import grids, schema
 
 REPO = "github.com/ambroiseodt/vit-plasticity@268c240"
 
@@ -46,7 +46,7 @@ PROBE_BATCH_LARGE = 32
 
 @pytest.fixture(scope="module")
 def main_grid():
-    return spaces.expand(spaces.load_grid("paper"), "vit_base")
+    return grids.expand(grids.load_grid("paper"), "vit_base")
 
 
 @pytest.mark.parametrize("key,value,where", COMMON, ids=[c[0] for c in COMMON])
@@ -68,9 +68,9 @@ def test_seeds_lrs_steps_and_evaluation_cadence_are_the_references(main_grid):
 
 
 def test_the_adamw_ablation_and_the_larger_models_are_the_references():
-    space = spaces.load_grid("paper")
-    adamw = spaces.expand(space, "vit_base", datasets=["cifar100"], optimizers=["adamw"])
-    sgd = spaces.expand(space, "vit_base", datasets=["cifar100"], optimizers=["sgd"])
+    space = grids.load_grid("paper")
+    adamw = grids.expand(space, "vit_base", datasets=["cifar100"], optimizers=["adamw"])
+    sgd = grids.expand(space, "vit_base", datasets=["cifar100"], optimizers=["sgd"])
     assert sorted({t.config["lr"] for t in adamw if t.config["condition"] != "linear_probe"}) == pytest.approx(
         [lr * ADAMW["lr_scale"] for lr in LRS[0]]
     )
@@ -78,7 +78,7 @@ def test_the_adamw_ablation_and_the_larger_models_are_the_references():
     assert {t.config["weight_decay"] for t in adamw} == {ADAMW["weight_decay"]}
     assert len(adamw) == len(sgd)
     for model in ("vit_large", "vit_huge"):
-        trials = spaces.expand(space, model, datasets=["domainnet_clipart"])
+        trials = grids.expand(space, model, datasets=["domainnet_clipart"])
         assert {t.config["probe_batch_size"] for t in trials} == {PROBE_BATCH_LARGE}
         # the effective batch stays the reference's 512 (apps/vit/scripts/ablation/model_size.sh:27-29,66-68)
         assert {t.config["batch_size"] for t in trials} == {512}
@@ -111,10 +111,10 @@ def test_a_larger_model_plans_the_papers_model_size_experiment_by_default(capsys
 
 
 def test_the_adamw_ablation_runs_on_its_four_datasets_only(capsys, tmp_path):
-    space = spaces.load_grid("paper")
-    scope = {"adamw": spaces.experiment_datasets(space, "vit_base", "adamw")}
+    space = grids.load_grid("paper")
+    scope = {"adamw": grids.experiment_datasets(space, "vit_base", "adamw")}
     assert scope["adamw"] == ADAMW_DATASETS
-    trials = spaces.expand(space, "vit_base", optimizers=["sgd", "adamw"], scope=scope)
+    trials = grids.expand(space, "vit_base", optimizers=["sgd", "adamw"], scope=scope)
     adamw = [t for t in trials if t.config["optimizer"] == "adamw"]
     assert sorted({t.config["dataset"] for t in adamw}) == sorted(ADAMW_DATASETS)
     assert len(adamw) == 4 * 25 * 3 and len(trials) == 825 + 300
@@ -143,32 +143,32 @@ def test_the_whole_papers_dry_run_prices_each_experiment_and_the_total(capsys, t
 def test_an_experiment_naming_what_the_space_lacks_is_refused(tmp_path):
     import yaml
 
-    raw = yaml.safe_load((spaces.SPACES_DIR / "paper.yaml").read_text())
+    raw = yaml.safe_load((schema.SPACES_DIR / "paper.yaml").read_text())
     raw["experiments"]["adamw"]["datasets"] = ["cifar100", "imagenet21k"]
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump(raw))
     with pytest.raises(Exception, match="experiments.adamw.datasets: imagenet21k not in the file's 'datasets'"):
-        spaces.load_grid(str(f))
+        grids.load_grid(str(f))
 
 
 def test_the_small_batches_the_paper_used_are_in_the_space():
     # speckle noise: batch_size=128, val_batch_size=128, grad_acc_steps=4
     # (apps/vit/scripts/finetuning.sh:267-269); ViT-L val batches 128, ViT-H 64
     # (apps/vit/scripts/ablation/model_size.sh:28,67)
-    space = spaces.load_grid("paper")
-    speckle = spaces.expand(space, "vit_base", datasets=["cifar10c_speckle_noise"])
+    space = grids.load_grid("paper")
+    speckle = grids.expand(space, "vit_base", datasets=["cifar10c_speckle_noise"])
     assert {(t.config["batch_size"] // t.config["grad_accum"], t.config["grad_accum"]) for t in speckle} == {(128, 4)}
     assert {t.config["eval_batch_size"] for t in speckle} == {128}
     for model, val in (("vit_large", 128), ("vit_huge", 64)):
-        trials = spaces.expand(space, model, datasets=["domainnet_clipart"])
+        trials = grids.expand(space, model, datasets=["domainnet_clipart"])
         assert {t.config["eval_batch_size"] for t in trials} == {val}, f"{model}: {REPO}"
 
 
 def test_clipart_is_the_cleaned_release_by_its_image_count():
     # the reference downloads clipart from groundtruth/ (src/vitef/data/images/domainnet.py:98-100)
-    from raystudy import datasets
+    from raystudy.data import datasets
 
-    trials = spaces.expand(spaces.load_grid("paper"), "vit_base", datasets=["domainnet_clipart", "domainnet_sketch"])
+    trials = grids.expand(grids.load_grid("paper"), "vit_base", datasets=["domainnet_clipart", "domainnet_sketch"])
     by = {
         d: {t.config["expect_images"] for t in trials if t.config["dataset"] == d}
         for d in ("domainnet_clipart", "domainnet_sketch")

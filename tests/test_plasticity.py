@@ -12,15 +12,15 @@ from scipy import stats
 from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer
 
-from analysis import stats as astats
-from raystudy import plasticity as P
+from analysis.stats import pooling
+from raystudy.measure import plasticity
 
 PROPERTY = settings(max_examples=40, deadline=None)
 
 
 def pair_ratios(fx, fy, x, y):
     """The definition, per sample: ||f(x) - f(y)||_F / ||x - y||_F (NaN where x = y)."""
-    return P.ratios(P.pair_norms(fx, fy), P.pair_norms(x, y))
+    return plasticity.ratios(plasticity.pair_norms(fx, fy), plasticity.pair_norms(x, y))
 
 
 COMPS = ("LN1", "MHA", "LN2", "FC1", "FC2")
@@ -60,7 +60,7 @@ def by_key(rows):
 
 def shown(rows):
     """The probe's rows as the analysis shows them: with the 95% t interval of each mean."""
-    return astats.t_interval(pd.DataFrame(rows)).to_dict("records")
+    return pooling.t_interval(pd.DataFrame(rows)).to_dict("records")
 
 
 # ---------------------------------------------------------------- independent references
@@ -201,7 +201,7 @@ def test_identical_pairs_have_no_ratio_and_are_not_counted():
     y[1] += 1.0
     r = pair_ratios(2 * x, 2 * y, x, y)
     assert torch.isnan(r[0]) and torch.isnan(r[2]) and r[1].item() == pytest.approx(2.0)
-    s = P.RunningStats()
+    s = plasticity.RunningStats()
     s.update(r)
     assert s.result()["n"] == 1 and s.result()["mean"] == pytest.approx(2.0)
 
@@ -220,8 +220,8 @@ def test_probe_of_a_scaling_component_is_abs_c_in_both_modes(c):
     vit = tiny_vit()
     for blk in vit.blocks:
         blk.norm1, blk.attn = Scale(c), Scale(-2 * c)
-    rows = by_key(P.probe(vit, batches(images(12, 1), images(12, 2, 0.5), 5), mode="both"))
-    for mode in P.MODES:
+    rows = by_key(plasticity.probe(vit, batches(images(12, 1), images(12, 2, 0.5), 5), mode="both"))
+    for mode in plasticity.MODES:
         for layer in range(2):
             ln1, mha = rows[(mode, layer, "LN1")], rows[(mode, layer, "MHA")]
             assert ln1["mean"] == pytest.approx(abs(c), rel=1e-12)
@@ -256,7 +256,7 @@ def test_linear_plasticity_lies_between_extreme_singular_values(fan_in, fan_out,
     with torch.no_grad():
         r = pair_ratios(lin(x), lin(y), x, y)
     sv = torch.linalg.svdvals(lin.weight)
-    bound = P.linear_bound(lin)
+    bound = plasticity.linear_bound(lin)
     assert bound == pytest.approx(torch.linalg.matrix_norm(lin.weight, ord=2).item(), rel=1e-10)
     assert (r <= bound * (1 + 1e-9)).all()
     if aligned:
@@ -291,7 +291,7 @@ def test_layernorm_plasticity_never_exceeds_its_bound(d, n, b, scale, offset, ep
     }[kind]()
     with torch.no_grad():
         r = pair_ratios(ln(x), ln(y), x, y)
-    bound = P.layernorm_bound(ln, torch.cat([x, y]))
+    bound = plasticity.layernorm_bound(ln, torch.cat([x, y]))
     sigma = torch.sqrt(torch.cat([x, y]).var(-1, unbiased=False) + eps).min().item()
     assert bound == pytest.approx(ln.weight.abs().max().item() / sigma, rel=1e-9)
     ok = r[~torch.isnan(r)]
@@ -316,7 +316,7 @@ def test_mha_bound_slices_heads_from_nn_linear_layout():
             * torch.linalg.matrix_norm(wv, ord=2).item()
             * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2)
         )
-    assert P.mha_bound(attn, n, r) == pytest.approx(want, rel=1e-10)
+    assert plasticity.mha_bound(attn, n, r) == pytest.approx(want, rel=1e-10)
 
 
 @PROPERTY
@@ -331,11 +331,11 @@ def test_mha_plasticity_never_exceeds_its_bound(n, b, scale, seed):
         r = pair_ratios(attn(x), attn(y), x, y)
     xy = torch.cat([x, y])
     rms = xy.norm(dim=-1).square().mean().sqrt().item()
-    assert (r <= P.mha_bound(attn, n, rms)).all()
+    assert (r <= plasticity.mha_bound(attn, n, rms)).all()
 
 
 def test_spectral_norm_of_lora_adapted_linear_includes_the_adapter():
-    from raystudy import components
+    from raystudy.models import components
 
     vit = tiny_vit().float()
     components.add_lora(vit, rank=2, alpha=4)
@@ -343,9 +343,9 @@ def test_spectral_norm_of_lora_adapted_linear_includes_the_adapter():
     with torch.no_grad():
         qkv.lora_B["default"].weight.normal_()
     merged = qkv.base_layer.weight + qkv.get_delta_weight("default")
-    assert torch.allclose(P.effective_weight(qkv), merged)
-    assert not torch.allclose(P.effective_weight(qkv), qkv.base_layer.weight)
-    assert P.mha_bound(vit.blocks[0].attn, 17, 1.0) > 0
+    assert torch.allclose(plasticity.effective_weight(qkv), merged)
+    assert not torch.allclose(plasticity.effective_weight(qkv), qkv.base_layer.weight)
+    assert plasticity.mha_bound(vit.blocks[0].attn, 17, 1.0) > 0
 
 
 # ---------------------------------------------------------------- statistics
@@ -355,7 +355,7 @@ def test_running_stats_match_numpy_over_chunks_with_nans():
     rng = np.random.default_rng(0)
     values = rng.gamma(2.0, 1.5, size=103)
     chunks = np.split(values, [1, 2, 40, 41, 41, 90])  # sizes 1, 1, 38, 1, 0, 49, 13
-    s = P.RunningStats()
+    s = plasticity.RunningStats()
     for ch in chunks:
         s.update(torch.tensor(np.concatenate([ch, [np.nan]])))
     s.update(torch.full((3,), float("nan")))
@@ -367,7 +367,7 @@ def test_running_stats_match_numpy_over_chunks_with_nans():
 
 
 def test_running_stats_of_one_or_no_value():
-    s = P.RunningStats()
+    s = plasticity.RunningStats()
     assert s.result()["n"] == 0 and math.isnan(s.result()["mean"])
     s.update(torch.tensor([4.0]))
     r = s.result()
@@ -387,7 +387,7 @@ def test_probe_equals_independent_computation_in_both_modes(kw):
     with torch.no_grad():  # the hand-written forward is the model's own forward
         assert torch.allclose(features, vit.forward_features(x), rtol=1e-10, atol=1e-10)
     ref.update(ref_shared(vit, x, y))
-    rows = P.probe(vit, batches(x, y, 4), mode="both")
+    rows = plasticity.probe(vit, batches(x, y, 4), mode="both")
     assert len(rows) == 2 * 2 * 5
     assert_rows_match(rows, ref)
 
@@ -395,15 +395,19 @@ def test_probe_equals_independent_computation_in_both_modes(kw):
 def test_bounds_hold_for_every_layer_and_mode_and_depend_on_the_mode():
     vit = tiny_vit(init_values=1e-5, reg_tokens=2)
     x, y = images(16, 3), images(16, 4, shift=-0.5)
-    rows = P.probe(vit, batches(x, y, 8), mode="both")
+    rows = plasticity.probe(vit, batches(x, y, 8), mode="both")
     for r in rows:
         assert r["mean"] <= r["bound"], r
     k = by_key(rows)
     # shared: MHA sees E(x) of n = 16 patches + cls + 2 reg tokens, whose RMS norm sets r
     e = ref_embed(vit, torch.cat([x, y]))
     rms = e.norm(dim=-1).square().mean().sqrt().item()
-    assert k[("shared", 1, "MHA")]["bound"] == pytest.approx(P.mha_bound(vit.blocks[1].attn, 19, rms), rel=1e-9)
-    assert k[("shared", 0, "LN2")]["bound"] == pytest.approx(P.layernorm_bound(vit.blocks[0].norm2, e), rel=1e-9)
+    assert k[("shared", 1, "MHA")]["bound"] == pytest.approx(
+        plasticity.mha_bound(vit.blocks[1].attn, 19, rms), rel=1e-9
+    )
+    assert k[("shared", 0, "LN2")]["bound"] == pytest.approx(
+        plasticity.layernorm_bound(vit.blocks[0].norm2, e), rel=1e-9
+    )
     assert k[("in_situ", 0, "LN1")]["bound"] == k[("shared", 0, "LN1")]["bound"]  # both see E
     assert k[("in_situ", 1, "LN1")]["bound"] != k[("shared", 1, "LN1")]["bound"]
     assert k[("in_situ", 0, "FC2")]["bound"] == k[("shared", 0, "FC2")]["bound"]  # weights only
@@ -412,8 +416,8 @@ def test_bounds_hold_for_every_layer_and_mode_and_depend_on_the_mode():
 def test_streaming_in_batches_equals_one_big_batch():
     vit = tiny_vit()
     x, y = images(13, 5), images(13, 6, shift=0.3)
-    one = by_key(shown(P.probe(vit, [(x, y)], mode="both")))
-    streamed = by_key(shown(P.probe(vit, batches(x, y, 3), mode="both")))  # 3, 3, 3, 3, 1
+    one = by_key(shown(plasticity.probe(vit, [(x, y)], mode="both")))
+    streamed = by_key(shown(plasticity.probe(vit, batches(x, y, 3), mode="both")))  # 3, 3, 3, 3, 1
     assert one.keys() == streamed.keys()
     for key in one:
         for k in ("mean", "std", "n", "ci_low", "ci_high", "bound"):
@@ -423,10 +427,10 @@ def test_streaming_in_batches_equals_one_big_batch():
 def test_modes_together_equal_modes_apart_and_components_subset():
     vit = tiny_vit()
     pairs = batches(images(8, 1), images(8, 2), 4)
-    both = by_key(P.probe(vit, pairs, mode="both"))
-    apart = by_key(P.probe(vit, pairs, mode="shared") + P.probe(vit, pairs, mode="in_situ"))
+    both = by_key(plasticity.probe(vit, pairs, mode="both"))
+    apart = by_key(plasticity.probe(vit, pairs, mode="shared") + plasticity.probe(vit, pairs, mode="in_situ"))
     assert both == apart
-    sub = P.probe(vit, pairs, mode="in_situ", components="fc1, MHA")
+    sub = plasticity.probe(vit, pairs, mode="in_situ", components="fc1, MHA")
     assert [(r["layer"], r["component"]) for r in sub] == [(0, "MHA"), (0, "FC1"), (1, "MHA"), (1, "FC1")]
     assert sub[1] == both[("in_situ", 0, "FC1")]
 
@@ -436,7 +440,7 @@ def test_each_mode_is_one_pass_over_2b_images_and_leaves_no_trace():
     calls = []
     vit.patch_embed.register_forward_hook(lambda m, a, o: calls.append(("embed", a[0].shape[0])))
     vit.blocks[1].mlp.fc1.register_forward_hook(lambda m, a, o: calls.append(("fc1", a[0].shape[0])))
-    P.probe(vit, batches(images(10, 1), images(10, 2), 5), mode="both")
+    plasticity.probe(vit, batches(images(10, 1), images(10, 2), 5), mode="both")
     # per batch: shared embeds once and runs each component once; in_situ is one forward
     assert calls == [("embed", 10), ("fc1", 10)] * 4
     assert vit.training  # the training flag is restored
@@ -450,17 +454,17 @@ def test_each_mode_is_one_pass_over_2b_images_and_leaves_no_trace():
 def test_bad_input_is_refused_with_a_clear_error():
     vit = tiny_vit()
     pairs = batches(images(4, 1), images(4, 2), 4)
-    with pytest.raises(P.ProbeError, match="unknown mode 'exact'.*shared, in_situ"):
-        P.probe(vit, pairs, mode="exact")
-    with pytest.raises(P.ProbeError, match="unknown component 'LN3'.*LN1, MHA, LN2, FC1, FC2"):
-        P.probe(vit, pairs, components=("LN1", "LN3"))
-    with pytest.raises(P.ProbeError, match="timm VisionTransformer, got Linear"):
-        P.probe(nn.Linear(3, 3), pairs)
-    with pytest.raises(P.ProbeError, match="no pairs"):
-        P.probe(vit, [])
-    with pytest.raises(P.ProbeError, match="differ in shape"):
-        P.probe(vit, [(images(4, 1), images(3, 2))])
-    assert issubclass(P.ProbeError, ValueError)
+    with pytest.raises(plasticity.ProbeError, match="unknown mode 'exact'.*shared, in_situ"):
+        plasticity.probe(vit, pairs, mode="exact")
+    with pytest.raises(plasticity.ProbeError, match="unknown component 'LN3'.*LN1, MHA, LN2, FC1, FC2"):
+        plasticity.probe(vit, pairs, components=("LN1", "LN3"))
+    with pytest.raises(plasticity.ProbeError, match="timm VisionTransformer, got Linear"):
+        plasticity.probe(nn.Linear(3, 3), pairs)
+    with pytest.raises(plasticity.ProbeError, match="no pairs"):
+        plasticity.probe(vit, [])
+    with pytest.raises(plasticity.ProbeError, match="differ in shape"):
+        plasticity.probe(vit, [(images(4, 1), images(3, 2))])
+    assert issubclass(plasticity.ProbeError, ValueError)
 
 
 class Images(torch.utils.data.Dataset):
@@ -476,38 +480,39 @@ class Images(torch.utils.data.Dataset):
 
 def test_pairs_from_datasets_streams_seeded_batches():
     src, tgt = Images(7, (1, 4, 4)), Images(5, (1, 4, 4), offset=100.0)
-    got = list(P.pairs_from_datasets(src, tgt, n_pairs=12, batch_size=5, seed=3))
+    got = list(plasticity.pairs_from_datasets(src, tgt, n_pairs=12, batch_size=5, seed=3))
     assert [len(x) for x, _ in got] == [5, 5, 2] and all(x.shape == y.shape for x, y in got)
     xs = torch.cat([x for x, _ in got])[:, 0, 0, 0].long().tolist()
     ys = (torch.cat([y for _, y in got])[:, 0, 0, 0] - 100).long().tolist()
     assert sorted(xs[:7]) == list(range(7)) and sorted(ys[:5]) == list(range(5))  # no repeat too early
-    again = list(P.pairs_from_datasets(src, tgt, n_pairs=12, batch_size=5, seed=3))
+    again = list(plasticity.pairs_from_datasets(src, tgt, n_pairs=12, batch_size=5, seed=3))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, again))
-    other = torch.cat([x for x, _ in P.pairs_from_datasets(src, tgt, 12, 5, seed=4)])
+    other = torch.cat([x for x, _ in plasticity.pairs_from_datasets(src, tgt, 12, 5, seed=4)])
     assert not torch.equal(other, torch.cat([x for x, _ in got]))
 
 
 def test_sequential_pairs_are_the_first_n_images_of_each_split_in_order():
     src, tgt = Images(9, (1, 4, 4)), Images(6, (1, 4, 4), offset=100.0)
     for seed in (0, 7):  # no seed enters a sequential pairing
-        got = list(P.pairs_from_datasets(src, tgt, n_pairs=5, batch_size=2, seed=seed, pairing="sequential"))
+        got = list(plasticity.pairs_from_datasets(src, tgt, n_pairs=5, batch_size=2, seed=seed, pairing="sequential"))
         xs = torch.cat([x for x, _ in got])[:, 0, 0, 0].long().tolist()
         ys = (torch.cat([y for _, y in got])[:, 0, 0, 0] - 100).long().tolist()
         assert xs == ys == [0, 1, 2, 3, 4]
     with pytest.raises(
-        P.ProbeError, match="whole batches of 7 images .* the target split holds 6; use a probe batch size of at most 6"
+        plasticity.ProbeError,
+        match="whole batches of 7 images .* the target split holds 6; use a probe batch size of at most 6",
     ):
-        P.pairs_from_datasets(src, tgt, n_pairs=7, batch_size=7, pairing="sequential")
-    with pytest.raises(P.ProbeError, match="unknown pairing 'shuffled'"):
-        P.pairs_from_datasets(src, tgt, n_pairs=2, batch_size=2, pairing="shuffled")
+        plasticity.pairs_from_datasets(src, tgt, n_pairs=7, batch_size=7, pairing="sequential")
+    with pytest.raises(plasticity.ProbeError, match="unknown pairing 'shuffled'"):
+        plasticity.pairs_from_datasets(src, tgt, n_pairs=2, batch_size=2, pairing="shuffled")
 
 
 def test_pairs_from_datasets_refuses_bad_input_before_loading():
     src = Images(4, (1, 4, 4))
     with pytest.raises(ValueError, match=r"image sizes differ: source \(1, 4, 4\) vs target \(3, 4, 4\)"):
-        P.pairs_from_datasets(src, Images(4, (3, 4, 4)), 8, 4)
+        plasticity.pairs_from_datasets(src, Images(4, (3, 4, 4)), 8, 4)
     with pytest.raises(ValueError, match="pairs must be >= 1, got 0"):
-        P.pairs_from_datasets(src, src, 0, 4)
+        plasticity.pairs_from_datasets(src, src, 0, 4)
 
 
 # ---------------------------------------------------------------- timm's ViT family
@@ -533,7 +538,7 @@ def test_probe_runs_on_timm_vits_and_stays_under_the_bounds(name, kw):
     model = timm.create_model(name, pretrained=False, num_classes=0, **kw)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, 3, kw["img_size"], kw["img_size"], generator=g)
-    rows = P.probe(model, batches(x[:3], x[3:], 2), mode="both")
+    rows = plasticity.probe(model, batches(x[:3], x[3:], 2), mode="both")
     assert len(rows) == 2 * kw["depth"] * 5
     for r in rows:
         assert r["n"] == 3 and math.isfinite(r["mean"]) and math.isfinite(r["bound"]), r
@@ -543,12 +548,12 @@ def test_probe_runs_on_timm_vits_and_stays_under_the_bounds(name, kw):
 def test_the_interval_shown_is_the_t_interval_of_n_mean_and_std():
     # the probe's table, as the report, the figures and the probe command line show it; the
     # interval computed here from each row's n, mean and std alone
-    rows = P.probe(tiny_vit(), batches(images(9, 1), images(9, 2, shift=0.7), 4), mode="both")
-    table = P.to_frame(
+    rows = plasticity.probe(tiny_vit(), batches(images(9, 1), images(9, 2, shift=0.7), 4), mode="both")
+    table = plasticity.to_frame(
         rows + [dict(rows[0], layer=7, n=1, std=math.nan), dict(rows[0], layer=8, n=0)], model="m", dataset="d"
     )
-    got = astats.t_interval(table)
-    cols = list(P.COLUMNS)
+    got = pooling.t_interval(table)
+    cols = list(plasticity.COLUMNS)
     assert list(got.columns) == cols[: cols.index("n") + 1] + ["ci_low", "ci_high"] + cols[cols.index("n") + 1 :]
     for r in got.itertuples():
         if r.n < 2:
@@ -558,9 +563,9 @@ def test_the_interval_shown_is_the_t_interval_of_n_mean_and_std():
         assert (r.ci_low, r.ci_high) == pytest.approx((r.mean - half, r.mean + half), rel=1e-12), r
     big = pd.DataFrame({"n": [12800, 10**6], "mean": [2.0, 2.0], "std": [1.0, 1.0]})
     want = [2.0 + stats.t.ppf(0.975, n - 1) / math.sqrt(n) for n in (12800, 10**6)]
-    assert astats.t_interval(big)["ci_high"].tolist() == pytest.approx(want, rel=1e-12)
+    assert pooling.t_interval(big)["ci_high"].tolist() == pytest.approx(want, rel=1e-12)
     ninety = 2.0 + stats.t.ppf(0.95, 12799) / math.sqrt(12800)
-    assert astats.t_interval(big, level=0.9)["ci_high"][0] == pytest.approx(ninety, rel=1e-12)
+    assert pooling.t_interval(big, level=0.9)["ci_high"][0] == pytest.approx(ninety, rel=1e-12)
 
 
 def test_the_probe_runs_without_scipy(monkeypatch):
@@ -577,7 +582,7 @@ def test_the_probe_runs_without_scipy(monkeypatch):
     for m in [m for m in sys.modules if m.split(".")[0] == "scipy"]:
         monkeypatch.delitem(sys.modules, m)
     monkeypatch.setattr(sys, "meta_path", [NoScipy(), *sys.meta_path])
-    rows = P.probe(tiny_vit(), batches(images(10, 1), images(10, 2, shift=0.7), 4), mode="both")
+    rows = plasticity.probe(tiny_vit(), batches(images(10, 1), images(10, 2, shift=0.7), 4), mode="both")
     assert len(rows) == 2 * 2 * 5 and all(r["n"] == 10 and r["std"] > 0 for r in rows)
     monkeypatch.undo()
     assert all(r["ci_low"] < r["mean"] < r["ci_high"] for r in shown(rows))
@@ -607,7 +612,9 @@ def _reference_pairs(n_source, n_target, batch_size, n_steps):
 def test_sequential_pairs_cycle_as_the_papers_loaders(n_source, n_target, batch_size, n_steps):
     src, tgt = Images(n_source, (1, 4, 4)), Images(n_target, (1, 4, 4), offset=100.0)
     got = list(
-        P.pairs_from_datasets(src, tgt, n_pairs=n_steps * batch_size, batch_size=batch_size, pairing="sequential")
+        plasticity.pairs_from_datasets(
+            src, tgt, n_pairs=n_steps * batch_size, batch_size=batch_size, pairing="sequential"
+        )
     )
     xs = torch.cat([x for x, _ in got])[:, 0, 0, 0].long().tolist()
     ys = (torch.cat([y for _, y in got])[:, 0, 0, 0] - 100).long().tolist()
@@ -618,13 +625,15 @@ def test_sequential_pairs_cycle_as_the_papers_loaders(n_source, n_target, batch_
 def test_the_papers_12800_sequential_pairs_run_on_a_split_smaller_than_the_pair_count():
     # The paper's ViT-B probe: 200 batches of 64 sequential pairs; the demo's test split holds 359
     # images (5 whole batches), so it is read 40 times over, as the reference's cycled loader reads it.
-    from raystudy import datasets
+    from raystudy.data import datasets
 
     kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
     source, target = datasets.build_splits("digits", **kw).test, datasets.build_splits("digits_c", **kw).test
     assert len(target) < 12_800
     model = tiny_vit().float()
-    df = P.probe_model(model, source, target, n_pairs=12_800, batch_size=64, modes="shared", pairing="sequential")
+    df = plasticity.probe_model(
+        model, source, target, n_pairs=12_800, batch_size=64, modes="shared", pairing="sequential"
+    )
     assert set(df["n"]) == {12_800} and df["mean"].notna().all()
     assert set(df["pairing"]) == {"sequential"}
 
@@ -660,8 +669,8 @@ def test_paper_bounds_are_the_references_formulas_on_a_random_init_vit():
     with torch.no_grad():  # a γ with negative entries: the reference's max is signed
         vit.blocks[0].norm1.weight.mul_(-1)
     x, y = images(8, 3), images(8, 4, shift=-0.5)
-    paper = by_key(P.probe(vit, batches(x, y, 4), mode="both", bounds="paper"))
-    ours = by_key(P.probe(vit, batches(x, y, 4), mode="both"))
+    paper = by_key(plasticity.probe(vit, batches(x, y, 4), mode="both", bounds="paper"))
+    ours = by_key(plasticity.probe(vit, batches(x, y, 4), mode="both"))
     n = vit.patch_embed.num_patches + vit.num_prefix_tokens
     ref = _reference_bounds(vit, n)
     for (mode, i, c), row in paper.items():
@@ -669,5 +678,5 @@ def test_paper_bounds_are_the_references_formulas_on_a_random_init_vit():
         assert row["mean"] == ours[(mode, i, c)]["mean"]  # the measurement is the same either way
     assert paper[("shared", 0, "MHA")]["bound"] != pytest.approx(ours[("shared", 0, "MHA")]["bound"], rel=1e-3)
     assert paper[("shared", 0, "LN1")]["bound"] != pytest.approx(ours[("shared", 0, "LN1")]["bound"], rel=1e-3)
-    with pytest.raises(P.ProbeError, match="unknown bounds"):
-        P.probe(vit, batches(x, y, 4), bounds="reference")
+    with pytest.raises(plasticity.ProbeError, match="unknown bounds"):
+        plasticity.probe(vit, batches(x, y, 4), bounds="reference")

@@ -7,7 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from raystudy import datasets, models, prefetch
+from raystudy import prefetch
+from raystudy.data import datasets
+from raystudy.models import registry
 
 TINY = "vit_tiny_patch16_224.augreg_in21k"  # a small timm ViT whose hub cache entry a test can build
 
@@ -17,7 +19,7 @@ def hub_cache_entry(cache, full, fname="model.safetensors"):
     import timm
     from safetensors.torch import save_file
 
-    repo_dir = cache / ("models--" + models.hf_hub_id(full).replace("/", "--"))
+    repo_dir = cache / ("models--" + registry.hf_hub_id(full).replace("/", "--"))
     snap = repo_dir / "snapshots" / "abc123"
     snap.mkdir(parents=True)
     (repo_dir / "refs").mkdir()
@@ -50,7 +52,7 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(models, "hub_reachable", refuse)
+    monkeypatch.setattr(registry, "hub_reachable", refuse)
 
 
 @pytest.fixture()
@@ -131,7 +133,7 @@ def test_missing_weights_are_downloaded_safetensors_first(tmp_path, hf_cache, mo
             raise EntryNotFoundError("no safetensors in this repo")
         return str(tmp_path / fname)
 
-    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: True)
+    monkeypatch.setattr(registry, "hub_reachable", lambda *a, **k: True)
     monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_download)
     assert prefetch.main(["--model", "vit_large"]) == 0
     assert calls == [
@@ -152,14 +154,14 @@ def test_missing_torchvision_dataset_is_downloaded_only_after_the_disk_check(tmp
         return datasets.Source(datasets.Pool([], np.zeros(5)), datasets.Pool([], np.zeros(2)))
 
     monkeypatch.setitem(datasets.DATASETS, "cifar100", dataclasses.replace(real, load=fake_load))
-    monkeypatch.setattr(models, "hub_reachable", lambda host, *a, **k: host == "www.cs.toronto.edu")
+    monkeypatch.setattr(registry, "hub_reachable", lambda host, *a, **k: host == "www.cs.toronto.edu")
     assert prefetch.main(["--datasets", "cifar100", "--data-root", str(tmp_path)]) == 0
     assert seen == [False, True]
     assert capsys.readouterr().out.startswith("fetched cifar100: 7 images")
 
 
 def test_check_reports_and_never_downloads(tmp_path, hf_cache, monkeypatch, capsys):
-    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: pytest.fail("--check touched the network"))
+    monkeypatch.setattr(registry, "hub_reachable", lambda *a, **k: pytest.fail("--check touched the network"))
     rc = prefetch.main(["--model", "vit_base,vit_demo", "--datasets", "study", "--check", "--data-root", str(tmp_path)])
     out = capsys.readouterr().out.splitlines()
     assert rc == 1 and len(out) == 13

@@ -5,16 +5,17 @@ import re
 
 import pytest
 
-from raystudy import models, pretrain
+from raystudy.models import registry
+from raystudy.train import pretrain
 
 
 @pytest.fixture()
 def tiny(tmp_path, monkeypatch):
     """A local model like vit_demo whose recipe pretrains in a few steps, cached under tmp_path."""
     monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path))
-    spec = models.LOCAL_MODELS["vit_demo"]
+    spec = registry.LOCAL_MODELS["vit_demo"]
     recipe = {**spec.pretrain, "steps": 4, "warmup_steps": 1, "eval_every": 2, "log_every": 2}
-    monkeypatch.setitem(models.LOCAL_MODELS, "vit_tiny_test", dataclasses.replace(spec, pretrain=recipe))
+    monkeypatch.setitem(registry.LOCAL_MODELS, "vit_tiny_test", dataclasses.replace(spec, pretrain=recipe))
     return "vit_tiny_test"
 
 
@@ -25,15 +26,15 @@ def test_truncated_or_zeroed_weights_are_named_then_rebuilt(tiny):
     assert logs[0].startswith("first use: pretraining") and str(path) in logs[0], logs
     assert re.match(r"pretrained \S+ in \d+ s: source test accuracy \d\.\d{3}$", logs[-1]), logs
     good = path.read_bytes()
-    models.create_model(tiny, 10)  # as built: loads
+    registry.create_model(tiny, 10)  # as built: loads
     for bad, why in ((good[: len(good) // 2], "bytes"), (b"\0" * len(good), "checksum")):
         path.write_bytes(bad)
-        with pytest.raises(models.WeightsUnavailable) as e:
-            models.create_model(tiny, 10)  # what a trial does: never a silent load
+        with pytest.raises(registry.WeightsUnavailable) as e:
+            registry.create_model(tiny, 10)  # what a trial does: never a silent load
         msg = str(e.value)
         assert str(path) in msg and why in msg and "\n" not in msg, msg
         logs.clear()
         assert pretrain.ensure_weights(tiny, log=logs.append) == path  # what every CLI does first
         assert any("rebuilding" in line and str(path) in line for line in logs), logs
-        models.create_model(tiny, 10)
+        registry.create_model(tiny, 10)
     assert pretrain.ensure_weights(tiny, log=logs.append) == path

@@ -7,7 +7,9 @@ import pytest
 import torch
 from scipy import stats
 
-from raystudy import datasets, plasticity, probe
+from raystudy import probe
+from raystudy.data import datasets
+from raystudy.measure import plasticity
 
 
 def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp_path, capsys):
@@ -42,9 +44,9 @@ def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp
 
 
 def test_probe_model_library_entry_on_a_built_model(demo_weights):
-    from raystudy import models
+    from raystudy.models import registry
 
-    model = models.create_model("vit_demo", 10, weights=demo_weights)
+    model = registry.create_model("vit_demo", 10, weights=demo_weights)
     kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,))
     src, tgt = datasets.build_splits("digits", **kw), datasets.build_splits("digits_c", **kw)
     df = plasticity.probe_model(
@@ -172,16 +174,17 @@ def test_table_aggregate_ranking_and_files(tmp_path):
 
 
 def test_the_probe_normalises_images_as_the_grid_does():
-    from raystudy import models, probe
+    from raystudy import probe
+    from raystudy.models import registry
 
     plan = probe.check_args(probe.build_parser().parse_args(["--model", "vit_demo"]))
-    assert (tuple(plan["ic"]["mean"]), tuple(plan["ic"]["std"])) == models.normalization("vit_demo", "checkpoint")
+    assert (tuple(plan["ic"]["mean"]), tuple(plan["ic"]["std"])) == registry.normalization("vit_demo", "checkpoint")
     rgb = "vit_tiny_patch16_224"  # any RGB timm ViT: its checkpoint's mean/std, or ImageNet's on request
     for kind in ("checkpoint", "imagenet"):
         args = probe.build_parser().parse_args(["--model", rgb, "--normalization", kind])
         plan = probe.check_args(args)
-        assert (tuple(plan["ic"]["mean"]), tuple(plan["ic"]["std"])) == models.normalization(rgb, kind)
-    assert models.normalization(rgb, "imagenet") == (models.IMAGENET_MEAN, models.IMAGENET_STD)
+        assert (tuple(plan["ic"]["mean"]), tuple(plan["ic"]["std"])) == registry.normalization(rgb, kind)
+    assert registry.normalization(rgb, "imagenet") == (registry.IMAGENET_MEAN, registry.IMAGENET_STD)
     r = subprocess.run(
         [sys.executable, "-m", "raystudy.probe", "--model", "vit_demo", "--normalization", "imagenet"],
         capture_output=True,

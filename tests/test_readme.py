@@ -10,19 +10,24 @@ README = ROOT / "README.md"
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def module_name(cell: str) -> str:
-    """The dotted module a README name stands for: packages and ``analysis.*`` as written, the
-    rest under ``raystudy.`` (``errors`` -> ``raystudy.errors``, ``driver.tune`` -> ``raystudy.driver.tune``)."""
-    if cell in test_imports.PACKAGES or cell.split(".")[0] in test_imports.PACKAGES:
-        return cell
-    return f"raystudy.{cell}"
-
-
-def layout_table(text: str) -> list[set[str]]:
-    """The modules column of the table under ``## Layout``, one set of dotted names per row."""
+def layout_tree(text: str) -> list[str]:
+    """The dotted names of the tree under ``## Layout``, in its order: a root folder as its package,
+    an entry under it (``models/``, ``cli.py``) as ``raystudy.models``, ``raystudy.cli``."""
     section = text.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # past the header and its rule
-    return [{module_name(name) for name in re.findall(r"`([^`]+)`", row.split("|")[2])} for row in rows]
+    block = section.split("```", 2)[1]
+    names, root = [], None
+    for line in block.splitlines():
+        nested = line[:1] in "├└│ "
+        for token in line.lstrip("├└│─ ").split():
+            m = re.fullmatch(r"(\w+)(/|\.py)", token)
+            if not m:
+                break
+            if not nested:
+                root, nested = m.group(1), True
+                names.append(root)
+            else:
+                names.append(f"{root}.{m.group(1)}")
+    return names
 
 
 def slug(heading: str) -> str:
@@ -36,14 +41,14 @@ def anchors(path: Path) -> set[str]:
     return {slug(m) for m in re.findall(r"^#+ (.+)$", text, flags=re.M)}
 
 
-def test_the_layout_table_lists_the_layers_test_imports_enforces_in_order():
-    table = layout_table(README.read_text())
-    layers = [set(layer) for layer in test_imports.LAYERS]
-    assert len(table) == len(layers), f"README has {len(table)} layers, test_imports.LAYERS {len(layers)}"
-    for i, (row, layer) in enumerate(zip(table, layers)):
-        assert row == layer, (
-            f"layer {i}: only in the README {sorted(row - layer)}, only in test_imports.LAYERS {sorted(layer - row)}"
-        )
+def test_the_layout_tree_names_every_layer_test_imports_enforces_in_order():
+    tree = layout_tree(README.read_text())
+    layered = {name for layer in test_imports.LAYERS for name in layer}
+    assert layered <= set(tree), f"not in the README's tree: {sorted(layered - set(tree))}"
+    missing = [n for n in tree if n not in test_imports.modules() and not (ROOT / n.replace(".", "/")).is_dir()]
+    assert not missing, f"the README's tree names what is not there: {missing}"
+    order = [test_imports.layer_of(n) for n in tree if n.startswith("raystudy.")]
+    assert order == sorted(order), "raystudy's entries are not in layer order"
 
 
 def test_every_docs_page_the_readme_links_exists():

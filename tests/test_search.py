@@ -1,8 +1,9 @@
 import pytest
 import yaml
 
-from raystudy import search, spaces
-from raystudy.config import from_dict, validate
+from raystudy import search
+from raystudy.spaces import schema, searches
+from raystudy.train.config import from_dict, validate
 
 GOOD = {
     "study": "t",
@@ -26,12 +27,12 @@ def write(tmp_path, raw):
 
 def test_bundled_spaces_load():
     for name in ("optimiser", "components"):
-        s = spaces.load_search(name)
+        s = searches.load_search(name)
         assert s.num_samples >= 1 and s.params
-    comp = spaces.load_search("components")
+    comp = searches.load_search("components")
     assert comp.conditions == () and comp.searches_components
     assert comp.studies() == [("components", None)]
-    names = {p.name for p in spaces.load_search("optimiser").params}
+    names = {p.name for p in searches.load_search("optimiser").params}
     assert {"lr", "weight_decay", "warmup_steps", "optimizer", "batch_size"} <= names
 
 
@@ -43,12 +44,12 @@ def sample(space, cond="MHA", n=60):
     res = []
     for _ in range(n):
         t = study.ask()
-        res.append((t, spaces.Sampler(space, cond, space.base, {"gpu": 0, "cpu": 1, "workers": 1})(t)["trial"]))
+        res.append((t, searches.Sampler(space, cond, space.base, {"gpu": 0, "cpu": 1, "workers": 1})(t)["trial"]))
     return res
 
 
 def test_trial_names_carry_condition_and_rounded_values(tmp_path):
-    space = spaces.load_search(write(tmp_path, GOOD))
+    space = searches.load_search(write(tmp_path, GOOD))
     for t, trial in sample(space, n=10):
         cfg, parts = trial["finetune"], trial["name"].split("·")
         assert parts[0] == "MHA" and cfg["optimizer"] in parts
@@ -78,13 +79,13 @@ def test_dry_run_on_your_own_images_checks_them_and_says_what_it_converted(tmp_p
     assert "vit_demo on mine; studies MHA" in out
     assert out.count("1 image(s) not RGB (L 1); converted to RGB") == 1 and "dry run: nothing started" in out
     # a search space's base may name the data itself, a path from the space file's folder
-    raw = yaml.safe_load((spaces.SEARCH_DIR / "optimiser.yaml").read_text())
+    raw = yaml.safe_load((schema.SEARCH_DIR / "optimiser.yaml").read_text())
     raw["base"] = {**raw["base"], "dataset": "mine", "data": "photos"}
-    assert spaces.load_search(write(tmp_path, raw)).base["data"] == str(root)
+    assert searches.load_search(write(tmp_path, raw)).base["data"] == str(root)
 
 
 def test_conditionals_momentum_only_for_sgd_beta2_only_for_adamw(tmp_path):
-    space = spaces.load_search(write(tmp_path, GOOD))
+    space = searches.load_search(write(tmp_path, GOOD))
     seen = set()
     for t, trial in sample(space):
         cfg = trial["finetune"]
@@ -101,7 +102,7 @@ def test_conditionals_momentum_only_for_sgd_beta2_only_for_adamw(tmp_path):
 
 def test_component_subsets_become_conditions(tmp_path):
     raw = {**GOOD, "params": {"components": {"subset_of": ["LN1", "MHA", "FC1"]}, "lr": {"uniform": [0.1, 0.2]}}}
-    space = spaces.load_search(write(tmp_path, raw))
+    space = searches.load_search(write(tmp_path, raw))
     conds = {trial["finetune"]["condition"] for _, trial in sample(space, None, 80)}
     assert "head_only" in conds and "LN1+MHA+FC1" in conds and "MHA" in conds
     assert all(set(c.split("+")) <= {"LN1", "MHA", "FC1"} for c in conds if c != "head_only")

@@ -8,12 +8,13 @@ import math
 import pytest
 import yaml
 
-from raystudy import spaces
 from raystudy.errors import ConfigError
+from raystudy.spaces import grids, searches
+from raystudy.spaces import schema as spaces
 
 FILES = {
-    "grid": ("demo.yaml", spaces.GRID, spaces.load_grid),
-    "search": ("optuna/optimiser.yaml", spaces.SEARCH, spaces.load_search),
+    "grid": ("demo.yaml", spaces.GRID, grids.load_grid),
+    "search": ("optuna/optimiser.yaml", spaces.SEARCH, searches.load_search),
 }
 CONFIG_KEY = "steps"  # the config key a config section's example sets (any would do)
 
@@ -152,13 +153,13 @@ def test_unknown_keys_are_refused_naming_the_valid_ones(tmp_path):
         match="unknown key 'retries' in s.yaml: tune; valid: max_failures, "
         "max_concurrent, threads_per_trial, checkpoint_every_s$",
     ):
-        spaces.load_grid(str(f))
+        grids.load_grid(str(f))
 
 
 def test_defaults_come_from_the_schema(tmp_path):
     f = tmp_path / "g.yaml"
     f.write_text(yaml.safe_dump({"datasets": {"digits_c": None}}))
-    g = spaces.load_grid(str(f))
+    g = grids.load_grid(str(f))
     assert (g.study, g.description, g.optimizers, g.tune, g.models) == ("g", "", {"sgd": {}}, {}, {})
     assert g.step_times is None
     assert spaces.tune_options(g) == {
@@ -176,7 +177,7 @@ def test_defaults_come_from_the_schema(tmp_path):
     }
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"params": {"lr": {"uniform": [0.1, 0.2]}}, "study": "", "conditions": []}))
-    s = spaces.load_search(str(f))
+    s = searches.load_search(str(f))
     assert (
         s.study,
         s.conditions,

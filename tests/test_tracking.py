@@ -4,15 +4,16 @@ import time
 
 import pytest
 
-from raystudy import tracking
-from raystudy.config import trial_key
+from raystudy.tracking import connect, query, record, views
+from raystudy.tracking import tags as tracking
+from raystudy.train.config import trial_key
 
 
 @pytest.fixture()
 def store(mlflow_uri):
     uri = mlflow_uri
-    cl = tracking.client(uri)
-    exp = tracking.experiment_id(cl, "t", tracking.default_artifact_location(uri))
+    cl = connect.client(uri)
+    exp = connect.experiment_id(cl, "t", connect.default_artifact_location(uri))
     return uri, cl, exp
 
 
@@ -37,24 +38,24 @@ def test_trial_key_is_stable_and_ignores_execution_keys():
 
 def test_open_trial_twice_gives_one_run(store):
     uri, cl, exp = store
-    parent = tracking.parent_run(cl, exp, "g1", "grid", {"space": "demo"})
-    assert tracking.parent_run(cl, exp, "g1", "grid", {"space": "demo"}) == parent
+    parent = record.parent_run(cl, exp, "g1", "grid", {"space": "demo"})
+    assert record.parent_run(cl, exp, "g1", "grid", {"space": "demo"}) == parent
     key = trial_key(CFG)
-    r1 = tracking.open_trial(cl, exp, parent, key, CFG)
-    r2 = tracking.open_trial(cl, exp, parent, key, CFG)  # a rerun after a crash
+    r1 = record.open_trial(cl, exp, parent, key, CFG)
+    r2 = record.open_trial(cl, exp, parent, key, CFG)  # a rerun after a crash
     assert r1 == r2
-    assert tracking.trial_status(cl, exp, key)[0] == "running"
+    assert query.trial_status(cl, exp, key)[0] == "running"
     run = cl.get_run(r1)
     assert run.data.tags["raystudy.attempts"] == "2"
     assert run.data.tags["mlflow.parentRunId"] == parent
     assert run.data.params["lr"] == "0.1" and run.data.tags["condition"] == "MHA"
-    tracking.log_steps(cl, r1, [{"loss": 1.5, "grad_norm/MHA": 0.3, "training_iteration": 4, "step": 10}])
-    tracking.finish_trial(cl, r1, {"status": "finished", "test_acc": 0.5, "best_val_acc": 0.6})
+    record.log_steps(cl, r1, [{"loss": 1.5, "grad_norm/MHA": 0.3, "training_iteration": 4, "step": 10}])
+    record.finish_trial(cl, r1, {"status": "finished", "test_acc": 0.5, "best_val_acc": 0.6})
     run = cl.get_run(r1)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["test_acc"] == 0.5 and run.data.metrics["grad_norm/MHA"] == 0.3
     assert "training_iteration" not in run.data.metrics  # Tune's bookkeeping is not a metric
-    assert tracking.trial_status(cl, exp, key)[0] == "finished"
+    assert query.trial_status(cl, exp, key)[0] == "finished"
     assert [a.path for a in cl.list_artifacts(r1)] == ["config.yaml"]
 
 
@@ -69,10 +70,10 @@ def test_a_run_created_by_a_driver_killed_before_its_params_gets_them_when_reope
     with monkeypatch.context() as m:
         m.setattr(cl, "log_batch", killed)
         with pytest.raises(KeyboardInterrupt):
-            tracking.open_trial(cl, exp, None, key, CFG)
+            record.open_trial(cl, exp, None, key, CFG)
     (run,) = cl.search_runs([exp])
     assert run.data.params == {}  # what the killed driver left
-    rid = tracking.open_trial(tracking.client(uri), exp, None, key, CFG)  # the resumed driver
+    rid = record.open_trial(connect.client(uri), exp, None, key, CFG)  # the resumed driver
     assert rid == run.info.run_id
     run = cl.get_run(rid)
     assert run.data.params == {k: str(v) for k, v in CFG.items()}
@@ -83,10 +84,10 @@ def test_a_run_created_by_a_driver_killed_before_its_params_gets_them_when_reope
 def test_diverged_is_finished_not_failed_and_failed_keeps_its_error(store):
     uri, cl, exp = store
     k1, k2 = trial_key(CFG), trial_key({**CFG, "seed": 9})
-    r1 = tracking.open_trial(cl, exp, None, k1, CFG)
-    tracking.finish_trial(cl, r1, {"status": "diverged", "test_acc": float("nan")})
-    r2 = tracking.open_trial(cl, exp, None, k2, {**CFG, "seed": 9})
-    tracking.fail_trial(cl, r2, "Traceback ...\nDatasetUnavailable: no files")
+    r1 = record.open_trial(cl, exp, None, k1, CFG)
+    record.finish_trial(cl, r1, {"status": "diverged", "test_acc": float("nan")})
+    r2 = record.open_trial(cl, exp, None, k2, {**CFG, "seed": 9})
+    record.fail_trial(cl, r2, "Traceback ...\nDatasetUnavailable: no files")
     assert cl.get_run(r1).info.status == "FINISHED"
     assert cl.get_run(r1).data.tags["raystudy.status"] == "diverged"
     assert "test_acc" not in cl.get_run(r1).data.metrics  # NaN is not recorded as a number
@@ -95,13 +96,13 @@ def test_diverged_is_finished_not_failed_and_failed_keeps_its_error(store):
 
 
 def test_check_uri(tmp_path):
-    tracking.check_uri(f"sqlite:///{tmp_path}/x.db")
-    with pytest.raises(tracking.TrackingUnavailable, match="does not exist"):
-        tracking.check_uri(f"sqlite:///{tmp_path}/nope/x.db")
-    with pytest.raises(tracking.TrackingUnavailable, match="unreachable"):
-        tracking.check_uri("http://127.0.0.1:9", timeout=1)
-    with pytest.raises(tracking.TrackingUnavailable, match="file store"):
-        tracking.check_uri("file:///tmp/mlruns")
+    connect.check_uri(f"sqlite:///{tmp_path}/x.db")
+    with pytest.raises(connect.TrackingUnavailable, match="does not exist"):
+        connect.check_uri(f"sqlite:///{tmp_path}/nope/x.db")
+    with pytest.raises(connect.TrackingUnavailable, match="unreachable"):
+        connect.check_uri("http://127.0.0.1:9", timeout=1)
+    with pytest.raises(connect.TrackingUnavailable, match="file store"):
+        connect.check_uri("file:///tmp/mlruns")
 
 
 def test_a_store_being_written_is_checked_without_waiting_for_the_writer(store):
@@ -109,12 +110,12 @@ def test_a_store_being_written_is_checked_without_waiting_for_the_writer(store):
     import time
 
     uri, cl, exp = store
-    tracking.open_trial(cl, exp, None, trial_key(CFG), CFG)
-    writer = sqlite3.connect(str(tracking.sqlite_path(uri)), isolation_level=None)
+    record.open_trial(cl, exp, None, trial_key(CFG), CFG)
+    writer = sqlite3.connect(str(connect.sqlite_path(uri)), isolation_level=None)
     writer.execute("BEGIN EXCLUSIVE")  # another driver in the middle of a write
     try:
         t0 = time.monotonic()
-        tracking.check_uri(uri)
+        connect.check_uri(uri)
         assert time.monotonic() - t0 < 5
     finally:
         writer.execute("ROLLBACK")
@@ -123,38 +124,38 @@ def test_a_store_being_written_is_checked_without_waiting_for_the_writer(store):
 
 def test_a_damaged_store_is_refused_and_left_as_it_is(store):
     uri, cl, exp = store
-    tracking.open_trial(cl, exp, None, trial_key(CFG), CFG)
-    path = tracking.sqlite_path(uri)
+    record.open_trial(cl, exp, None, trial_key(CFG), CFG)
+    path = connect.sqlite_path(uri)
     data = bytearray(path.read_bytes())
     middle = len(data) // 4096 // 2 * 4096
     data[middle : middle + 8 * 4096] = b"\xde\xad\xbe\xef" * 8 * 1024
     path.write_bytes(bytes(data))
     before = sorted(path.parent.iterdir())
-    with pytest.raises(tracking.TrackingUnavailable, match=r"is damaged \(SQLite: .*\.recover"):
-        tracking.check_uri(uri)
+    with pytest.raises(connect.TrackingUnavailable, match=r"is damaged \(SQLite: .*\.recover"):
+        connect.check_uri(uri)
     assert path.read_bytes() == bytes(data) and sorted(path.parent.iterdir()) == before
 
 
 def test_default_uri_is_sqlite_in_cwd(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert tracking.default_uri() == f"sqlite:///{tmp_path}/mlflow.db"
+    assert connect.default_uri() == f"sqlite:///{tmp_path}/mlflow.db"
 
 
 def test_close_stale_marks_only_running_runs_of_the_selection(store):
     uri, cl, exp = store
     k = [trial_key({**CFG, "seed": s}) for s in range(3)]
     r = [
-        tracking.open_trial(cl, exp, None, k[s], {**CFG, "seed": s}, {"raystudy.search": "a" if s < 2 else "b"})
+        record.open_trial(cl, exp, None, k[s], {**CFG, "seed": s}, {"raystudy.search": "a" if s < 2 else "b"})
         for s in range(3)
     ]
-    tracking.finish_trial(cl, r[0], {"status": "finished", "test_acc": 0.5})
-    assert tracking.close_stale(cl, exp, raystudy__search="a") == 1
+    record.finish_trial(cl, r[0], {"status": "finished", "test_acc": 0.5})
+    assert record.close_stale(cl, exp, raystudy__search="a") == 1
     assert cl.get_run(r[1]).info.status == "KILLED"
     assert cl.get_run(r[1]).data.tags["raystudy.status"] == "interrupted"
     assert cl.get_run(r[0]).info.status == "FINISHED"  # finished runs untouched
     assert cl.get_run(r[2]).info.status == "RUNNING"  # another search's run untouched
-    assert tracking.close_stale(cl, exp, raystudy__search="a") == 0
+    assert record.close_stale(cl, exp, raystudy__search="a") == 0
 
 
 def test_close_stale_ends_a_run_whose_driver_died_between_its_result_and_its_end(store):
@@ -164,9 +165,9 @@ def test_close_stale_ends_a_run_whose_driver_died_between_its_result_and_its_end
 
     uri, cl, exp = store
     key = trial_key(CFG)
-    run = tracking.open_trial(cl, exp, None, key, CFG, {"raystudy.search": "a"})
+    run = record.open_trial(cl, exp, None, key, CFG, {"raystudy.search": "a"})
     cl.log_batch(run, tags=[RunTag("raystudy.status", "finished")])  # and then the kill
-    assert tracking.close_stale(cl, exp, raystudy__search="a") == 0  # nothing was interrupted
+    assert record.close_stale(cl, exp, raystudy__search="a") == 0  # nothing was interrupted
     assert cl.get_run(run).info.status == "FINISHED"
     assert cl.get_run(run).data.tags["raystudy.status"] == "finished"  # its result stands
 
@@ -174,10 +175,10 @@ def test_close_stale_ends_a_run_whose_driver_died_between_its_result_and_its_end
 def test_statuses_in_one_query_prefer_terminal(store):
     uri, cl, exp = store
     keys = [trial_key({**CFG, "seed": s}) for s in range(3)]
-    runs = [tracking.open_trial(cl, exp, None, k, {**CFG, "seed": s}) for s, k in enumerate(keys)]
-    tracking.finish_trial(cl, runs[0], {"status": "finished"})
-    tracking.fail_trial(cl, runs[1], "boom")
-    assert tracking.statuses(cl, exp) == {keys[0]: "finished", keys[1]: "failed", keys[2]: "running"}
+    runs = [record.open_trial(cl, exp, None, k, {**CFG, "seed": s}) for s, k in enumerate(keys)]
+    record.finish_trial(cl, runs[0], {"status": "finished"})
+    record.fail_trial(cl, runs[1], "boom")
+    assert query.statuses(cl, exp) == {keys[0]: "finished", keys[1]: "failed", keys[2]: "running"}
 
 
 # ---------------------------------------------------------------- what the MLflow UI shows
@@ -186,16 +187,16 @@ def test_statuses_in_one_query_prefer_terminal(store):
 def test_sqlite_path_is_the_stores_file_and_none_otherwise():
     from pathlib import Path
 
-    assert tracking.sqlite_path("sqlite:////tmp/x/mlflow.db") == Path("/tmp/x/mlflow.db")
-    assert tracking.sqlite_path("http://127.0.0.1:5000") is None
-    assert tracking.sqlite_path("postgresql://u@h/db") is None
+    assert connect.sqlite_path("sqlite:////tmp/x/mlflow.db") == Path("/tmp/x/mlflow.db")
+    assert connect.sqlite_path("http://127.0.0.1:5000") is None
+    assert connect.sqlite_path("postgresql://u@h/db") is None
 
 
 def test_trial_names_are_short_with_lr_rounded():
-    assert tracking.trial_name({**CFG, "lr": 0.30000000000000004, "seed": 1}) == "MHA·digits_c·lr0.3·s1"
-    assert tracking.trial_name({**CFG, "lr": 3.1623e-05}) == "MHA·digits_c·lr3.16e-05·s0"
-    assert tracking.trial_name({**CFG, "optimizer": "adamw", "lr": 0.001}) == "MHA·digits_c·adamw·lr0.001·s0"
-    assert tracking.trial_name({**CFG, "condition": "linear_probe"}) == "linear_probe·digits_c·s0"
+    assert record.trial_name({**CFG, "lr": 0.30000000000000004, "seed": 1}) == "MHA·digits_c·lr0.3·s1"
+    assert record.trial_name({**CFG, "lr": 3.1623e-05}) == "MHA·digits_c·lr3.16e-05·s0"
+    assert record.trial_name({**CFG, "optimizer": "adamw", "lr": 0.001}) == "MHA·digits_c·adamw·lr0.001·s0"
+    assert record.trial_name({**CFG, "condition": "linear_probe"}) == "linear_probe·digits_c·s0"
 
 
 def test_plasticity_metrics_average_layers_per_mode_and_component():
@@ -206,19 +207,19 @@ def test_plasticity_metrics_average_layers_per_mode_and_component():
         {"mode": "shared", "layer": 0, "component": "LN1", "mean": float("nan")},
         {"mode": "shared", "layer": 1, "component": "LN1", "mean": 1.5},
     ]
-    assert tracking.plasticity_metrics(table) == {
+    assert record.plasticity_metrics(table) == {
         "plasticity/shared/MHA": 3.0,
         "plasticity/in_situ/MHA": 5.0,
         "plasticity/shared/LN1": 1.5,
     }
-    assert tracking.plasticity_metrics([], "plasticity_after") == {}
+    assert record.plasticity_metrics([], "plasticity_after") == {}
 
 
 def test_finished_trial_has_its_name_description_and_plasticity_metrics(store):
     uri, cl, exp = store
-    run = tracking.open_trial(cl, exp, None, trial_key(CFG), CFG)
+    run = record.open_trial(cl, exp, None, trial_key(CFG), CFG)
     before = [{"mode": "shared", "layer": i, "component": "FC1", "mean": 1.0 + i} for i in range(3)]
-    tracking.finish_trial(
+    record.finish_trial(
         cl,
         run,
         {
@@ -248,64 +249,64 @@ def test_experiments_open_as_classic_ml_runs_in_raystudys_view(store):
     for k in tags:
         if k.startswith("mlflow."):
             cl.delete_experiment_tag(exp, k)  # an experiment an older raystudy made
-    assert tracking.experiment_id(cl, "t") == exp
+    assert connect.experiment_id(cl, "t") == exp
     assert tracking.experiment_tags().items() <= cl.get_experiment(exp).tags.items()
 
 
 def test_parent_run_carries_the_ranking_and_then_the_report(store):
     uri, cl, exp = store
-    parent = tracking.parent_run(cl, exp, "g1", "grid", {"space": "demo"})
+    parent = record.parent_run(cl, exp, "g1", "grid", {"space": "demo"})
     rows = [
         {"condition": "MHA", "test_acc": 0.75, "avg_rank": 1.0, "best_lr": "0.3", "runs": 2},
         {"condition": "LN1", "test_acc": 0.5, "avg_rank": 2.0, "best_lr": "1", "runs": 2},
     ]
-    tracking.log_ranking(cl, parent, rows, partial=True)
+    record.log_ranking(cl, parent, rows, partial=True)
     r = cl.get_run(parent)
     assert r.data.metrics == {"test_acc/MHA": 0.75, "rank/MHA": 1.0, "test_acc/LN1": 0.5, "rank/LN1": 2.0}
     note = r.data.tags[tracking.NOTE]
     assert "partial" in note and "| 1 | MHA | 75.00 | 1.00 | 0.3 | 2 |" in note
     assert note.index("| 1 | MHA") < note.index("| 2 | LN1")
-    tracking.attach_report(cl, parent, "# Report\n\nMHA wins.\n")
-    tracking.attach_report(cl, parent, "# Report\n\n" + "x\n" * 5000)  # a rerun replaces it, cut to fit
+    record.attach_report(cl, parent, "# Report\n\nMHA wins.\n")
+    record.attach_report(cl, parent, "# Report\n\n" + "x\n" * 5000)  # a rerun replaces it, cut to fit
     note = cl.get_run(parent).data.tags[tracking.NOTE]
     assert note.count("## Analysis report") == 1 and "MHA wins" not in note
     assert "| 1 | MHA" in note and note.endswith("see the artifact)") and len(note) <= tracking.MAX_NOTE
-    tracking.log_ranking(cl, parent, rows[::-1])  # the grid rerun: a new ranking, the report kept
+    record.log_ranking(cl, parent, rows[::-1])  # the grid rerun: a new ranking, the report kept
     again = cl.get_run(parent).data.tags[tracking.NOTE]
     assert "| 1 | LN1" in again and "partial" not in again
     assert again.split("## Analysis report")[1] == note.split("## Analysis report")[1]
     # the same numbers again add no point to the charts; a changed one adds one
     assert [len(cl.get_metric_history(parent, k)) for k in ("test_acc/MHA", "rank/LN1")] == [1, 1]
-    tracking.log_ranking(cl, parent, [{**rows[0], "test_acc": 0.8}, rows[1]])
+    record.log_ranking(cl, parent, [{**rows[0], "test_acc": 0.8}, rows[1]])
     assert [m.value for m in cl.get_metric_history(parent, "test_acc/MHA")] == [0.75, 0.8]
     assert len(cl.get_metric_history(parent, "rank/LN1")) == 1
 
 
 def test_runs_url_for_a_server_and_for_a_database_store():
-    assert tracking.runs_url("http://head:5000/", "7").startswith("http://head:5000/#/experiments/7/runs?")
-    lines = tracking.browse_lines("sqlite:////x/mlflow.db", "3")
+    assert views.runs_url("http://head:5000/", "7").startswith("http://head:5000/#/experiments/7/runs?")
+    lines = views.browse_lines("sqlite:////x/mlflow.db", "3")
     assert lines[0] == "browse: mlflow ui --backend-store-uri sqlite:////x/mlflow.db"
     assert lines[1] == "  then open http://127.0.0.1:5000/#/experiments/3/runs?viewStateShareKey=raystudy"
 
 
 def test_the_policys_view_of_a_run_reads_its_status_as_the_runs_table_does(store):
     uri, cl, exp = store
-    runs = {s: tracking.open_trial(cl, exp, None, trial_key({**CFG, "seed": s}), {**CFG, "seed": s}) for s in range(3)}
+    runs = {s: record.open_trial(cl, exp, None, trial_key({**CFG, "seed": s}), {**CFG, "seed": s}) for s in range(3)}
     for run_id in runs.values():
-        tracking.log_steps(cl, run_id, [{"val_acc": 0.6, "step": 10}, {"val_acc": 0.4, "step": 20}])
-    tracking.finish_trial(cl, runs[0], {"status": "finished", "test_acc": 0.5, "best_val_acc": 0.6})
-    tracking.finish_trial(cl, runs[1], {"status": "finished", "best_val_acc": 0.6})  # no test accuracy
-    view = {s: tracking.policy_view(cl, cl.get_run(r)) for s, r in runs.items()}
+        record.log_steps(cl, run_id, [{"val_acc": 0.6, "step": 10}, {"val_acc": 0.4, "step": 20}])
+    record.finish_trial(cl, runs[0], {"status": "finished", "test_acc": 0.5, "best_val_acc": 0.6})
+    record.finish_trial(cl, runs[1], {"status": "finished", "best_val_acc": 0.6})  # no test accuracy
+    view = {s: views.policy_view(cl, cl.get_run(r)) for s, r in runs.items()}
     assert view[0].points == ((10, 0.6), (20, 0.4)) and view[0].ended and view[0].best == 0.6
-    row = tracking.rows([cl.get_run(runs[1])])[0]
+    row = query.rows([cl.get_run(runs[1])])[0]
     assert row["status"] == "failed" and view[1].ended and view[1].best != view[1].best  # NaN: no result to rank
     assert view[2].points == view[0].points and not view[2].ended  # still running
 
 
 def _open_store_at(uri, at):
     code = (
-        f"import time, sys; from raystudy import tracking; time.sleep(max(0, {at!r} - time.time())); "
-        f"tracking.experiment_id(tracking.client({uri!r}), 'e')"
+        f"import time, sys; from raystudy.tracking import connect; time.sleep(max(0, {at!r} - time.time())); "
+        f"connect.experiment_id(connect.client({uri!r}), 'e')"
     )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -318,21 +319,21 @@ def test_drivers_creating_a_new_store_at_once_leave_it_usable(tmp_path):
     procs = [_open_store_at(uri, at) for _ in range(3)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-1500:] for o in outs)
-    assert tracking.experiment_id(tracking.client(uri), "e")
+    assert connect.experiment_id(connect.client(uri), "e")
 
 
 def test_a_trial_the_policy_stopped_after_it_finished_is_recorded_stopped_late(mlflow_uri):
-    from raystudy.config import trial_key
+    from raystudy.train.config import trial_key
 
-    cl = tracking.client(mlflow_uri)
-    exp = tracking.experiment_id(cl, "r", tracking.default_artifact_location(mlflow_uri))
-    run = tracking.open_trial(cl, exp, None, trial_key(_STOPPED_CFG), _STOPPED_CFG)
-    tracking.finish_trial(cl, run, {"status": "finished", "final": 1, "best_val_acc": 0.5, "test_acc": 0.5})
-    tracking.mark_stopped_late(cl, run, 20, "race")
+    cl = connect.client(mlflow_uri)
+    exp = connect.experiment_id(cl, "r", connect.default_artifact_location(mlflow_uri))
+    run = record.open_trial(cl, exp, None, trial_key(_STOPPED_CFG), _STOPPED_CFG)
+    record.finish_trial(cl, run, {"status": "finished", "final": 1, "best_val_acc": 0.5, "test_acc": 0.5})
+    record.mark_stopped_late(cl, run, 20, "race")
     tags = cl.get_run(run).data.tags
     assert tags[tracking.STATUS] == "stopped" and tags[tracking.STOPPED_AT] == "20"
     assert tags["raystudy.stopped_late"] == "1" and tags["raystudy.stop_rule"] == "race"
-    assert tracking.statuses(cl, exp) == {trial_key(_STOPPED_CFG): "stopped"}
+    assert query.statuses(cl, exp) == {trial_key(_STOPPED_CFG): "stopped"}
 
 
 _STOPPED_CFG = {

@@ -4,7 +4,7 @@ import pytest
 import torch
 from ray import tune
 
-from raystudy import trial
+from raystudy.train import trial
 
 
 class Recorder:
@@ -100,8 +100,8 @@ class _Planted:
 
 
 def test_checkpoint_state_loads_with_weights_only_and_a_planted_file_runs_nothing(tmp_path, monkeypatch):
-    from raystudy import engine
-    from raystudy.config import FinetuneConfig
+    from raystudy.train import engine
+    from raystudy.train.config import FinetuneConfig
 
     cfg = FinetuneConfig(
         pretrained=False,

@@ -1,4 +1,4 @@
-"""Your own data (raystudy.userdata): each kind scanned on generated images, the splits' sizes, the
+"""Your own data (raystudy.data.userdata): each kind scanned on generated images, the splits' sizes, the
 fixed test split and its hash stable across calls, modes converted, the verdict cached, a corrupt
 file at training time named, and the tensor cache keyed by the data."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raystudy import datasets, userdata
-from raystudy.config import KEYS_ADDED, FinetuneConfig, load_config, trial_key, validate
+from raystudy.data import datasets, userdata
+from raystudy.train.config import KEYS_ADDED, FinetuneConfig, load_config, trial_key, validate
 
 
 def write_images(root: Path, classes=("cat", "dog", "eel"), n: int = 8, size: int = 20) -> list[Path]:

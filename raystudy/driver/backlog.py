@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from raystudy.driver.tune_glue import sigint_as
 from raystudy.errors import ConfigError
-from raystudy.tracking import TrackingUnavailable
+from raystudy.tracking.connect import TrackingUnavailable
 
 LIMIT_ENV = "RAYSTUDY_TRACKING_OUTAGE_S"
 DEFAULT_LIMIT_S = 600.0

@@ -8,11 +8,12 @@ from typing import Any
 
 from ray import tune
 
-from raystudy import adaptive, console, tracking
-from raystudy.driver import backlog, checkpoints, records, recovered, scheduler, session, tune_glue
+from raystudy.driver import backlog, checkpoints, console, records, recovered, scheduler, session, tune_glue
 from raystudy.driver.lock import grid_lock, grid_name
-from raystudy.spaces import Trial, grid_key
-from raystudy.trial import run_trial
+from raystudy.spaces import adaptive
+from raystudy.spaces.grids import Trial, grid_key
+from raystudy.tracking import query, record, tags
+from raystudy.train.trial import run_trial
 
 ENDS = ("finished", "diverged", "failed", "stopped")
 
@@ -40,7 +41,7 @@ def run_grid(
     ``GridBusy`` if another driver runs the same grid, ``tune_glue.Stopped`` if the user stopped
     it. One line per trial that ends (``console.ConsoleTrials``; ``quiet``: only those that did
     not finish); ``verbose`` > 0 brings back Tune's own tables and its result files (JSON, CSV,
-    TensorBoard). ``policy`` (``raystudy.adaptive``) stops trials the study does not need
+    TensorBoard). ``policy`` (``raystudy.spaces.adaptive``) stops trials the study does not need
     (``scheduler.AdaptiveScheduler``); they are recorded ``stopped``.
     """
     settings = {
@@ -66,7 +67,7 @@ def run_grid(
                 "label": label,
                 "model": model,
                 "trials": len(trials),
-                **tracking.grid_data_params([t.config for t in trials]),
+                **record.grid_data_params([t.config for t in trials]),
             },
             role,
         ) as parent:
@@ -87,14 +88,14 @@ def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, 
         def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
             held = backlog.of(s["tracking_uri"], exp_id, parent.run_id)
             held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
-            counts["interrupted"] = tracking.close_stale(cl, exp_id, mlflow__parentRunId=parent.run_id)
+            counts["interrupted"] = record.close_stale(cl, exp_id, mlflow__parentRunId=parent.run_id)
 
         asked_to_stop = tune_glue.fit(tuner, s["verbose"], close)
     if s["policy"] is not None:
         late = scheduler.stop_late(cl, exp_id, trials, s["policy"])
         if late:
             print(f"{late} trial(s) ended before the policy's decision to stop them; recorded stopped", flush=True)
-    known = tracking.statuses(cl, exp_id)
+    known = query.statuses(cl, exp_id)
     statuses = [known.get(t.key) for t in trials]
     for end in ENDS:
         counts[end] = statuses.count(end)
@@ -112,14 +113,14 @@ def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: st
     """The keys of ``trials`` MLflow holds as done, once it has recorded those that finished on
     storage only, and under an adaptive policy those it stops (``driver.recovered``: a store
     restored to an older snapshot)."""
-    known = tracking.statuses(cl, exp_id)
-    missing = {t.key for t in trials if known.get(t.key) not in tracking.TERMINAL}
+    known = query.statuses(cl, exp_id)
+    missing = {t.key for t in trials if known.get(t.key) not in tags.TERMINAL}
     path = _tune_path(s["storage"], grid_name(trials, label))
     found = recovered.record(cl, exp_id, parent_id, path, missing) if missing else 0
     if found:
-        known = tracking.statuses(cl, exp_id)
+        known = query.statuses(cl, exp_id)
         print(f"{found} trial(s) finished in {path} but missing from MLflow: recorded from their results", flush=True)
-    missing = {k for k in missing if known.get(k) not in tracking.TERMINAL}
+    missing = {k for k in missing if known.get(k) not in tags.TERMINAL}
     policy = s["policy"]
     stopped = (
         recovered.record_stopped(cl, exp_id, parent_id, path, missing, policy, trials)
@@ -127,9 +128,9 @@ def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: st
         else 0
     )
     if stopped:
-        known = tracking.statuses(cl, exp_id)
+        known = query.statuses(cl, exp_id)
         print(f"{stopped} trial(s) the policy stopped, missing from MLflow: recorded stopped from {path}", flush=True)
-    return {t.key for t in trials if known.get(t.key) in tracking.TERMINAL}
+    return {t.key for t in trials if known.get(t.key) in tags.TERMINAL}
 
 
 def _tune_path(storage, name: str):

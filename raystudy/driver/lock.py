@@ -13,7 +13,7 @@ from pathlib import Path
 
 from raystudy import paths
 from raystudy.errors import ConfigError
-from raystudy.spaces import Trial, grid_key
+from raystudy.spaces.grids import Trial, grid_key
 
 
 class GridBusy(ConfigError):

@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raystudy import tracking
-from raystudy.config import FinetuneConfig
 from raystudy.driver import backlog, tune_glue
-from raystudy.spaces import Sampler, SearchSpace
+from raystudy.spaces.searches import Sampler, SearchSpace
+from raystudy.tracking import connect, query, record
+from raystudy.tracking import tags as tracking
+from raystudy.train.config import FinetuneConfig
 
 
 def optuna_storage(folder: Path):
@@ -55,7 +56,7 @@ def record_told(storage, study_name: str, sampler: Sampler, mlflow: tuple, folde
         return 0
     told = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     keys = {sampler(optuna.trial.FixedTrial(t.params))["trial"]["key"] for t in told}
-    known = tracking.statuses(cl, exp_id)
+    known = query.statuses(cl, exp_id)
     missing = {k for k in keys if known.get(k) not in (*tracking.TERMINAL, "failed")}
     if not missing:
         return 0
@@ -117,13 +118,13 @@ def search_condition(
     searched); returns the best finished trial's config and score (``best_of``). Raises
     ``tune_glue.Stopped`` if the user stopped it before its budget."""
     study_name = f"{space.study}-{model}-{dataset}-{label}"
-    cl = tracking.client(tracking_uri)
+    cl = connect.client(tracking_uri)
     ostore = optuna_storage(storage / "optuna")
     told = record_told(ostore, study_name, Sampler(space, condition, base, resources), (cl, exp_id, parent), storage)
     if told:
         print(f"[{label}] {told} trial(s) ended in Tune's files but not in MLflow: recorded from their results")
     # Runs a killed search left RUNNING mid-trial: their configs are not resampled, so close them.
-    tracking.close_stale(cl, exp_id, raystudy__search=study_name)
+    record.close_stale(cl, exp_id, raystudy__search=study_name)
     done = completed_trials(ostore, study_name)
     remaining = num_samples - done
     print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {max(remaining, 0)} to run", flush=True)
@@ -146,7 +147,7 @@ def search_condition(
         def close():  # every trial of this session has ended, or the driver is going down: none stays RUNNING
             held = backlog.of(tracking_uri, exp_id, parent)
             held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
-            stale = tracking.close_stale(cl, exp_id, raystudy__search=study_name)
+            stale = record.close_stale(cl, exp_id, raystudy__search=study_name)
             if stale:
                 print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
 
@@ -173,7 +174,7 @@ def _tuner(
     from ray.tune.schedulers import ASHAScheduler
 
     from raystudy.driver import checkpoints, records
-    from raystudy.trial import run_trial
+    from raystudy.train.trial import run_trial
 
     steps = int(base.get("steps", FinetuneConfig.steps))
     # max_t past the last step: a trial that reaches the end finishes itself (and is tested)
@@ -219,7 +220,7 @@ def _tuner(
 
 def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
     """The finished trial of ``study_name`` with the best validation accuracy, and the counts."""
-    runs = tracking.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name)
+    runs = query.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name)
     status = [r.data.tags.get(tracking.STATUS) for r in runs]
     finished = [r for r, s in zip(runs, status) if s == "finished" and "best_val_acc" in r.data.metrics]
     out = {
@@ -235,6 +236,6 @@ def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
         out.update(
             best_run=best.info.run_id,
             val_acc=best.data.metrics["best_val_acc"],
-            config=tracking.run_config(best.data.params),
+            config=query.run_config(best.data.params),
         )
     return out

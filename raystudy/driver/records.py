@@ -1,7 +1,7 @@
 """When the driver writes a Tune trial's MLflow run: the Tune callback.
 
 ``MlflowTrials`` is the one process that writes a grid's trial runs: one writer, so a SQLite store
-never sees "database is locked", and runs are found by trial key (``tracking.open_trial``), so a
+never sees "database is locked", and runs are found by trial key (``record.open_trial``), so a
 rerun never duplicates one. *What* it writes, the run record itself, is ``raystudy.tracking``'s:
 every write of a run goes through a function there. A tracking server that is away is waited for
 by ``driver.backlog``: the writes keep their order, and past its limit the grid stops.
@@ -17,9 +17,10 @@ from typing import Any
 
 from ray import tune
 
-from raystudy import tracking
 from raystudy.driver import backlog, recovered, tune_glue
 from raystudy.errors import disk_full
+from raystudy.tracking import connect, query, record
+from raystudy.tracking import tags as tracking
 
 # A fault point for tests: ``N`` kills the driver (SIGKILL) as Tune ends its Nth trial, after the
 # searcher (Optuna) has heard of the end and before MLflow has: the one moment a kill leaves a
@@ -62,7 +63,7 @@ class MlflowTrials(tune.Callback):
     def cl(self):
         """The MLflow client, made on first use (a restored callback has none)."""
         if self._cl is None:
-            self._cl = tracking.client(self.tracking_uri)
+            self._cl = connect.client(self.tracking_uri)
         return self._cl
 
     @property
@@ -115,11 +116,11 @@ class MlflowTrials(tune.Callback):
         """The MLflow run of trial ``trial_id`` (its ``trial`` config ``t``); None if its key
         already finished (it will skip)."""
         if trial_id not in self._runs:
-            status, _ = tracking.trial_status(self.cl, self.experiment_id, t["key"])
+            status, _ = query.trial_status(self.cl, self.experiment_id, t["key"])
             self._runs[trial_id] = (
                 None
                 if status in tracking.TERMINAL
-                else tracking.open_trial(
+                else record.open_trial(
                     self.cl,
                     self.experiment_id,
                     self.parent_id,
@@ -149,15 +150,15 @@ class MlflowTrials(tune.Callback):
             return
         where = f"{result.get('node_ip')}:{result.get('pid')}"
         if self._where.get(trial_id) != where:  # which node and process run it (debugging)
-            tracking.note_worker(self.cl, run_id, where)
+            record.note_worker(self.cl, run_id, where)
             self._where[trial_id] = where
         steps = list(result.get("history") or [])
         if not result.get("final"):
             steps.append(result)
         if run_id not in self._upto:  # a run reopened by a retry or a rerun: what it already has
-            self._upto[run_id] = tracking.logged_upto(self.cl, run_id)
+            self._upto[run_id] = query.logged_upto(self.cl, run_id)
         upto = dict(self._upto[run_id])  # kept as it was should the server go away during the write
-        tracking.log_steps(self.cl, run_id, steps, upto)
+        record.log_steps(self.cl, run_id, steps, upto)
         self._upto[run_id] = upto
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -175,10 +176,10 @@ class MlflowTrials(tune.Callback):
             return
         if not last.get("final"):  # a scheduler stopped it early (or before it started): no test accuracy
             last = {**last, "status": "stopped", "steps_done": int(last.get("step", 0))}
-            tracking.note_stopped(self.cl, run_id, last["steps_done"])
-        tracking.finish_trial(self.cl, run_id, last)
+            record.note_stopped(self.cl, run_id, last["steps_done"])
+        record.finish_trial(self.cl, run_id, last)
         if last.get("resumed_from"):
-            tracking.note_resumed(self.cl, run_id, last["resumed_from"])
+            record.note_resumed(self.cl, run_id, last["resumed_from"])
         self._runs.pop(trial_id, None)
         self._upto.pop(run_id, None)
 
@@ -191,7 +192,7 @@ class MlflowTrials(tune.Callback):
         def write(cl):
             run_id = self._run(trial_id, t)
             if run_id is not None:
-                tracking.note_retry(self.cl, run_id, error)
+                record.note_retry(self.cl, run_id, error)
 
         self._write(write)
 
@@ -204,7 +205,7 @@ class MlflowTrials(tune.Callback):
         def write(cl):
             run_id = self._run(trial_id, t)
             if run_id is not None:
-                tracking.fail_trial(self.cl, run_id, error[-5000:])
+                record.fail_trial(self.cl, run_id, error[-5000:])
                 self._runs.pop(trial_id, None)
 
         self._write(write)

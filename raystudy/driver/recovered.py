@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from raystudy import tracking
+from raystudy.tracking import query
+from raystudy.tracking import record as tracking
 
 PARAMS, RESULTS = "params.json", "result.json"
 
@@ -51,8 +52,8 @@ def record_stopped(cl, exp_id: str, parent_id: str, path, keys: set[str], policy
     reported to the Tune folder ``path``, as the live scheduler did (or would, on the trial's next
     result). Its run gets the steps it reported and ends stopped at the last (0: it never
     started), as the live driver records it; returns how many."""
-    from raystudy import adaptive
     from raystudy.driver import scheduler
+    from raystudy.spaces import adaptive
 
     found = reported(path, keys)
     seen = scheduler.recorded_view(cl, exp_id, trials)
@@ -110,7 +111,7 @@ def _write(
     """The trial's run (the existing one of its key, else a new one, with ``tags``): its curves,
     its final results, ended; results that end without a final one (stopped by the policy or a
     scheduler) end it ``stopped``."""
-    _, run = tracking.trial_status(cl, exp_id, t["key"])
+    _, run = query.trial_status(cl, exp_id, t["key"])
     if run is None:
         extra = {"raystudy.recovered": "1", **(tags or {})}
         run_id = tracking.open_trial(cl, exp_id, parent_id, t["key"], t["finetune"], extra, name=t.get("name"))
@@ -122,7 +123,7 @@ def _write(
         steps += list(r.get("history") or [])
         if not r.get("final"):
             steps.append(r)
-    tracking.log_steps(cl, run_id, steps, tracking.logged_upto(cl, run_id))
+    tracking.log_steps(cl, run_id, steps, query.logged_upto(cl, run_id))
     last = results[-1] if results else {}
     if not last.get("final"):  # as the live driver records a trial the policy stopped
         last = {**last, "status": "stopped", "steps_done": int(last.get("step", 0))}

@@ -1,22 +1,23 @@
-"""Study-level early stopping on Tune: ``raystudy.adaptive``'s policy decides, Tune stops."""
+"""Study-level early stopping on Tune: ``raystudy.spaces.adaptive``'s policy decides, Tune stops."""
 
 from __future__ import annotations
 
 from ray.tune.experiment import Trial as TuneTrial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from raystudy import adaptive, tracking
-from raystudy.spaces import Trial
+from raystudy.spaces import adaptive
+from raystudy.spaces.grids import Trial
+from raystudy.tracking import connect, query, record, tags, views
 
 
 def recorded_view(cl, exp_id: str, trials: list[Trial]) -> dict[str, adaptive.Seen]:
     """What MLflow holds of ``trials``, as the policy sees it (a resumed driver starts from it)."""
     keys = {t.key for t in trials}
     seen = {}
-    for run in tracking.find_runs(cl, exp_id, raystudy__role="trial"):
-        key, status = run.data.tags.get(tracking.KEY), run.data.tags.get(tracking.STATUS)
-        if key in keys and (key not in seen or status in tracking.TERMINAL):
-            seen[key] = tracking.policy_view(cl, run)
+    for run in query.find_runs(cl, exp_id, raystudy__role="trial"):
+        key, status = run.data.tags.get(tags.KEY), run.data.tags.get(tags.STATUS)
+        if key in keys and (key not in seen or status in tags.TERMINAL):
+            seen[key] = views.policy_view(cl, run)
     return seen
 
 
@@ -28,9 +29,9 @@ def stop_late(cl, exp_id: str, trials: list[Trial], policy: adaptive.Policy) -> 
     )
     n = 0
     for key, stop in decisions.items():
-        status, run = tracking.trial_status(cl, exp_id, key)
+        status, run = query.trial_status(cl, exp_id, key)
         if status == "finished":
-            tracking.mark_stopped_late(cl, run.info.run_id, stop.step, stop.rule)
+            record.mark_stopped_late(cl, run.info.run_id, stop.step, stop.rule)
             n += 1
     return n
 
@@ -68,7 +69,7 @@ def seed_major(trials: list[Trial]):
 
 
 class AdaptiveScheduler(FIFOScheduler):
-    """Tune's side of ``raystudy.adaptive``: on every result, the policy over everything seen of
+    """Tune's side of ``raystudy.spaces.adaptive``: on every result, the policy over everything seen of
     the grid; a running trial it stops ends there, a pending one it stops never starts.
 
     What it has seen lives in MLflow too (the driver logs every evaluation), so a restored
@@ -90,7 +91,7 @@ class AdaptiveScheduler(FIFOScheduler):
     def seen(self) -> dict[str, adaptive.Seen]:
         """What the policy has seen of each trial key, read from MLflow on first use."""
         if self._seen is None:
-            self._seen = recorded_view(tracking.client(self.tracking_uri), self.experiment_id, self._grid)
+            self._seen = recorded_view(connect.client(self.tracking_uri), self.experiment_id, self._grid)
         return self._seen
 
     def _observe(self, key: str, result: dict) -> None:
@@ -123,4 +124,4 @@ class AdaptiveScheduler(FIFOScheduler):
 
     def debug_string(self) -> str:
         """Tune's status line for the scheduler."""
-        return f"raystudy.adaptive policy {self.policy.name}: {len(self.decisions)} trials stopped"
+        return f"raystudy.spaces.adaptive policy {self.policy.name}: {len(self.decisions)} trials stopped"

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
-from raystudy import tracking
 from raystudy.driver import local_ray, lock
 from raystudy.driver.tune_glue import uninterrupted
 from raystudy.errors import disk_full
+from raystudy.tracking import connect, record
 
 
 class Session:
@@ -49,7 +49,7 @@ class Session:
         self._held = contextlib.ExitStack()
 
     def __enter__(self) -> Self:
-        from raystudy import pretrain
+        from raystudy.train import pretrain
 
         pretrain.ensure_weights(self.model, log=self.weights_log)  # trials load finished files, never build them
         with contextlib.ExitStack() as held:
@@ -71,8 +71,8 @@ class Session:
 
 def experiment(uri: str, name: str) -> tuple[Any, str]:
     """(an MLflow client of ``uri``, the id of experiment ``name``, created if missing)."""
-    cl = tracking.client(uri)
-    return cl, tracking.experiment_id(cl, name, tracking.default_artifact_location(uri))
+    cl = connect.client(uri)
+    return cl, connect.experiment_id(cl, name, connect.default_artifact_location(uri))
 
 
 class Parent:
@@ -84,27 +84,27 @@ class Parent:
 
 @contextlib.contextmanager
 def parent_run(cl, exp_id: str, key: str, name: str, params: dict[str, Any], role: str):
-    """Yields the ``Parent`` of a grid or search (``tracking.parent_run``: found by ``key``, created
+    """Yields the ``Parent`` of a grid or search (``record.parent_run``: found by ``key``, created
     once), tagged ``running`` while driven; at the end tagged with its ``status``, or
     ``interrupted`` if the driver goes down, and ended FINISHED either way; left as it is when
-    the store cannot be reached (``tracking.TrackingUnavailable``)."""
-    parent = Parent(tracking.parent_run(cl, exp_id, key, name, params, role=role))
-    tracking.tag_parent(cl, parent.run_id, "running")
+    the store cannot be reached (``connect.TrackingUnavailable``)."""
+    parent = Parent(record.parent_run(cl, exp_id, key, name, params, role=role))
+    record.tag_parent(cl, parent.run_id, "running")
     reachable = True
     try:
         yield parent
-    except tracking.TrackingUnavailable:  # nothing can be written: the same command, rerun, closes it
+    except connect.TrackingUnavailable:  # nothing can be written: the same command, rerun, closes it
         reachable = False
         raise
     except BaseException:  # a crash or an interrupt of the driver: the parent says so
-        _unless_full(tracking.tag_parent, cl, parent.run_id, "interrupted")
+        _unless_full(record.tag_parent, cl, parent.run_id, "interrupted")
         raise
     else:
-        _unless_full(tracking.tag_parent, cl, parent.run_id, parent.status)
+        _unless_full(record.tag_parent, cl, parent.run_id, parent.status)
     finally:
         if reachable:
             with uninterrupted():
-                _unless_full(tracking.end_run, cl, parent.run_id)
+                _unless_full(record.end_run, cl, parent.run_id)
 
 
 def _unless_full(write: Callable[..., Any], *args) -> None:

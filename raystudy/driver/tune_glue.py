@@ -72,9 +72,10 @@ def full_disk_line(places: dict[str, Any], command: str = "grid") -> str:
 def disk_places(tracking_uri: str, first: dict[str, Any]) -> dict[str, Any]:
     """Where a full disk may be, those known: ``first`` (what -> path), then the store (a SQLite
     file) and the tensor cache; ``full_disk_line``'s ``places``."""
-    from raystudy import paths, tracking
+    from raystudy import paths
+    from raystudy.tracking import connect
 
-    places = {**first, "the store": tracking.sqlite_path(tracking_uri), "the tensor cache": paths.tensor_cache()}
+    places = {**first, "the store": connect.sqlite_path(tracking_uri), "the tensor cache": paths.tensor_cache()}
     return {k: v for k, v in places.items() if v}
 
 
@@ -240,7 +241,7 @@ def set_console(tuner, lines, verbose: int) -> None:
     """A restored Tuner keeps the first session's run config (Tune has no option to change it):
     give it this session's verbosity and console (``lines``, a ``console.ConsoleTrials``),
     numbered from what MLflow holds now."""
-    from raystudy import console
+    from raystudy.driver import console
 
     rc = tuner._local_tuner.get_run_config()
     rc.verbose = verbose

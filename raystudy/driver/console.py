@@ -1,0 +1,185 @@
+"""What a grid prints while it runs: one line per trial that ends, with progress and an ETA.
+
+    [12/26] MHA digits_c lr 0.3 seed 1  val 74.8  test 72.7  13 s  | 2 running, 12 pending, ETA 1 min 20 s
+
+Tune's own output (a configuration and a result table per trial, a live table of truncated
+dicts) is off by default; ``ConsoleTrials`` prints these lines from the driver instead. The
+formatting and the ETA are pure functions of what the driver measured.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ray import tune
+
+from raystudy.models import components
+
+# Config keys shown in a trial's line only when the grid varies them (condition, dataset, lr and
+# seed always are).
+VARYING = ("model", "optimizer", "low_data")
+
+
+def seconds(s: float) -> str:
+    """``13 s``, ``4 min 05 s``, ``2 h 07 min``."""
+    s = max(0, int(round(s)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def eta(durations: Iterable[float], running_elapsed: Iterable[float], pending: int, slots: int) -> float | None:
+    """Seconds until the grid ends, from the trials measured so far: each pending trial takes the
+    mean measured duration, each running one what it has left of it, spread over ``slots``
+    concurrent trials. None before any trial has been measured."""
+    durations = list(durations)
+    if not durations:
+        return None
+    mean = sum(durations) / len(durations)
+    work = pending * mean + sum(max(mean - e, 0.0) for e in running_elapsed)
+    return work / max(slots, 1)
+
+
+def varying(configs: Iterable[dict[str, Any]]) -> tuple[str, ...]:
+    """The keys of ``VARYING`` that take more than one value across a grid's trial configs."""
+    seen: dict[str, set] = {k: set() for k in VARYING}
+    for c in configs:
+        for k in VARYING:
+            seen[k].add(str(c.get(k)))
+    return tuple(k for k in VARYING if len(seen[k]) > 1)
+
+
+def describe(config: dict[str, Any], shown: Iterable[str] = ()) -> str:
+    """``MHA digits_c lr 0.3 seed 1`` (plus the varying keys' values); the linear probe has no lr."""
+    parts = [str(config.get("condition")), str(config.get("dataset"))]
+    for k in shown:
+        v = config.get(k)
+        parts.append(("low_data" if v else "full_data") if k == "low_data" else str(v))
+    if components.has_lr(str(config.get("condition"))):
+        parts.append(f"lr {config.get('lr'):g}")
+    parts.append(f"seed {config.get('seed')}")
+    return " ".join(parts)
+
+
+def outcome(result: dict[str, Any] | None, error: str | None = None) -> str:
+    """What a trial ended with: accuracies in percent, or how it did not finish."""
+    if error is not None:
+        return f"FAILED: {error}"
+    result = result or {}
+    status = result.get("status", "finished")
+    if status == "diverged":
+        return f"diverged at step {int(result.get('steps_done', result.get('step', 0)))}"
+    val, test = result.get("best_val_acc"), result.get("test_acc")
+    acc = "  ".join(
+        f"{name} {100 * v:.1f}" for name, v in (("val", val), ("test", test)) if isinstance(v, (int, float)) and v == v
+    )
+    if status == "stopped" or not result.get("final"):
+        return f"stopped at step {int(result.get('step', 0))}" + (f"  {acc}" if acc else "")
+    return acc or status
+
+
+def trial_line(
+    index: int, total: int, what: str, how: str, took_s: float, running: int, pending: int, eta_s: float | None
+) -> str:
+    """The one line printed when a trial ends."""
+    width = len(str(total))
+    tail = f"{running} running, {pending} pending"
+    if pending or running:
+        tail += f", ETA {seconds(eta_s)}" if eta_s is not None else ""
+    return f"[{index:>{width}}/{total}] {what}  {how}  {seconds(took_s)}  | {tail}"
+
+
+def error_line(text: str, limit: int = 160) -> str:
+    """The last line of a trial's error (a traceback's exception line, its class without its
+    module), shortened."""
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    last = re.sub(r"^[\w.]+\.(\w+): ", r"\1: ", lines[-1]) if lines else "unknown error"
+    return last if len(last) <= limit else last[: limit - 3] + "..."
+
+
+class ConsoleTrials(tune.Callback):
+    """Prints one line per trial that ends (finished, diverged, stopped or failed) and one per
+    retry; with ``quiet``, only the lines about trials that did not finish.
+
+    ``total`` counts the whole grid and ``done`` the trials MLflow already holds (``done_keys``),
+    so a resumed grid numbers on from there; a restored trial whose key was already done is
+    not counted twice.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        done_keys: Iterable[str],
+        shown: Iterable[str] = (),
+        quiet: bool = False,
+        log: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.total, self.done_keys, self.shown, self.quiet = total, set(done_keys), tuple(shown), quiet
+        self.log, self.clock = log, clock
+        self.done = len(self.done_keys)
+        self.started: dict[str, float] = {}
+        self.durations: list[float] = []
+        self.slots = 1
+
+    def __getstate__(self):  # Tune pickles callbacks with its experiment state; a resume gets a new one
+        return {**self.__dict__, "log": print, "clock": time.time}
+
+    def _running(self, trials, trial) -> list:
+        return [t for t in trials if t is not trial and t.status == "RUNNING"]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        """Notes when ``trial`` started, and how many trials run at once."""
+        self.started.setdefault(trial.trial_id, self.clock())
+        self.slots = max(self.slots, len(self._running(trials, trial)) + 1)
+
+    def _ended(self, trials, trial, how: str, problem: bool) -> None:
+        key = trial.config["trial"]["key"]
+        if key in self.done_keys:  # a restored trial MLflow already had: it records nothing
+            return
+        self.done_keys.add(key)
+        now = self.clock()
+        took = now - self.started.pop(trial.trial_id, now)
+        self.durations.append(took)
+        self.done += 1
+        running = self._running(trials, trial)
+        pending = max(self.total - self.done - len(running), 0)
+        left = eta(self.durations, [now - self.started.get(t.trial_id, now) for t in running], pending, self.slots)
+        if problem or not self.quiet:
+            what = describe(trial.config["trial"]["finetune"], self.shown)
+            self.log(trial_line(self.done, self.total, what, how, took, len(running), pending, left))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        """The line of a trial that ended: finished, diverged or stopped."""
+        result = trial.last_result or {}
+        how = outcome(result)
+        self._ended(trials, trial, how, problem=result.get("status") == "diverged" or not result.get("final"))
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        """The line of a trial that failed for good, with its error's last line."""
+        self._ended(trials, trial, outcome(None, error_line(_error_text(trial))), problem=True)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        """The line of a failed attempt that Tune retries; none for a full disk (the grid stops,
+        and says so in one line)."""
+        from raystudy.errors import disk_full
+
+        error = _error_text(trial)
+        if disk_full(error):
+            return
+        what = describe(trial.config["trial"]["finetune"], self.shown)
+        self.log(f"retrying {what}: {error_line(error)}")
+
+
+def _error_text(trial) -> str:
+    path = getattr(trial, "error_file", None)
+    try:
+        with open(path) as f:
+            return f.read()
+    except (TypeError, OSError):
+        return "no error file"

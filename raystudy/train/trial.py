@@ -1,0 +1,218 @@
+"""One trial on a Ray worker: the Tune function trainable for every condition.
+
+``run_trial`` runs the finetuning loop in the trial itself (one GPU, or a fraction, or CPU), or,
+when the trial asks for several workers (ViT-H), launches a ``TorchTrainer`` with DDP workers
+from inside the trial, the interop pattern of Ray 2.5x/2.60 (``Tuner(TorchTrainer)`` is gone).
+The same loop, ``engine.train``, runs in both. Checkpoints go through Tune (or Train) to the
+run's storage path, so a retried trial continues from its last evaluation, not from step 0.
+
+Workers never touch MLflow: the driver records what they report (``raystudy.driver.records``).
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from raystudy.train.config import from_dict
+
+# torch and the loop are imported where a trial runs: the driver imports this module for
+# ``run_trial`` and needs neither (seconds of CPU in every grid and search).
+
+STATE_FILE = "state.pt"
+
+
+def _save_state(state: dict, folder: str) -> None:
+    import torch
+
+    torch.save(state, Path(folder) / STATE_FILE)
+
+
+def _load_state(checkpoint) -> dict | None:
+    """A checkpoint's state: tensors and plain types only (``weights_only``), so a file planted
+    in shared storage cannot run code when a trial resumes from it."""
+    import pickle
+
+    import torch
+
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as d:
+        path = Path(d) / STATE_FILE
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise RuntimeError(
+                f"checkpoint {checkpoint.path}/{STATE_FILE} holds more than tensors and "
+                f"plain types; refusing to load it ({str(e).splitlines()[0]})"
+            ) from None
+
+
+class Reporter:
+    """The engine's ``report`` on Ray: step measurements wait in ``pending`` and travel with the
+    next evaluation (or the final) report, a checkpoint goes with an evaluation when ``every_s``
+    seconds have passed since the last one (0: every evaluation); never with no ``checkpoint_cls``
+    (a DDP worker other than rank 0).
+
+    Fewer reports, fewer round trips to the driver: a report costs a driver-side turn (Tune's
+    bookkeeping, the MLflow write), which dominated a short trial's overhead. Seconds rather
+    than steps for checkpoints: a 5-second demo trial needs none, a 3-hour ViT-H trial many.
+    """
+
+    def __init__(self, report_fn, checkpoint_cls, every_s: float):
+        self.report_fn, self.checkpoint_cls, self.every_s = report_fn, checkpoint_cls, every_s
+        self.last, self.best, self.pending = time.monotonic(), 0.0, []
+
+    def __call__(self, metrics: dict[str, Any], state: dict | None) -> None:
+        """Report ``metrics`` (held back until a state or a divergence comes), with a checkpoint of
+        ``state`` when the interval has passed or a preemption asks for one."""
+        self.best = max(self.best, metrics.get("val_acc", 0.0))
+        if state is None and not metrics.get("diverged"):
+            self.pending.append(metrics)
+            return
+        # "score" (best validation accuracy so far) is what schedulers such as ASHA compare.
+        out = {**metrics, "score": self.best, "history": self.pending}
+        self.pending = []
+        now = time.monotonic()
+        if (
+            state is None
+            or self.checkpoint_cls is None
+            or (now - self.last < self.every_s and not metrics.get("preempted"))
+        ):
+            self.report_fn(out)
+            return
+        # The interval runs from when this state was taken: the report's round trip to the driver
+        # (seconds on a loaded head) must not stretch the work a lost node takes with it.
+        self.last = now
+        with tempfile.TemporaryDirectory() as d:
+            _save_state(state, d)
+            self.report_fn(out, checkpoint=self.checkpoint_cls.from_directory(d))
+
+    def final(self, results: dict[str, Any]) -> None:
+        """Report the trial's final results, with the metrics still held back."""
+        self.report_fn(
+            {
+                **results,
+                "final": 1,
+                "step": results["steps_done"],
+                "score": results.get("best_val_acc", self.best),
+                "history": self.pending,
+            }
+        )
+        self.pending = []
+
+
+# A preemption notice: SIGTERM to the worker (a spot node's shutdown reaches every process).
+NOTICE = threading.Event()
+_TRAINING = threading.Event()
+_ray_handler = None
+
+
+def _on_sigterm(signum, frame):
+    NOTICE.set()
+    if not _TRAINING.is_set() and callable(_ray_handler):  # no trial to save: exit as Ray would
+        _ray_handler(signum, frame)
+
+
+class _Notice:
+    """Mixed into the trainable: in the worker's main thread (the only one that may set a signal
+    handler; the trial itself runs in another), SIGTERM asks the running trial to checkpoint its
+    current step and stop (``engine.train``'s ``stop``), instead of Ray's immediate exit."""
+
+    def setup(self, config):
+        """Install the SIGTERM handler (main thread only), then set the trainable up."""
+        global _ray_handler
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is not _on_sigterm
+        ):
+            _ray_handler = signal.signal(signal.SIGTERM, _on_sigterm)
+        super().setup(config)
+
+
+def run_trial(tune_config: dict[str, Any]) -> None:
+    """The Tune trainable: ``tune_config["trial"]`` is one trial (``key``, the flat ``finetune``
+    config, resources); the rest says how to run it (threads, checkpoint interval, storage).
+
+    It never touches MLflow: the driver launches only keys not yet done, and if a restored
+    experiment reruns a trial that had already finished, the driver's callback finds the key
+    done and records nothing (compute spent twice, never a second run). Keeping MLflow out of
+    the workers saves each of them the import and the store's start-up.
+    """
+    import torch
+
+    from raystudy.train import engine
+
+    trial = tune_config["trial"]
+    torch.set_num_threads(max(1, int(tune_config.get("threads", 1))))
+    cfg = from_dict(trial["finetune"])
+    if trial.get("workers", 1) > 1:
+        _run_ddp(trial, tune_config)  # rank 0's final results reach Tune through TuneReportCallback
+        return
+    resume = _load_state(tune.get_checkpoint())
+    reporter = Reporter(tune.report, tune.Checkpoint, float(tune_config.get("checkpoint_every_s", 0)))
+    _TRAINING.set()
+    try:
+        results = engine.train(cfg, report=reporter, resume=resume, stop=NOTICE.is_set)
+    finally:
+        _TRAINING.clear()
+    reporter.final({**results, "resumed_from": resume["step"] if resume else 0})
+
+
+run_trial.__mixins__ = (_Notice,)
+
+
+def _ddp_loop(loop_config: dict[str, Any]) -> None:
+    """Each DDP worker of the TorchTrainer: the same engine.train, reporting through Ray Train."""
+    import ray.train
+
+    from raystudy.train import engine
+
+    cfg = from_dict(loop_config["finetune"])
+    resume = _load_state(ray.train.get_checkpoint())
+    rank = ray.train.get_context().get_world_rank()
+
+    # Every worker reports (Train's collective); only rank 0 saves and carries the checkpoint
+    # (the others' copies of a ViT-H state would be written to disk and dropped).
+    reporter = Reporter(
+        ray.train.report, ray.train.Checkpoint if rank == 0 else None, float(loop_config.get("checkpoint_every_s", 0))
+    )
+    reporter.final(engine.train(cfg, report=reporter, resume=resume))
+
+
+def _run_ddp(trial: dict[str, Any], tune_config: dict[str, Any]) -> None:
+    """Launch a TorchTrainer from inside the Tune trial; its reports become the trial's.
+
+    The run is named by the trial key under the grid's storage path, so a retried trial's
+    TorchTrainer finds its own earlier checkpoints and resumes from them.
+    """
+    import ray.train
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    use_gpu = trial.get("gpu", 0) > 0
+    per_worker = {"GPU": 1, "CPU": trial["cpu"]} if use_gpu else {"CPU": trial["cpu"]}
+    trainer = TorchTrainer(
+        _ddp_loop,
+        train_loop_config={
+            "finetune": trial["finetune"],
+            "checkpoint_every_s": tune_config.get("checkpoint_every_s", 0),
+        },
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=trial["workers"], use_gpu=use_gpu, resources_per_worker=per_worker
+        ),
+        run_config=ray.train.RunConfig(
+            name=f"ddp-{trial['key']}",
+            storage_path=tune_config["storage_path"],
+            callbacks=[TuneReportCallback()],
+            failure_config=ray.train.FailureConfig(max_failures=0),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
+        ),
+    )
+    trainer.fit()
