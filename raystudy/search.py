@@ -14,22 +14,17 @@ chosen on validation accuracy and re-evaluated on test with fresh seeds.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import math
-import statistics
 import sys
-from pathlib import Path
-from typing import Any
 
 from raystudy import cli
 from raystudy.data import userdata
 from raystudy.driver import backlog, local_ray
+from raystudy.driver.search_job import Job, budget_line, check_samples, run
 from raystudy.errors import ConfigError
 from raystudy.models import preflight, registry, sources
-from raystudy.spaces import grids, schema, searches
-from raystudy.tracking import connect, query, views
-from raystudy.train.config import FinetuneConfig, from_dict, trial_key, validate
+from raystudy.spaces import schema, searches
+from raystudy.tracking import connect
+from raystudy.train.config import FinetuneConfig, from_dict, validate
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -76,17 +71,6 @@ def build_parser() -> cli.Parser:
     return ap
 
 
-def budget_line(time_budget: float | None, studies: int, num_samples: int) -> str:
-    """What the search may spend: the time budget per study and over all of them."""
-    if not time_budget:
-        return f"time budget: none; each of the {studies} studies runs its {num_samples} trials to the end"
-    total = time_budget * studies
-    return (
-        f"time budget: {time_budget:g} s per study, at most {total:g} s ({total / 3600:.2g} h) for the "
-        f"{studies} studies, then the test re-runs of each best config"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     """The search command: 0 when done, 2 on bad input, 130 when stopped (the rerun resumes it)."""
     args = build_parser().parse_args(argv)
@@ -95,26 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, registry.WeightsUnavailable) as e:
         return cli.fail(e)
     return 0 if job is None else run(job)
-
-
-@dataclasses.dataclass
-class Job:
-    """A search command, checked: the space, its studies, the trials' resources and tuning, where they are recorded."""
-
-    args: argparse.Namespace
-    space: searches.SearchSpace
-    base: dict[str, Any]
-    model: str
-    dataset: str
-    conditions: list[str]
-    studies: list[tuple[str, str | None]]
-    resources: dict[str, Any]
-    num_samples: int
-    time_budget: float | None
-    test_seeds: list[int]
-    tuning: dict[str, Any]
-    uri: str
-    experiment: str
 
 
 def _base(args, space: searches.SearchSpace) -> tuple[dict, str, str, list[str]]:
@@ -200,156 +164,6 @@ def prepare(args) -> Job | None:
         uri,
         experiment,
     )
-
-
-def check_samples(space: searches.SearchSpace, studies: list, base: dict[str, Any], resources: dict[str, Any]) -> None:
-    """A dry sample through the sampler: catches configs the space can produce but ``validate`` refuses."""
-    import optuna
-
-    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    for _ in range(8):
-        for _, cond in studies:
-            validate(from_dict(searches.Sampler(space, cond, base, resources)(probe.ask())["trial"]["finetune"]))
-
-
-def run(job: Job) -> int:
-    """Every study of the search on Ray (``driver.session``), then the best config per condition;
-    then, on a cluster, a snapshot of MLflow's store (``driver.snapshot``), however the search
-    ended once it had started; the exit status."""
-    from raystudy.driver import session, snapshot
-
-    args = job.args
-    storage = Path(args.storage or "runs/search").resolve()
-    skey = trial_key(
-        {
-            "space": job.space.name,
-            "model": job.model,
-            "dataset": job.dataset,
-            "base": job.base,
-            "conditions": job.conditions,
-        }
-    )
-    s = session.Session(
-        storage,
-        f"search-{job.space.study}-{skey}",
-        job.model,
-        address=args.address,
-        num_cpus=args.num_cpus,
-        temp_dir=args.ray_temp_dir,
-    )
-    try:
-        return _run_studies(job, s, storage, skey)
-    finally:
-        if s.started is not None:  # it held the search's lock: a search refused before it started wrote nothing
-            snapshot.take(what="search")
-
-
-def _run_studies(job: Job, s, storage: Path, skey: str) -> int:
-    """The search's studies in the session ``s`` (one driver per search: a second one refuses
-    before starting anything), their summary; the exit status."""
-    from raystudy.driver import session
-
-    try:
-        with s:
-            cl, exp_id = session.experiment(job.uri, job.experiment)
-            with session.parent_run(
-                cl,
-                exp_id,
-                skey,
-                f"search-{job.space.name}-{job.model}-{job.dataset}",
-                {"space": job.space.name, "model": job.model, "dataset": job.dataset, "num_samples": job.num_samples},
-                role="search",
-            ) as parent:
-                summary = [study(job, label, cond, storage, cl, exp_id, parent.run_id) for label, cond in job.studies]
-    except (ConfigError, registry.WeightsUnavailable) as e:
-        return cli.fail(e)
-    except KeyboardInterrupt:  # Ctrl-C: Optuna's studies and MLflow keep what is done; the rerun goes on from there
-        print("\nsearch stopped; run the same command to resume it", flush=True)
-        return 130
-    print_summary(summary)
-    optuna_db = storage / "optuna" / "optuna.db"
-    browse = [*views.browse_lines(job.uri, exp_id), f"Optuna studies: optuna-dashboard sqlite:///{optuna_db}"]
-    print("\n" + "\n".join(browse))
-    return 0
-
-
-def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str, parent: str) -> dict[str, Any]:
-    """One condition's Optuna study, then its best config re-run on test with fresh seeds; its summary."""
-    from raystudy.driver import grid_run, optuna_search
-
-    tuning = job.tuning
-    best = optuna_search.search_condition(
-        job.space,
-        label,
-        cond,
-        model=job.model,
-        dataset=job.dataset,
-        base=job.base,
-        tracking_uri=job.uri,
-        exp_id=exp_id,
-        parent=parent,
-        storage=storage,
-        num_samples=job.num_samples,
-        time_budget_s=job.time_budget,
-        resources=job.resources,
-        tuning=tuning,
-        verbose=0 if job.args.quiet else 1,
-    )
-    if "config" not in best:
-        print(f"[{label}] no trial finished: nothing to evaluate on test")
-        return {"condition": label, **best}
-    trials = [
-        grids.Trial(trial_key(c), c, job.resources["gpu"], job.resources["cpu"], 1)
-        for c in ({**best["config"], "seed": s} for s in job.test_seeds)
-    ]
-    counts = grid_run.run_grid(
-        trials,
-        label=f"{best['study']}-test",
-        model=job.model,
-        tracking_uri=job.uri,
-        experiment=job.experiment,
-        storage=storage,
-        max_failures=int(tuning["max_failures"]),
-        max_concurrent=tuning["max_concurrent"],
-        threads=int(tuning["threads_per_trial"]),
-        checkpoint_every_s=float(tuning["checkpoint_every_s"]),
-        verbose=0,
-        role="search-test",
-    )
-    keys = {t.key for t in trials}
-    rows = [
-        r
-        for r in query.rows(query.find_runs(cl, exp_id, raystudy__role="trial"))
-        if r["key"] in keys and r["status"] == "finished"
-    ]
-    acc = [r["test_acc"] for r in rows]
-    return {
-        "condition": best["config"]["condition"],
-        **best,
-        "test_acc": sum(acc) / len(acc) if acc else math.nan,
-        "test_std": statistics.stdev(acc) if len(acc) > 1 else math.nan,
-        "test_runs": counts["finished"],
-    }
-
-
-def print_summary(summary: list[dict[str, Any]]) -> None:
-    """The best configuration per condition: validation and test accuracy, its knobs, the trial counts."""
-    print("\nbest configuration per condition (chosen on validation, tested with fresh seeds):")
-    for s in summary:
-        if "config" not in s:
-            print(f"  {s['condition']:<16} no finished trial ({s['trials']} trials, {s['stopped']} stopped early)")
-            continue
-        c = s["config"]
-        knobs = ", ".join(
-            f"{k}={c[k]:.3g}" if isinstance(c[k], float) else f"{k}={c[k]}"
-            for k in ("optimizer", "lr", "weight_decay", "warmup_steps", "batch_size")
-            if k in c
-        )
-        print(
-            f"  {s['condition']:<16} val {s['val_acc']:.4f}  test {s['test_acc']:.4f} ± {s['test_std']:.4f} "
-            f"({s['test_runs']} seeds)  [{knobs}]  trials: {s['finished']} finished, "
-            f"{s['stopped']} stopped early by ASHA"
-        )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@ import pytest
 import yaml
 
 from raystudy import search
+from raystudy.driver import search_job
 from raystudy.spaces import schema, searches
 from raystudy.train.config import from_dict, validate
 
@@ -62,7 +63,7 @@ def test_dry_run_states_the_time_budget(capsys):
 
     assert search.main(["--dry-run", "--time-budget", "600", "--conditions", "MHA,FC1"]) == 0
     assert "time budget: 600 s per study, at most 1200 s" in capsys.readouterr().out
-    assert search.budget_line(None, 2, 16).startswith("time budget: none")
+    assert search_job.budget_line(None, 2, 16).startswith("time budget: none")
 
 
 def test_dry_run_on_your_own_images_checks_them_and_says_what_it_converted(tmp_path, capsys):
