@@ -184,3 +184,22 @@ def test_a_driver_loads_no_torch(demo_weights):  # the file built: checking it i
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]
+
+
+def test_no_library_module_holds_a_command_line():
+    # A command line is argument parsing and one call: a parser or a `main` below the command
+    # lines would be a second home for what a command does.
+    bad = []
+    for m, p in modules().items():
+        if layer_of(m) >= len(LAYERS) - 2 or m in ("raystudy.cli", "raystudy.errors"):
+            continue
+        tree = ast.parse(p.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name in ("main", "build_parser"):
+                bad.append(f"{m} defines {node.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+                if name in ("ArgumentParser", "Parser", "OneLineParser"):
+                    bad.append(f"{m} builds an argument parser ({name})")
+    assert not bad, "\n".join(bad)

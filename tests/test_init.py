@@ -15,7 +15,7 @@ from PIL import Image
 
 from raystudy import init
 from raystudy.data import userdata
-from raystudy.spaces import grids
+from raystudy.spaces import grids, starter
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,23 +75,23 @@ def test_an_existing_file_is_never_overwritten(tmp_path, capsys):
 
 
 def test_the_protocol_scales_with_the_data():
-    big = init.protocol(40_000, demo=False)
+    big = starter.protocol(40_000, demo=False)
     assert big == {"steps": 782, "warmup_steps": 156, "eval_every": 39, "batch_size": 512}  # 10 epochs
-    assert init.protocol(10**8, demo=False)["steps"] == grids.PAPER_STEPS
-    small = init.protocol(11, demo=True)
+    assert starter.protocol(10**8, demo=False)["steps"] == grids.PAPER_STEPS
+    small = starter.protocol(11, demo=True)
     assert small["batch_size"] == 8 and small["steps"] == grids.MIN_STEPS
-    assert init.protocol(11, demo=True, steps=4) == {"steps": 4, "warmup_steps": 1, "eval_every": 1, "batch_size": 8}
+    assert starter.protocol(11, demo=True, steps=4) == {"steps": 4, "warmup_steps": 1, "eval_every": 1, "batch_size": 8}
 
 
 def test_a_paper_model_takes_the_papers_resources_and_normalisation(tmp_path):
     image_folder(tmp_path / "photos", n=40)
     part = userdata.partition(userdata.scan(str(tmp_path / "photos")))
     assert grids.training_size(part) == 53  # 82 images: a test split of 16, 13 of the pool for validation
-    doc = init.space_doc("vit_base", "photos", "photos", init.protocol(grids.training_size(part), demo=False))
+    doc = starter.space_doc("vit_base", "photos", "photos", starter.protocol(grids.training_size(part), demo=False))
     assert doc["base"]["normalization"] == "imagenet" and doc["base"]["batch_size"] == 32
     assert doc["models"] == {"vit_base": grids.load_grid("paper").models["vit_base"]}
-    assert init.dataset_name("/x/my photos.csv", None) == "my_photos"
-    assert init.dataset_name("/x/cifar10", None) == "cifar10_own"
+    assert starter.dataset_name("/x/my photos.csv", None) == "my_photos"
+    assert starter.dataset_name("/x/cifar10", None) == "cifar10_own"
 
 
 @pytest.mark.slow

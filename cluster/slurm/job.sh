@@ -172,7 +172,7 @@ say "raystudy ${args[0]} exited $rc${stop_by:+ (stopped: $stop_by)}"
 if [ -n "$mlflow_up" ] && { [ "$stop_by" = scancel ] || ! [[ "$rc" =~ ^(0|1|2|130)$ ]]; }; then
     # scancel's TERM reached every process (the grid's Ray aborts it, MLflow's server stops): the
     # runs it left RUNNING are closed in the store itself and a snapshot taken, before SLURM's KILL.
-    python3 -c 'import sys; from raystudy import slurm; slurm.close_running(sys.argv[1])' "$(cat "$state/mlflow-store")" \
+    python3 -c 'import sys; from raystudy.driver import slurm_batch; slurm_batch.close_running(sys.argv[1])' "$(cat "$state/mlflow-store")" \
         || say "could not close the runs left RUNNING: the next job's grid does"
     RAYSTUDY_STATE=$state bash "$node_sh" snapshot || true
 fi
