@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 # What an error line calls each kind of value; all three refuse nan and inf.
@@ -63,7 +64,7 @@ SEED_END_TEXT = "2**32"  # the end of the seeds' range (BOUNDS["seed"].high + 1)
 
 
 def _int(low: int, high: int | None = None, why: str = "", above: bool = False, **says: str) -> Bound:
-    return Bound("int", low=low, above=above, high=high, why=why, says=says)
+    return Bound("int", low=low, above=above, high=high, why=why, says=MappingProxyType(says))  # read-only: a table
 
 
 def _real(kind: str, low: float, high: float | None = None, why: str = "", above: bool = False) -> Bound:
