@@ -15,17 +15,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from raystudy.bounds import BOUNDS, Bound, is_seed, seed_error
 from raystudy.errors import ConfigError, OneLineParser
-from raystudy.train.config import (
-    MAX_BATCH,
-    MAX_CPUS,
-    MAX_PAIRS,
-    MAX_WORKERS,
-    PAIRS_WHY,
-    SEED_END,
-    SEED_WHY,
-    parse_value,
-)
+from raystudy.train.config import parse_value
 
 
 class Parser(OneLineParser):
@@ -111,57 +103,62 @@ def parse_list(
     return items
 
 
-# The upper bound of each count a command line takes, from what the count sizes: a count past
-# it is a typo or a unit mistake that would exhaust memory or never end. ``check_count`` and
-# ``check_seconds`` apply them; each flag's help states its bound (``bound``).
-BOUNDS: dict[str, tuple[float, str]] = {
-    "--num-cpus": (MAX_CPUS, "a local Ray's CPUs are one machine's"),
-    "--threads": (MAX_CPUS, "threads of one process"),
-    "--num-workers": (MAX_WORKERS, "data loading processes"),
-    "--max-concurrent": (100_000, "trials at once, a process each"),
-    "--max-failures": (100, "retries of one trial, each a rerun from its checkpoint"),
-    "--num-samples": (100_000, "trials per study, each a finetuning run"),
-    "--time-budget": (366 * 86_400, "seconds: a year"),
-    "--pairs": (MAX_PAIRS, PAIRS_WHY),
-    "--batch-size": (MAX_BATCH, "memory: a batch is held at once"),
-    "--bootstrap-reps": (100_000, "memory: each replicate holds a score per condition, dataset and seed"),
+# Each count a command line takes, and its row in ``bounds.BOUNDS`` (shared with the config key or
+# space file key of the same count): ``check_count`` and ``check_seconds`` apply it, and each
+# flag's help states its upper bound (``bound``).
+FLAGS: dict[str, Bound] = {
+    "--num-cpus": BOUNDS["num_cpus"],
+    "--threads": BOUNDS["threads_per_trial"],
+    "--num-workers": BOUNDS["num_workers"],
+    "--max-concurrent": BOUNDS["max_concurrent"],
+    "--max-failures": BOUNDS["max_failures"],
+    "--num-samples": BOUNDS["num_samples"],
+    "--time-budget": BOUNDS["time_budget_s"],
+    "--pairs": BOUNDS["pairs"],
+    "--batch-size": BOUNDS["batch_size"],
+    "--bootstrap-reps": BOUNDS["bootstrap_reps"],
+    "--nodes": BOUNDS["nodes"],
+    "--cpus-per-node": BOUNDS["cpus_per_node"],
+    "--gpus-per-node": BOUNDS["gpus_per_node"],
+    "--stop-before": BOUNDS["stop_before"],
 }
 
 
 def bound(flag: str) -> str:
     """The help text's statement of ``flag``'s upper bound: ``at most N (why)``."""
-    high, why = BOUNDS[flag]
-    return f"at most {high:,} ({why})"
+    b = FLAGS[flag]
+    return f"at most {b.high:,} ({b.reason('flag')})"
 
 
 def _check_bound(flag: str, value: float) -> None:
-    if flag in BOUNDS and value > BOUNDS[flag][0]:
-        high, why = BOUNDS[flag]
-        raise ConfigError(f"{flag} must be <= {high:,} ({why}), got {value:,}")
+    b = FLAGS[flag]
+    if b.over(value):
+        raise ConfigError(f"{flag} must be <= {b.high:,} ({b.reason('flag')}), got {value:,}")
 
 
-def check_count(flag: str, value: int | None, low: int = 1) -> None:
-    """An integer flag that must be at least ``low`` and at most its bound in ``BOUNDS`` (unset:
-    its default)."""
+def check_count(flag: str, value: int | None) -> None:
+    """An integer flag within its bounds in ``FLAGS`` (unset: its default)."""
     if value is None:
         return
-    if value < low:
-        raise ConfigError(f"{flag} must be >= {low}, got {value}")
+    if FLAGS[flag].below(value):
+        raise ConfigError(f"{flag} must be >= {FLAGS[flag].least()}, got {value}")
     _check_bound(flag, value)
 
 
 def check_seed(flag: str, value: int | None) -> None:
-    """A seed flag: ``0 <= seed < 2**32``, the seeds numpy takes (unset: its default)."""
-    if value is not None and not 0 <= value < SEED_END:
-        raise ConfigError(f"{flag} must be >= 0 and < 2**32 ({SEED_END:,}: {SEED_WHY}), got {value}")
+    """A seed flag: ``bounds.is_seed``, the seeds numpy takes (unset: its default)."""
+    if value is not None and not is_seed(value):
+        raise ConfigError(seed_error(flag, value, "flag"))
 
 
 def check_seconds(flag: str, value: float | None) -> None:
-    """A duration flag: a finite number > 0, at most its bound in ``BOUNDS`` (unset: its default)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
-    if value is not None:
-        _check_bound(flag, value)
+    """A duration flag: a finite number within its bounds in ``FLAGS`` (unset: its default)."""
+    if value is None:
+        return
+    b = FLAGS[flag]
+    if not math.isfinite(value) or b.below(value):
+        raise ConfigError(f"{flag} must be a finite number {'>' if b.above else '>='} {b.low:g}, got {value}")
+    _check_bound(flag, value)
 
 
 def check_unused(switch: str, on: bool, given: dict[str, Any]) -> None:

@@ -171,10 +171,8 @@ def prepare(args) -> Job:
     mopts = schema.model_options(space.models, model)
     hours = grids.gpu_hours(space, model, plan["costs"])
     tuning = schema.tune_options(space)
-    cli.check_count("--max-failures", args.max_failures, 0)
     max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
-    if max_failures < 0:
-        raise ConfigError(f"--max-failures must be >= 0, got {max_failures}")
+    cli.check_count("--max-failures", max_failures)  # the space's value has the same row (bounds.BOUNDS)
     cli.check_count("--max-concurrent", args.max_concurrent)
     policy = adaptive.policy(args.adaptive) if args.adaptive else None
     cli.check_count("--num-cpus", args.num_cpus)

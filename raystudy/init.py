@@ -20,12 +20,12 @@ import sys
 from pathlib import Path
 
 from raystudy import cli
+from raystudy.bounds import BOUNDS
 from raystudy.data import userdata
 from raystudy.errors import ConfigError
 from raystudy.models import preflight, registry
 from raystudy.spaces import grids
 from raystudy.spaces.starter import dataset_name, protocol, render, space_doc
-from raystudy.train.config import MAX_STEPS
 
 
 def build_parser() -> cli.Parser:
@@ -43,7 +43,7 @@ def build_parser() -> cli.Parser:
         "--out", default="space.yaml", help="the space file to write (default: space.yaml; never overwritten)"
     )
     ap.add_argument(
-        "--steps", type=int, help=f"steps per trial instead of the scaled protocol's (at most {MAX_STEPS:,})"
+        "--steps", type=int, help=f"steps per trial instead of the scaled protocol's (at most {BOUNDS['steps'].high:,})"
     )
     ap.add_argument(
         "--seeds",
@@ -62,8 +62,8 @@ def check(args) -> tuple[Path, str, str, list[str], userdata.Partition]:
         raise ConfigError(f"--out {args.out!r}: a space file ends in .yaml or .yml")
     cli.check_folder("--out", out.absolute().parent)
     registry.check_model(args.model)
-    if args.steps is not None and not 2 <= args.steps <= MAX_STEPS:
-        raise ConfigError(f"--steps must be >= 2 (warmup takes one) and <= {MAX_STEPS:,}, got {args.steps}")
+    if args.steps is not None and not 2 <= args.steps <= BOUNDS["steps"].high:
+        raise ConfigError(f"--steps must be >= 2 (warmup takes one) and <= {BOUNDS['steps'].high:,}, got {args.steps}")
     seeds = len(grids.load_grid("paper").grid["seed"])
     if args.seeds is not None and not 1 <= args.seeds <= seeds:
         raise ConfigError(f"--seeds must be between 1 and the paper's {seeds}, got {args.seeds}")

@@ -195,12 +195,12 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
 
     modes = plasticity.check_modes(args.mode)
     comps = plasticity.check_components(args.components)
-    for flag, value, low in (
-        ("--pairs", args.pairs, 1),
-        ("--batch-size", args.batch_size, 1),
-        ("--num-workers", args.num_workers, 0),
+    for flag, value in (
+        ("--pairs", args.pairs),
+        ("--batch-size", args.batch_size),
+        ("--num-workers", args.num_workers),
     ):
-        cli.check_count(flag, value, low)
+        cli.check_count(flag, value)
     if args.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"unknown device {args.device!r}; valid: auto, cpu, cuda")
     cli.check_device("--device", args.device)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 
 from raystudy import cli
+from raystudy.bounds import BOUNDS, SEED_END_TEXT, parse_seed_list
 from raystudy.data import userdata
 from raystudy.driver import backlog, local_ray
 from raystudy.driver.search_job import Job, budget_line, check_samples, run
@@ -28,14 +29,12 @@ from raystudy.train.config import FinetuneConfig, from_dict, validate
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``--test-seeds 100,101,102``: distinct non-negative integers."""
-    try:
-        seeds = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        seeds = []
-    if not seeds or min(seeds) < 0 or max(seeds) >= 2**32 or len(set(seeds)) != len(seeds):
+    """``--test-seeds 100,101,102``: distinct seeds (``bounds.parse_seed_list``)."""
+    seeds = parse_seed_list(text)
+    if seeds is None:
         raise ConfigError(
-            f"--test-seeds {text!r}: expected distinct comma-separated integers >= 0 and < 2**32, such as 100,101,102"
+            f"--test-seeds {text!r}: expected distinct comma-separated integers >= {BOUNDS['seed'].low} "
+            f"and < {SEED_END_TEXT}, such as 100,101,102"
         )
     return seeds
 

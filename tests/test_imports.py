@@ -17,8 +17,8 @@ PACKAGES = ("raystudy", "analysis")
 # Layers, lowest first, each a package (every module under it) or a module. A module may import its
 # own layer or lower ones; the command lines sit above every library package.
 LAYERS = [
-    # leaves: errors, paths, the packages themselves (analysis holds AnalysisError)
-    ["raystudy", "raystudy.errors", "raystudy.paths", "analysis"],
+    # leaves: errors, paths, the bounds every layer checks, the packages themselves (analysis holds AnalysisError)
+    ["raystudy", "raystudy.errors", "raystudy.paths", "raystudy.bounds", "analysis"],
     # what a model is: its family, its weights, its components over the parameter names
     ["raystudy.models"],
     # what a model trains and is tested on: the registry, your own data, batches, augmentation

@@ -66,7 +66,7 @@ def examples(key: spaces.Key) -> tuple[list, list]:
         entry = {"an_entry": examples(key.each)[0][0]}
         return ([entry] if key.required else [{}, entry]), ["x", [1]] + ([{}] if key.required else [])
     if t == "seeds":
-        return [[key.low, 7]], [[], ["a"], [key.low - 1], [True], 5] + ([[key.high]] if key.high is not None else [])
+        return [[key.low, 7, key.high]], [[], ["a"], [key.low - 1], [True], 5, [key.high + 1]]
     if t == "path":
         return ["some/file.json"] + [None] * key.none, ["", "  ", 5, ["a"]]
     return {

@@ -30,10 +30,13 @@ def submission(args) -> tuple[list[str], dict[str, str]]:
     program = args.program or ["grid"]
     if program[0] not in PROGRAMS:
         raise ConfigError(f"the job's program {program[0]!r}: use grid or search, after -- (raystudy slurm -- grid)")
-    for flag, value in (("--nodes", args.nodes), ("--cpus-per-node", args.cpus_per_node)):
+    for flag, value in (
+        ("--nodes", args.nodes),
+        ("--cpus-per-node", args.cpus_per_node),
+        ("--gpus-per-node", args.gpus_per_node),
+        ("--stop-before", args.stop_before),
+    ):
         cli.check_count(flag, value)
-    cli.check_count("--gpus-per-node", args.gpus_per_node, 0)
-    cli.check_count("--stop-before", args.stop_before, 60)
     shared = Path(args.shared).expanduser()
     if not shared.is_dir():
         raise ConfigError(f"--shared {args.shared}: no such folder; make it on a filesystem every node mounts")

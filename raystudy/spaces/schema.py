@@ -20,14 +20,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from raystudy.bounds import BOUNDS, KINDS, Bound, is_seed_list
 from raystudy.errors import ConfigError, check_input_file
 from raystudy.models import components, registry
-from raystudy.train.config import (
-    MAX_CPUS,
-    SEED_END,
-    FinetuneConfig,
-    read_yaml,
-)
+from raystudy.train.config import FinetuneConfig, read_yaml
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 SEARCH_DIR = SPACES_DIR / "optuna"
@@ -105,10 +101,7 @@ class Key:
     default of that value, and for a section the keys it holds."""
 
     type: str
-    low: float | None = None  # int, number, finite, seeds: the least value allowed
-    above: bool = False  # the value must exceed ``low``, not merely reach it
-    high: float | None = None  # int, number, finite, seeds: the greatest value allowed (below it, for seeds)
-    why: str = ""  # what ``high`` follows from, for the error line
+    bound: Bound | None = None  # int, number, finite: the value's row in ``bounds.BOUNDS``; seeds: each seed's
     none: bool = False  # None is allowed too
     default: Any = None  # the value where the file leaves the key out
     empty: bool = False  # an empty value (None, "", [], {}, 0) means the default as well
@@ -117,25 +110,49 @@ class Key:
     each: Key | None = None  # map: each entry's value; config: each config key's value
     fill: bool = False  # section: the loaded section holds every key, defaults filled in
 
+    # The bound's parts, read from its row, so that a space file's check and a test see the same numbers.
+    @property
+    def low(self) -> float | None:
+        """The least value allowed (None: no bound)."""
+        return self.bound.low if self.bound else None
 
-# Upper bounds of the counts a space file holds, from what each sizes: past them a value is a typo
-# or a unit mistake that would exhaust a cluster or never end (the command lines' are ``cli.BOUNDS``).
-YEAR_S = 366 * 86_400
-MAX_GPUS = 1_024  # GPUs of one trial: a large cluster's
+    @property
+    def above(self) -> bool:
+        """The value must exceed ``low``, not merely reach it."""
+        return bool(self.bound and self.bound.above)
+
+    @property
+    def high(self) -> float | None:
+        """The greatest value allowed (None: no bound)."""
+        return self.bound.high if self.bound else None
+
+    @property
+    def why(self) -> str:
+        """What ``high`` follows from, as a space file's error line states it."""
+        return self.bound.reason("space") if self.bound else ""
+
+
+def bounded(name: str, **kw: Any) -> Key:
+    """A numeric key of its kind and within its bounds, both its row ``name`` of ``bounds.BOUNDS``."""
+    return Key(BOUNDS[name].kind, bound=BOUNDS[name], **kw)
+
+
+# The counts a space file holds are bounded by their rows in ``bounds.BOUNDS``, which the command
+# lines' flags read too (``cli.FLAGS``).
 # Per-model resources (the grid's and the search's ``models.<model>``); ``model_options`` fills the defaults.
 MODEL = {
-    "gpu": Key("number", low=0, default=0, high=MAX_GPUS, why="GPUs of one trial"),
-    "cpu": Key("number", low=0, default=1, high=MAX_CPUS, why="CPUs of one trial"),
-    "workers": Key("int", low=1, default=1, high=MAX_GPUS, why="DDP workers of one trial, a GPU each"),
-    "step_seconds": Key("finite", low=0, above=True, none=True, high=86_400, why="seconds: a day per step"),
+    "gpu": bounded("gpu", default=0),
+    "cpu": bounded("cpu", default=1),
+    "workers": bounded("workers", default=1),
+    "step_seconds": bounded("step_seconds", none=True),
     "config": Key("config", default={}),
 }
 # Ray Tune's options (``tune``); ``tune_options`` fills the defaults.
 TUNE = {
-    "max_failures": Key("int", low=0, default=2, high=100, why="retries of one trial"),
-    "max_concurrent": Key("int", low=1, none=True, high=100_000, why="trials at once, a process each"),
-    "threads_per_trial": Key("int", low=1, default=1, high=MAX_CPUS, why="threads of one process"),
-    "checkpoint_every_s": Key("finite", low=0, default=60.0, high=YEAR_S, why="seconds: a year"),
+    "max_failures": bounded("max_failures", default=2),
+    "max_concurrent": bounded("max_concurrent", none=True),
+    "threads_per_trial": bounded("threads_per_trial", default=1),
+    "checkpoint_every_s": bounded("checkpoint_every_s", default=60.0),
 }
 # A named experiment of a grid file (``experiments.<name>``): which models run which optimizers on
 # which datasets, so that a grid plans what a study ran, not the product of every axis.
@@ -156,7 +173,7 @@ GRID = {
         "map",
         empty=True,
         default={"sgd": {}},
-        each=Key("config", keys={"lr_scale": Key("finite", low=0, above=True, default=1.0)}),
+        each=Key("config", keys={"lr_scale": bounded("lr_scale", default=1.0)}),
     ),
     "models": Key("map", each=Key("section", keys=MODEL)),
     "tune": Key("section", keys=TUNE),
@@ -174,17 +191,20 @@ SEARCH = {
         "section",
         fill=True,
         keys={
-            "num_samples": Key("int", low=1, default=16, high=100_000, why="trials per study, each a finetuning run"),
-            "time_budget_s": Key("finite", low=0, above=True, none=True, high=YEAR_S, why="seconds: a year"),
+            "num_samples": bounded("num_samples", default=16),
+            "time_budget_s": bounded("time_budget_s", none=True),
         },
     ),
     "scheduler": Key(
         "section",
         fill=True,
-        keys={"grace_period": Key("int", low=1, default=1), "reduction_factor": Key("int", low=2, default=3)},
+        keys={
+            "grace_period": bounded("grace_period", default=1),
+            "reduction_factor": bounded("reduction_factor", default=3),
+        },
     ),
-    "seed": Key("int", low=0, default=0, high=SEED_END - 1, why="numpy's seeds"),
-    "test_seeds": Key("seeds", low=0, default=[100, 101, 102], high=SEED_END, why="numpy's seeds"),
+    "seed": bounded("seed", default=0),
+    "test_seeds": Key("seeds", bound=BOUNDS["seed"], default=[100, 101, 102]),
     "models": Key("map", each=Key("section", keys=MODEL)),
     "tune": Key("section", keys=TUNE),
 }
@@ -251,8 +271,7 @@ def _map(file: str, path: tuple, value: Any, key: Key) -> dict:
     return {name: check(file, path + (name,), v, key.each) for name, v in given.items()}
 
 
-# What an error calls each kind of number; all three refuse nan and inf.
-NUMBERS = {"int": "an integer", "number": "a number", "finite": "a finite number"}
+NUMBERS = KINDS  # what an error calls each kind of number
 
 
 def _number(file: str, path: tuple, value: Any, key: Key) -> Any:
@@ -261,13 +280,13 @@ def _number(file: str, path: tuple, value: Any, key: Key) -> Any:
         return None
     ok = isinstance(value, int) if key.type == "int" else isinstance(value, (int, float))
     ok = ok and not isinstance(value, bool) and (isinstance(value, int) or math.isfinite(value))
-    ok = ok and (value > key.low if key.above else value >= key.low)
+    ok = ok and not key.bound.below(value)
     if not ok:
         raise ConfigError(
             f"{_at(file, path[:-1])}: {path[-1]} must be {NUMBERS[key.type]} "
             f"{'>' if key.above else '>='} {key.low:g}, got {value!r}"
         )
-    if key.high is not None and value > key.high:
+    if key.bound.over(value):
         raise ConfigError(
             f"{_at(file, path[:-1])}: {path[-1]} must be {NUMBERS[key.type]} <= {_bound(key.high)} ({key.why}), "
             f"got {value!r}"
@@ -302,16 +321,11 @@ def _names(file: str, path: tuple, value: Any, key: Key) -> list:
 
 
 def _seeds(file: str, path: tuple, value: Any, key: Key) -> list:
-    """A non-empty list of integers >= ``key.low``."""
-    high = key.high if key.high is not None else math.inf
-    if (
-        not isinstance(value, list)
-        or not value
-        or not all(isinstance(t, int) and not isinstance(t, bool) and key.low <= t < high for t in value)
-    ):
-        below = f" and < {_bound(high)} ({key.why})" if key.high is not None else ""
+    """A non-empty list of seeds (``bounds.is_seed_list``); the same seed twice is allowed."""
+    if not is_seed_list(value):
         raise ConfigError(
-            f"{_at(file, path[:-1])}: {path[-1]} must be a list of integers >= {key.low:g}{below}, got {value!r}"
+            f"{_at(file, path[:-1])}: {path[-1]} must be a list of integers >= {key.low:g} "
+            f"and < {_bound(key.high + 1)} ({key.why}), got {value!r}"
         )
     return value
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from raystudy.bounds import BOUNDS, SEED_END_TEXT, seed_error
 from raystudy.errors import ConfigError, check_input_file
 from raystudy.models.components import PAIRINGS
 
@@ -35,26 +36,39 @@ ACCURACY_COUNTS = ("per_image", "batch_mean")
 LINEAR_PROBE_DATA = ("clean", "augmented")
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
-# Bounds of the counts a run takes, each from what it sizes; ``validate`` checks them before any
-# work, and the command lines that take the same counts share them (``cli.BOUNDS``).
-SEED_END = 2**32  # seeds are 0 <= seed < 2**32
-SEED_WHY = "the seeds numpy's legacy seeding and scikit-learn take"
-MAX_STEPS = 10_000_000
-MAX_BATCH = 65_536
-MAX_PAIRS = 1_000_000
-PAIRS_WHY = "time: each pair is a forward pass per component and probe mode; the paper measures 12,800"
-MAX_WORKERS = 256
-MAX_CPUS = 1024
-LIMITS: dict[str, tuple[int, str]] = {
-    "steps": (MAX_STEPS, "time: a thousand times the paper's longest run"),
-    "eval_every": (MAX_STEPS, "steps"),
-    "log_every": (MAX_STEPS, "steps"),
-    "batch_size": (MAX_BATCH, "memory: a batch's images are held at once"),
-    "eval_batch_size": (MAX_BATCH, "memory: a batch's images are held at once"),
-    "lora_rank": (4096, "a rank above a layer's width adds nothing"),
-    "probe_pairs": (MAX_PAIRS, PAIRS_WHY),
-    "num_workers": (MAX_WORKERS, "data loading processes"),
-}
+# The config keys with a row in ``bounds.BOUNDS``, each tuple in the order its check walks it (the
+# first error named depends on it): those with a lower bound (the positive ones first), then the seed
+# and those with an upper bound. The command lines that take the same counts read the same rows.
+LOWER_BOUNDED = (
+    "lr",
+    "steps",
+    "batch_size",
+    "grad_accum",
+    "eval_every",
+    "log_every",
+    "eval_batch_size",
+    "lora_rank",
+    "lora_alpha",
+    "weight_decay",
+    "momentum",
+    "warmup_steps",
+    "clip_grad",
+    "probe_pairs",
+    "probe_batch_size",
+    "num_workers",
+    "expect_images",
+)
+LIMITED = (
+    "seed",
+    "steps",
+    "eval_every",
+    "log_every",
+    "batch_size",
+    "eval_batch_size",
+    "lora_rank",
+    "probe_pairs",
+    "num_workers",
+)
 
 
 @dataclass(frozen=True)
@@ -137,7 +151,7 @@ def _field_types() -> dict[str, Any]:
 
 def check_value(key: str, value: Any) -> Any:
     """One config value, typed and checked as ``from_dict`` would, and within its bound if it
-    has one (``LIMITS``, the seed's range): a grid axis value."""
+    has one (``LIMITED``, the seed's range): a grid axis value."""
     value = _coerce(key, value, _field_types()[key])
     _check_limit(key, value)
     return value
@@ -292,21 +306,23 @@ def load_config(source: str | os.PathLike | dict | None = None, **overrides: Any
 def limit_help(key: str) -> str:
     """A config key's bound as help text states it ("" for a key without one)."""
     if key == "seed":
-        return "0 <= seed < 2**32"
-    return f"at most {LIMITS[key][0]:,}" if key in LIMITS else ""
+        return f"{BOUNDS['seed'].low} <= seed < {SEED_END_TEXT}"
+    return f"at most {BOUNDS[key].high:,}" if key in LIMITED else ""
 
 
 def _check_limit(key: str, value: Any) -> None:
-    if key == "seed" and not 0 <= value < SEED_END:
-        raise ConfigError(f"config key 'seed' must be >= 0 and < 2**32 ({SEED_END:,}: {SEED_WHY}), got {value}")
-    if key in LIMITS and value > LIMITS[key][0]:
-        high, why = LIMITS[key]
-        raise ConfigError(f"config key {key!r} must be <= {high:,} ({why}), got {value:,}")
+    if key not in LIMITED:
+        return
+    b = BOUNDS[key]
+    if key == "seed" and (b.below(value) or b.over(value)):
+        raise ConfigError(seed_error("config key 'seed'", value, "config"))
+    if b.over(value):
+        raise ConfigError(f"config key {key!r} must be <= {b.high:,} ({b.reason('config')}), got {value:,}")
 
 
 def check_limits(cfg: FinetuneConfig) -> None:
-    """The seed and every count of ``cfg`` within its bound (``LIMITS``); ConfigError naming it."""
-    for key in ("seed", *LIMITS):
+    """The seed and every count of ``cfg`` within its bound (``LIMITED``); ConfigError naming it."""
+    for key in LIMITED:
         _check_limit(key, getattr(cfg, key))
 
 
@@ -354,33 +370,14 @@ def _check_names(cfg: FinetuneConfig) -> None:
 
 
 def _check_signs(cfg: FinetuneConfig) -> None:
-    """``cfg``'s rates, counts and sizes > 0, and its decays, clips and optional counts >= 0."""
-    positive = (
-        "lr",
-        "steps",
-        "batch_size",
-        "grad_accum",
-        "eval_every",
-        "log_every",
-        "eval_batch_size",
-        "lora_rank",
-        "lora_alpha",
-    )
-    for key in positive:
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"config key {key!r} must be > 0, got {getattr(cfg, key)!r}")
-    for key in (
-        "weight_decay",
-        "momentum",
-        "warmup_steps",
-        "clip_grad",
-        "probe_pairs",
-        "probe_batch_size",
-        "num_workers",
-        "expect_images",
-    ):
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"config key {key!r} must be >= 0, got {getattr(cfg, key)!r}")
+    """``cfg``'s rates, counts and sizes > 0, and its decays, clips and optional counts >= 0
+    (``LOWER_BOUNDED``: each key's row in ``bounds.BOUNDS``)."""
+    for key in LOWER_BOUNDED:
+        b = BOUNDS[key]
+        if b.below(getattr(cfg, key)):
+            raise ConfigError(
+                f"config key {key!r} must be {'>' if b.above else '>='} {b.low:g}, got {getattr(cfg, key)!r}"
+            )
 
 
 def _check_relations(cfg: FinetuneConfig) -> None:
