@@ -1,5 +1,6 @@
 """Driving raystudy's command lines from tests: a clean environment, a process group of their own,
-polling a store until something has happened, and killing what the driver started."""
+polling a store until something has happened, and killing what the driver started; free ports and
+the MLflow runs of an experiment. Builders of test inputs (images, tiny models) are in helpers.py."""
 
 import os
 import signal
@@ -83,19 +84,22 @@ def start(cmd, cwd, stdout=subprocess.PIPE, env=None) -> subprocess.Popen:
     )
 
 
-def wait_for(ready, proc=None, timeout=300, every=0.5):
+def wait_for(ready, proc=None, timeout=300, every=0.5, what: str | None = None):
     """Call ``ready()`` every ``every`` s until it returns something true, ``proc`` ends or
     ``timeout`` passes; its last value. An exception counts as not ready (the store may not
-    exist yet)."""
-    deadline, value = time.time() + timeout, None
+    exist yet). With ``what``, not ready in time raises AssertionError naming it (and the last
+    exception) instead."""
+    deadline, value, error = time.time() + timeout, None, None
     while time.time() < deadline and (proc is None or proc.poll() is None):
         time.sleep(every)
         try:
-            value = ready()
-        except Exception:  # noqa: BLE001 - not there yet
-            value = None
+            value, error = ready(), None
+        except Exception as e:  # noqa: BLE001 - not there yet
+            value, error = None, e
         if value:
             return value
+    if what is not None:
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}") from error
     return value
 
 
@@ -210,6 +214,7 @@ def count_status(db, *statuses: str) -> int:
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -233,6 +238,13 @@ def search_runs(uri: str, experiment: str):
         return mlflow.search_runs(experiment_names=[experiment])
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def experiment_runs(client, experiment: str, filter_string: str = "") -> list:
+    """The runs (MLflow ``Run`` objects, at most 1000) of ``experiment`` that match ``filter_string``,
+    read through ``client``; ``search_runs`` gives them as a DataFrame."""
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id], filter_string, max_results=1000)
 
 
 def mlflow_server(tmp: Path, port: int) -> subprocess.Popen:

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from drivers import experiment_runs, free_port, wait_for
+
 # One xdist worker runs this file: its tests share one `ray up` cluster and sshd.
 pytestmark = pytest.mark.xdist_group("cluster")
 
@@ -234,12 +236,6 @@ def test_shared_host_ray_stop_stops_only_its_own_cluster():
 # ---------------------------------------------------------------- `ray up cluster.local.yaml`, for real
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def answers(url: str, timeout: float = 2.0, host: str | None = None) -> int | None:
     """HTTP status of ``url``, or None when nothing listens there."""
     req = urllib.request.Request(url, headers={"Host": host} if host else {})
@@ -250,15 +246,6 @@ def answers(url: str, timeout: float = 2.0, host: str | None = None) -> int | No
         return e.code
     except OSError:
         return None
-
-
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def exports(path: Path) -> dict[str, str]:
@@ -350,7 +337,7 @@ class LocalCluster:
             except OSError:
                 return False
 
-        wait_for(listening, 20, "sshd")
+        wait_for(listening, timeout=20, what="sshd")
 
     def write_user_env(self):
         # Its own Python environment (this one's packages, visible through --system-site-packages),
@@ -566,7 +553,9 @@ def test_mlflow_and_the_dashboard_are_reachable_only_as_the_config_promises(clus
         stderr=subprocess.PIPE,
     )
     try:
-        wait_for(lambda: answers(f"http://localhost:{local}/health") == 200, 30, "MLflow through the SSH tunnel")
+        wait_for(
+            lambda: answers(f"http://localhost:{local}/health") == 200, timeout=30, what="MLflow through the SSH tunnel"
+        )
     finally:
         tunnel.terminate()
         tunnel.wait(timeout=10)
@@ -597,9 +586,7 @@ def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster
     assert answers(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1") == 401  # credentials required
     for k, v in cluster.credentials().items():  # as a user who read them on the head
         monkeypatch.setenv(k, v)
-    cl = MlflowClient(uri)
-    exp = cl.get_experiment_by_name("raystudy-demo-vit_demo")
-    runs = cl.search_runs([exp.experiment_id], filter_string="tags.`raystudy.role` = 'trial'")
+    runs = experiment_runs(MlflowClient(uri), "raystudy-demo-vit_demo", "tags.`raystudy.role` = 'trial'")
     assert len(runs) == 8 and {r.data.tags["raystudy.status"] for r in runs} == {"finished"}
     assert {r.data.params["condition"] for r in runs} == {"MHA", "LN1"}
     assert all(0 <= r.data.metrics["test_acc"] <= 1 for r in runs)
@@ -626,7 +613,7 @@ def test_ray_down_stops_this_cluster_and_only_it(cluster):
     p = cluster.ray("down", "-y", str(cluster.config), timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     cluster.downed = True
-    wait_for(lambda: not ours(), 30, "this cluster's Ray processes to stop")
+    wait_for(lambda: not ours(), timeout=30, what="this cluster's Ray processes to stop")
 
 
 def _grants(policy: dict, action: str, arn: str) -> bool:

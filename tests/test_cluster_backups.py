@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from drivers import driver_env, free_port
-from test_cluster import exports, wait_for
+from drivers import driver_env, free_port, wait_for
+from test_cluster import exports
 from test_cluster_tracking import PG_CTL, node_sh, stop_postgres
 from test_grid_ray import SPACE, grid_cmd, write_space
 
@@ -199,10 +199,14 @@ def test_snapshots_taken_while_mlflow_writes_restore_into_a_new_heads_empty_stor
             text=True,
         )
         finished = lambda: done.read_text().split() if done.exists() else []  # noqa: E731
-        wait_for(lambda: len(finished()) >= 3 or writer.poll() is not None, 300, "the writer's first runs")
+        wait_for(lambda: len(finished()) >= 3 or writer.poll() is not None, timeout=300, what="the writer's first runs")
         # on the schedule, while the writer writes: more than three taken, the newest three kept
         log = old / "backups.log"
-        wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= 4, 120, "four scheduled snapshots")
+        wait_for(
+            lambda: log.exists() and len(log.read_text().splitlines()) >= 4,
+            timeout=120,
+            what="four scheduled snapshots",
+        )
         assert len(kept(bucket, kind)) == 3
         # and by hand (what the docs say to run when a grid ends), still while the writer writes
         before = finished()

@@ -1,4 +1,4 @@
-"""driver.records: the Tune callback's helpers (what a trial's run record holds is test_tracking's)."""
+"""driver.records: the Tune callback's helpers (what a trial's run record holds is test_tracking_record's)."""
 
 from types import SimpleNamespace
 

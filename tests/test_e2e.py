@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drivers import driver_env
+from drivers import driver_env, experiment_runs
 from test_grid_ray import own_ray, trial_runs
 
 pytestmark = pytest.mark.slow
@@ -78,10 +78,8 @@ def test_grid_analysis_export_rerun(
     import mlflow
 
     cl = mlflow.MlflowClient(uri)
-    exp = cl.get_experiment_by_name("raystudy-e2e-vit_demo")
-    run = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'trial' and tags.`raystudy.status` = 'finished'")[
-        0
-    ]
+    finished = "tags.`raystudy.role` = 'trial' and tags.`raystudy.status` = 'finished'"
+    run = experiment_runs(cl, "raystudy-e2e-vit_demo", finished)[0]
     assert {a.path for a in cl.list_artifacts(run.info.run_id)} == {
         "config.yaml",
         "plasticity_before.csv",
@@ -109,7 +107,7 @@ def test_grid_analysis_export_rerun(
     assert 0 <= omnibus.loc["friedman", "p"] <= 1 and omnibus.loc["nemenyi_cd", "n"] == 2
     assert "Friedman test over 3 conditions and 2 datasets: chi2 =" in (out / "report.md").read_text()
     assert any(f.startswith("plasticity") and f.endswith(".png") for f in files), sorted(files)
-    grid_run = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'grid'")[0]
+    grid_run = experiment_runs(cl, "raystudy-e2e-vit_demo", "tags.`raystudy.role` = 'grid'")[0]
     logged = [a.path for a in cl.list_artifacts(grid_run.info.run_id, "analysis")]
     assert logged, "analysis outputs not logged to the grid's parent run"
 

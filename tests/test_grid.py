@@ -1,6 +1,7 @@
 import pytest
 import yaml
 
+from helpers import class_folders
 from raystudy import grid
 from raystudy.spaces import grids, schema
 
@@ -211,25 +212,12 @@ def test_dry_run_adaptive_race_projects_both_ends(capsys):
     assert "one lr per cell is left at the first milestone: 28.4% of the steps" in out
 
 
-def _photos(root, classes=("cat", "dog", "eel"), n=8, start=0):
-    """``n`` PNGs per class under ``root/<class>/``, numbered from ``start``."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(start)
-    for c, name in enumerate(classes):
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for i in range(start, start + n):
-            Image.fromarray((rng.random((16, 16, 3)) * 60 + c * 90).astype("uint8")).save(root / name / f"{i}.png")
-    return root
-
-
 def test_a_grid_whose_data_changed_under_its_recorded_runs_says_so_in_one_line_and_refuses(
     tmp_path, mlflow_uri, capsys
 ):
     from raystudy.tracking import connect, record
 
-    photos = _photos(tmp_path / "photos")
+    photos = class_folders(tmp_path / "photos")
     argv = ["--data", f"mine={photos}", "--conditions", "MHA", "--tracking-uri", mlflow_uri, "--experiment", "e"]
     job = grid.prepare(grid.build_parser().parse_args(argv))  # not a dry run: its trials listed
     cl = connect.client(mlflow_uri)
@@ -239,7 +227,7 @@ def test_a_grid_whose_data_changed_under_its_recorded_runs_says_so_in_one_line_a
     assert grid.main(argv + ["--dry-run"]) == 0  # unchanged: no word of it
     capsys.readouterr()
 
-    _photos(photos, classes=("cat",), n=3, start=100)  # images added to a finished study's folder
+    class_folders(photos, classes=("cat",), n=3, start=100)  # images added to a finished study's folder
     assert grid.main(argv + ["--dry-run"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1, err

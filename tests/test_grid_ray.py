@@ -43,7 +43,7 @@ SPACE = {
 @pytest.fixture()
 def work(tmp_path, demo_weights, mlflow_uri, shared_ray):
     # The driver's default store (./mlflow.db) starts as a copy of an empty one: creating a store
-    # is seconds of migrations, tested once in test_tracking. The drivers join this test process's
+    # is seconds of migrations, tested once in test_tracking_record. The drivers join this test process's
     # shared Ray: what these tests check is the driver's.
     return tmp_path, shared_ray
 

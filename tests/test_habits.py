@@ -1,5 +1,6 @@
 """The codebase's habits, held: no function in raystudy/ or analysis/ over 60 lines (the training
-loop, read top to bottom, excepted), and a docstring on every public function and method."""
+loop, read top to bottom, excepted), a docstring on every public function and method, and tests
+named after the modules they test (tests/test_<pkg>_<mod>.py for raystudy/<pkg>/<mod>.py)."""
 
 import ast
 from pathlib import Path
@@ -58,3 +59,56 @@ def test_the_checks_see_what_they_should():
     )
     found = {name: (node.end_lineno - node.lineno + 1, pub) for name, node, pub in _functions(ast.parse(code))}
     assert found == {"f": (71, True), "C.m": (2, True), "C._p": (2, False)}
+
+
+def _names_a_module(folder: Path, rest: str) -> bool:
+    """Whether ``rest`` (a test file's name past ``test_<pkg>_``) is a module or package in ``folder``:
+    ``stats_paired`` is stats/paired.py, ``stats`` the package, ``load_mlflow`` load.py on one aspect."""
+    names = {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+    if rest in names:
+        return True
+    for name in names:
+        if rest.startswith(name + "_"):
+            sub = folder / name
+            if not sub.is_dir() or _names_a_module(sub, rest[len(name) + 1 :]):
+                return True
+    return False
+
+
+def _misnamed_tests(tests: list[str]) -> list[str]:
+    """The tests/test_<pkg>_*.py files (pkg a folder of raystudy/, or analysis) that name no module."""
+    roots = {p.name: p for p in (ROOT / "raystudy").iterdir() if (p / "__init__.py").exists()}
+    roots["analysis"] = ROOT / "analysis"
+    bad = []
+    for name in tests:
+        stem = name.removeprefix("test_").removesuffix(".py")
+        for pkg, folder in roots.items():
+            if stem.startswith(pkg + "_") and not _names_a_module(folder, stem[len(pkg) + 1 :]):
+                bad.append(name)
+    return bad
+
+
+def test_each_package_test_names_a_module_that_exists():
+    # a module renamed or moved leaves its test file's name pointing nowhere: caught here
+    tests = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert not _misnamed_tests(tests), "\n".join(_misnamed_tests(tests))
+
+
+def test_the_module_check_sees_what_it_should():
+    names = [
+        "test_models_registry.py",
+        "test_analysis_stats.py",
+        "test_analysis_stats_paired.py",
+        "test_analysis_load_mlflow.py",
+        "test_driver_tune_glue.py",
+        "test_grid_ray.py",
+        "test_e2e.py",
+        "test_models_nothing.py",
+        "test_analysis_stats_nothing.py",
+        "test_analysis_mlflow.py",
+    ]
+    assert _misnamed_tests(names) == [
+        "test_models_nothing.py",
+        "test_analysis_stats_nothing.py",
+        "test_analysis_mlflow.py",
+    ]

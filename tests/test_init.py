@@ -9,10 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
+from drivers import experiment_runs
+from helpers import class_folders
 from raystudy import init
 from raystudy.data import userdata
 from raystudy.spaces import grids, starter
@@ -22,11 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def image_folder(root: Path, n: int = 8) -> Path:
     """Two classes of ``n`` 16x16 PNGs (dark and bright), a grey PNG and a CMYK JPEG among them."""
-    rng = np.random.default_rng(0)
-    for c, name in enumerate(("dark", "bright")):
-        (root / name).mkdir(parents=True)
-        for i in range(n):
-            Image.fromarray((rng.random((16, 16, 3)) * 80 + 160 * c).astype("uint8")).save(root / name / f"{i}.png")
+    class_folders(root, ("dark", "bright"), n=n, spread=80, step=160)
     Image.new("L", (16, 16), 20).save(root / "dark" / "grey.png")
     Image.new("CMYK", (16, 16), (0, 0, 0, 10)).save(root / "bright" / "cmyk.jpg")
     return root
@@ -129,8 +126,7 @@ def test_init_then_grid_finishes_every_trial_with_the_test_split_recorded(
     import mlflow
 
     cl = mlflow.MlflowClient(mlflow_uri)
-    exp = cl.get_experiment_by_name("raystudy-photos-vit_demo")
-    parent = cl.search_runs([exp.experiment_id], "tags.`raystudy.role` = 'grid'")[0]
+    parent = experiment_runs(cl, "raystudy-photos-vit_demo", "tags.`raystudy.role` = 'grid'")[0]
     assert parent.data.params["data/photos/test_hash"] == part.test_hash
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
+from helpers import class_folders
 from raystudy import probe
 from raystudy.data import datasets
 from raystudy.measure import plasticity
@@ -196,12 +197,7 @@ def test_the_probe_normalises_images_as_the_grid_does():
 def test_probe_on_your_own_images_checks_them_first_and_probes_their_test_split(demo_weights, tmp_path, capsys):
     from PIL import Image
 
-    root = tmp_path / "photos"
-    rng = np.random.default_rng(0)
-    for c, name in enumerate(("cat", "dog", "eel")):
-        (root / name).mkdir(parents=True)
-        for i in range(10):
-            Image.fromarray((rng.random((20, 20, 3)) * 60 + c * 90).astype("uint8")).save(root / name / f"{i}.png")
+    root = class_folders(tmp_path / "photos", n=10, size=20)
     Image.new("CMYK", (20, 20), (0, 50, 100, 0)).save(root / "dog" / "cmyk.jpg")
     (root / "eel" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
     argv = ["--dataset", "mine", "--data", str(root), "--pairs", "8", "--batch-size", "4", "--out", str(tmp_path / "o")]

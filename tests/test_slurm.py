@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drivers import driver_env
+from drivers import driver_env, experiment_runs
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL_SH = REPO / "cluster" / "slurm" / "local.sh"
@@ -123,8 +123,7 @@ def recorded(folder: Path):
     db = folder / "restored.db"
     db.write_bytes(gzip.decompress(newest.read_bytes()))
     cl = MlflowClient(tracking_uri=f"sqlite:///{db}")
-    exp = cl.get_experiment_by_name(EXPERIMENT)
-    runs = cl.search_runs([exp.experiment_id], max_results=1000)
+    runs = experiment_runs(cl, EXPERIMENT)
     return cl, runs, [r for r in runs if r.data.tags.get("raystudy.role") == "trial"]
 
 

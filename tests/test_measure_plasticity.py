@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 from timm.layers import Attention
-from timm.models.vision_transformer import VisionTransformer
 
+import helpers
 from analysis.stats import pooling
 from raystudy.measure import plasticity
 
@@ -29,13 +29,7 @@ COMPS = ("LN1", "MHA", "LN2", "FC1", "FC2")
 def tiny_vit(seed=0, **kw):
     """A float64 tiny ViT whose every parameter is random (timm zero-inits some biases)."""
     torch.manual_seed(seed)
-    model = (
-        VisionTransformer(
-            img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_classes=10, **kw
-        )
-        .double()
-        .eval()
-    )
+    model = helpers.tiny_vit(**kw).double().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or name in ("cls_token", "reg_token", "pos_embed") or ".ls" in name:

@@ -10,16 +10,10 @@ import re
 
 import pytest
 import torch
-from timm.models.vision_transformer import VisionTransformer
 
+from helpers import tiny_vit
 from raystudy.measure import plasticity
 from raystudy.models import architectures, components, registry
-
-
-def vit(**kw):
-    return VisionTransformer(
-        img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_classes=10, **kw
-    )
 
 
 def gpt2_tiny(attention: str = "sdpa"):
@@ -31,18 +25,18 @@ def gpt2_tiny(attention: str = "sdpa"):
 # (record, builder, input): the ViT variants the patterns name (LayerScale, registers, average
 # pooling's fc_norm, CLIP's pre-norm) each get a case.
 MODELS = {
-    "vit": (architectures.VIT, vit, lambda: torch.randn(3, 1, 16, 16)),
+    "vit": (architectures.VIT, tiny_vit, lambda: torch.randn(3, 1, 16, 16)),
     "vit_layerscale_registers": (
         architectures.VIT,
-        lambda: vit(init_values=1e-5, reg_tokens=2),
+        lambda: tiny_vit(init_values=1e-5, reg_tokens=2),
         lambda: torch.randn(3, 1, 16, 16),
     ),
     "vit_avg_pool_no_cls": (
         architectures.VIT,
-        lambda: vit(class_token=False, global_pool="avg"),
+        lambda: tiny_vit(class_token=False, global_pool="avg"),
         lambda: torch.randn(3, 1, 16, 16),
     ),
-    "vit_pre_norm": (architectures.VIT, lambda: vit(pre_norm=True), lambda: torch.randn(3, 1, 16, 16)),
+    "vit_pre_norm": (architectures.VIT, lambda: tiny_vit(pre_norm=True), lambda: torch.randn(3, 1, 16, 16)),
     "gpt2": (architectures.GPT2, gpt2_tiny, lambda: torch.randint(0, 256, (3, 12))),
     "gpt2_eager": (architectures.GPT2, lambda: gpt2_tiny("eager"), lambda: torch.randint(0, 256, (3, 12))),
 }

@@ -12,28 +12,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from helpers import class_folders
 from raystudy.data import datasets, userdata
 from raystudy.train.config import KEYS_ADDED, FinetuneConfig, load_config, trial_key, validate
-
-
-def write_images(root: Path, classes=("cat", "dog", "eel"), n: int = 8, size: int = 20) -> list[Path]:
-    """``n`` PNGs per class under ``root/<class>/``, each class its own brightness; the files written."""
-    rng = np.random.default_rng(0)
-    out = []
-    for c, name in enumerate(classes):
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for i in range(n):
-            a = (rng.random((size, size, 3)) * 60 + c * 90).astype("uint8")
-            out.append(root / name / f"{i}.png")
-            Image.fromarray(a).save(out[-1])
-    return out
 
 
 @pytest.fixture
 def photos(tmp_path) -> Path:
     """A class-folder tree: three classes of eight RGB images, plus a grey PNG and a CMYK JPEG."""
     root = tmp_path / "photos"
-    write_images(root)
+    class_folders(root, size=20)
     Image.new("L", (20, 20), 30).save(root / "cat" / "grey.png")
     Image.new("CMYK", (20, 20), (0, 50, 100, 0)).save(root / "dog" / "cmyk.jpg")
     (root / "dog" / "notes.txt").write_text("not an image")
@@ -81,7 +69,7 @@ def test_splits_per_run_seed_the_test_split_fixed(photos):
 
 def test_given_splits_are_used_as_given(tmp_path):
     for split, n in (("train", 6), ("val", 2), ("test", 3)):
-        write_images(tmp_path / "d" / split, classes=("a", "b"), n=n)
+        class_folders(tmp_path / "d" / split, classes=("a", "b"), n=n, size=20)
     s = userdata.scan(str(tmp_path / "d"))
     assert s.classes == ("a", "b") and {k: len(v) for k, v in s.items.items()} == {"train": 12, "val": 4, "test": 6}
     splits = datasets.build_splits("d", seed=0, img_size=8, mean=(0.5,) * 3, std=(0.5,) * 3, data=str(tmp_path / "d"))
@@ -90,7 +78,7 @@ def test_given_splits_are_used_as_given(tmp_path):
 
 
 def test_a_csv_and_a_parquet_table(tmp_path):
-    files = write_images(tmp_path / "img", classes=("x", "y"), n=6)
+    files = sorted(class_folders(tmp_path / "img", classes=("x", "y"), n=6, size=20).rglob("*.png"))
     rows = [(str(f.relative_to(tmp_path)), f.parent.name, "test" if f.stem == "0" else "") for f in files]
     (tmp_path / "t.csv").write_text("path,label,split\n" + "".join(f"{p},{lab},{sp}\n" for p, lab, sp in rows))
     s = userdata.scan(str(tmp_path / "t.csv"))

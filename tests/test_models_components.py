@@ -1,8 +1,8 @@
 import pytest
 import timm
 import torch
-from timm.models.vision_transformer import VisionTransformer
 
+from helpers import tiny_vit
 from raystudy import components as components_command
 from raystudy.models import components as C
 
@@ -10,12 +10,6 @@ from raystudy.models import components as C
 @pytest.fixture(scope="module")
 def vit_base():
     return timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=100)
-
-
-def tiny(**kw):
-    return VisionTransformer(
-        img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_classes=10, **kw
-    )
 
 
 def test_vit_base_partition_counts_match_the_study(vit_base):
@@ -51,7 +45,7 @@ def test_partition_fails_loudly_on_unknown_parameters(names, culprit):
 
 def test_layer_scale_and_register_tokens_have_a_component():
     """LayerScale trains with the component whose output it scales; registers are embedding."""
-    model = tiny(init_values=1e-5, reg_tokens=2)
+    model = tiny_vit(init_values=1e-5, reg_tokens=2)
     groups = C.partition(model)
     names = [n for ns in groups.values() for n in ns]
     assert sorted(names) == sorted(n for n, _ in model.named_parameters())
@@ -111,7 +105,7 @@ def test_bad_condition_names_the_value_and_the_choices(bad):
 
 @pytest.mark.parametrize("cond", ["LN1", "MHA", "LN2", "FC1", "FC2", "EMBED", "full", "linear_probe", "MHA+FC1"])
 def test_apply_condition_sets_exactly_the_trainable_set(cond):
-    model = tiny()
+    model = tiny_vit()
     counts = C.apply_condition(model, cond)
     groups = C.partition(model)
     params = dict(model.named_parameters())
@@ -124,7 +118,7 @@ def test_apply_condition_sets_exactly_the_trainable_set(cond):
 
 
 def test_lora_trains_only_adapters_head_and_final_norm():
-    model = tiny()
+    model = tiny_vit()
     counts = C.apply_condition(model, "lora")
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable, "nothing trains"
@@ -139,7 +133,7 @@ def test_lora_trains_only_adapters_head_and_final_norm():
 
 def test_lora_starts_as_the_identity():
     torch.manual_seed(0)
-    model = tiny().eval()
+    model = tiny_vit().eval()
     x = torch.randn(2, 1, 16, 16)
     before = model(x)
     C.apply_condition(model, "lora")
