@@ -28,6 +28,7 @@ import yaml
 from raystudy import cli
 from raystudy.data import userdata
 from raystudy.errors import ConfigError
+from raystudy.measure import summary
 from raystudy.models import components
 from raystudy.tracking import connect, record
 from raystudy.train.config import FinetuneConfig, limit_help, load_config, parse_value, validate
@@ -145,9 +146,7 @@ def plasticity_summary(results: dict[str, Any]) -> str | None:
     }
     if not tables:
         return None
-    means = pd.concat(
-        {w: t.groupby(["mode", "component"], sort=False)["mean"].mean() for w, t in tables.items()}, axis=1
-    )
+    means = pd.concat({w: summary.layer_means(t, ("mode", "component")) for w, t in tables.items()}, axis=1)
     whens = list(tables)
     lines = [
         "plasticity, mean over layers (most plastic first):",

@@ -23,6 +23,7 @@ import math
 import time
 from typing import Any
 
+from raystudy.measure import summary
 from raystudy.models import components
 from raystudy.tracking.connect import versions
 from raystudy.tracking.query import find_runs, logged_upto, trial_status
@@ -209,14 +210,10 @@ def trial_name(config: dict[str, Any]) -> str:
 
 def plasticity_metrics(table: list[dict[str, Any]], prefix: str = "plasticity") -> dict[str, float]:
     """Per-component summaries of a plasticity table (rows of mode, layer, component, mean):
-    ``<prefix>/<mode>/<component>`` = the mean over layers, as the report's component table
-    averages them; finite values only."""
-    sums: dict[str, list[float]] = {}
-    for row in table:
-        v = as_number(row.get("mean"))
-        if math.isfinite(v):
-            sums.setdefault(f"{prefix}/{row['mode']}/{row['component']}", []).append(v)
-    return {k: sum(v) / len(v) for k, v in sums.items()}
+    ``<prefix>/<mode>/<component>`` = the mean over layers (``measure.summary.layer_means``, as
+    the report's component table averages them); finite values only."""
+    means = summary.layer_means(table, ("mode", "component"))
+    return {f"{prefix}/{mode}/{component}": float(v) for (mode, component), v in means.items() if math.isfinite(v)}
 
 
 def log_steps(cl, run_id: str, reports: list[dict[str, Any]], upto: dict[str, int] | None = None) -> None:
