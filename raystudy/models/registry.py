@@ -449,7 +449,12 @@ def note(name: str) -> str:
 
 def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(mean, std) of the input normalisation: the checkpoint's own, or ImageNet's (the paper's)."""
-    ic = input_config(name)
+    return normalization_of(input_config(name), name, kind)
+
+
+def normalization_of(ic: dict, name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``normalization`` from ``name``'s input config ``ic`` already looked up (``input_config``):
+    a trial derives its inputs once and its normalisation from them."""
     if kind == "checkpoint":
         return tuple(ic["mean"]), tuple(ic["std"])
     if ic.get("tokens"):
