@@ -31,6 +31,7 @@ DERIVED = (
     (registry, "normalization_of"),
     (registry, "architecture"),
     (registry, "source_dataset"),
+    (registry, "check_model"),
     (components, "parse_condition"),
     (config, "_check_names"),
 )
@@ -62,7 +63,7 @@ def test_resolve_holds_what_a_trial_is():
     assert plan.trainable == components.trainable_components("MHA+FC1")
     assert plan.splits.img_size == ic["img_size"] and plan.splits.channels == (ic["in_chans"] or 3)
     assert plan.splits.data_path == datasets.resolve_data_path("auto", "digits_c")  # auto resolved
-    assert plan.source.dataset == registry.source_dataset("vit_demo")
+    assert plan.source.name == registry.source_dataset("vit_demo")
     assert (plan.optim.optimizer, plan.optim.lr, plan.optim.betas) == ("adamw", 0.01, cfg.betas)
     assert not plan.closed_form and resolve(cfg.replace(condition="linear_probe")).closed_form
     with pytest.raises(ConfigError, match="unknown component"):  # it validates as validate does
@@ -73,7 +74,7 @@ def test_resolve_derives_the_inputs_once(monkeypatch):
     calls = _count(monkeypatch)
     resolve(FinetuneConfig(**FAST, probe_pairs=8))
     assert calls["input_config"] == 1 and calls["normalization"] == 0 and calls["normalization_of"] == 1
-    assert calls["_check_names"] == 1 and calls["parse_condition"] == 1
+    assert calls["_check_names"] == 1 and calls["parse_condition"] == 1 and calls["source_dataset"] == 1
 
 
 @pytest.mark.parametrize("condition", ["MHA", "linear_probe"])

@@ -342,6 +342,7 @@ class Names:
     inputs: dict[str, Any]  # registry.input_config
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    source: str  # the dataset the model was pretrained on, where plasticity probes draw x from
 
 
 def _check_names(cfg: FinetuneConfig) -> Names:
@@ -366,9 +367,10 @@ def _check_names(cfg: FinetuneConfig) -> Names:
         )
     inputs = registry.input_config(cfg.model)
     mean, std = registry.normalization_of(inputs, cfg.model, cfg.normalization)
+    source = registry.source_dataset(cfg.model)
     if cfg.weights is not None:
         registry.check_weights_file(cfg.weights)
-    return Names(condition | {"HEAD"}, info, data_path, full, arch, inputs, mean, std)
+    return Names(condition | {"HEAD"}, info, data_path, full, arch, inputs, mean, std, source)
 
 
 def _check_signs(cfg: FinetuneConfig) -> None:

@@ -207,11 +207,6 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- building
 
 
-def build_model(cfg: FinetuneConfig, num_classes: int) -> nn.Module:
-    """The config's model with a ``num_classes`` head, pretrained or from ``cfg.weights``."""
-    return registry.create_model(cfg.model, num_classes, pretrained=cfg.pretrained, weights=cfg.weights)
-
-
 def build(cfg: FinetuneConfig | TrialPlan, model: nn.Module | None = None, augment_train: bool = True):
     """(model with the condition applied, splits, trainable counts per component); a config is
     resolved first (``plan.resolve``), a plan is taken as it is.
@@ -224,7 +219,10 @@ def build(cfg: FinetuneConfig | TrialPlan, model: nn.Module | None = None, augme
     splits = plan.splits.build(augment_train)
     with seeded(cfg.seed):
         if model is None:
-            model = build_model(cfg, splits.num_classes)
+            # Pretrained or from cfg.weights; the name was checked when the plan was resolved.
+            model = registry.create_model(
+                cfg.model, splits.num_classes, pretrained=cfg.pretrained, weights=cfg.weights, full=plan.model
+            )
         counts = components.apply_trainable(model, plan.trainable, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha)
     return model, splits, counts
 

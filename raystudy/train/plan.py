@@ -13,44 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from raystudy.data import datasets
-from raystudy.models import architectures, components, registry
+from raystudy.models import architectures, components
 from raystudy.train.config import FinetuneConfig, checked_names
-
-
-@dataclass(frozen=True)
-class SplitPlan:
-    """One dataset's ``datasets.build_splits`` arguments, but for ``augment_train``."""
-
-    dataset: str
-    seed: int
-    img_size: int | None
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    root: str | None
-    download: bool = False
-    low_data: bool = False
-    low_data_split: str = "vtab1k"
-    data_path: str = "torchvision"
-    data: str = ""
-    channels: int = 3
-
-    def build(self, augment_train: bool = True) -> datasets.Splits:
-        """The splits (``augment_train=False``: the eval transform on training images too)."""
-        return datasets.build_splits(
-            self.dataset,
-            seed=self.seed,
-            img_size=self.img_size,
-            mean=self.mean,
-            std=self.std,
-            root=self.root,
-            download=self.download,
-            low_data=self.low_data,
-            low_data_split=self.low_data_split,
-            data_path=self.data_path,
-            augment_train=augment_train,
-            data=self.data,
-            channels=self.channels,
-        )
 
 
 @dataclass(frozen=True)
@@ -75,8 +39,8 @@ class TrialPlan:
     inputs: dict[str, Any]  # registry.input_config: img_size, in_chans, mean, std (, tokens)
     mean: tuple[float, ...]  # the normalisation the run sees images with
     std: tuple[float, ...]
-    splits: SplitPlan  # the run's data
-    source: SplitPlan  # the plasticity probe's x: the model's pretraining data
+    splits: datasets.SplitSpec  # the run's data
+    source: datasets.SplitSpec  # the plasticity probe's x: the model's pretraining data
     trainable: frozenset[str]  # the condition's components, HEAD included
     closed_form: bool  # fitted on frozen features (linear_probe): no steps
     optim: OptimizerPlan
@@ -93,7 +57,7 @@ def resolve(cfg: FinetuneConfig) -> TrialPlan:
         inputs=names.inputs,
         mean=names.mean,
         std=names.std,
-        splits=SplitPlan(
+        splits=datasets.SplitSpec(
             cfg.dataset,
             cfg.seed,
             img_size,
@@ -108,7 +72,7 @@ def resolve(cfg: FinetuneConfig) -> TrialPlan:
             channels=names.inputs["in_chans"] or 3,
         ),
         # The source as the finetuning sees images (its normalisation), on the default data path.
-        source=SplitPlan(registry.source_dataset(cfg.model), cfg.seed, img_size, names.mean, names.std, cfg.data_root),
+        source=datasets.SplitSpec(names.source, cfg.seed, img_size, names.mean, names.std, cfg.data_root),
         trainable=names.trainable,
         closed_form=cfg.condition in components.CLOSED_FORM,
         optim=OptimizerPlan(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.betas),
