@@ -335,7 +335,6 @@ class Names:
     (``raystudy.train.plan.resolve``) so that no later step looks it up again."""
 
     trainable: frozenset[str]  # the condition's components, HEAD included
-    dataset: Any  # its registry entry (raystudy.data.datasets.DatasetInfo)
     data_path: str  # torchvision or cache: ``auto`` resolved
     model: str  # the full model name
     architecture: Any  # the family record (raystudy.models.architectures.Architecture)
@@ -370,7 +369,7 @@ def _check_names(cfg: FinetuneConfig) -> Names:
     source = registry.source_dataset(cfg.model)
     if cfg.weights is not None:
         registry.check_weights_file(cfg.weights)
-    return Names(condition | {"HEAD"}, info, data_path, full, arch, inputs, mean, std, source)
+    return Names(condition | {"HEAD"}, data_path, full, arch, inputs, mean, std, source)
 
 
 def _check_signs(cfg: FinetuneConfig) -> None:
