@@ -3,6 +3,7 @@
 import types
 
 import pytest
+import torch
 
 from raystudy.data import datasets
 from raystudy.errors import ConfigError
@@ -102,7 +103,11 @@ def test_a_trial_resolves_its_config_once(monkeypatch):
     monkeypatch.setattr(engine, "train", lambda cfg, **kw: (resolved.append(type(cfg)), real_train(cfg, **kw))[1])
     calls = _count(monkeypatch)
     cfg = FinetuneConfig(**FAST, condition="MHA", probe_pairs=8)
-    trial.run_trial({"trial": {"key": "k", "finetune": cfg.to_dict()}, "threads": 1})
+    threads = torch.get_num_threads()
+    try:
+        trial.run_trial({"trial": {"key": "k", "finetune": cfg.to_dict()}, "threads": 1})
+    finally:
+        torch.set_num_threads(threads)  # run_trial sets the process's; later tests keep theirs
     assert resolved == [TrialPlan]  # the loop gets the plan, not the config
     assert calls["input_config"] == 1 and calls["_check_names"] == 1 and calls["source_dataset"] == 1
     assert calls["normalization"] == 0 and calls["parse_condition"] == 1
