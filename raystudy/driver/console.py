@@ -6,7 +6,7 @@ A grid of more than ``EVERY_TRIAL_UP_TO`` trials prints a status line at each ``
 of the grid done (or after ``STATUS_EVERY_S`` without one) instead, plus the line of each trial
 that did not finish:
 
-    [1000/2000] 50% done, 3 did not finish (2 failed, 1 diverged)  | 8 running, 992 pending, ETA 2 h 05 min
+    [1000/2000] 50% done, 3 did not finish (2 failed, 1 diverged)  | 7 running, 993 pending, ETA 2 h 04 min
 
 Tune's own output (a configuration and a result table per trial, a live table of truncated
 dicts) is off by default; ``ConsoleTrials`` prints these lines from the driver instead. The
