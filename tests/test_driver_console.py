@@ -106,3 +106,116 @@ def test_quiet_callback_prints_only_trials_that_did_not_finish():
     cb.on_trial_complete(0, [ok, bad], ok)
     cb.on_trial_complete(0, [bad], bad)
     assert out == ["[2/2] MHA digits_c lr 0.1 seed 2  diverged at step 7  0 s  | 0 running, 0 pending"]
+
+
+def _simulate(cb, total, slots, duration, fail=(), diverge=(), stop=()):
+    """Runs a grid of ``total`` trials through ``cb`` as Tune would, ``slots`` at once, on a fake
+    clock: each trial takes ``duration(i)`` seconds; trials numbered in ``fail`` fail, in
+    ``diverge`` diverge, in ``stop`` are stopped early. Returns (printed (time, line) pairs, end)."""
+    import heapq
+
+    now, out = [0.0], []
+    cb.clock, cb.log = (lambda: now[0]), (lambda line: out.append((now[0], line)))
+    ok = {"final": 1, "status": "finished", "best_val_acc": 0.5, "test_acc": 0.5}
+    running, ends, nxt = [], [], 0
+
+    def start():
+        nonlocal nxt
+        t = _trial(nxt, f"k{nxt}")
+        running.append(t)
+        cb.on_trial_start(0, list(running), t)
+        heapq.heappush(ends, (now[0] + duration(nxt), nxt, t))
+        nxt += 1
+
+    while nxt < min(slots, total):
+        start()
+    while ends:
+        now[0], i, t = heapq.heappop(ends)
+        if i in fail:
+            cb.on_trial_error(0, list(running), t)
+        else:
+            t.last_result = {"final": 1, "status": "diverged", "steps_done": 3} if i in diverge else ok
+            t.last_result = {"step": 5, "best_val_acc": 0.4} if i in stop else t.last_result
+            cb.on_trial_complete(0, list(running), t)
+        t.status = "TERMINATED"
+        running.remove(t)
+        if nxt < total:
+            start()
+    return out, now[0]
+
+
+def _seconds_of(text):
+    """``2 h 05 min``, ``4 min 05 s``, ``13 s`` back to seconds."""
+    import re
+
+    h = re.fullmatch(r"(\d+) h (\d+) min", text)
+    m = re.fullmatch(r"(\d+) min (\d+) s", text)
+    if h:
+        return 3600 * int(h[1]) + 60 * int(h[2])
+    if m:
+        return 60 * int(m[1]) + int(m[2])
+    return int(text.removesuffix(" s"))
+
+
+def test_a_large_grid_prints_status_lines_and_the_trials_that_did_not_finish_with_a_sound_eta():
+    import random
+
+    rng = random.Random(0)
+    took = [rng.uniform(40, 80) for _ in range(2000)]  # a uniform grid: one kind of trial, some spread
+    fail, diverge, stop = {17, 900, 1500}, {5, 1234}, {1999}
+    cb = console.ConsoleTrials(2000, done_keys=())
+    assert not cb.every_trial  # from the trial count alone
+    out, end = _simulate(cb, 2000, 8, took.__getitem__, fail, diverge, stop)
+    lines = [line for _, line in out]
+    status = [line for line in lines if " done" in line.split("|")[0] and "[" in line]
+    problems = [line for line in lines if line not in status]
+    assert len(problems) == 6 and all(("FAILED" in p) or ("diverged" in p) or ("stopped" in p) for p in problems)
+    # the first trial that ends, each 1% of the grid: 101 status lines, 107 lines for 2,000 trials
+    assert len(status) == 101 and len(lines) == 107
+    assert status[0].startswith("[   1/2000] 0% done  | 7 running, 1992 pending, ETA ")
+    assert (
+        status[-1]
+        == "[2000/2000] 100% done, 6 did not finish (3 failed, 2 diverged, 1 stopped)  | 0 running, 0 pending"
+    )
+    (when, half), *_ = [(t, line) for t, line in out if line.startswith("[1000/2000] 50% done")]
+    assert half.startswith("[1000/2000] 50% done, 3 did not finish (2 failed, 1 diverged)  | 7 running, 993 pending")
+    estimate, truth = _seconds_of(half.split("ETA ")[1]), end - when
+    assert abs(estimate - truth) <= 0.2 * truth, (estimate, truth)
+
+
+def test_a_large_grid_whose_percent_takes_long_still_says_where_it_stands_every_five_minutes():
+    cb = console.ConsoleTrials(1000, done_keys=())
+    out, _ = _simulate(cb, 30, 1, lambda i: 100.0)  # only the first 30 of 1,000 trials, 100 s each
+    assert console.STATUS_EVERY_S == 300
+    # the first; 300 s after it (trials 4, 7); 1% at trial 10, then each 300 s and 1% again at 20, 30
+    assert [int(line[1:5]) for _, line in out] == [1, 4, 7, 10, 13, 16, 19, 20, 23, 26, 29, 30]
+    assert out[3][1] == "[  10/1000] 1% done  | 0 running, 990 pending, ETA 27 h 30 min"
+
+
+def test_a_grid_up_to_the_threshold_prints_a_line_per_trial_as_before_and_quiet_only_problems():
+    n = console.EVERY_TRIAL_UP_TO
+    assert n == 200
+    out, _ = _simulate(console.ConsoleTrials(n, done_keys=()), n, 3, lambda i: 10.0 + i % 7, diverge={50})
+    lines = [line for _, line in out]
+    # byte for byte what the console printed before large grids had status lines
+    assert len(lines) == n
+    assert (
+        lines[0]
+        == "[  1/200] MHA digits_c lr 0.1 seed 0  val 50.0  test 50.0  10 s  | 2 running, 197 pending, ETA 10 min 57 s"
+    )
+    assert (
+        lines[50]
+        == "[ 51/200] MHA digits_c lr 0.1 seed 50  diverged at step 3  11 s  | 2 running, 147 pending, ETA 10 min 35 s"
+    )
+    assert lines[-1] == "[200/200] MHA digits_c lr 0.1 seed 199  val 50.0  test 50.0  13 s  | 0 running, 0 pending"
+    quiet, _ = _simulate(console.ConsoleTrials(n + 1, (), quiet=True), n + 1, 3, lambda i: 10.0, diverge={50})
+    assert [line for _, line in quiet] == [quiet[0][1]] and "diverged at step 3" in quiet[0][1]
+    forced, _ = _simulate(console.ConsoleTrials(n + 1, (), every_trial=True), n + 1, 3, lambda i: 10.0)
+    assert len(forced) == n + 1
+
+
+def test_a_resumed_large_grid_counts_on_from_what_mlflow_holds():
+    cb = console.ConsoleTrials(1000, done_keys={f"old{i}" for i in range(500)})
+    out, _ = _simulate(cb, 20, 2, lambda i: 10.0)
+    assert out[0][1].startswith("[ 501/1000] 50% done  | 1 running, 498 pending")
+    assert [int(line[1:5]) for _, line in out] == [501, 510, 520]

@@ -2,6 +2,12 @@
 
     [12/26] MHA digits_c lr 0.3 seed 1  val 74.8  test 72.7  13 s  | 2 running, 12 pending, ETA 1 min 20 s
 
+A grid of more than ``EVERY_TRIAL_UP_TO`` trials prints a status line at each ``STATUS_PERCENT``
+of the grid done (or after ``STATUS_EVERY_S`` without one) instead, plus the line of each trial
+that did not finish:
+
+    [1000/2000] 50% done, 3 did not finish (2 failed, 1 diverged)  | 7 running, 993 pending, ETA 2 h 04 min
+
 Tune's own output (a configuration and a result table per trial, a live table of truncated
 dicts) is off by default; ``ConsoleTrials`` prints these lines from the driver instead. The
 formatting and the ETA are pure functions of what the driver measured.
@@ -21,6 +27,15 @@ from raystudy.models import components
 # Config keys shown in a trial's line only when the grid varies them (condition, dataset, lr and
 # seed always are).
 VARYING = ("model", "optimizer", "low_data")
+
+# Up to this many trials a grid prints a line per trial that ends; above, status lines. The demo
+# grid (104 trials) and most spaces stay under it; 200 lines already fill several screens, and the
+# paper's grid (825 trials) or ten times it would scroll every line of interest away.
+EVERY_TRIAL_UP_TO = 200
+# A large grid's status line at each 1% of its trials done: at most 100 lines whatever its size,
+# frequent enough to watch; and at least every 5 minutes, for a grid whose 1% takes hours.
+STATUS_PERCENT = 1
+STATUS_EVERY_S = 300.0
 
 
 def seconds(s: float) -> str:
@@ -94,6 +109,22 @@ def trial_line(
     return f"[{index:>{width}}/{total}] {what}  {how}  {seconds(took_s)}  | {tail}"
 
 
+def status_line(
+    done: int, total: int, problems: dict[str, int], running: int, pending: int, eta_s: float | None
+) -> str:
+    """A large grid's line of progress: done, how many did not finish and why, running, pending, ETA."""
+    width = len(str(total))
+    head = f"[{done:>{width}}/{total}] {done * 100 // max(total, 1)}% done"
+    bad = sum(problems.values())
+    if bad:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in problems.items() if n)
+        head += f", {bad} did not finish ({kinds})"
+    tail = f"{running} running, {pending} pending"
+    if (pending or running) and eta_s is not None:
+        tail += f", ETA {seconds(eta_s)}"
+    return f"{head}  | {tail}"
+
+
 def error_line(text: str, limit: int = 160) -> str:
     """The last line of a trial's error (a traceback's exception line, its class without its
     module), shortened."""
@@ -105,6 +136,11 @@ def error_line(text: str, limit: int = 160) -> str:
 class ConsoleTrials(tune.Callback):
     """Prints one line per trial that ends (finished, diverged, stopped or failed) and one per
     retry; with ``quiet``, only the lines about trials that did not finish.
+
+    A grid of more than ``EVERY_TRIAL_UP_TO`` trials (or ``every_trial=False``) prints, instead
+    of the finished trials' lines, a status line (``status_line``) when the first trial ends, at
+    each ``STATUS_PERCENT`` of the grid done, after ``STATUS_EVERY_S`` without one, and at the
+    last trial; ``quiet`` leaves those out too.
 
     ``total`` counts the whole grid and ``done`` the trials MLflow already holds (``done_keys``),
     so a resumed grid numbers on from there; a restored trial whose key was already done is
@@ -119,13 +155,17 @@ class ConsoleTrials(tune.Callback):
         quiet: bool = False,
         log: Callable[[str], None] = print,
         clock: Callable[[], float] = time.time,
+        every_trial: bool | None = None,
     ):
         self.total, self.done_keys, self.shown, self.quiet = total, set(done_keys), tuple(shown), quiet
         self.log, self.clock = log, clock
+        self.every_trial = total <= EVERY_TRIAL_UP_TO if every_trial is None else every_trial
         self.done = len(self.done_keys)
         self.started: dict[str, float] = {}
         self.durations: list[float] = []
         self.slots = 1
+        self.problems = {"failed": 0, "diverged": 0, "stopped": 0}
+        self.last_status: float | None = None  # when the last status line was printed; None: none yet
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state; a resume gets a new one
         return {**self.__dict__, "log": print, "clock": time.time}
@@ -138,7 +178,10 @@ class ConsoleTrials(tune.Callback):
         self.started.setdefault(trial.trial_id, self.clock())
         self.slots = max(self.slots, len(self._running(trials, trial)) + 1)
 
-    def _ended(self, trials, trial, how: str, problem: bool) -> None:
+    def _step(self) -> int:
+        return self.done * 100 // (STATUS_PERCENT * max(self.total, 1))
+
+    def _ended(self, trials, trial, how: str, problem: bool, kind: str | None = None) -> None:
         key = trial.config["trial"]["key"]
         if key in self.done_keys:  # a restored trial MLflow already had: it records nothing
             return
@@ -146,23 +189,36 @@ class ConsoleTrials(tune.Callback):
         now = self.clock()
         took = now - self.started.pop(trial.trial_id, now)
         self.durations.append(took)
+        step = self._step()
         self.done += 1
+        if kind:
+            self.problems[kind] += 1
         running = self._running(trials, trial)
         pending = max(self.total - self.done - len(running), 0)
         left = eta(self.durations, [now - self.started.get(t.trial_id, now) for t in running], pending, self.slots)
-        if problem or not self.quiet:
+        if problem or (self.every_trial and not self.quiet):
             what = describe(trial.config["trial"]["finetune"], self.shown)
             self.log(trial_line(self.done, self.total, what, how, took, len(running), pending, left))
+        if self.every_trial or self.quiet:
+            return
+        # a status line when this trial crossed a step, the grid ended, or none for a while
+        due = self.last_status is None or self._step() > step or self.done >= self.total
+        if due or now - self.last_status >= STATUS_EVERY_S:
+            self.last_status = now
+            self.log(status_line(self.done, self.total, self.problems, len(running), pending, left))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         """The line of a trial that ended: finished, diverged or stopped."""
         result = trial.last_result or {}
         how = outcome(result)
-        self._ended(trials, trial, how, problem=result.get("status") == "diverged" or not result.get("final"))
+        diverged = result.get("status") == "diverged"
+        problem = diverged or not result.get("final")
+        kind = ("diverged" if diverged else "stopped") if problem else None
+        self._ended(trials, trial, how, problem=problem, kind=kind)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         """The line of a trial that failed for good, with its error's last line."""
-        self._ended(trials, trial, outcome(None, error_line(_error_text(trial))), problem=True)
+        self._ended(trials, trial, outcome(None, error_line(_error_text(trial))), problem=True, kind="failed")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         """The line of a failed attempt that Tune retries; none for a full disk (the grid stops,
