@@ -120,15 +120,15 @@ def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: st
     known = query.statuses(cl, exp_id)
     missing = {t.key for t in trials if known.get(t.key) not in tags.TERMINAL}
     path = _tune_path(s["storage"], grid_name(trials, label))
-    tags = _run_tags(s)
-    found = recovered.record(cl, exp_id, parent_id, path, missing, tags) if missing else 0
+    made = _run_tags(s)  # on runs made from storage
+    found = recovered.record(cl, exp_id, parent_id, path, missing, made) if missing else 0
     if found:
         known = query.statuses(cl, exp_id)
         print(f"{found} trial(s) finished in {path} but missing from MLflow: recorded from their results", flush=True)
     missing = {k for k in missing if known.get(k) not in tags.TERMINAL}
     policy = s["policy"]
     stopped = (
-        recovered.record_stopped(cl, exp_id, parent_id, path, missing, policy, trials, tags)
+        recovered.record_stopped(cl, exp_id, parent_id, path, missing, policy, trials, made)
         if missing and policy is not None
         else 0
     )
