@@ -71,6 +71,12 @@ def build_parser() -> cli.Parser:
     )
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/ray")
+    _add_run_args(ap)
+    return ap
+
+
+def _add_run_args(ap: cli.Parser) -> None:
+    """How the trials run: retries, concurrency, what is printed, a dress rehearsal."""
     ap.add_argument(
         "--max-failures",
         type=int,
@@ -101,7 +107,6 @@ def build_parser() -> cli.Parser:
         action="store_true",
         help="Ray Tune's own progress tables and result files (JSON, CSV, TensorBoard) as well",
     )
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,13 +195,8 @@ def prepare(args) -> Job:
     mopts = schema.model_options(space.models, model)
     hours = grids.gpu_hours(space, model, plan["costs"])
     tuning = schema.tune_options(space)
-    max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
-    cli.check_count("--max-failures", max_failures)  # the space's value has the same row (bounds.BOUNDS)
-    cli.check_count("--max-concurrent", args.max_concurrent)
+    max_failures = _check_run_flags(args, tuning)
     policy = adaptive.policy(args.adaptive) if args.adaptive else None
-    cli.check_count("--num-cpus", args.num_cpus)
-    cli.check_folder("--storage", args.storage or "runs/ray")
-    cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
     notes = _check_data(space, plan, overrides) if rehearse is None else []  # nor reads any data
     uri = args.tracking_uri or connect.default_uri()
     connect.check_uri(uri)
@@ -232,6 +232,17 @@ def prepare(args) -> Job:
         notes,
         rehearse,
     )
+
+
+def _check_run_flags(args, tuning: dict[str, Any]) -> int:
+    """The flags of how trials run and where Ray keeps them, checked; the retries of a trial."""
+    max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
+    cli.check_count("--max-failures", max_failures)  # the space's value has the same row (bounds.BOUNDS)
+    cli.check_count("--max-concurrent", args.max_concurrent)
+    cli.check_count("--num-cpus", args.num_cpus)
+    cli.check_folder("--storage", args.storage or "runs/ray")
+    cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
+    return max_failures
 
 
 def _check_data(space, plan: dict[str, Any], overrides: dict[str, Any]) -> list[str]:

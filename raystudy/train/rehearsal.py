@@ -166,6 +166,7 @@ class Reporter:
         self.last, self.best, self.pending = time.monotonic(), 0.0, []
 
     def __call__(self, metrics: dict[str, Any], evaluation: bool) -> None:
+        """Hold a step's measurements back; send an evaluation's with them (and a checkpoint)."""
         self.best = max(self.best, metrics.get("val_acc", 0.0))
         if not evaluation:
             self.pending.append(metrics)
@@ -183,6 +184,7 @@ class Reporter:
             self.report_fn(out, checkpoint=self.checkpoint_cls.from_directory(d))
 
     def final(self, results: dict[str, Any]) -> None:
+        """Report the trial's final results, with the step measurements still waiting."""
         self.report_fn(
             {
                 **results,
