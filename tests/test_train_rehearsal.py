@@ -162,3 +162,22 @@ def test_the_trainable_imports_neither_torch_nor_timm():
 def test_a_rehearsal_records_in_its_own_experiment():
     assert rehearsal.experiment_name("raystudy-paper-vit_b") == "raystudy-paper-vit_b-rehearsal"
     assert rehearsal.experiment_name("x-rehearsal") == "x-rehearsal"
+
+
+def test_a_dry_run_of_a_rehearsal_says_so_first_and_last_and_prices_the_real_grid(
+    tmp_path, mlflow_uri, capsys, monkeypatch
+):
+    from raystudy import grid
+
+    monkeypatch.chdir(tmp_path)
+    assert grid.main(["--rehearse", "--dry-run", "--tracking-uri", mlflow_uri]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    line = (
+        "rehearsal: synthetic trials (about 2 s each), no model or data; "
+        "recorded in experiment 'raystudy-demo-vit_demo-rehearsal'"
+    )
+    assert out[0] == line and out[-1] == line
+    assert out[1].startswith("grid demo for vit_demo: 104 trials") and "dry run: nothing started" in out
+    assert grid.main(["--rehearse", "0.5", "--experiment", "mine", "--dry-run", "--tracking-uri", mlflow_uri]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "(about 0.5 s each)" in first and first.endswith("experiment 'mine-rehearsal'")

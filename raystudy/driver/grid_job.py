@@ -155,6 +155,8 @@ def _run(job: Job) -> int:
     )
     if hours.measured:  # per condition: frozen components cost less
         print("  GPU-hours per condition: " + ", ".join(f"{c} {h:,.0f}" for c, h in hours.by_condition.items()))
+    if job.rehearse is not None:  # the GPUs and hours above are the real grid's
+        print(f"  rehearsal: each trial sleeps about {job.rehearse:g} s on one CPU, no GPU, loading no weights or data")
     if job.args.dry_run:
         return dry_run(job)
     if len(job.done) == len(job.trials):  # nothing to run: the answer is in MLflow
