@@ -1,13 +1,14 @@
 """A dress rehearsal end to end: ``raystudy grid --rehearse`` on a real Ray and MLflow store,
 synthetic one-second trials through the whole driver (slow: tens of seconds)."""
 
+import signal
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from drivers import driver_env, search_runs
+from drivers import count_status, driver_env, kill_group, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -78,3 +79,46 @@ def test_a_rehearsal_runs_the_grid_once_each_in_its_own_experiment_and_the_repor
     assert (tmp_path / "report" / "report.md").read_text().startswith("**REHEARSAL:")
     assert export_best.main(["--experiment", EXPERIMENT, "--tracking-uri", uri, "--out", str(tmp_path / "b")]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("REHEARSAL: the export of 10 synthetic run(s)")
+
+
+def test_a_killed_rehearsal_resumes_from_its_checkpoints_with_the_same_numbers(tmp_path, mlflow_uri, shared_ray):
+    from analysis.best_config import run_config
+    from raystudy.train import rehearsal
+    from raystudy.train.config import from_dict
+
+    space = {
+        **SPACE,
+        "base": {**SPACE["base"], "eval_every": 10},  # a checkpoint each second of a 4-second trial
+        "grid": {**SPACE["grid"], "condition": {"grid_search": ["MHA", "LN2"]}},
+        "datasets": {"digits_c": {}},
+    }
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(path), *shared_ray, "--rehearse", "4"]
+    proc = start(cmd, tmp_path, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: count_status(tmp_path / "mlflow.db", "finished") >= 1, proc, what="a first trial")
+        assert proc.poll() is None, "the rehearsal ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)  # the driver, mid-grid
+        proc.wait()
+    finally:
+        kill_group(proc)
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=driver_env())
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "resuming" in p.stdout and "4 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout, p.stdout[-3000:]
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    df = search_runs(uri, EXPERIMENT)
+    trials = df[df["tags.raystudy.role"] == "trial"]
+    assert len(trials) == 4 and trials["tags.raystudy.key"].nunique() == 4
+    assert set(trials["tags.raystudy.status"]) == {"finished"} and set(trials["tags.raystudy.rehearsal"]) == {"1"}
+    from mlflow import MlflowClient
+
+    cl = MlflowClient(tracking_uri=uri)
+    for _, run in trials.iterrows():  # every evaluation once, each the curve's own number however it ran
+        cfg = from_dict(run_config(run["run_id"], uri))
+        want = [(m["step"], m["val_acc"]) for m, ev in rehearsal.reports(run["tags.raystudy.key"], cfg) if ev]
+        got = sorted((m.step, m.value) for m in cl.get_metric_history(run["run_id"], "val_acc"))
+        assert got == pytest.approx(want), (run["tags.raystudy.key"], got, want)
+    resumed = trials["tags.raystudy.resumed_from"].dropna() if "tags.raystudy.resumed_from" in trials else []
+    assert set(resumed) <= {"10", "20", "30"}  # a trial cut short went on from its last checkpoint
