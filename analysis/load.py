@@ -1,9 +1,7 @@
 """Runs from MLflow or a CSV → one tidy DataFrame; step metrics and plasticity artifacts.
 
-The *runs* table has one row per run (``RUN_COLUMNS``):
-
-    run_id, model, optimizer, low_data, dataset, condition, lr, seed, val_acc, test_acc, status
-
+The *runs* table has one row per run (``RUN_COLUMNS``, the run record's: ``raystudy.tracking.query``):
+run_id, model, optimizer, low_data, dataset, condition, lr, seed, val_acc, test_acc, status.
 ``val_acc`` is the best validation accuracy (the checkpoint tested), ``test_acc`` its test
 accuracy, ``status`` one of finished, diverged, failed, stopped (an adaptive grid's policy, or
 a search's ASHA, ended it early) or running (a grid still going). Diverged, failed and stopped
@@ -48,29 +46,8 @@ from analysis.stats import pooling
 from raystudy.errors import check_input_file
 from raystudy.tracking import connect, query, tags
 
-RUN_COLUMNS = [
-    "run_id",
-    "model",
-    "optimizer",
-    "low_data",
-    "dataset",
-    "condition",
-    "lr",
-    "seed",
-    "val_acc",
-    "test_acc",
-    "status",
-]
-EXTRA_COLUMNS = [
-    "parent_run_id",
-    "key",
-    "error",
-    "probe_pairs",
-    "start_time",
-    "trainable_params",
-    "accuracy",
-    "linear_probe_data",
-]
+# The runs table's columns are the run record's (raystudy.tracking), listed there once.
+RUN_COLUMNS, EXTRA_COLUMNS, DIVERGED_TESTED = query.RUN_COLUMNS, query.EXTRA_COLUMNS, query.DIVERGED_TESTED
 SETTING = ["model", "optimizer", "low_data"]  # runs that share these are one study
 REQUIRED_RUN_CSV = ["dataset", "condition", "lr", "seed", "test_acc"]
 REQUIRED_SUMMARY_CSV = ["dataset", "condition", "mean"]
@@ -141,9 +118,6 @@ def experiment_id(experiment: str, tracking_uri: str | None = None) -> str:
             f"there: {', '.join(known) if known else 'none'}"
         )
     return exp.experiment_id
-
-
-DIVERGED_TESTED = ["diverged_val_acc", "diverged_test_acc"]
 
 
 def from_mlflow(experiment: str, tracking_uri: str | None = None, *, diverged_tested: bool = False) -> pd.DataFrame:

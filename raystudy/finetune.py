@@ -28,8 +28,9 @@ import yaml
 from raystudy import cli
 from raystudy.data import userdata
 from raystudy.errors import ConfigError
+from raystudy.measure import summary
 from raystudy.models import components
-from raystudy.tracking import connect, query, record, tags
+from raystudy.tracking import connect, record
 from raystudy.train.config import FinetuneConfig, limit_help, load_config, parse_value, validate
 
 # Flags for the keys people change most; any other key goes through --set key=value.
@@ -145,9 +146,7 @@ def plasticity_summary(results: dict[str, Any]) -> str | None:
     }
     if not tables:
         return None
-    means = pd.concat(
-        {w: t.groupby(["mode", "component"], sort=False)["mean"].mean() for w, t in tables.items()}, axis=1
-    )
+    means = pd.concat({w: summary.layer_means(t, ("mode", "component")) for w, t in tables.items()}, axis=1)
     whens = list(tables)
     lines = [
         "plasticity, mean over layers (most plastic first):",
@@ -162,7 +161,7 @@ def plasticity_summary(results: dict[str, Any]) -> str | None:
 
 
 class Recorder:
-    """The run in MLflow, recorded as the grid records a trial (``tracking``'s run record):
+    """The run in MLflow, recorded as the grid records a trial (``tracking``'s ``TrialRecord``):
     config as params and ``config.yaml``, step metrics, final results, status tags.
 
     The run opens at the first measurement: a run whose data or weights are missing leaves no
@@ -185,7 +184,7 @@ class Recorder:
         self.run_id = record.open_trial(
             self.cl, exp_id, None, trial_key(self.config), self.config, extra_tags={"raystudy.source": "finetune"}
         )
-        self.upto = query.logged_upto(self.cl, self.run_id)  # a rerun of the same config logs no point twice
+        self.run = record.TrialRecord(self.cl, self.run_id)
 
     def report(self, m: dict[str, Any]) -> None:
         """Keep one report of the loop; written to MLflow at each evaluation."""
@@ -196,25 +195,21 @@ class Recorder:
 
     def flush(self) -> None:
         """Log the reports kept since the last write."""
-        record.log_steps(self.cl, self.run_id, self.pending, self.upto)
+        self.run.log(self.pending)
         self.pending = []
 
     def finish(self, results: dict[str, Any]) -> None:
-        """Log the final results and close the run as finished."""
+        """Log the final results and close the run as finished (or diverged)."""
         self.open()
         self.flush()
-        record.finish_trial(self.cl, self.run_id, results)
+        self.run.end(results, final=True)  # engine.train's results are the run's final ones
 
     def fail(self, error: str, status: str = "failed") -> None:
         """Close the run as ``status`` (failed, with ``error``; or interrupted); no-op if none opened."""
         if self.run_id is None:
             return  # it failed before measuring anything: nothing was recorded
         self.flush()
-        if status == "failed":
-            record.fail_trial(self.cl, self.run_id, error)
-        else:
-            self.cl.set_tag(self.run_id, tags.STATUS, status)
-            self.cl.set_terminated(self.run_id, status="KILLED")
+        self.run.fail(error, status)
 
 
 def save(out: Path, cfg: FinetuneConfig, results: dict[str, Any]) -> list[Path]:

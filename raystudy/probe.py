@@ -37,44 +37,6 @@ from raystudy.train.config import NORMALIZATIONS
 
 # From the torch-free registries, so that `--help` needs no torch.
 COMPONENTS = ",".join(PROBE_COMPONENTS)
-INTERVAL = ("ci_low", "ci_high")  # the 95% t interval of each mean, which the table and figure show
-
-
-def aggregate(df):
-    """Model-level plasticity per (model, dataset, mode, component) and its rank.
-
-    The aggregate is the mean over layers of the per-layer means (every layer weighs the same,
-    whatever its n); rank 1 is the most plastic component.
-    """
-    from raystudy.measure import plasticity
-
-    keys = [k for k in ("model", "dataset", "mode") if k in df]
-    extra = [c for c in df.columns if c not in (*plasticity.COLUMNS, *INTERVAL) and df[c].nunique(dropna=False) > 1]
-    keys += extra
-    agg = (
-        df.groupby(keys + ["component"], sort=False)
-        .agg(
-            plasticity=("mean", "mean"),
-            layer_min=("mean", "min"),
-            layer_max=("mean", "max"),
-            layers=("layer", "nunique"),
-        )
-        .reset_index()
-    )
-    groups = agg.groupby(keys, sort=False)
-    agg["rank"] = groups["plasticity"].rank(ascending=False, method="min").astype(int)
-    order = groups.ngroup()  # keep the table's own order of modes, not the alphabet's
-    return agg.assign(_g=order).sort_values(["_g", "rank"], kind="stable").drop(columns="_g").reset_index(drop=True)
-
-
-def save_table(df, path_stem: str | Path) -> list[Path]:
-    """Write ``df`` as ``<stem>.csv`` and ``<stem>.parquet``; returns the paths."""
-    stem = Path(path_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    csv, parquet = stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".parquet")
-    df.to_csv(csv, index=False)
-    df.to_parquet(parquet, index=False)
-    return [csv, parquet]
 
 
 def save_figure(df, path_stem: str | Path) -> list[Path]:
@@ -90,39 +52,9 @@ def with_interval(df):
     """``df`` with the 95% t interval of each mean (``analysis.stats.pooling.t_interval``, scipy's t
     quantile) after its n, unless it has one: the probe measures n, mean and std."""
     from analysis.stats import pooling
+    from raystudy.measure import probe
 
-    return df if all(c in df for c in INTERVAL) else pooling.t_interval(df)
-
-
-def format_tables(df) -> list[str]:
-    """Lines of the per-layer tables (mean P, bound) and the ranking of each mode."""
-    from raystudy.measure import plasticity
-
-    lines = []
-    agg = aggregate(df)
-    comps = [c for c in plasticity.PROBE_COMPONENTS if c in set(df["component"])]
-    for mode in [m for m in plasticity.MODES if m in set(df["mode"])]:
-        sub = df[df["mode"] == mode]
-        n = int(sub["n"].min())
-        lines.append(f"\n{mode}: plasticity P per layer (mean over {n} pairs, [bound])")
-        lines.append(f"{'layer':<7}" + "".join(f"{c:>9}{'[bound]':>11}" for c in comps))
-        for layer, rows in sub.groupby("layer"):
-            cells = rows.set_index("component")
-            lines.append(
-                f"{layer:<7}" + "".join(f"{cells.at[c, 'mean']:>9.4g} [{cells.at[c, 'bound']:>8.3g}]" for c in comps)
-            )
-        a = agg[agg["mode"] == mode]
-        lines.append(
-            f"{'model':<7}" + "".join(f"{a.set_index('component').at[c, 'plasticity']:>9.4g}{'':11}" for c in comps)
-        )
-        over = sub[(sub["mean"] > sub["bound"] * (1 + 1e-6))]
-        if len(over):
-            lines.append(
-                f"warning: measured above the bound at {len(over)} (layer, component): "
-                + ", ".join(f"{r.layer}/{r.component}" for r in over.itertuples())
-            )
-        lines.append(f"ranking ({mode}): " + " > ".join(f"{r.component} {r.plasticity:.3g}" for r in a.itertuples()))
-    return lines
+    return df if all(c in df for c in probe.INTERVAL) else pooling.t_interval(df)
 
 
 def build_parser() -> cli.Parser:
@@ -254,62 +186,25 @@ def check_own_data(args: argparse.Namespace, tokens: bool) -> bool:
     return True
 
 
-def check_images(args: argparse.Namespace, plan: dict[str, Any], splits) -> None:
-    """Both test splits give images of the model's input shape; ProbeError naming the one that does not."""
-    from raystudy.measure import plasticity
-
-    ic = plan["ic"]
-    want = (ic["in_chans"], ic["img_size"], ic["img_size"])
-    for name, ds in splits:
-        try:
-            shape = tuple(plasticity.image_of(ds, 0).shape) if len(ds) else None
-        except RuntimeError as e:  # e.g. grey images normalised with an RGB model's mean
-            raise plasticity.ProbeError(
-                f"dataset {name!r} does not fit model {args.model!r}, which expects images of "
-                f"shape {want}: {str(e).splitlines()[0]}"
-            ) from None
-        if shape != want:
-            raise plasticity.ProbeError(
-                f"dataset {name!r} gives images of shape {shape}, model {args.model!r} expects "
-                f"{want}; pick a source and dataset at the model's input size"
-            )
-
-
 def load_data(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
-    """x and y (test splits at the model's input size, or the token files given), their names
-    and the downstream class count, their shapes checked against each other and the model."""
-    from raystudy.data import datasets
-    from raystudy.models import gpt2
+    """x and y as the flags and the checked ``plan`` ask (``measure.probe.load_data``)."""
+    from raystudy.measure import probe
 
-    ic, supplied, source = plan["ic"], plan["supplied"], plan["source"]
-    split = dict(
+    return probe.load_data(
+        args.model,
+        args.dataset,
+        plan["source"],
+        plan["ic"],
+        tokens=plan["tokens"],
+        x_tokens=plan["supplied"].get("--tokens"),
+        y_tokens=plan["supplied"].get("--target-tokens"),
+        x_file=args.tokens,
+        y_file=args.target_tokens,
         seed=args.seed or 0,
-        img_size=ic["img_size"],
-        mean=ic["mean"],
-        std=ic["std"],
         root=args.data_root,
         download=args.download,
+        data=args.data or "",
     )
-    src = datasets.build_splits(source, **split)
-    # your own images read with the model's channels, as a finetuning run reads them
-    tgt = datasets.build_splits(args.dataset, **split, data=args.data or "", channels=ic["in_chans"] or 3)
-    data = dict(
-        x=gpt2.TokenRows(supplied["--tokens"]) if "--tokens" in supplied else src.test,
-        y=gpt2.TokenRows(supplied["--target-tokens"]) if "--target-tokens" in supplied else tgt.test,
-        x_name=args.tokens or f"{source} test",
-        y_name=args.target_tokens or f"{args.dataset} test",
-        num_classes=tgt.num_classes,
-    )
-    if plan["tokens"]:  # x and y pair position by position: equal lengths
-        lx, ly = len(data["x"][0][0]), len(data["y"][0][0])
-        if lx != ly:
-            raise ConfigError(
-                f"x ({data['x_name']}) has sequences of {lx} tokens, y ({data['y_name']}) "
-                f"of {ly}; give token files of equal sequence length"
-            )
-    else:
-        check_images(args, plan, ((source, src.test), (args.dataset, tgt.test)))
-    return data
 
 
 def build_model(args: argparse.Namespace, plan: dict[str, Any], num_classes: int):
@@ -336,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
 
     from raystudy.data import datasets
-    from raystudy.measure import plasticity
+    from raystudy.measure import plasticity, probe
     from raystudy.models import registry
 
     try:  # everything cheap first, then the data, then the model: each refuses in one line
@@ -355,29 +250,26 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.pairing} pairs" + (f" (seed {seed})" if args.pairing == "random" else "") + f", {device}",
         flush=True,
     )
-    df = plasticity.probe_model(
+    df, lines = probe.run(
         model,
-        data["x"],
-        data["y"],
+        data,
+        model_name=args.model,
+        dataset_name=args.dataset,
         n_pairs=args.pairs,
         batch_size=args.batch_size,
         modes=plan["modes"],
-        seed=seed,
-        model_name=args.model,
-        dataset_name=args.dataset,
         components=plan["comps"],
+        seed=seed,
         num_workers=args.num_workers,
         pairing=args.pairing,
     )
-    for line in format_tables(df):
+    for line in lines:
         print(line)
-    if registry.plasticity_note(plan["full"]):
-        print("note: " + registry.plasticity_note(plan["full"]))
 
     out = Path(args.out or Path("runs") / "probe" / f"{args.model}_{args.dataset}")
     stem = out / "plasticity"
     df = with_interval(df)  # the table shows each mean's interval, as the report does
-    written = save_table(df, stem) + save_figure(df, stem)
+    written = probe.save_table(df, stem) + save_figure(df, stem)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from analysis import AnalysisError, load
+from raystudy.tracking import query
 
 PARAMS = {
     "model": "vit_demo",
@@ -49,6 +50,14 @@ def test_run_row_finished_diverged_failed():
     assert load.run_row("r5", "RUNNING", TAGS, PARAMS, {})["status"] == "running"
     odd = load.run_row("r6", "FINISHED", TAGS, PARAMS, {"best_val_acc": 0.8})
     assert odd["status"] == "failed" and odd["error"] == "finished without a test_acc metric"
+
+
+def test_a_runs_columns_are_the_one_list_of_the_run_record():
+    # The runs table's columns are tracking's (query.RUN_COLUMNS ...), which load reads, not a copy.
+    assert load.RUN_COLUMNS is query.RUN_COLUMNS and load.EXTRA_COLUMNS is query.EXTRA_COLUMNS
+    row = load.run_row("r1", "FINISHED", TAGS, PARAMS, {"test_acc": 0.7})
+    assert list(row) == query.ROW_COLUMNS  # a row has every column and nothing else
+    assert set(query.ROW_COLUMNS) | {"start_time"} == set(load.RUN_COLUMNS + load.EXTRA_COLUMNS + load.DIVERGED_TESTED)
 
 
 def test_dedupe_keeps_the_finished_then_latest_try():

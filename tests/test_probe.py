@@ -11,6 +11,7 @@ from helpers import class_folders
 from raystudy import probe
 from raystudy.data import datasets
 from raystudy.measure import plasticity
+from raystudy.measure import probe as measured
 
 
 def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp_path, capsys):
@@ -39,7 +40,7 @@ def test_demo_probe_both_modes_prints_ranking_and_writes_files(demo_weights, tmp
     assert np.allclose(df["ci_high"], df["mean"] + half, rtol=1e-12, atol=0)
     assert pd.read_csv(out / "plasticity.csv").shape == df.shape
     # the ranking printed is the aggregate's
-    agg = probe.aggregate(df)
+    agg = measured.aggregate(df)
     first = agg[(agg["mode"] == "shared") & (agg["rank"] == 1)]["component"].item()
     assert f"ranking (shared): {first} " in stdout
 
@@ -147,7 +148,7 @@ def test_table_aggregate_ranking_and_files(tmp_path):
                 rows.append(dict(mode=mode, layer=layer, component=c, mean=float(m), std=0.5, n=10, bound=10.0))
     df = plasticity.to_frame(rows, model="vit_base_patch16_224.orig_in21k", dataset="cifar100")
     assert list(df.columns) == list(plasticity.COLUMNS)
-    agg = probe.aggregate(df)
+    agg = measured.aggregate(df)
     shared = agg[agg["mode"] == "shared"].set_index("component")
     assert shared.loc["MHA", "plasticity"] == 5.0 and shared.loc["LN1", "plasticity"] == 2.0
     assert list(agg["mode"].unique()) == ["shared", "in_situ"]
@@ -158,9 +159,9 @@ def test_table_aggregate_ranking_and_files(tmp_path):
     assert ranking("shared") == ["MHA", "LN1", "FC1"]  # LN1 2.0 ties FC1 2.0: table order
     assert ranking("in_situ") == ["LN1", "FC1", "MHA"]
     assert shared.loc["FC1", "rank"] == shared.loc["LN1", "rank"] == 2
-    assert probe.aggregate(probe.with_interval(df)).equals(agg)  # the interval is no key of the table
+    assert measured.aggregate(probe.with_interval(df)).equals(agg)  # the interval is no key of the table
 
-    files = probe.save_table(df, tmp_path / "t")
+    files = measured.save_table(df, tmp_path / "t")
     import pandas as pd
 
     back = pd.read_parquet(files[1])

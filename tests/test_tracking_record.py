@@ -346,3 +346,35 @@ _STOPPED_CFG = {
     "steps": 10,
     "device": "auto",
 }
+
+
+def test_a_trial_record_logs_its_steps_once_then_ends_stopped_finished_or_failed(store):
+    # The one sequence the grid's callback, the recovered trials and the finetune command write.
+    uri, cl, exp = store
+    run_id = record.open_trial(cl, exp, None, "k1", CFG)
+    rec = record.TrialRecord(cl, run_id)
+    first = {"step": 10, "loss": 1.0, "val_acc": 0.5, "history": [{"step": 5, "loss": 1.5}]}
+    rec.log([first])
+    rec.log([first])  # a result seen twice logs no point twice
+    rec.end(first)  # no final result: stopped at its last step
+    run = cl.get_run(run_id)
+    assert [(m.step, m.value) for m in cl.get_metric_history(run_id, "loss")] == [(5, 1.5), (10, 1.0)]
+    assert run.data.tags[tracking.STATUS] == "stopped" and run.data.tags[tracking.STOPPED_AT] == "10"
+    assert run.info.status == "FINISHED" and "test_acc" not in run.data.metrics
+
+    run_id = record.open_trial(cl, exp, None, "k2", CFG)
+    rec = record.TrialRecord(cl, run_id)
+    final = {"final": 1, "step": 20, "steps_done": 20, "test_acc": 0.8, "best_val_acc": 0.7, "resumed_from": 10}
+    rec.log([first, {**final, "history": [{"step": 15, "loss": 0.9}]}])  # the final result is no step
+    rec.end(final)
+    run = cl.get_run(run_id)
+    assert [m.step for m in cl.get_metric_history(run_id, "loss")] == [5, 10, 15]
+    assert run.data.tags[tracking.STATUS] == "finished" and run.data.tags[tracking.RESUMED_FROM] == "10"
+    assert tracking.STOPPED_AT not in run.data.tags and run.data.metrics["test_acc"] == 0.8
+
+    for key, status, mlflow_status in (("k3", "failed", "FAILED"), ("k4", "interrupted", "KILLED")):
+        run_id = record.open_trial(cl, exp, None, key, CFG)
+        record.TrialRecord(cl, run_id).fail("boom", status)
+        run = cl.get_run(run_id)
+        assert run.data.tags[tracking.STATUS] == status and run.info.status == mlflow_status
+        assert (tracking.ERROR in run.data.tags) == (status == "failed")

@@ -11,6 +11,7 @@ import pandas as pd
 from analysis import AnalysisError
 from analysis.stats.selection import ranks
 from analysis.stats.significance import spearman
+from raystudy.measure import summary
 
 # ---------------------------------------------------------------- plasticity
 
@@ -83,9 +84,10 @@ def pool_plasticity(df: pd.DataFrame, z: float = 1.959964) -> pd.DataFrame:
 
 
 def component_plasticity(pooled: pd.DataFrame, mode: str) -> pd.DataFrame:
-    """Datasets × components table of plasticity averaged over layers, for one probe mode."""
+    """Datasets × components table of plasticity averaged over layers (``measure.summary.layer_means``),
+    for one probe mode; datasets and components sorted."""
     sub = pooled[pooled["mode"] == mode]
-    table = sub.groupby(["dataset", "component"])["mean"].mean().unstack("component")
+    table = summary.layer_means(sub, ("dataset", "component")).sort_index().unstack("component")
     table.columns.name = None
     return table
 

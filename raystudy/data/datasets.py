@@ -708,6 +708,43 @@ def build_splits(
     )
 
 
+@dataclass(frozen=True)
+class SplitSpec:
+    """What ``build_splits`` takes for one dataset, but ``augment_train`` and ``cache``: a trial's,
+    resolved once (``raystudy.train.plan``), then built as often as the trial needs it."""
+
+    name: str
+    seed: int
+    img_size: int | None
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    root: str | None = None
+    download: bool = False
+    low_data: bool = False
+    low_data_split: str = "vtab1k"
+    data_path: str = "torchvision"
+    data: str = ""
+    channels: int = 3
+
+    def build(self, augment_train: bool = True) -> Splits:
+        """The splits (``augment_train=False``: training images get the eval transform)."""
+        return build_splits(
+            self.name,
+            seed=self.seed,
+            img_size=self.img_size,
+            mean=self.mean,
+            std=self.std,
+            root=self.root,
+            download=self.download,
+            low_data=self.low_data,
+            low_data_split=self.low_data_split,
+            data_path=self.data_path,
+            augment_train=augment_train,
+            data=self.data,
+            channels=self.channels,
+        )
+
+
 def _view_maker(
     name: str,
     info: DatasetInfo,

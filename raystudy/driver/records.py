@@ -38,7 +38,7 @@ class MlflowTrials(tune.Callback):
         self.tags = dict(tags or {})
         self._runs: dict[str, str | None] = {}
         self._where: dict[str, str] = {}
-        self._upto: dict[str, dict[str, int]] = {}  # run -> last step logged, by kind
+        self._records: dict[str, record.TrialRecord] = {}  # run -> its record (the steps it has)
         self._cl = None
         self._stopping = False
         self._ended = 0
@@ -52,7 +52,7 @@ class MlflowTrials(tune.Callback):
             "tags": self.tags,
             "_runs": {},
             "_where": {},
-            "_upto": {},
+            "_records": {},
             "_cl": None,
             "_stopping": False,
             "_ended": 0,
@@ -152,14 +152,13 @@ class MlflowTrials(tune.Callback):
         if self._where.get(trial_id) != where:  # which node and process run it (debugging)
             record.note_worker(self.cl, run_id, where)
             self._where[trial_id] = where
-        steps = list(result.get("history") or [])
-        if not result.get("final"):
-            steps.append(result)
-        if run_id not in self._upto:  # a run reopened by a retry or a rerun: what it already has
-            self._upto[run_id] = query.logged_upto(self.cl, run_id)
-        upto = dict(self._upto[run_id])  # kept as it was should the server go away during the write
-        record.log_steps(self.cl, run_id, steps, upto)
-        self._upto[run_id] = upto
+        self._record(run_id).log([result])
+
+    def _record(self, run_id: str) -> record.TrialRecord:
+        """The run's record, kept while its trial runs (it knows which steps the run has)."""
+        if run_id not in self._records:
+            self._records[run_id] = record.TrialRecord(self.cl, run_id)
+        return self._records[run_id]
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         """Logs the trial's final results and ends its run; a trial stopped early is recorded ``stopped``."""
@@ -174,14 +173,9 @@ class MlflowTrials(tune.Callback):
         run_id = self._run(trial_id, t)
         if run_id is None:
             return
-        if not last.get("final"):  # a scheduler stopped it early (or before it started): no test accuracy
-            last = {**last, "status": "stopped", "steps_done": int(last.get("step", 0))}
-            record.note_stopped(self.cl, run_id, last["steps_done"])
-        record.finish_trial(self.cl, run_id, last)
-        if last.get("resumed_from"):
-            record.note_resumed(self.cl, run_id, last["resumed_from"])
+        self._record(run_id).end(last)  # no final result: a scheduler stopped it early (or before it started)
         self._runs.pop(trial_id, None)
-        self._upto.pop(run_id, None)
+        self._records.pop(run_id, None)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         """A failed attempt that Tune retries: count it and keep its error."""
@@ -205,8 +199,9 @@ class MlflowTrials(tune.Callback):
         def write(cl):
             run_id = self._run(trial_id, t)
             if run_id is not None:
-                record.fail_trial(self.cl, run_id, error[-5000:])
+                self._record(run_id).fail(error[-5000:])
                 self._runs.pop(trial_id, None)
+                self._records.pop(run_id, None)
 
         self._write(write)
 

@@ -121,19 +121,9 @@ def _write(
     else:
         run_id = run.info.run_id
         cl.set_tag(run_id, "raystudy.recovered", "1")
-    steps = []
-    for r in results:
-        steps += list(r.get("history") or [])
-        if not r.get("final"):
-            steps.append(r)
-    tracking.log_steps(cl, run_id, steps, query.logged_upto(cl, run_id))
-    last = results[-1] if results else {}
-    if not last.get("final"):  # as the live driver records a trial the policy stopped
-        last = {**last, "status": "stopped", "steps_done": int(last.get("step", 0))}
-        tracking.note_stopped(cl, run_id, last["steps_done"])
-    tracking.finish_trial(cl, run_id, last)
-    if last.get("resumed_from"):
-        tracking.note_resumed(cl, run_id, last["resumed_from"])
+    rec = tracking.TrialRecord(cl, run_id)  # as the live driver records it, a stopped trial included
+    rec.log(results)
+    rec.end(results[-1] if results else {})
 
 
 def _filesystem(path):

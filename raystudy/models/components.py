@@ -167,7 +167,14 @@ def apply_condition(model: nn.Module, condition: str, *, lora_rank: int = 8, lor
     For ``lora`` the adapters are injected first. Every other parameter gets
     ``requires_grad=False``, so it receives no gradient and no optimizer state.
     """
-    train = trainable_components(condition)
+    return apply_trainable(model, trainable_components(condition), lora_rank=lora_rank, lora_alpha=lora_alpha)
+
+
+def apply_trainable(
+    model: nn.Module, train: frozenset[str], *, lora_rank: int = 8, lora_alpha: int = 16
+) -> dict[str, int]:
+    """``apply_condition`` for the components ``train`` (``trainable_components``, HEAD included)
+    already parsed from the condition: a trial parses its condition once, when it is resolved."""
     if "LORA" in train and not any("lora_" in n for n, _ in model.named_parameters()):
         add_lora(model, lora_rank, lora_alpha)
     groups = partition(model)

@@ -168,15 +168,17 @@ def create_model(
     pretrained: bool = True,
     weights: str | Path | None = None,
     img_size: int | None = None,
+    full: str | None = None,
 ) -> nn.Module:
     """Build ``name`` with a fresh ``num_classes`` head, loading pretrained weights if asked.
+    ``full``: the name ``check_model`` already gave for ``name`` (a trial's plan), not checked again.
 
     ``weights`` is a local checkpoint file (a timm or raystudy state dict, safetensors too, read
     and mapped as timm maps it: ``raystudy.models.checkpoints``); else the source's own weights
     (``local-dir:``/``hf-hub:``), a local model's built file, or timm's hub cache. A
     ``transformers`` ViT checkpoint is not mapped (``raystudy.models.sources``).
     """
-    full = check_model(name)
+    full = full or check_model(name)
     return family(full).create(name, full, num_classes, pretrained, weights, img_size)
 
 
@@ -449,7 +451,12 @@ def note(name: str) -> str:
 
 def normalization(name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(mean, std) of the input normalisation: the checkpoint's own, or ImageNet's (the paper's)."""
-    ic = input_config(name)
+    return normalization_of(input_config(name), name, kind)
+
+
+def normalization_of(ic: dict, name: str, kind: str = "checkpoint") -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``normalization`` from ``name``'s input config ``ic`` already looked up (``input_config``):
+    a trial derives its inputs once and its normalisation from them."""
     if kind == "checkpoint":
         return tuple(ic["mean"]), tuple(ic["std"])
     if ic.get("tokens"):

@@ -117,6 +117,37 @@ def run_status_of(run_status: str, tags: dict[str, str], metrics: dict[str, floa
     return status, ""
 
 
+# The runs table's columns, the one list every reader of the runs uses (the grid, analysis.load):
+# the study's own, then its bookkeeping, then a diverged run's tested best checkpoint (which
+# analysis.load counts as finished or drops).
+RUN_COLUMNS = [
+    "run_id",
+    "model",
+    "optimizer",
+    "low_data",
+    "dataset",
+    "condition",
+    "lr",
+    "seed",
+    "val_acc",
+    "test_acc",
+    "status",
+]
+EXTRA_COLUMNS = [
+    "parent_run_id",
+    "key",
+    "error",
+    "probe_pairs",
+    "start_time",
+    "trainable_params",
+    "accuracy",
+    "linear_probe_data",
+]
+DIVERGED_TESTED = ["diverged_val_acc", "diverged_test_acc"]
+# A row's columns: ``start_time`` is MLflow's of the run, not of its record (``rows`` adds it).
+ROW_COLUMNS = [c for c in RUN_COLUMNS + EXTRA_COLUMNS + DIVERGED_TESTED if c != "start_time"]
+
+
 def run_row(
     run_id: str, run_status: str, tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]
 ) -> dict[str, Any]:
@@ -127,13 +158,14 @@ def run_row(
     own status if the tag is absent); a run tagged finished without a test accuracy is marked
     failed. Accuracies are NaN unless finished: never zeros in a mean; a diverged run's tested
     best checkpoint is apart, in ``diverged_val_acc`` and ``diverged_test_acc``.
-    ``trainable_params`` is the run's logged count (NaN when it logged none).
+    ``trainable_params`` is the run's logged count (NaN when it logged none). Its columns are
+    ``ROW_COLUMNS``.
     """
     status, why = run_status_of(run_status, tags, metrics)
     error = tags.get(ERROR, "") or why
     done = status == "finished"
     seed, probes = as_number(params.get("seed")), as_number(params.get("probe_pairs"))
-    return {
+    values = {
         "run_id": run_id,
         "model": tags.get("model") or params.get("model", "unknown"),
         "optimizer": tags.get("optimizer") or params.get("optimizer", "unknown"),
@@ -158,6 +190,7 @@ def run_row(
         "diverged_val_acc": as_number(metrics.get("best_val_acc")) if status == "diverged" else math.nan,
         "diverged_test_acc": as_number(metrics.get("test_acc")) if status == "diverged" else math.nan,
     }
+    return {c: values[c] for c in ROW_COLUMNS}  # the columns in the list's order, none beside it
 
 
 def val_curve(cl, run_id: str) -> list[tuple[int, float]]:

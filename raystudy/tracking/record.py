@@ -23,9 +23,10 @@ import math
 import time
 from typing import Any
 
+from raystudy.measure import summary
 from raystudy.models import components
 from raystudy.tracking.connect import versions
-from raystudy.tracking.query import find_runs, trial_status
+from raystudy.tracking.query import find_runs, logged_upto, trial_status
 from raystudy.tracking.tags import (
     ATTEMPTS,
     DATA_TAG,
@@ -209,14 +210,10 @@ def trial_name(config: dict[str, Any]) -> str:
 
 def plasticity_metrics(table: list[dict[str, Any]], prefix: str = "plasticity") -> dict[str, float]:
     """Per-component summaries of a plasticity table (rows of mode, layer, component, mean):
-    ``<prefix>/<mode>/<component>`` = the mean over layers, as the report's component table
-    averages them; finite values only."""
-    sums: dict[str, list[float]] = {}
-    for row in table:
-        v = as_number(row.get("mean"))
-        if math.isfinite(v):
-            sums.setdefault(f"{prefix}/{row['mode']}/{row['component']}", []).append(v)
-    return {k: sum(v) / len(v) for k, v in sums.items()}
+    ``<prefix>/<mode>/<component>`` = the mean over layers (``measure.summary.layer_means``, as
+    the report's component table averages them); finite values only."""
+    means = summary.layer_means(table, ("mode", "component"))
+    return {f"{prefix}/{mode}/{component}": float(v) for (mode, component), v in means.items() if math.isfinite(v)}
 
 
 def log_steps(cl, run_id: str, reports: list[dict[str, Any]], upto: dict[str, int] | None = None) -> None:
@@ -314,12 +311,66 @@ def close_stale(cl, exp_id: str, **tags: str) -> int:
     return n
 
 
-def fail_trial(cl, run_id: str, error: str) -> None:
-    """End a trial's run FAILED, status ``failed``, with the last of ``error``."""
+def fail_trial(cl, run_id: str, error: str, status: str = "failed") -> None:
+    """End a trial's run FAILED, status ``failed``, with the last of ``error``; or, ``status``
+    ``interrupted`` (a Ctrl-C, no error of its own), KILLED."""
     from mlflow.entities import RunTag
 
+    if status == "interrupted":
+        cl.set_tag(run_id, STATUS, status)
+        cl.set_terminated(run_id, status="KILLED")
+        return
     cl.log_batch(run_id, tags=[RunTag(STATUS, "failed"), RunTag(ERROR, error[-5000:])])
     cl.set_terminated(run_id, status="FAILED")
+
+
+def steps_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step reports that ``results`` (a trial's reports in order) carry: each one's ``history``
+    (the measurements held back for it), then the report itself unless it is the final one."""
+    steps: list[dict[str, Any]] = []
+    for r in results:
+        steps += list(r.get("history") or [])
+        if not r.get("final"):
+            steps.append(r)
+    return steps
+
+
+class TrialRecord:
+    """A trial's run written in the one order every writer keeps (the grid's Tune callback, the
+    trials recovered from Tune's files, the finetune command): its step metrics as they come
+    (``log``), then its end (``end``: ``stopped`` at its last step when the results end without a
+    final one, the final results, the step it resumed from) or its failure (``fail``).
+
+    ``upto`` (kind -> last step logged) is read from the run at the first ``log``: a run reopened
+    by a retry or a rerun logs no point twice.
+    """
+
+    def __init__(self, cl, run_id: str):
+        self.cl, self.run_id = cl, run_id
+        self.upto: dict[str, int] | None = None
+
+    def log(self, results: list[dict[str, Any]]) -> None:
+        """Log the step metrics ``results`` carry (``steps_of``) that the run does not have yet."""
+        if self.upto is None:
+            self.upto = logged_upto(self.cl, self.run_id)
+        upto = dict(self.upto)  # kept as it was should the write fail midway: it is written again whole
+        log_steps(self.cl, self.run_id, steps_of(results), upto)
+        self.upto = upto
+
+    def end(self, last: dict[str, Any], final: bool | None = None) -> None:
+        """Log the final results ``last`` and end the run. Not ``final`` (by default: ``last`` has
+        no ``final`` key, as when a scheduler or the policy stopped the trial early) records it
+        ``stopped`` at its last step, without test accuracy."""
+        if not (last.get("final") if final is None else final):
+            last = {**last, "status": "stopped", "steps_done": int(last.get("step", 0))}
+            note_stopped(self.cl, self.run_id, last["steps_done"])
+        finish_trial(self.cl, self.run_id, last)
+        if last.get("resumed_from"):
+            note_resumed(self.cl, self.run_id, last["resumed_from"])
+
+    def fail(self, error: str, status: str = "failed") -> None:
+        """End the run ``failed`` with ``error``, or ``interrupted`` (``fail_trial``)."""
+        fail_trial(self.cl, self.run_id, error, status)
 
 
 def note_worker(cl, run_id: str, where: str) -> None:

@@ -345,18 +345,34 @@ def _check_choices(cfg: FinetuneConfig) -> None:
             raise ConfigError(f"unknown {key} {getattr(cfg, key)!r}; valid: {', '.join(allowed)}")
 
 
-def _check_names(cfg: FinetuneConfig) -> None:
-    """``cfg``'s condition, dataset, model and weights known to their registries, and the model fits the dataset."""
+@dataclass(frozen=True)
+class Names:
+    """What checking a config's names looked up in the registries, kept for the trial's plan
+    (``raystudy.train.plan.resolve``) so that no later step looks it up again."""
+
+    trainable: frozenset[str]  # the condition's components, HEAD included
+    data_path: str  # torchvision or cache: ``auto`` resolved
+    model: str  # the full model name
+    architecture: Any  # the family record (raystudy.models.architectures.Architecture)
+    inputs: dict[str, Any]  # registry.input_config
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    source: str  # the dataset the model was pretrained on, where plasticity probes draw x from
+
+
+def _check_names(cfg: FinetuneConfig) -> Names:
+    """``cfg``'s condition, dataset, model and weights known to their registries, and the model
+    fits the dataset; returns what the checks looked up."""
     from raystudy.data import datasets
     from raystudy.models import components, registry
 
     try:
-        components.parse_condition(cfg.condition)
+        condition = components.parse_condition(cfg.condition)
     except components.ConditionError as e:
         raise ConfigError(str(e)) from None
     info = datasets.dataset_info(cfg.dataset, cfg.data)
-    datasets.resolve_data_path(cfg.data_path, cfg.dataset, cfg.data)
-    registry.check_model(cfg.model)
+    data_path = datasets.resolve_data_path(cfg.data_path, cfg.dataset, cfg.data)
+    full = registry.check_model(cfg.model)
     arch = registry.architecture(cfg.model)
     if arch.tokens != info.tokens:
         fits = [n for n, i in datasets.DATASETS.items() if i.tokens == arch.tokens]
@@ -364,9 +380,12 @@ def _check_names(cfg: FinetuneConfig) -> None:
             f"model {cfg.model!r} reads {arch.inputs}, dataset {cfg.dataset!r} does not; "
             f"datasets for it: {', '.join(fits)}"
         )
-    registry.normalization(cfg.model, cfg.normalization)
+    inputs = registry.input_config(cfg.model)
+    mean, std = registry.normalization_of(inputs, cfg.model, cfg.normalization)
+    source = registry.source_dataset(cfg.model)
     if cfg.weights is not None:
         registry.check_weights_file(cfg.weights)
+    return Names(condition | {"HEAD"}, data_path, full, arch, inputs, mean, std, source)
 
 
 def _check_signs(cfg: FinetuneConfig) -> None:
@@ -392,9 +411,15 @@ def _check_relations(cfg: FinetuneConfig) -> None:
 
 def validate(cfg: FinetuneConfig) -> FinetuneConfig:
     """Check every name and range; raises ConfigError with one line. Cheap: no weights, no data."""
+    checked_names(cfg)
+    return cfg
+
+
+def checked_names(cfg: FinetuneConfig) -> Names:
+    """``validate``, returning what checking the names looked up (a trial's plan is made of it)."""
     _check_choices(cfg)
-    _check_names(cfg)
+    names = _check_names(cfg)
     _check_signs(cfg)
     check_limits(cfg)
     _check_relations(cfg)
-    return cfg
+    return names

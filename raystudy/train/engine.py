@@ -27,11 +27,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from raystudy.data import batches, datasets
+from raystudy.data import batches
 from raystudy.errors import Preempted
 from raystudy.measure import plasticity
 from raystudy.models import components, registry
-from raystudy.train.config import FinetuneConfig, validate
+from raystudy.train.config import FinetuneConfig
+from raystudy.train.plan import OptimizerPlan, TrialPlan, resolve
 
 Report = Callable[[dict[str, Any], "dict[str, Any] | None"], None]
 
@@ -61,8 +62,11 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def build_optimizer(model: nn.Module, cfg: FinetuneConfig, device: torch.device) -> torch.optim.Optimizer:
-    """An optimizer over the trainable parameters only: frozen ones get no state.
+def build_optimizer(
+    model: nn.Module, cfg: FinetuneConfig | OptimizerPlan, device: torch.device
+) -> torch.optim.Optimizer:
+    """An optimizer over the trainable parameters only: frozen ones get no state. ``cfg``: a
+    config or a plan's ``optim``, read by the same key names.
 
     Fused (one kernel for all parameters) on GPU and CPU, where torch has it: one pass instead of
     one per tensor shortens the step on a CPU too (benchmarks/bench_step.py measures it).
@@ -203,38 +207,23 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- building
 
 
-def build_model(cfg: FinetuneConfig, num_classes: int) -> nn.Module:
-    """The config's model with a ``num_classes`` head, pretrained or from ``cfg.weights``."""
-    return registry.create_model(cfg.model, num_classes, pretrained=cfg.pretrained, weights=cfg.weights)
-
-
-def build(cfg: FinetuneConfig, model: nn.Module | None = None, augment_train: bool = True):
-    """(model with the condition applied, splits, trainable counts per component).
+def build(cfg: FinetuneConfig | TrialPlan, model: nn.Module | None = None, augment_train: bool = True):
+    """(model with the condition applied, splits, trainable counts per component); a config is
+    resolved first (``plan.resolve``), a plan is taken as it is.
 
     Data comes first: a missing dataset fails before any weights are loaded. The head's init
     (and LoRA's) draws from the run's seed alone, whatever building the data drew before.
     """
-    ic = registry.input_config(cfg.model)
-    mean, std = registry.normalization(cfg.model, cfg.normalization)
-    splits = datasets.build_splits(
-        cfg.dataset,
-        seed=cfg.seed,
-        img_size=ic["img_size"],
-        mean=mean,
-        std=std,
-        root=cfg.data_root,
-        download=cfg.download,
-        low_data=cfg.low_data,
-        low_data_split=cfg.low_data_split,
-        data_path=cfg.data_path,
-        augment_train=augment_train,
-        data=cfg.data,
-        channels=ic["in_chans"] or 3,
-    )
+    plan = cfg if isinstance(cfg, TrialPlan) else resolve(cfg)
+    cfg = plan.cfg
+    splits = plan.splits.build(augment_train)
     with seeded(cfg.seed):
         if model is None:
-            model = build_model(cfg, splits.num_classes)
-        counts = components.apply_condition(model, cfg.condition, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha)
+            # Pretrained or from cfg.weights; the name was checked when the plan was resolved.
+            model = registry.create_model(
+                cfg.model, splits.num_classes, pretrained=cfg.pretrained, weights=cfg.weights, full=plan.model
+            )
+        counts = components.apply_trainable(model, plan.trainable, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha)
     return model, splits, counts
 
 
@@ -268,23 +257,15 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict]:
+def probe_plasticity(plan: TrialPlan, model: nn.Module, splits) -> list[dict]:
     """Plasticity of every (mode, layer, component) on ``cfg.probe_pairs`` pairs, as rows.
 
-    x from the model's pretraining distribution (``registry.source_dataset``), y from the run's
+    x from the model's pretraining distribution (``plan.source``), y from the run's
     test split; pairs are seeded by the run's seed, so before and after finetuning see the
     same pairs. The rows are what tracking logs as plasticity_*.csv.
     """
-    ic = registry.input_config(cfg.model)
-    mean, std = registry.normalization(cfg.model, cfg.normalization)  # as the finetuning sees images
-    source = datasets.build_splits(
-        registry.source_dataset(cfg.model),
-        seed=cfg.seed,
-        img_size=ic["img_size"],
-        mean=mean,
-        std=std,
-        root=cfg.data_root,
-    )
+    cfg = plan.cfg
+    source = plan.source.build()
     df = plasticity.probe_model(
         model,
         source.test,
@@ -305,7 +286,7 @@ def probe_plasticity(cfg: FinetuneConfig, model: nn.Module, splits) -> list[dict
 
 
 def train(
-    cfg: FinetuneConfig,
+    cfg: FinetuneConfig | TrialPlan,
     *,
     report: Report | None = None,
     resume: dict | None = None,
@@ -313,6 +294,7 @@ def train(
     stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Finetune ``cfg.condition`` of ``cfg.model`` on ``cfg.dataset``; returns the results.
+    ``cfg``: a config, validated and resolved here (``plan.resolve``), or a trial's plan, already so.
 
     ``report(metrics, state)`` is called every ``log_every`` steps with step measurements (loss,
     ``scheduled_lr``: the lr of that step, ``grad_norm/<component>``) and
@@ -327,12 +309,12 @@ def train(
     seed, not on what ran before in the process; bit-exactness also needs the same device and,
     on CPU, the same thread count (torch's reductions split work by thread).
     """
-    validate(cfg)
-    if cfg.condition in components.CLOSED_FORM:
-        return linear_probe(cfg)
-    device = resolve_device(cfg.device)
-    with seeded(cfg.seed, device):
-        return _train(cfg, report, resume, model, stop)
+    plan = cfg if isinstance(cfg, TrialPlan) else resolve(cfg)
+    if plan.closed_form:
+        return linear_probe(plan)
+    device = resolve_device(plan.cfg.device)
+    with seeded(plan.cfg.seed, device):
+        return _train(plan, device, report, resume, model, stop)
 
 
 def evaluates(done: int, cfg: FinetuneConfig) -> bool:
@@ -344,20 +326,21 @@ def evaluates(done: int, cfg: FinetuneConfig) -> bool:
 
 
 def _train(
-    cfg: FinetuneConfig,
+    plan: TrialPlan,
+    device: torch.device,
     report: Report | None,
     resume: dict | None,
     model: nn.Module | None,
     stop: Callable[[], bool] | None,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
+    cfg = plan.cfg
     rank, size = world()
-    device = resolve_device(cfg.device)
     if device.type == "cuda" and size > 1:
         device = torch.device("cuda", torch.cuda.current_device())
 
     # -- model, data, condition
-    model, splits, counts = build(cfg, model)
+    model, splits, counts = build(plan, model)
     model.to(device).train()
     net = model
     if size > 1:
@@ -365,7 +348,7 @@ def _train(
     if cfg.compile:
         net = torch.compile(net)
     groups = trainable_groups(model)
-    optimizer = build_optimizer(model, cfg, device)
+    optimizer = build_optimizer(model, plan.optim, device)
     micro = cfg.batch_size // cfg.grad_accum // size
     # Cache path: the tensor pools move to the device once; batches are cut and augmented there.
     placed = batches.place(splits, device)
@@ -387,7 +370,7 @@ def _train(
     # waited instead could time out at its first all-reduce during a long probe.
     probe_before = None
     if cfg.probe_pairs:
-        probe_before = resume.get("probe_before") if resume else probe_plasticity(cfg, model, splits)
+        probe_before = resume.get("probe_before") if resume else probe_plasticity(plan, model, splits)
     # A resumed run continues the batch stream and the RNG (dropout) where its checkpoint was.
     # Under DDP the checkpoint is rank 0's alone: each rank then draws a fresh stream from the step.
     exact = resume is not None and size == 1 and "stream" in resume
@@ -470,7 +453,7 @@ def _train(
             final_loss=last.get("loss", float("nan")),
         )
         if cfg.probe_pairs and status == "finished":  # the best-validation weights, finetuned
-            results["plasticity_after"] = probe_plasticity(cfg, model, splits)
+            results["plasticity_after"] = probe_plasticity(plan, model, splits)
     if probe_before is not None:
         results["plasticity_before"] = probe_before
     results["wall_s"] = time.perf_counter() - t0
@@ -497,7 +480,7 @@ def pooled_features(model: nn.Module, loader, device: torch.device) -> tuple[np.
     return torch.cat(out).numpy(), torch.cat(labels).numpy()
 
 
-def linear_probe(cfg: FinetuneConfig) -> dict[str, Any]:
+def linear_probe(plan: TrialPlan) -> dict[str, Any]:
     """The paper's linear probe: a multinomial logistic regression (scikit-learn, max_iter 5000)
     on frozen features (``pooled_features``, L2-normalised, then standardised on the training
     split), fitted once per dataset and seed; no lr, no steps. Training images get the eval
@@ -509,9 +492,10 @@ def linear_probe(cfg: FinetuneConfig) -> dict[str, Any]:
     from sklearn.preprocessing import StandardScaler
 
     t0 = time.perf_counter()
+    cfg = plan.cfg
     device = resolve_device(cfg.device)
     augmented = cfg.linear_probe_data == "augmented"
-    model, splits, _ = build(cfg, augment_train=augmented)  # the head's init: seeded inside
+    model, splits, _ = build(plan, augment_train=augmented)  # the head's init: seeded inside
     model.to(device)
     placed = batches.place(splits, device)
     feats = {

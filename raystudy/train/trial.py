@@ -148,6 +148,7 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     import torch
 
     from raystudy.train import engine
+    from raystudy.train.plan import resolve
 
     trial = tune_config["trial"]
     torch.set_num_threads(max(1, int(tune_config.get("threads", 1))))
@@ -155,11 +156,13 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     if trial.get("workers", 1) > 1:
         _run_ddp(trial, tune_config)  # rank 0's final results reach Tune through TuneReportCallback
         return
+    # What the trial is (model, inputs, data, condition, optimizer), resolved once for the loop.
+    plan = resolve(cfg)
     resume = _load_state(tune.get_checkpoint())
     reporter = Reporter(tune.report, tune.Checkpoint, float(tune_config.get("checkpoint_every_s", 0)))
     _TRAINING.set()
     try:
-        results = engine.train(cfg, report=reporter, resume=resume, stop=NOTICE.is_set)
+        results = engine.train(plan, report=reporter, resume=resume, stop=NOTICE.is_set)
     finally:
         _TRAINING.clear()
     reporter.final({**results, "resumed_from": resume["step"] if resume else 0})
@@ -173,8 +176,9 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
     import ray.train
 
     from raystudy.train import engine
+    from raystudy.train.plan import resolve
 
-    cfg = from_dict(loop_config["finetune"])
+    plan = resolve(from_dict(loop_config["finetune"]))
     resume = _load_state(ray.train.get_checkpoint())
     rank = ray.train.get_context().get_world_rank()
 
@@ -183,7 +187,7 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
     reporter = Reporter(
         ray.train.report, ray.train.Checkpoint if rank == 0 else None, float(loop_config.get("checkpoint_every_s", 0))
     )
-    reporter.final(engine.train(cfg, report=reporter, resume=resume))
+    reporter.final(engine.train(plan, report=reporter, resume=resume))
 
 
 def _run_ddp(trial: dict[str, Any], tune_config: dict[str, Any]) -> None:
