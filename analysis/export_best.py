@@ -53,6 +53,7 @@ def export(
     found = load.settings(runs)
     written = []
     scale = selection.display_scale(runs["test_acc"])
+    rehearsal = load.rehearsal_line(runs, "this config chosen among")
     for s in found:
         sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
         base = out if len(found) == 1 else out / slug("_".join(s[:2]) + ("_low_data" if s[2] == "True" else ""))
@@ -63,6 +64,8 @@ def export(
             if out.resolve() not in path.resolve().parents:  # e.g. a symlink planted in out
                 raise AnalysisError(f"refusing to write {path}: it resolves outside --out {out}")
             written.append(write_config(path, row, cfg, select_on, per_dataset, scale))
+            if rehearsal is not None:  # a file read on its own says it too
+                path.write_text(f"# {rehearsal}\n{path.read_text()}")
     return written
 
 
@@ -133,12 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.select_on == "val" and runs["val_acc"].isna().all():
             raise AnalysisError("no validation accuracies to choose on; use --select-on test")
         paths = export(runs, args.out, uri, per_dataset=args.per_dataset, select_on=args.select_on)
+        rehearsal = load.rehearsal_line(runs, "the export of")
     except (AnalysisError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except MlflowException as e:
         print(f"error: MLflow: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
+    if rehearsal is not None:  # its configs are real, the numbers that chose them are not
+        print(rehearsal)
     for p in paths:
         print(p)
     for problem in check(paths):

@@ -44,7 +44,7 @@ import pandas as pd
 from analysis import AnalysisError
 from analysis.stats import pooling
 from raystudy.errors import check_input_file
-from raystudy.tracking import connect, query
+from raystudy.tracking import connect, query, tags
 
 # The runs table's columns are the run record's (raystudy.tracking), listed there once.
 RUN_COLUMNS, EXTRA_COLUMNS, DIVERGED_TESTED = query.RUN_COLUMNS, query.EXTRA_COLUMNS, query.DIVERGED_TESTED
@@ -152,8 +152,21 @@ def from_mlflow(experiment: str, tracking_uri: str | None = None, *, diverged_te
         experiment_id=exp_id,
         tracking_uri=tracking_uri,
         replaced=replaced,
+        rehearsal=sum(r.data.tags.get(tags.REHEARSAL) == "1" for r in found),
     )
     return runs
+
+
+def rehearsal_line(runs: pd.DataFrame, what: str) -> str | None:
+    """The first line of ``what`` (``the report of``: then the count) made from a dress rehearsal's runs
+    (``raystudy grid --rehearse``, counted by ``from_mlflow``): none of their numbers is a result."""
+    n = runs.attrs.get("rehearsal", 0)
+    if not n:
+        return None
+    return (
+        f"REHEARSAL: {what} {n} synthetic run(s) of a dress rehearsal (raystudy grid --rehearse): "
+        "no model was trained, no number here is a result"
+    )
 
 
 def check_runs(runs: pd.DataFrame, source: str) -> None:

@@ -273,6 +273,11 @@ def report_from_mlflow(
         return bands, load.plasticity(sub, "before", tracking_uri)
 
     report = analyse_runs(runs, out_dir, extras=extras, **kw)
+    if (line := load.rehearsal_line(runs, "the report of")) is not None:  # first, where it is read and logged
+        report.text = f"{line}\n\n{report.text}"
+        md = Path(out_dir) / "report.md"
+        if md.is_file():
+            md.write_text(f"**{line}**\n\n{md.read_text()}")
     if log:
         report.logged_to = log_outputs(out_dir, runs, experiment, tracking_uri)
     return report

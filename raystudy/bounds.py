@@ -115,6 +115,7 @@ BOUNDS: dict[str, Bound] = {
     "cpus_per_node": _int(1),
     "gpus_per_node": _int(0),
     "stop_before": _int(60),
+    "rehearse_s": _real("finite", 0, 3600, "seconds of one synthetic trial: an hour", above=True),
 }
 
 

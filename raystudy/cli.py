@@ -121,6 +121,7 @@ FLAGS: dict[str, Bound] = {
     "--cpus-per-node": BOUNDS["cpus_per_node"],
     "--gpus-per-node": BOUNDS["gpus_per_node"],
     "--stop-before": BOUNDS["stop_before"],
+    "--rehearse": BOUNDS["rehearse_s"],
 }
 
 
@@ -159,6 +160,22 @@ def check_seconds(flag: str, value: float | None) -> None:
     if not math.isfinite(value) or b.below(value):
         raise ConfigError(f"{flag} must be a finite number {'>' if b.above else '>='} {b.low:g}, got {value}")
     _check_bound(flag, value)
+
+
+def parse_seconds(flag: str, text: str | None) -> float | None:
+    """A duration flag given as text (one with an optional value, which argparse leaves as it
+    is): a number within its bounds in ``FLAGS`` (``check_seconds``); None if unset."""
+    if text is None:
+        return None
+    b = FLAGS[flag]
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(
+            f"{flag} takes seconds, a number {'>' if b.above else '>='} {b.low:g} and <= {b.high:,g}, got {text!r}"
+        ) from None
+    check_seconds(flag, value)
+    return value
 
 
 def check_unused(switch: str, on: bool, given: dict[str, Any]) -> None:

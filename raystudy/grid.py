@@ -9,6 +9,7 @@
     python -m raystudy.grid --space demo_adaptive --adaptive race   # stop trials the study does not need
     python -m raystudy.grid --model vit_base --dry-run --adaptive halving        # what that saves on the paper grid
     python -m raystudy.grid --space demo --data products=./photos --dry-run      # your own images (raystudy init)
+    python -m raystudy.grid --model vit_base --rehearse 2    # the whole driver, synthetic 2-second trials
 
 Rerunning the same command after a crash, a kill or Ctrl-C resumes the unfinished trials (from
 their last checkpoint) and skips the finished ones; MLflow keeps exactly one run per trial config.
@@ -28,6 +29,7 @@ from raystudy.measure import costs
 from raystudy.models import components, preflight, registry, sources
 from raystudy.spaces import adaptive, grids, schema
 from raystudy.tracking import connect, query
+from raystudy.train import rehearsal
 from raystudy.train.config import FinetuneConfig
 
 
@@ -69,6 +71,12 @@ def build_parser() -> cli.Parser:
     )
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/ray")
+    _add_run_args(ap)
+    return ap
+
+
+def _add_run_args(ap: cli.Parser) -> None:
+    """How the trials run: retries, concurrency, what is printed, a dress rehearsal."""
     ap.add_argument(
         "--max-failures",
         type=int,
@@ -85,11 +93,20 @@ def build_parser() -> cli.Parser:
         help="print only the trials that did not finish (failed, diverged, retried), not one line per trial",
     )
     ap.add_argument(
+        "--rehearse",
+        nargs="?",
+        const=str(rehearsal.DEFAULT_S),
+        metavar="SECONDS",
+        help="a dress rehearsal: the same grid and driver (Ray, Tune, MLflow, checkpoints, recovery, --adaptive), "
+        "each trial reporting synthetic numbers on the real schedule for about SECONDS "
+        f"(default {rehearsal.DEFAULT_S:g}; {cli.bound('--rehearse')}) without model or data, "
+        f"recorded in the experiment <experiment>{rehearsal.SUFFIX}",
+    )
+    ap.add_argument(
         "--tune-output",
         action="store_true",
         help="Ray Tune's own progress tables and result files (JSON, CSV, TensorBoard) as well",
     )
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +126,12 @@ def experiments_budget(args) -> int:
     cli.check_unused(
         "--experiments",
         True,
-        {"--model": args.model, "--datasets": args.datasets, "--optimizers": args.optimizers},
+        {
+            "--model": args.model,
+            "--datasets": args.datasets,
+            "--optimizers": args.optimizers,
+            "--rehearse": args.rehearse,
+        },
     )
     if not args.dry_run:
         raise ConfigError("--experiments prices experiments with --dry-run; run each model's grid with --model M")
@@ -154,6 +176,7 @@ def _conditions(args, space) -> list[str]:
 
 def prepare(args) -> Job:
     """The grid ``args`` ask for, every flag checked; raises ``ConfigError`` naming what is wrong."""
+    rehearse = cli.parse_seconds("--rehearse", args.rehearse)
     space = grids.load_grid(args.space or ("paper" if args.model else "demo"))
     own = cli.parse_data(args.data)
     space = grids.with_data(space, own) if own else space
@@ -167,22 +190,20 @@ def prepare(args) -> Job:
     overrides = cli.parse_set(args.set or [])
     scope = experiment_scope(space, model, datasets, optimizers)
     plan = grids.plan(space, model, datasets, conds, optimizers, overrides, scope)
-    preflight.check(model, overrides.get("weights", space.base.get("weights")), skip_registered=args.dry_run)
+    if rehearse is None:  # a rehearsal loads no weights
+        preflight.check(model, overrides.get("weights", space.base.get("weights")), skip_registered=args.dry_run)
     mopts = schema.model_options(space.models, model)
     hours = grids.gpu_hours(space, model, plan["costs"])
     tuning = schema.tune_options(space)
-    max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
-    cli.check_count("--max-failures", max_failures)  # the space's value has the same row (bounds.BOUNDS)
-    cli.check_count("--max-concurrent", args.max_concurrent)
+    max_failures = _check_run_flags(args, tuning)
     policy = adaptive.policy(args.adaptive) if args.adaptive else None
-    cli.check_count("--num-cpus", args.num_cpus)
-    cli.check_folder("--storage", args.storage or "runs/ray")
-    cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
-    notes = _check_data(space, plan, overrides)
+    notes = _check_data(space, plan, overrides) if rehearse is None else []  # nor reads any data
     uri = args.tracking_uri or connect.default_uri()
     connect.check_uri(uri)
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
     experiment = args.experiment or f"raystudy-{space.study}-{sources.short(registry.resolve_name(model))}"
+    if rehearse is not None:  # never among the study's real runs
+        experiment = rehearsal.experiment_name(experiment)
     known = query.known_statuses(uri, experiment)
     # Only a store that knows some of the study's trials is matched against the grid's keys:
     # a dry run of a huge new grid stays a count.
@@ -209,7 +230,19 @@ def prepare(args) -> Job:
         trials,
         done,
         notes,
+        rehearse,
     )
+
+
+def _check_run_flags(args, tuning: dict[str, Any]) -> int:
+    """The flags of how trials run and where Ray keeps them, checked; the retries of a trial."""
+    max_failures = args.max_failures if args.max_failures is not None else tuning["max_failures"]
+    cli.check_count("--max-failures", max_failures)  # the space's value has the same row (bounds.BOUNDS)
+    cli.check_count("--max-concurrent", args.max_concurrent)
+    cli.check_count("--num-cpus", args.num_cpus)
+    cli.check_folder("--storage", args.storage or "runs/ray")
+    cli.check_folder("--ray-temp-dir", args.ray_temp_dir)
+    return max_failures
 
 
 def _check_data(space, plan: dict[str, Any], overrides: dict[str, Any]) -> list[str]:

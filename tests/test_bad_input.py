@@ -143,6 +143,11 @@ CASES = [
     ("grid", ["--max-concurrent", "-1", "--dry-run"], {}, "--max-concurrent must be >= 1"),
     ("grid", ["--max-concurrent", "0", "--dry-run"], {}, "--max-concurrent must be >= 1"),
     ("grid", ["--max-failures", "-1", "--dry-run"], {}, "--max-failures must be >= 0"),
+    ("grid", ["--rehearse", "0"], {}, "--rehearse must be a finite number > 0"),
+    ("grid", ["--rehearse", "-1", "--dry-run"], {}, "--rehearse must be a finite number > 0"),
+    ("grid", ["--rehearse", "nan"], {}, "--rehearse must be a finite number > 0"),
+    ("grid", ["--rehearse", "soon"], {}, "--rehearse takes seconds, a number > 0 and <= 3,600, got 'soon'"),
+    ("grid", ["--experiments", "all", "--dry-run", "--rehearse"], {}, "--rehearse with --experiments"),
     ("grid", ["--num-cpus", "0", "--dry-run"], {}, "--num-cpus must be >= 1"),
     ("grid", ["--num-cpus", "-2", "--dry-run"], {}, "--num-cpus must be >= 1"),
     ("grid", ["--num-cpus", "x", "--dry-run"], {}, "invalid int value"),
@@ -469,6 +474,7 @@ CASES += [
     ("grid", ["--set", f"steps={BIG}", "--dry-run"], {}, "'steps' must be <="),
     ("grid", ["--max-concurrent", BIG, "--dry-run"], {}, "--max-concurrent must be <="),
     ("grid", ["--max-failures", BIG, "--dry-run"], {}, "--max-failures must be <= 100"),
+    ("grid", ["--rehearse", BIG], {}, "--rehearse must be <= 3,600 (seconds of one synthetic trial"),
     ("grid", ["--num-cpus", BIG, "--dry-run"], {}, "--num-cpus must be <= 1,024"),
     ("search", ["--num-samples", BIG, "--dry-run"], {}, "--num-samples must be <="),
     ("search", ["--time-budget", "1e300", "--dry-run"], {}, "--time-budget must be <="),
@@ -781,6 +787,7 @@ SUBPROCESS_CASES = [
     ("datasets", ["--bogus"], "unrecognized arguments: --bogus"),
     ("grid", ["--num-cpus", "0", "--ray-temp-dir", "/tmp/rbad17"], "--num-cpus must be >= 1"),
     ("grid", ["--max-concurrent", "-1", "--ray-temp-dir", "/tmp/rbad17"], "--max-concurrent must be >= 1"),
+    ("grid", ["--rehearse", "0", "--ray-temp-dir", "/tmp/rbad17"], "--rehearse must be a finite number > 0"),
 ]
 
 

@@ -66,6 +66,15 @@ class Job:
     trials: list
     done: list
     notes: list = dataclasses.field(default_factory=list)  # what the check of your own data says
+    rehearse: float | None = None  # a dress rehearsal's seconds per trial (``train.rehearsal``)
+
+
+def rehearsal_line(job: Job) -> str:
+    """The first and last line of a rehearsal: its numbers are no result."""
+    return (
+        f"rehearsal: synthetic trials (about {job.rehearse:g} s each), no model or data; "
+        f"recorded in experiment {job.experiment!r}"
+    )
 
 
 def done_trials(uri: str, experiment: str, known: dict[str, str], trials: list, accept: bool) -> list:
@@ -116,7 +125,18 @@ def scope_line(job: Job) -> str | None:
 
 
 def run(job: Job) -> int:
-    """The grid's plan, then its dry run, its ranking if MLflow holds it all, or its run; the exit status."""
+    """The grid's plan, then its dry run, its ranking if MLflow holds it all, or its run; the exit
+    status. A rehearsal says so first and last, whatever happens between."""
+    if job.rehearse is None:
+        return _run(job)
+    print(rehearsal_line(job), flush=True)
+    try:
+        return _run(job)
+    finally:
+        print(rehearsal_line(job), flush=True)
+
+
+def _run(job: Job) -> int:
     plan, mopts, hours = job.plan, job.mopts, job.hours
     gpus = mopts["gpu"] * mopts["workers"] if mopts["workers"] > 1 else mopts["gpu"]
     print(
@@ -135,6 +155,8 @@ def run(job: Job) -> int:
     )
     if hours.measured:  # per condition: frozen components cost less
         print("  GPU-hours per condition: " + ", ".join(f"{c} {h:,.0f}" for c, h in hours.by_condition.items()))
+    if job.rehearse is not None:  # the GPUs and hours above are the real grid's
+        print(f"  rehearsal: each trial sleeps about {job.rehearse:g} s on one CPU, no GPU, loading no weights or data")
     if job.args.dry_run:
         return dry_run(job)
     if len(job.done) == len(job.trials):  # nothing to run: the answer is in MLflow
@@ -182,7 +204,8 @@ def drive(job: Job) -> int:
     from raystudy.driver import session, snapshot
 
     storage = _storage(job.args.storage)
-    label = f"{job.space.study}-{job.model}"
+    # A rehearsal's Tune folder and lock are its own: it never resumes, or blocks, the real grid.
+    label = f"{job.space.study}-{job.model}" + ("-rehearsal" if job.rehearse else "")
     s = session.Session(
         storage,
         lock.grid_name(job.trials, label),
@@ -190,9 +213,10 @@ def drive(job: Job) -> int:
         address=job.args.address,
         num_cpus=job.args.num_cpus,
         temp_dir=job.args.ray_temp_dir,
-        dashboard=any(t.workers > 1 for t in job.trials),
+        dashboard=not job.rehearse and any(t.workers > 1 for t in job.trials),
         banner=f"MLflow: {job.uri} (experiment {job.experiment!r}); checkpoints: {storage}",
         weights_log=lambda line: print(line, flush=True),
+        weights=job.rehearse is None,
     )
     try:
         return run_trials(job, s, storage, label)
@@ -224,12 +248,15 @@ def run_trials(job: Job, s, storage, label: str) -> int:
                 max_failures=job.max_failures,
                 threads=int(job.tuning["threads_per_trial"]),
                 max_concurrent=grid_run.concurrency(
-                    args.max_concurrent or job.tuning["max_concurrent"], job.mopts["workers"], job.mopts["gpu"]
+                    args.max_concurrent or job.tuning["max_concurrent"],
+                    1 if job.rehearse else job.mopts["workers"],  # a rehearsal's trial is one process
+                    job.mopts["gpu"],
                 ),
                 checkpoint_every_s=float(job.tuning["checkpoint_every_s"]),
                 verbose=1 if args.tune_output else 0,
                 quiet=args.quiet,
                 policy=job.policy,
+                rehearse=job.rehearse,
             )
     except (ConfigError, registry.WeightsUnavailable) as e:
         return cli.fail(e)

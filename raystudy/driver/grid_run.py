@@ -34,6 +34,7 @@ def run_grid(
     quiet: bool = False,
     role: str = "grid",
     policy: adaptive.Policy | None = None,
+    rehearse: float | None = None,
 ) -> dict[str, Any]:
     """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
 
@@ -42,7 +43,9 @@ def run_grid(
     it. One line per trial that ends (``console.ConsoleTrials``; ``quiet``: only those that did
     not finish); ``verbose`` > 0 brings back Tune's own tables and its result files (JSON, CSV,
     TensorBoard). ``policy`` (``raystudy.spaces.adaptive``) stops trials the study does not need
-    (``scheduler.AdaptiveScheduler``); they are recorded ``stopped``.
+    (``scheduler.AdaptiveScheduler``); they are recorded ``stopped``. ``rehearse``: seconds of
+    each trial of a dress rehearsal (``train.rehearsal``), whose trials report synthetic numbers
+    on the real schedule; its runs are tagged as a rehearsal's.
     """
     settings = {
         "model": model,
@@ -55,6 +58,7 @@ def run_grid(
         "verbose": verbose,
         "quiet": quiet,
         "policy": policy,
+        "rehearse": rehearse,
     }
     with grid_lock(storage, grid_name(trials, label)):
         cl, exp_id = session.experiment(tracking_uri, experiment)
@@ -116,14 +120,15 @@ def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: st
     known = query.statuses(cl, exp_id)
     missing = {t.key for t in trials if known.get(t.key) not in tags.TERMINAL}
     path = _tune_path(s["storage"], grid_name(trials, label))
-    found = recovered.record(cl, exp_id, parent_id, path, missing) if missing else 0
+    made = _run_tags(s)  # on runs made from storage
+    found = recovered.record(cl, exp_id, parent_id, path, missing, made) if missing else 0
     if found:
         known = query.statuses(cl, exp_id)
         print(f"{found} trial(s) finished in {path} but missing from MLflow: recorded from their results", flush=True)
     missing = {k for k in missing if known.get(k) not in tags.TERMINAL}
     policy = s["policy"]
     stopped = (
-        recovered.record_stopped(cl, exp_id, parent_id, path, missing, policy, trials)
+        recovered.record_stopped(cl, exp_id, parent_id, path, missing, policy, trials, made)
         if missing and policy is not None
         else 0
     )
@@ -131,6 +136,23 @@ def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: st
         known = query.statuses(cl, exp_id)
         print(f"{stopped} trial(s) the policy stopped, missing from MLflow: recorded stopped from {path}", flush=True)
     return {t.key for t in trials if known.get(t.key) in tags.TERMINAL}
+
+
+def _run_tags(s: dict[str, Any]) -> dict[str, str]:
+    """Tags on every trial run the driver makes: a rehearsal's say so (its numbers are synthetic)."""
+    from raystudy.train import rehearsal
+
+    return {rehearsal.TAG: "1"} if s["rehearse"] else {}
+
+
+def _trainable(s: dict[str, Any]):
+    """The function Tune runs for each trial: ``run_trial``, or a rehearsal's ``rehearse_trial``
+    (no model, no data, one CPU whatever the trial would ask: it sleeps)."""
+    if not s["rehearse"]:
+        return tune.with_resources(run_trial, _resources)
+    from raystudy.train import rehearsal
+
+    return tune.with_resources(rehearsal.rehearse_trial, tune.PlacementGroupFactory([{"CPU": 1}]))
 
 
 def _tune_path(storage, name: str):
@@ -150,7 +172,7 @@ def _tuner(
     """The Tuner of the pending trials: the interrupted run's, restored, or a new one."""
     storage, name = s["storage"], grid_name(trials, label)
     path = _tune_path(storage, name)
-    trainable = tune.with_resources(run_trial, _resources)
+    trainable = _trainable(s)
     lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s["quiet"])
     if tune.Tuner.can_restore(str(path)):
         with tune_glue.tune_output(s["verbose"]):  # restoring reads the trials' results back, and warns too
@@ -194,6 +216,8 @@ def _new_tuner(
         adaptive_scheduler = scheduler.AdaptiveScheduler(policy, trials, s["tracking_uri"], exp_id)
     kept, pruner = checkpoints.keep_checkpoints()
     base = {"storage_path": str(s["storage"]), "threads": s["threads"], "checkpoint_every_s": s["checkpoint_every_s"]}
+    if s["rehearse"]:
+        base["rehearse_s"] = s["rehearse"]
     return tune.Tuner(
         trainable,
         param_space={**base, "trial": tune.grid_search([t.as_dict() for t in pending])},
@@ -209,7 +233,7 @@ def _new_tuner(
             storage_path=str(s["storage"]),
             verbose=s["verbose"],
             callbacks=[
-                records.MlflowTrials(s["tracking_uri"], exp_id, parent_id),
+                records.MlflowTrials(s["tracking_uri"], exp_id, parent_id, _run_tags(s)),
                 lines,
                 pruner,
                 *tune_glue.result_files(s["verbose"]),

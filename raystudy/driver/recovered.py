@@ -20,12 +20,13 @@ from raystudy.tracking import record as tracking
 PARAMS, RESULTS = "params.json", "result.json"
 
 
-def record(cl, exp_id: str, parent_id: str, path, keys: set[str]) -> int:
+def record(cl, exp_id: str, parent_id: str, path, keys: set[str], tags: dict[str, str] | None = None) -> int:
     """Record in MLflow each trial of ``keys`` whose final result is in the Tune folder ``path``
-    (a local path or a storage URI); returns how many. A folder that cannot be read records none."""
+    (a local path or a storage URI); returns how many; ``tags`` go on a run made anew. A folder
+    that cannot be read records none."""
     found = 0
     for t, results in finished(path, keys):
-        _write(cl, exp_id, parent_id, t, results)
+        _write(cl, exp_id, parent_id, t, results, tags)
         found += 1
     return found
 
@@ -46,12 +47,14 @@ def record_ended(cl, exp_id: str, parent_id: str, paths, keys: set[str], tags: d
     return len(ended)
 
 
-def record_stopped(cl, exp_id: str, parent_id: str, path, keys: set[str], policy, trials: list) -> int:
+def record_stopped(
+    cl, exp_id: str, parent_id: str, path, keys: set[str], policy, trials: list, tags: dict[str, str] | None = None
+) -> int:
     """Record ``stopped`` each trial of ``keys`` (none done in MLflow) that the adaptive ``policy``
     stops, deciding on what MLflow holds of the grid's ``trials`` and what those of ``keys``
     reported to the Tune folder ``path``, as the live scheduler did (or would, on the trial's next
     result). Its run gets the steps it reported and ends stopped at the last (0: it never
-    started), as the live driver records it; returns how many."""
+    started), as the live driver records it; returns how many; ``tags`` go on a run made anew."""
     from raystudy.driver import scheduler
     from raystudy.spaces import adaptive
 
@@ -67,7 +70,7 @@ def record_stopped(cl, exp_id: str, parent_id: str, path, keys: set[str], policy
     for t in trials:
         if t.key in keys and t.key in decisions:
             config, results = found.get(t.key, (t.as_dict(), []))
-            _write(cl, exp_id, parent_id, config, results)
+            _write(cl, exp_id, parent_id, config, results, tags)
             n += 1
     return n
 

@@ -41,17 +41,19 @@ class Session:
         dashboard: bool = False,
         banner: str | None = None,
         weights_log: Callable[[str], None] | None = print,
+        weights: bool = True,
     ):
         self.storage, self.name, self.model = storage, name, model
         self.ray_args = (address, num_cpus, temp_dir, dashboard)
-        self.banner, self.weights_log = banner, weights_log
+        self.banner, self.weights_log, self.weights = banner, weights_log, weights
         self.started: float | None = None
         self._held = contextlib.ExitStack()
 
     def __enter__(self) -> Self:
         from raystudy.train import pretrain
 
-        pretrain.ensure_weights(self.model, log=self.weights_log)  # trials load finished files, never build them
+        if self.weights:  # trials load finished files, never build them; a rehearsal's load none
+            pretrain.ensure_weights(self.model, log=self.weights_log)
         with contextlib.ExitStack() as held:
             held.enter_context(lock.grid_lock(self.storage, self.name))
             if self.banner:

@@ -15,6 +15,7 @@ ROLE, KEY, STATUS, ERROR, ATTEMPTS = (
 )
 STOPPED_AT = "raystudy.stopped_at"  # the step an adaptive policy stopped the trial at
 WORKER, RESUMED_FROM, LAST_ERROR = "raystudy.worker", "raystudy.resumed_from", "raystudy.last_error"
+REHEARSAL = "raystudy.rehearsal"  # "1" on a dress rehearsal's runs (``raystudy grid --rehearse``): synthetic numbers
 
 # Final results logged as metrics.
 FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_done", "wall_s", "trainable_params")
