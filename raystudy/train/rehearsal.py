@@ -24,12 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from raystudy.models import components
-from raystudy.tracking import tags
 from raystudy.train.config import FinetuneConfig, from_dict
 
 DEFAULT_S = 2.0  # seconds of one rehearsal trial when --rehearse names none
 STATE_FILE = "rehearsal.json"  # a rehearsal's checkpoint: not the real trial's state.pt
-TAG = tags.REHEARSAL  # on every run of a rehearsal: its numbers are synthetic
 SUFFIX = "-rehearsal"  # of the experiment a rehearsal records in, never a real study's
 
 
