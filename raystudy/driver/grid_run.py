@@ -140,8 +140,7 @@ def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: st
 
 def _run_tags(s: dict[str, Any]) -> dict[str, str]:
     """Tags on every trial run the driver makes: a rehearsal's say so (its numbers are synthetic)."""
-
-    return {tags.REHEARSAL: "1"} if s["rehearse"] else {}  # its numbers are synthetic
+    return {tags.REHEARSAL: "1"} if s["rehearse"] else {}
 
 
 def _trainable(s: dict[str, Any]):
