@@ -86,16 +86,20 @@ def job_state(env, job: str) -> tuple[str, int, str]:
 
 
 def wait_job(env, job: str, timeout: float = 420, then_minutes: int | None = None) -> tuple[str, int]:
-    """Until ``job`` ends: (state, restarts); a requeued one is made eligible at once, and given
-    ``then_minutes`` as its time limit (its next run then finishes the grid)."""
+    """Until ``job`` ends: (state, restarts); a requeued one is made eligible within seconds, and
+    given ``then_minutes`` as its time limit (its next run then finishes the grid)."""
     end = time.monotonic() + timeout
+    pushed = 0  # the restart last made eligible: once each, or its start would keep moving away
     while time.monotonic() < end:
         state, restarts, reason = job_state(env, job)
         if state in DONE:
             return state, restarts
-        if state == "PENDING" and restarts and reason == "BeginTime":
+        if state == "PENDING" and restarts > pushed and reason == "BeginTime":
+            pushed = restarts
             more = [f"TimeLimit={then_minutes}"] if then_minutes else []
-            subprocess.run(["scontrol", "update", f"jobid={job}", *more, "StartTime=now"], env=env, timeout=30)
+            # not at once: slurmd refuses a relaunch within moments of the requeue's kill ("Job N
+            # already killed, do not launch batch job") and the job ends FAILED, seen in CI
+            subprocess.run(["scontrol", "update", f"jobid={job}", *more, "StartTime=now+5"], env=env, timeout=30)
         time.sleep(2)
     raise AssertionError(f"job {job} still {job_state(env, job)} after {timeout} s:\n{log(Path(), job)}")
 
