@@ -1,6 +1,7 @@
 """Benchmarks are scripts, not tests; these run them at toy sizes so they cannot rot unseen."""
 
 import glob
+import json
 import shutil
 import subprocess
 import sys
@@ -243,3 +244,23 @@ def test_store_benchmarks_refuse_bad_input_in_one_line(script, args, message):
         [sys.executable, f"benchmarks/{script}", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert p.returncode == 2 and p.stderr.strip() == message, p.stderr
+
+
+@pytest.mark.slow
+def test_scale_benchmark_runs_at_toy_size(tmp_path):
+    """The three drivers on the same 13 rehearsal trials: each runs them all, and raystudy's store
+    holds each once, read back by what a resumed grid and the report read."""
+    out = tmp_path / "scale.json"
+    cmd = [sys.executable, "benchmarks/bench_scale.py", "--trials", "13", "--datasets", "1"]
+    cmd += ["--seconds", "0.5", "--concurrency", "4", "--json", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    assert row["n"] == 13
+    for v in ("raystudy", "stock", "bare"):
+        assert row[v]["wall"] > 13 * 0.5 / 4  # not under the minimum
+        assert row[v]["cpu"] > 0 and row[v]["peak"] > 0
+    assert row["raystudy"]["done_n"] == row["raystudy"]["load_n"] == 13
+    assert row["stock"]["store"] > 0 and row["bare"]["store"] == 0  # bare Tune records nothing
+    assert "N = 13 trials of 0.5 s, 4 at once: the minimum is 1.6 s" in p.stdout
+    assert "wall raystudy / stock:" in p.stdout

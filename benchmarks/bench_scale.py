@@ -1,0 +1,281 @@
+"""The driver at scale: raystudy's grid against Ray Tune with Ray's stock MLflow callback and bare
+Tune, on the same rehearsal trials, side by side in one run.
+
+    python benchmarks/bench_scale.py                          # N = 100, 1,275, 10,000 (hours on 2 cores)
+    python benchmarks/bench_scale.py --trials 100             # one size (minutes)
+    python benchmarks/bench_scale.py --trials 13 --datasets 1 --seconds 0.5 --concurrency 4   # toy size (the test's)
+
+Every variant runs the same trials: the demo grid's schedule (120 steps, a step report every 20
+and an evaluation every 20, so 7 results a trial reach Tune) with as many seeds as make about N
+trials, each trial ``raystudy.train.rehearsal.rehearse_trial`` lasting ``--seconds`` on a local Ray
+of ``--concurrency`` logical CPUs (the trials sleep; a 2-core machine holds many at once). Each
+variant is a process of its own with a Ray of its own:
+
+    raystudy  ``python -m raystudy.grid --rehearse SECONDS`` (lock, Tune, raystudy's MLflow
+              callback, checkpoints, console) into a SQLite store
+    stock     a Tuner over the same trial dicts and trainable, ``reuse_actors=True``, with
+              ``ray.air.integrations.mlflow.MLflowLoggerCallback`` into a SQLite store: what a
+              user would otherwise write (it logs each result's numbers; the step reports that
+              travel in a result's ``history`` list it skips, so it records less per trial)
+    bare      the same Tuner with no callback
+
+Printed per N: wall seconds and their ratio to the minimum (N x SECONDS / CONCURRENCY) and to each
+other; the driver's CPU seconds per trial (the driver process alone, and with the Ray processes it
+started: GCS, raylet, workers); the driver's peak and final RSS; the store's size per trial; and,
+on raystudy's store, what a resumed grid reads to know what is done (``query.known_statuses``),
+the report's load (``analysis.load.from_mlflow``) and the MLflow runs page's query (one page of
+100 runs, newest first). ``--profile`` adds py-spy's top frames of raystudy's driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PER_CELL = 13  # demo grid trials of one seed on one dataset: 6 conditions x 2 lrs + the linear probe
+VARIANTS = ("raystudy", "stock", "bare")
+# The driver's frames a profile is summed under: raystudy's callbacks and what they call.
+WHERE = (
+    "raystudy/driver/records",
+    "raystudy/driver/backlog",
+    "raystudy/tracking/",
+    "raystudy/driver/console",
+    "mlflow/store/tracking",
+    "tune/execution/tune_controller.py",
+    "tune/execution/experiment_state",
+)
+
+
+def space_file(n: int, folder: Path, datasets: int = 4) -> tuple[Path, int]:
+    """The demo space on its first ``datasets`` datasets with as many seeds as make at least ``n``
+    trials; (its file, its trials)."""
+    space = yaml.safe_load((ROOT / "search_spaces" / "demo.yaml").read_text())
+    space["datasets"] = dict(list(space["datasets"].items())[:datasets])
+    per_seed = PER_CELL * len(space["datasets"])
+    seeds = max(1, math.ceil(n / per_seed))
+    space["study"] = f"scale{n}"
+    space["grid"]["seed"] = {"grid_search": list(range(seeds))}
+    space["base"]["probe_pairs"] = 0
+    path = folder / f"scale{n}.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path, seeds * per_seed
+
+
+def grid_args(space: Path, work: Path, seconds: float, concurrency: int) -> list[str]:
+    """``raystudy grid``'s flags for the rehearsal of ``space`` in ``work``."""
+    return [
+        "--space", str(space), "--rehearse", str(seconds), "--num-cpus", str(concurrency),
+        "--max-concurrent", str(concurrency), "--ray-temp-dir", str(work / "ray"), "--quiet",
+        "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--storage", str(work / "runs"),
+    ]  # fmt: skip
+
+
+def tune_variant(space: Path, work: Path, seconds: float, concurrency: int, stock: bool) -> None:
+    """The stock or bare Tuner over the trials raystudy's grid would run (this process is the driver)."""
+    import ray
+    from ray import tune
+
+    from raystudy import grid
+    from raystudy.train import rehearsal
+
+    job = grid.prepare(grid.build_parser().parse_args(grid_args(space, work, seconds, concurrency)))
+    ray.init(num_cpus=concurrency, include_dashboard=False, _temp_dir=str(work / "ray"), log_to_driver=False)
+    callbacks = []
+    if stock:
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        callbacks.append(
+            MLflowLoggerCallback(
+                tracking_uri=f"sqlite:///{work / 'mlflow.db'}", experiment_name="stock", save_artifact=False
+            )
+        )
+    trainable = tune.with_resources(rehearsal.rehearse_trial, tune.PlacementGroupFactory([{"CPU": 1}]))
+    tuner = tune.Tuner(
+        trainable,
+        param_space={
+            "rehearse_s": seconds,
+            "checkpoint_every_s": 60,
+            "trial": tune.grid_search([t.as_dict() for t in job.trials]),
+        },
+        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=concurrency),
+        run_config=tune.RunConfig(name="scale", storage_path=str(work / "runs"), verbose=0, callbacks=callbacks),
+    )
+    results = tuner.fit()
+    print(json.dumps({"trials": len(results), "errors": len(results.errors)}), flush=True)
+    ray.shutdown()
+
+
+def watch(cmd: list[str], env: dict, log: Path, profile: Path | None = None) -> dict:
+    """Run ``cmd``, sampling the driver's RSS and CPU (alone and with its process tree) twice a second."""
+    import psutil
+
+    if profile is not None:
+        cmd = ["py-spy", "record", "-o", str(profile), "-f", "raw", "-r", "50", "--nonblocking", "--", *cmd]
+    t0 = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        top = psutil.Process(proc.pid)
+        driver, peak, rss, cpu, tree = None, 0, 0, 0.0, {}
+        while proc.poll() is None:
+            try:
+                if driver is None:  # under py-spy the driver is its child
+                    kids = top.children() if profile is not None else []
+                    driver = kids[0] if kids else (top if profile is None else None)
+                if driver is not None:
+                    rss = driver.memory_info().rss or rss  # a process exiting reads 0
+                    peak = max(peak, rss)
+                    c = driver.cpu_times()
+                    cpu = c.user + c.system
+                    for p in driver.children(recursive=True):
+                        c = p.cpu_times()
+                        tree[p.pid] = c.user + c.system
+            except psutil.Error:
+                pass
+            time.sleep(0.5)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"bench_scale: {cmd[:4]} exited {proc.returncode}; see {log}")
+    return {"wall": wall, "cpu": cpu, "tree_cpu": cpu + sum(tree.values()), "peak": peak, "rss": rss}
+
+
+def store_waits(work: Path, experiment: str) -> dict:
+    """On a finished grid's store: what is done, the report's load, one runs page (seconds)."""
+    from raystudy.tracking import connect, query
+
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    out = {}
+    t = time.perf_counter()
+    query.known_statuses(uri, experiment)  # a resumed grid's first read: MLflow's client made, the store opened
+    out["done_cold_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    done = query.known_statuses(uri, experiment)
+    out["done_s"], out["done_n"] = time.perf_counter() - t, len(done)
+    from analysis import load
+
+    t = time.perf_counter()
+    frame = load.from_mlflow(experiment, uri)
+    out["load_s"], out["load_n"] = time.perf_counter() - t, len(frame)
+    cl = connect.client(uri)
+    exp_id = cl.get_experiment_by_name(experiment).experiment_id
+    t = time.perf_counter()
+    cl.search_runs([exp_id], max_results=100, order_by=["attributes.start_time DESC"])
+    out["page_s"] = time.perf_counter() - t
+    return out
+
+
+def top_frames(profile: Path, k: int = 12) -> list[str]:
+    """py-spy's raw profile: the share of samples under the raystudy frames that weigh most."""
+    from collections import Counter
+
+    total, under = 0, Counter()
+    for line in profile.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        total += int(n)
+        for f in {f for f in stack.split(";") if any(m in f for m in WHERE)}:
+            under[f] += int(n)
+    return [f"{100 * v / total:5.1f}%  {f}" for f, v in under.most_common(k)]
+
+
+def one_size(n: int, args, folder: Path) -> dict:
+    space, real_n = space_file(n, folder, args.datasets)
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    row = {"n": real_n}
+    for v in args.variants:
+        work = folder / f"{v}{n}"
+        work.mkdir()
+        if v == "raystudy":
+            cmd = [sys.executable, "-m", "raystudy.grid", *grid_args(space, work, args.seconds, args.concurrency)]
+        else:
+            # Tune's own result files (JSON, CSV, TensorBoard) off, as raystudy's grid has them:
+            # what differs is the MLflow callback alone.
+            env["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+            cmd = [sys.executable, __file__, "--variant", v, "--space", str(space), "--work", str(work)]
+            cmd += ["--seconds", str(args.seconds), "--concurrency", str(args.concurrency)]
+        prof = work / "profile.txt" if args.profile and v == "raystudy" else None
+        print(f"  N={real_n} {v}: running", flush=True)
+        row[v] = watch(cmd, env, work / "driver.log", prof)
+        db = work / "mlflow.db"
+        row[v]["store"] = db.stat().st_size if db.is_file() else 0
+        if v == "raystudy":
+            row[v].update(store_waits(work, f"raystudy-scale{n}-vit_demo-rehearsal"))
+            if prof is not None and prof.is_file():
+                row[v]["profile"] = top_frames(prof)
+        shutil.rmtree(work / "ray", ignore_errors=True)
+    return row
+
+
+def show(row: dict, args) -> None:
+    n = row["n"]
+    least = n * args.seconds / args.concurrency
+    print(f"\nN = {n:,} trials of {args.seconds:g} s, {args.concurrency} at once: the minimum is {least:.1f} s")
+    cols = ("wall s", 9), ("x min", 8), ("trials/s", 10), ("drv CPU s/trial", 17), ("+Ray CPU s/trial", 18)
+    cols += ("peak MB", 9), ("final MB", 9), ("store kB/trial", 15)
+    print(" " * 10 + "".join(f"{c:>{w}}" for c, w in cols))
+    for v in args.variants:
+        r = row[v]
+        print(
+            f"{v:10}{r['wall']:9.1f}{r['wall'] / least:8.1f}{n / r['wall']:10.2f}{r['cpu'] / n:17.3f}"
+            f"{r['tree_cpu'] / n:18.3f}{r['peak'] / 2**20:9.0f}{r['rss'] / 2**20:9.0f}{r['store'] / 1024 / n:15.1f}"
+        )
+    names = [v for v in args.variants]
+    for a, b in ((x, y) for i, x in enumerate(names) for y in names[i + 1 :]):
+        print(f"  wall {a} / {b}: {row[a]['wall'] / row[b]['wall']:.2f}x")
+    r = row.get("raystudy")
+    if r and "done_s" in r:
+        print(
+            f"  raystudy's store: what is done {r['done_s']:.2f} s ({r['done_n']} runs; "
+            f"{r['done_cold_s']:.2f} s as a process's first read), "
+            f"the report's load {r['load_s']:.2f} s ({r['load_n']} rows), a runs page {r['page_s']:.3f} s"
+        )
+        for line in r.get("profile", []):
+            print("   ", line)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", default="100,1275,10000", help="comma-separated sizes N")
+    ap.add_argument("--seconds", type=float, default=2.0, help="seconds of one rehearsal trial")
+    ap.add_argument("--concurrency", type=int, default=16, help="trials at once (logical CPUs of the local Ray)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
+    ap.add_argument("--datasets", type=int, default=4, choices=range(1, 5), help="of the demo grid's four")
+    ap.add_argument("--profile", action="store_true", help="py-spy's top frames of raystudy's driver")
+    ap.add_argument("--json", help="write the measurements here as well")
+    ap.add_argument("--variant", choices=("stock", "bare"), help=argparse.SUPPRESS)
+    ap.add_argument("--space", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.variant:
+        tune_variant(Path(args.space), Path(args.work), args.seconds, args.concurrency, args.variant == "stock")
+        return 0
+    args.variants = args.variants.split(",")
+    if bad := set(args.variants) - set(VARIANTS):
+        ap.error(f"--variants: {', '.join(sorted(bad))} unknown; allowed: {', '.join(VARIANTS)}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as d:
+        for n in (int(x) for x in args.trials.split(",")):
+            rows.append(one_size(n, args, Path(d)))
+            show(rows[-1], args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
