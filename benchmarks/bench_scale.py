@@ -130,8 +130,7 @@ def watch(cmd: list[str], env: dict, log: Path, profile: Path | None = None) -> 
         while proc.poll() is None:
             try:
                 if driver is None:  # under py-spy the driver is its child
-                    kids = top.children() if profile is not None else []
-                    driver = kids[0] if kids else (top if profile is None else None)
+                    driver = top if profile is None else next(iter(top.children()), None)
                 if driver is not None:
                     rss = driver.memory_info().rss or rss  # a process exiting reads 0
                     peak = max(peak, rss)
@@ -194,6 +193,9 @@ def one_size(n: int, args, folder: Path) -> dict:
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
+        # Tune's own result files (JSON, CSV, TensorBoard) off in every variant, as raystudy's grid
+        # has them: what differs is the MLflow callback alone.
+        "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
         "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
     row = {"n": real_n}
@@ -203,9 +205,6 @@ def one_size(n: int, args, folder: Path) -> dict:
         if v == "raystudy":
             cmd = [sys.executable, "-m", "raystudy.grid", *grid_args(space, work, args.seconds, args.concurrency)]
         else:
-            # Tune's own result files (JSON, CSV, TensorBoard) off, as raystudy's grid has them:
-            # what differs is the MLflow callback alone.
-            env["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
             cmd = [sys.executable, __file__, "--variant", v, "--space", str(space), "--work", str(work)]
             cmd += ["--seconds", str(args.seconds), "--concurrency", str(args.concurrency)]
         prof = work / "profile.txt" if args.profile and v == "raystudy" else None
@@ -234,7 +233,7 @@ def show(row: dict, args) -> None:
             f"{v:10}{r['wall']:9.1f}{r['wall'] / least:8.1f}{n / r['wall']:10.2f}{r['cpu'] / n:17.3f}"
             f"{r['tree_cpu'] / n:18.3f}{r['peak'] / 2**20:9.0f}{r['rss'] / 2**20:9.0f}{r['store'] / 1024 / n:15.1f}"
         )
-    names = [v for v in args.variants]
+    names = args.variants
     for a, b in ((x, y) for i, x in enumerate(names) for y in names[i + 1 :]):
         print(f"  wall {a} / {b}: {row[a]['wall'] / row[b]['wall']:.2f}x")
     r = row.get("raystudy")
