@@ -161,3 +161,22 @@ def _image_folder(root, n: int = 10, max_side: int = 400):
 def image_folder():
     """Writes a DomainNet-like image folder: ``image_folder(root, n=10, max_side=400)``."""
     return _image_folder
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 48 MiB tmpfs at ``tmp_path/disk``, unmounted after the test; skipped where mount is not permitted."""
+    import shutil
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command here")
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {p.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

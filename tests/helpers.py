@@ -1,5 +1,8 @@
-"""Test inputs built by more than one test file: class folders of generated images and a tiny ViT."""
+"""Test inputs built by more than one test file: class folders of generated images, a tiny ViT
+and a disk filled to its last byte."""
 
+import errno
+import os
 from pathlib import Path
 
 
@@ -34,3 +37,17 @@ def tiny_vit(**kw):
     return VisionTransformer(
         img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_classes=10, **kw
     )
+
+
+def fill(disk: Path) -> None:
+    """Take every free byte of ``disk``: a file written until the filesystem refuses."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (1 << 20, 1 << 12, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)

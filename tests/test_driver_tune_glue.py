@@ -103,3 +103,22 @@ def test_the_places_a_full_disk_may_be_are_those_known(tmp_path, monkeypatch):
     assert list(places) == ["the tensor cache"]
     line = tune_glue.full_disk_line(places, "grid")
     assert line.startswith("error: the disk is full: /") and "holding the tensor cache" in line
+
+
+def test_mlflows_own_traceback_of_a_full_store_stays_out_of_a_tune_run(tmp_path, small_disk, capfd):
+    # Seen in CI: a trial's MLflow run, opened on a full store before anything else had met the
+    # full disk, printed MLflow's traceback of the failed INSERT ahead of the driver's one line.
+    from helpers import fill
+    from raystudy.errors import disk_full
+    from raystudy.tracking import connect
+
+    cl = connect.client(f"sqlite:///{small_disk / 'mlflow.db'}")
+    experiment = cl.create_experiment("full")
+    fill(small_disk)
+    capfd.readouterr()
+    with tune_glue.tune_output(0), pytest.raises(Exception) as failed:
+        for i in range(10_000):  # until SQLite needs a page the disk no longer has
+            cl.create_run(experiment, tags={"i": str(i) * 64})
+    assert disk_full(failed.value), failed.value
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "database or disk is full" not in out + err, err[-3000:]

@@ -2,47 +2,16 @@
 the grid stops at the first sign with one line, and the same command completes it once space is
 freed."""
 
-import errno
-import os
 import shutil
 import subprocess
 
 import pytest
 
 from drivers import count_status, driver_env, kill_group, output_of, search_runs, start, wait_for
+from helpers import fill
 from test_grid_ray import SPACE, grid_cmd, write_space
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture()
-def small_disk(tmp_path):
-    """A 48 MiB tmpfs at ``tmp_path/disk``, unmounted after the test; skipped where mount is not permitted."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command here")
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {p.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
-
-
-def fill(disk) -> None:
-    """Take every free byte of ``disk``: a file written until the filesystem refuses."""
-    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        for size in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError as e:
-                assert e.errno == errno.ENOSPC, e
-    finally:
-        os.close(fd)
 
 
 def test_a_disk_that_fills_mid_grid_stops_it_in_one_line_and_the_rerun_completes_it(

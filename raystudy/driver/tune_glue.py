@@ -174,6 +174,9 @@ def tune_output(verbose: int):
     # a logger's filter sees only its own records, a handler's all that reach it: both
     tune_logs = [logging.getLogger(n) for n in ("ray.tune", "ray.tune.execution.tune_controller", "ray.train")]
     tune_logs += [h for n in ("ray", "") for h in logging.getLogger(n).handlers]
+    # MLflow logs each write a full store refuses with its traceback, the first one included: a
+    # trial's run may meet the full disk before the driver has said its one line
+    tune_logs += [logging.getLogger("mlflow.store.db.utils"), *logging.getLogger("mlflow").handlers]
     for log in tune_logs:
         log.addFilter(full)
     # Tune leaves its Ctrl-C handler installed after a run that was not stopped: the next Ctrl-C
