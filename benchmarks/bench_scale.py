@@ -21,10 +21,17 @@ variant is a process of its own with a Ray of its own:
 
 Printed per N: wall seconds and their ratio to the minimum (N x SECONDS / CONCURRENCY) and to each
 other; the driver's CPU seconds per trial (the driver process alone, and with the Ray processes it
-started: GCS, raylet, workers); the driver's peak and final RSS; the store's size per trial; and,
+started: GCS, raylet, workers); the driver's peak and final RSS (raystudy's also after 1,000
+finished trials, where N > 1,000); the store's size per trial; and,
 on raystudy's store, what a resumed grid reads to know what is done (``query.known_statuses``),
-the report's load (``analysis.load.from_mlflow``) and the MLflow runs page's query (one page of
+the report's load (``analysis.load.from_mlflow``), the report itself (``python -m analysis.report
+--no-figures``, a process of its own) and the MLflow runs page's query (one page of
 100 runs, newest first). ``--profile`` adds py-spy's top frames of raystudy's driver.
+
+``--kill-at F`` adds, after the side-by-side runs, raystudy's grid once more in a fresh store: its
+driver is SIGKILLed once ``F`` of the trials have finished, and the same command started again.
+Printed: the seconds from that start to its first new trial (a run opened after it) and to its
+first recorded report, and whether the store then holds every trial once, finished.
 """
 
 from __future__ import annotations
@@ -116,8 +123,9 @@ def tune_variant(space: Path, work: Path, seconds: float, concurrency: int, stoc
     ray.shutdown()
 
 
-def watch(cmd: list[str], env: dict, log: Path, profile: Path | None = None) -> dict:
-    """Run ``cmd``, sampling the driver's RSS and CPU (alone and with its process tree) twice a second."""
+def watch(cmd: list[str], env: dict, log: Path, profile: Path | None = None, db: Path | None = None) -> dict:
+    """Run ``cmd``, sampling the driver's RSS and CPU (alone and with its process tree) twice a
+    second; with raystudy's store ``db``, also its RSS once 1,000 trials have finished."""
     import psutil
 
     if profile is not None:
@@ -126,8 +134,12 @@ def watch(cmd: list[str], env: dict, log: Path, profile: Path | None = None) -> 
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         top = psutil.Process(proc.pid)
-        driver, peak, rss, cpu, tree = None, 0, 0, 0.0, {}
+        driver, peak, rss, cpu, tree, at_1000, polls = None, 0, 0, 0.0, {}, None, 0
         while proc.poll() is None:
+            polls += 1
+            if db is not None and at_1000 is None and polls % 4 == 0 and rss:
+                if (_store_query(db, FINISHED_SQL) or 0) >= 1000:
+                    at_1000 = rss
             try:
                 if driver is None:  # under py-spy the driver is its child
                     driver = top if profile is None else next(iter(top.children()), None)
@@ -145,11 +157,12 @@ def watch(cmd: list[str], env: dict, log: Path, profile: Path | None = None) -> 
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"bench_scale: {cmd[:4]} exited {proc.returncode}; see {log}")
-    return {"wall": wall, "cpu": cpu, "tree_cpu": cpu + sum(tree.values()), "peak": peak, "rss": rss}
+    out = {"wall": wall, "cpu": cpu, "tree_cpu": cpu + sum(tree.values()), "peak": peak, "rss": rss}
+    return out | ({"rss_at_1000": at_1000} if at_1000 is not None else {})
 
 
 def store_waits(work: Path, experiment: str) -> dict:
-    """On a finished grid's store: what is done, the report's load, one runs page (seconds)."""
+    """On a finished grid's store: what is done, the report's load, the report, one runs page (seconds)."""
     from raystudy.tracking import connect, query
 
     uri = f"sqlite:///{work / 'mlflow.db'}"
@@ -165,12 +178,75 @@ def store_waits(work: Path, experiment: str) -> dict:
     t = time.perf_counter()
     frame = load.from_mlflow(experiment, uri)
     out["load_s"], out["load_n"] = time.perf_counter() - t, len(frame)
+    t = time.perf_counter()
+    report = [sys.executable, "-m", "analysis.report", "--experiment", experiment, "--tracking-uri", uri]
+    report += ["--no-figures", "--out", str(work / "report")]
+    subprocess.run(report, cwd=ROOT, check=True, capture_output=True)
+    out["report_s"] = time.perf_counter() - t
     cl = connect.client(uri)
     exp_id = cl.get_experiment_by_name(experiment).experiment_id
     t = time.perf_counter()
     cl.search_runs([exp_id], max_results=100, order_by=["attributes.start_time DESC"])
     out["page_s"] = time.perf_counter() - t
     return out
+
+
+def _store_query(db: Path, sql: str, *args):
+    """One value of ``sql`` on the SQLite store ``db``, read only (None until it exists or answers)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
+            return c.execute(sql, args).fetchone()[0]
+    except sqlite3.Error:
+        return None
+
+
+FINISHED_SQL = "select count(*) from tags where key = 'raystudy.status' and value = 'finished'"
+KEYS_SQL = (
+    "select count(distinct value) from tags where key = 'raystudy.key' and run_uuid in "
+    "(select run_uuid from tags where key = 'raystudy.role' and value = 'trial')"
+)
+
+
+def killed_and_resumed(cmd: list[str], env: dict, work: Path, n: int, at: float) -> dict:
+    """raystudy's grid SIGKILLed once ``at`` of its ``n`` trials finished, then the same command:
+    seconds from its start to the first new trial run and to the first report recorded after it,
+    and the store's trial runs at the end (total, distinct keys, finished)."""
+    db, log = work / "mlflow.db", work / "driver.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None and (_store_query(db, FINISHED_SQL) or 0) < at * n:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            sys.exit(f"bench_scale: the grid ended before {at:g} of its trials finished; see {log}")
+        proc.kill()
+        proc.wait()
+    killed_at = _store_query(db, FINISHED_SQL)
+    time.sleep(2)  # the Ray it started, fate-shared with it, goes down
+    start_ms = int(time.time() * 1000)
+    t0, first_run, first_report = time.perf_counter(), None, None
+    with (work / "resumed.log").open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if first_run is None and _store_query(db, "select count(*) from runs where start_time > ?", start_ms):
+                first_run = time.perf_counter() - t0
+            if first_report is None and _store_query(db, "select count(*) from metrics where timestamp > ?", start_ms):
+                first_report = time.perf_counter() - t0
+            time.sleep(0.2)
+    if proc.returncode != 0:
+        sys.exit(f"bench_scale: the resumed grid exited {proc.returncode}; see {work / 'resumed.log'}")
+    trial = "from tags where key = 'raystudy.role' and value = 'trial'"
+    return {
+        "killed_at": killed_at,
+        "first_run_s": first_run,
+        "first_report_s": first_report,
+        "resumed_s": time.perf_counter() - t0,
+        "runs": _store_query(db, f"select count(*) {trial}"),
+        "keys": _store_query(db, KEYS_SQL),
+        "finished": _store_query(db, FINISHED_SQL),
+        "running": _store_query(db, "select count(*) from runs where status = 'RUNNING'"),
+    }
 
 
 def top_frames(profile: Path, k: int = 12) -> list[str]:
@@ -209,13 +285,20 @@ def one_size(n: int, args, folder: Path) -> dict:
             cmd += ["--seconds", str(args.seconds), "--concurrency", str(args.concurrency)]
         prof = work / "profile.txt" if args.profile and v == "raystudy" else None
         print(f"  N={real_n} {v}: running", flush=True)
-        row[v] = watch(cmd, env, work / "driver.log", prof)
+        row[v] = watch(cmd, env, work / "driver.log", prof, work / "mlflow.db" if v == "raystudy" else None)
         db = work / "mlflow.db"
         row[v]["store"] = db.stat().st_size if db.is_file() else 0
         if v == "raystudy":
             row[v].update(store_waits(work, f"raystudy-scale{n}-vit_demo-rehearsal"))
             if prof is not None and prof.is_file():
                 row[v]["profile"] = top_frames(prof)
+        shutil.rmtree(work / "ray", ignore_errors=True)
+    if args.kill_at:
+        work = folder / f"killed{n}"
+        work.mkdir()
+        cmd = [sys.executable, "-m", "raystudy.grid", *grid_args(space, work, args.seconds, args.concurrency)]
+        print(f"  N={real_n} raystudy, killed at {args.kill_at:g} and resumed: running", flush=True)
+        row["killed"] = killed_and_resumed(cmd, env, work, real_n, args.kill_at)
         shutil.rmtree(work / "ray", ignore_errors=True)
     return row
 
@@ -241,10 +324,28 @@ def show(row: dict, args) -> None:
         print(
             f"  raystudy's store: what is done {r['done_s']:.2f} s ({r['done_n']} runs; "
             f"{r['done_cold_s']:.2f} s as a process's first read), "
-            f"the report's load {r['load_s']:.2f} s ({r['load_n']} rows), a runs page {r['page_s']:.3f} s"
+            f"the report's load {r['load_s']:.2f} s ({r['load_n']} rows), the report (--no-figures, "
+            f"a process) {r['report_s']:.1f} s, a runs page {r['page_s']:.3f} s"
         )
+        if "rss_at_1000" in r:
+            print(
+                f"  raystudy's driver RSS after 1,000 trials finished {r['rss_at_1000'] / 2**20:.0f} MB, "
+                f"at the end {r['rss'] / 2**20:.0f} MB (+{(r['rss'] - r['rss_at_1000']) / 2**20:.0f} MB)"
+            )
         for line in r.get("profile", []):
             print("   ", line)
+    k = row.get("killed")
+    if k:
+
+        def s(v):
+            return "never" if v is None else f"{v:.1f} s"
+
+        print(
+            f"  raystudy SIGKILLed at {k['killed_at']} finished, the same command again: its first new trial "
+            f"{s(k['first_run_s'])} after its start, its first report recorded {s(k['first_report_s'])}, "
+            f"done in {k['resumed_s']:.1f} s; the store: {k['runs']} trial runs, {k['keys']} keys, "
+            f"{k['finished']} finished, {k['running']} RUNNING"
+        )
 
 
 def main(argv=None) -> int:
@@ -255,6 +356,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
     ap.add_argument("--datasets", type=int, default=4, choices=range(1, 5), help="of the demo grid's four")
     ap.add_argument("--profile", action="store_true", help="py-spy's top frames of raystudy's driver")
+    ap.add_argument(
+        "--kill-at", type=float, default=0.0, help="also: raystudy's grid SIGKILLed at this fraction done, resumed"
+    )
     ap.add_argument("--json", help="write the measurements here as well")
     ap.add_argument("--variant", choices=("stock", "bare"), help=argparse.SUPPRESS)
     ap.add_argument("--space", help=argparse.SUPPRESS)
@@ -263,6 +367,8 @@ def main(argv=None) -> int:
     if args.variant:
         tune_variant(Path(args.space), Path(args.work), args.seconds, args.concurrency, args.variant == "stock")
         return 0
+    if not 0 <= args.kill_at < 1:
+        ap.error(f"--kill-at {args.kill_at:g}: a fraction of the trials done, 0 (off) <= F < 1")
     args.variants = args.variants.split(",")
     if bad := set(args.variants) - set(VARIANTS):
         ap.error(f"--variants: {', '.join(sorted(bad))} unknown; allowed: {', '.join(VARIANTS)}")

@@ -14,7 +14,8 @@ among the waits. Then, each apart:
     page      the MLflow runs page's query: one page of runs (``--page``) newest first
     curves    one run's curves: ``get_metric_history`` of each of its step metrics
     load      ``analysis.load.from_mlflow``, the report's load of every trial run
-    done      a resumed grid's "what is done": ``query.known_statuses``
+    done      a resumed grid's "what is done": ``query.known_statuses``, and the same read
+              through MLflow's search (``query.statuses``, how it was read before), side by side
     trial     the driver's writes for one finished trial (``open_trial``, ``logged_upto``,
               ``log_steps`` once per report, ``finish_trial``), at ``--small`` and at ``--runs``
               recorded runs: it must not grow with the store
@@ -155,6 +156,7 @@ def waits(uri: str, cl, exp_id: str, page: int, reps: int) -> dict[str, float]:
         "curves": median_time(lambda: [cl.get_metric_history(newest.info.run_id, k) for k in keys], reps),
         "load": median_time(lambda: load.from_mlflow(EXPERIMENT, uri), 1),
         "done": median_time(lambda: query.known_statuses(uri, EXPERIMENT), 1),
+        "done by search": median_time(lambda: query.statuses(cl, exp_id), 1),
     }
 
 
@@ -195,7 +197,8 @@ ROWS = (
     ("page", "the runs page's query: {page} runs newest first"),
     ("curves", "one run's curves: the history of each step metric"),
     ("load", "analysis.load.from_mlflow: every trial run"),
-    ("done", "a resumed grid's 'what is done' (query.known_statuses)"),
+    ("done", "a resumed grid's 'what is done' (query.known_statuses: one SQL query over the tags)"),
+    ("done by search", "the same through MLflow's search_runs (query.statuses), as before 2026-12-03"),
     ("trial@{small}", "the driver's writes for one finished trial, {small} runs recorded"),
     ("trial@{runs}", "the same, {runs} runs recorded"),
     ("open@{small}", "of which open_trial (finds the trial by key), {small} runs recorded"),
@@ -246,11 +249,11 @@ def main(argv: list[str] | None = None) -> int:
                     results[store] = measure(uri, root, runs, args)
         print(f"measured {store}: {results[store]['metric rows']:,} metric rows", flush=True)
     names = {k: k.format(small=args.small, runs=args.runs) for k, _ in ROWS}
-    print(f"{'':12}" + "".join(f"{s:>12}" for s in args.stores))
+    print(f"{'':15}" + "".join(f"{s:>12}" for s in args.stores))
     for key, what in ROWS:
         name = names[key]
         cells = "".join(f"{results[s][name]:>10.3f} s" for s in args.stores)
-        print(f"{name:12}{cells}   {what.format(page=args.page, small=args.small, runs=args.runs)}")
+        print(f"{name:15}{cells}   {what.format(page=args.page, small=args.small, runs=args.runs)}")
     return 0
 
 

@@ -199,7 +199,7 @@ def test_store_benchmark_times_each_wait_in_sqlite_and_postgresql_at_toy_size():
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert p.stdout.splitlines()[2].split() == ["sqlite", "postgresql"], p.stdout
-    names = ("fill", "page", "curves", "load", "done", "trial@10", "trial@40", "open@10", "open@40")
+    names = ("fill", "page", "curves", "load", "done", "done by search", "trial@10", "trial@40", "open@10", "open@40")
     rows = _rows(p.stdout, names)
     assert set(rows) == set(names), p.stdout
     assert all(len(v) == 2 and min(v) > 0 for v in rows.values()), p.stdout
@@ -249,10 +249,11 @@ def test_store_benchmarks_refuse_bad_input_in_one_line(script, args, message):
 @pytest.mark.slow
 def test_scale_benchmark_runs_at_toy_size(tmp_path):
     """The three drivers on the same 13 rehearsal trials: each runs them all, and raystudy's store
-    holds each once, read back by what a resumed grid and the report read."""
+    holds each once, read back by what a resumed grid and the report read; raystudy's grid killed
+    and resumed holds each once too."""
     out = tmp_path / "scale.json"
     cmd = [sys.executable, "benchmarks/bench_scale.py", "--trials", "13", "--datasets", "1"]
-    cmd += ["--seconds", "0.5", "--concurrency", "4", "--json", str(out)]
+    cmd += ["--seconds", "0.5", "--concurrency", "4", "--kill-at", "0.3", "--json", str(out)]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     (row,) = json.loads(out.read_text())
@@ -260,7 +261,11 @@ def test_scale_benchmark_runs_at_toy_size(tmp_path):
     for v in ("raystudy", "stock", "bare"):
         assert row[v]["wall"] > 13 * 0.5 / 4  # not under the minimum
         assert row[v]["cpu"] > 0 and row[v]["peak"] > 0
-    assert row["raystudy"]["done_n"] == row["raystudy"]["load_n"] == 13
+    assert row["raystudy"]["done_n"] == row["raystudy"]["load_n"] == 13 and row["raystudy"]["report_s"] > 0
     assert row["stock"]["store"] > 0 and row["bare"]["store"] == 0  # bare Tune records nothing
     assert "N = 13 trials of 0.5 s, 4 at once: the minimum is 1.6 s" in p.stdout
     assert "wall raystudy / stock:" in p.stdout
+    # killed once 4 of 13 had finished (at most 4 more running): the rerun starts trials never begun
+    k = row["killed"]
+    assert k["killed_at"] >= 4 and 0 < k["first_run_s"] < k["resumed_s"], k
+    assert k["runs"] == k["keys"] == k["finished"] == 13 and k["running"] == 0, k

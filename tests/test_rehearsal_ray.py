@@ -122,3 +122,40 @@ def test_a_killed_rehearsal_resumes_from_its_checkpoints_with_the_same_numbers(t
         assert got == pytest.approx(want), (run["tags.raystudy.key"], got, want)
     resumed = trials["tags.raystudy.resumed_from"].dropna() if "tags.raystudy.resumed_from" in trials else []
     assert set(resumed) <= {"10", "20", "30"}  # a trial cut short went on from its last checkpoint
+
+
+def test_a_rehearsal_whose_driver_is_killed_twice_holds_every_trial_once_nothing_running_no_step_twice(
+    tmp_path, mlflow_uri, shared_ray
+):
+    # exactly once at scale, at the size CI affords: 30 one-second trials, the driver SIGKILLed
+    # at a sixth and at a half of them, then the same command to the end
+    space = {**SPACE, "grid": {**SPACE["grid"], "seed": {"grid_search": [0, 1, 2]}}}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(path), *shared_ray, "--rehearse", "1"]
+    for done in (5, 15):
+        proc = start(cmd, tmp_path, stdout=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: count_status(tmp_path / "mlflow.db", "finished") >= done, proc, what=f"{done} trials")
+            assert proc.poll() is None, "the rehearsal ended before it could be killed"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        finally:
+            kill_group(proc)
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=driver_env())
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "30 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout, p.stdout[-3000:]
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    df = search_runs(uri, EXPERIMENT)
+    trials = df[df["tags.raystudy.role"] == "trial"]
+    assert len(trials) == 30 and trials["tags.raystudy.key"].is_unique  # every trial once
+    assert set(trials["tags.raystudy.status"]) == {"finished"}
+    assert "RUNNING" not in set(df["status"]), df[["tags.raystudy.role", "status"]]  # parents too
+    from mlflow import MlflowClient
+
+    cl = MlflowClient(tracking_uri=uri)
+    for _, run in trials.iterrows():  # no step twice, none missing
+        steps = {k: sorted(m.step for m in cl.get_metric_history(run["run_id"], k)) for k in ("loss", "val_acc")}
+        want = {"loss": [], "val_acc": []} if run["params.condition"] == "linear_probe" else None
+        assert steps == (want or {"loss": [10, 20, 30, 40], "val_acc": [20, 40]}), (run["tags.raystudy.key"], steps)

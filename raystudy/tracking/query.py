@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from raystudy.tracking.connect import client, sqlite_path
-from raystudy.tracking.tags import DATA_TAG, ERROR, KEY, STATUS, TERMINAL, as_number
+from raystudy.tracking.tags import DATA_TAG, ERROR, KEY, ROLE, STATUS, TERMINAL, as_number
 from raystudy.train.config import FinetuneConfig, parse_value
 
 
@@ -37,15 +37,72 @@ def statuses(cl, exp_id: str) -> dict[str, str]:
 
 def known_statuses(uri: str, experiment: str) -> dict[str, str]:
     """``statuses`` of experiment ``experiment`` in the store at ``uri``, read only: empty when
-    the store (a SQLite file) or the experiment does not exist yet, and neither is created."""
+    the store (a SQLite file) or the experiment does not exist yet, and neither is created.
+
+    A database store answers in one SQL query over the tags alone (``_sql_statuses``): MLflow's
+    search loads every run's params and metrics too, seconds at the paper's size and growing
+    with it, before a resumed grid can start its first trial."""
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
         return {}
+    if _is_database(uri):
+        try:
+            return _sql_statuses(uri, experiment)
+        except Exception as e:  # a schema this query does not know: MLflow's own search answers
+            import sqlalchemy.exc
+
+            if not isinstance(e, sqlalchemy.exc.DBAPIError):
+                raise
     cl = client(uri)
     exp = cl.get_experiment_by_name(experiment)
     if exp is None or exp.lifecycle_stage == "deleted":
         return {}
     return statuses(cl, exp.experiment_id)
+
+
+def _is_database(uri: str) -> bool:
+    """Whether MLflow keeps ``uri``'s runs in a SQL database it reaches itself (no server between)."""
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+
+    return uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_ENGINES
+
+
+# The live trial runs of one live experiment, oldest first (as ``find_runs``), with their key and
+# status tags: MLflow's tables (runs, tags, experiments), read, never written.
+_STATUSES_SQL = f"""
+SELECT k.value, s.value FROM runs r
+JOIN experiments e ON e.experiment_id = r.experiment_id
+JOIN tags role ON role.run_uuid = r.run_uuid AND role.key = '{ROLE}' AND role.value = 'trial'
+LEFT JOIN tags k ON k.run_uuid = r.run_uuid AND k.key = '{KEY}'
+LEFT JOIN tags s ON s.run_uuid = r.run_uuid AND s.key = '{STATUS}'
+WHERE e.name = :name AND e.lifecycle_stage = 'active' AND r.lifecycle_stage = 'active'
+ORDER BY r.start_time ASC, r.run_uuid ASC
+"""
+
+
+def _sql_statuses(uri: str, experiment: str) -> dict[str, str]:
+    """``known_statuses`` of a database store, read with SQLAlchemy (a SQLite file opened read only)."""
+    import sqlalchemy
+
+    db = sqlite_path(uri)
+    if db is not None:
+        import sqlite3
+
+        engine = sqlalchemy.create_engine(
+            "sqlite://", creator=lambda: sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        )
+    else:
+        engine = sqlalchemy.create_engine(uri, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as con:
+            rows = con.execute(sqlalchemy.text(_STATUSES_SQL), {"name": experiment}).fetchall()
+    finally:
+        engine.dispose()
+    out: dict[str, str] = {}
+    for key, status in rows:
+        if key and out.get(key) not in TERMINAL:
+            out[key] = status
+    return out
 
 
 def trial_status(cl, exp_id: str, key: str) -> tuple[str | None, Any]:
