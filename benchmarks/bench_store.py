@@ -15,7 +15,7 @@ among the waits. Then, each apart:
     curves    one run's curves: ``get_metric_history`` of each of its step metrics
     load      ``analysis.load.from_mlflow``, the report's load of every trial run
     done      a resumed grid's "what is done": ``query.known_statuses``, and the same read
-              through MLflow's search (``query.statuses``, how it was read before), side by side
+              through MLflow's search (``query.searched_statuses``, how it was read before), side by side
     trial     the driver's writes for one finished trial (``open_trial``, ``logged_upto``,
               ``log_steps`` once per report, ``finish_trial``), at ``--small`` and at ``--runs``
               recorded runs: it must not grow with the store
@@ -156,7 +156,7 @@ def waits(uri: str, cl, exp_id: str, page: int, reps: int) -> dict[str, float]:
         "curves": median_time(lambda: [cl.get_metric_history(newest.info.run_id, k) for k in keys], reps),
         "load": median_time(lambda: load.from_mlflow(EXPERIMENT, uri), 1),
         "done": median_time(lambda: query.known_statuses(uri, EXPERIMENT), 1),
-        "done by search": median_time(lambda: query.statuses(cl, exp_id), 1),
+        "done by search": median_time(lambda: query.searched_statuses(cl, exp_id), 1),
     }
 
 
@@ -198,7 +198,7 @@ ROWS = (
     ("curves", "one run's curves: the history of each step metric"),
     ("load", "analysis.load.from_mlflow: every trial run"),
     ("done", "a resumed grid's 'what is done' (query.known_statuses: one SQL query over the tags)"),
-    ("done by search", "the same through MLflow's search_runs (query.statuses), as before 2026-12-03"),
+    ("done by search", "the same through MLflow's search_runs (query.searched_statuses), as before 2026-12-03"),
     ("trial@{small}", "the driver's writes for one finished trial, {small} runs recorded"),
     ("trial@{runs}", "the same, {runs} runs recorded"),
     ("open@{small}", "of which open_trial (finds the trial by key), {small} runs recorded"),

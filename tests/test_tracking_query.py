@@ -32,12 +32,13 @@ def _store(uri):
     return cl, a
 
 
-def test_the_sql_read_of_what_is_done_is_mlflows_search_of_it(tmp_path):
+def test_the_sql_read_of_what_is_done_is_mlflows_search_of_it(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cl, a = _store(uri)
     want = {"k1": "finished", "k2": "finished", "k3": "running", "k4": "finished", "k6": None}
-    assert query.statuses(cl, a) == want  # MLflow's search
-    assert query._sql_statuses(uri, "a") == want  # one SQL query
+    assert query.searched_statuses(cl, a) == want  # MLflow's search
+    monkeypatch.setattr(query, "searched_statuses", None)  # from here on, SQL alone answers
+    assert query.statuses(cl, a) == want
     assert query.known_statuses(uri, "a") == want
     assert query.known_statuses(uri, "b") == {"k7": "finished"}
     assert query.known_statuses(uri, "c") == {} and query.known_statuses(uri, "none") == {}  # deleted, missing
@@ -50,6 +51,8 @@ def test_a_store_not_made_yet_is_not_made_by_reading_it(tmp_path):
 
 def test_a_schema_the_sql_does_not_know_is_read_by_mlflows_search(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    _store(uri)
+    cl, a = _store(uri)
     monkeypatch.setattr(query, "_STATUSES_SQL", "SELECT key, value FROM tags_of_another_mlflow")
+    assert query._sql_statuses(uri, "1 = 1", 0) is None
     assert query.known_statuses(uri, "b") == {"k7": "finished"}
+    assert query.statuses(cl, a)["k3"] == "running"

@@ -26,7 +26,16 @@ def find_runs(cl, exp_id: str, **tags: str):
 
 
 def statuses(cl, exp_id: str) -> dict[str, str]:
-    """The raystudy status of every trial key of ``exp_id``, in one query (terminal ones win)."""
+    """The raystudy status of every trial key of ``exp_id``, in one query (terminal ones win): on a
+    database store one SQL query over the tags (``_sql_statuses``), else MLflow's search."""
+    uri = cl.tracking_uri
+    found = _sql_statuses(uri, "r.experiment_id = :v", int(exp_id)) if _is_database(uri) else None
+    return found if found is not None else searched_statuses(cl, exp_id)
+
+
+def searched_statuses(cl, exp_id: str) -> dict[str, str]:
+    """``statuses`` through MLflow's search, which loads every run's params and metrics too:
+    seconds at the paper's size, and growing with it."""
     out: dict[str, str] = {}
     for run in find_runs(cl, exp_id, raystudy__role="trial"):
         key, status = run.data.tags.get(KEY), run.data.tags.get(STATUS)
@@ -37,27 +46,18 @@ def statuses(cl, exp_id: str) -> dict[str, str]:
 
 def known_statuses(uri: str, experiment: str) -> dict[str, str]:
     """``statuses`` of experiment ``experiment`` in the store at ``uri``, read only: empty when
-    the store (a SQLite file) or the experiment does not exist yet, and neither is created.
-
-    A database store answers in one SQL query over the tags alone (``_sql_statuses``): MLflow's
-    search loads every run's params and metrics too, seconds at the paper's size and growing
-    with it, before a resumed grid can start its first trial."""
+    the store (a SQLite file) or the experiment does not exist yet, and neither is created."""
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
         return {}
-    if _is_database(uri):
-        try:
-            return _sql_statuses(uri, experiment)
-        except Exception as e:  # a schema this query does not know: MLflow's own search answers
-            import sqlalchemy.exc
-
-            if not isinstance(e, sqlalchemy.exc.DBAPIError):
-                raise
+    found = _sql_statuses(uri, "e.name = :v AND e.lifecycle_stage = 'active'", experiment)
+    if found is not None:
+        return found
     cl = client(uri)
     exp = cl.get_experiment_by_name(experiment)
     if exp is None or exp.lifecycle_stage == "deleted":
         return {}
-    return statuses(cl, exp.experiment_id)
+    return searched_statuses(cl, exp.experiment_id)
 
 
 def _is_database(uri: str) -> bool:
@@ -67,21 +67,25 @@ def _is_database(uri: str) -> bool:
     return uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_ENGINES
 
 
-# The live trial runs of one live experiment, oldest first (as ``find_runs``), with their key and
-# status tags: MLflow's tables (runs, tags, experiments), read, never written.
+# The live trial runs of one experiment (``{where}``), oldest first as ``find_runs`` gives them,
+# with their key and status tags: MLflow's tables (runs, tags, experiments), read, never written.
 _STATUSES_SQL = f"""
 SELECT k.value, s.value FROM runs r
 JOIN experiments e ON e.experiment_id = r.experiment_id
 JOIN tags role ON role.run_uuid = r.run_uuid AND role.key = '{ROLE}' AND role.value = 'trial'
 LEFT JOIN tags k ON k.run_uuid = r.run_uuid AND k.key = '{KEY}'
 LEFT JOIN tags s ON s.run_uuid = r.run_uuid AND s.key = '{STATUS}'
-WHERE e.name = :name AND e.lifecycle_stage = 'active' AND r.lifecycle_stage = 'active'
+WHERE {{where}} AND r.lifecycle_stage = 'active'
 ORDER BY r.start_time ASC, r.run_uuid ASC
 """
 
 
-def _sql_statuses(uri: str, experiment: str) -> dict[str, str]:
-    """``known_statuses`` of a database store, read with SQLAlchemy (a SQLite file opened read only)."""
+def _sql_statuses(uri: str, where: str, value) -> dict[str, str] | None:
+    """``statuses`` of the experiment ``where`` names (``:v`` is ``value``) in a database store,
+    read with SQLAlchemy (a SQLite file opened read only); None for a store of another kind, or a
+    schema the query does not know (another MLflow's): MLflow's own search answers then."""
+    if not _is_database(uri):
+        return None
     import sqlalchemy
 
     db = sqlite_path(uri)
@@ -95,7 +99,9 @@ def _sql_statuses(uri: str, experiment: str) -> dict[str, str]:
         engine = sqlalchemy.create_engine(uri, poolclass=sqlalchemy.pool.NullPool)
     try:
         with engine.connect() as con:
-            rows = con.execute(sqlalchemy.text(_STATUSES_SQL), {"name": experiment}).fetchall()
+            rows = con.execute(sqlalchemy.text(_STATUSES_SQL.format(where=where)), {"v": value}).fetchall()
+    except sqlalchemy.exc.DBAPIError:
+        return None
     finally:
         engine.dispose()
     out: dict[str, str] = {}
