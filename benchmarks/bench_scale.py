@@ -28,8 +28,9 @@ the report's load (``analysis.load.from_mlflow``), the report itself (``python -
 --no-figures``, a process of its own) and the MLflow runs page's query (one page of
 100 runs, newest first). ``--profile`` adds py-spy's top frames of raystudy's driver.
 
-``--kill-at F`` adds, after the side-by-side runs, raystudy's grid once more in a fresh store: its
-driver is SIGKILLed once ``F`` of the trials have finished, and the same command started again.
+``--kill-at F`` adds, after the side-by-side runs, raystudy's grid once more in a fresh store, on a
+Ray that outlives its driver (as a cluster's does; ``--address``): the driver is SIGKILLed once
+``F`` of the trials have finished, and the same command started again.
 Printed: the seconds from that start to its first new trial (a run opened after it) and to its
 first recorded report, and whether the store then holds every trial once, finished.
 """
@@ -202,17 +203,49 @@ def _store_query(db: Path, sql: str, *args):
         return None
 
 
-FINISHED_SQL = "select count(*) from tags where key = 'raystudy.status' and value = 'finished'"
-KEYS_SQL = (
-    "select count(distinct value) from tags where key = 'raystudy.key' and run_uuid in "
-    "(select run_uuid from tags where key = 'raystudy.role' and value = 'trial')"
+TRIALS = "(select run_uuid from tags where key = 'raystudy.role' and value = 'trial')"
+FINISHED_SQL = (
+    f"select count(*) from tags where key = 'raystudy.status' and value = 'finished' and run_uuid in {TRIALS}"
 )
+KEYS_SQL = f"select count(distinct value) from tags where key = 'raystudy.key' and run_uuid in {TRIALS}"
 
 
-def killed_and_resumed(cmd: list[str], env: dict, work: Path, n: int, at: float) -> dict:
-    """raystudy's grid SIGKILLed once ``at`` of its ``n`` trials finished, then the same command:
-    seconds from its start to the first new trial run and to the first report recorded after it,
-    and the store's trial runs at the end (total, distinct keys, finished)."""
+# A Ray that outlives the drivers joining it, as a cluster's does: started, its address printed,
+# shut down when stdin closes.
+HOLD_RAY = """
+import sys, ray
+ray.init(num_cpus=int(sys.argv[1]), _temp_dir=sys.argv[2], include_dashboard=False, log_to_driver=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()
+"""
+
+
+def killed_and_resumed(space: Path, env: dict, work: Path, n: int, args) -> dict:
+    """raystudy's grid on a Ray of its own (``HOLD_RAY``), its driver SIGKILLed once ``--kill-at``
+    of its ``n`` trials finished, then the same command: seconds from its start to the first new
+    trial run and to the first report recorded after it, and the store's trial runs at the end."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_RAY, str(args.concurrency), str(work / "ray")],
+        env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        address = holder.stdout.readline().strip()
+        flags = grid_args(space, work, args.seconds, args.concurrency)
+        for flag in ("--num-cpus", "--ray-temp-dir"):  # the Ray's own, not the driver's
+            i = flags.index(flag)
+            del flags[i : i + 2]
+        cmd = [sys.executable, "-m", "raystudy.grid", *flags, "--address", address]
+        return _kill_and_resume(cmd, env, work, n, args.kill_at)
+    finally:
+        holder.stdin.close()
+        try:
+            holder.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(holder.pid, 9)
+
+
+def _kill_and_resume(cmd: list[str], env: dict, work: Path, n: int, at: float) -> dict:
+    """``killed_and_resumed``'s measurement, on a Ray ``cmd`` joins."""
     db, log = work / "mlflow.db", work / "driver.log"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -223,7 +256,6 @@ def killed_and_resumed(cmd: list[str], env: dict, work: Path, n: int, at: float)
         proc.kill()
         proc.wait()
     killed_at = _store_query(db, FINISHED_SQL)
-    time.sleep(2)  # the Ray it started, fate-shared with it, goes down
     start_ms = int(time.time() * 1000)
     t0, first_run, first_report = time.perf_counter(), None, None
     with (work / "resumed.log").open("w") as out:
@@ -236,13 +268,12 @@ def killed_and_resumed(cmd: list[str], env: dict, work: Path, n: int, at: float)
             time.sleep(0.2)
     if proc.returncode != 0:
         sys.exit(f"bench_scale: the resumed grid exited {proc.returncode}; see {work / 'resumed.log'}")
-    trial = "from tags where key = 'raystudy.role' and value = 'trial'"
     return {
         "killed_at": killed_at,
         "first_run_s": first_run,
         "first_report_s": first_report,
         "resumed_s": time.perf_counter() - t0,
-        "runs": _store_query(db, f"select count(*) {trial}"),
+        "runs": _store_query(db, f"select count(*) from runs where run_uuid in {TRIALS}"),
         "keys": _store_query(db, KEYS_SQL),
         "finished": _store_query(db, FINISHED_SQL),
         "running": _store_query(db, "select count(*) from runs where status = 'RUNNING'"),
@@ -296,9 +327,8 @@ def one_size(n: int, args, folder: Path) -> dict:
     if args.kill_at:
         work = folder / f"killed{n}"
         work.mkdir()
-        cmd = [sys.executable, "-m", "raystudy.grid", *grid_args(space, work, args.seconds, args.concurrency)]
         print(f"  N={real_n} raystudy, killed at {args.kill_at:g} and resumed: running", flush=True)
-        row["killed"] = killed_and_resumed(cmd, env, work, real_n, args.kill_at)
+        row["killed"] = killed_and_resumed(space, env, work, real_n, args)
         shutil.rmtree(work / "ray", ignore_errors=True)
     return row
 
