@@ -22,7 +22,7 @@ variant is a process of its own with a Ray of its own:
 Printed per N: wall seconds and their ratio to the minimum (N x SECONDS / CONCURRENCY) and to each
 other; the driver's CPU seconds per trial (the driver process alone, and with the Ray processes it
 started: GCS, raylet, workers); the driver's peak and final RSS (raystudy's also after 1,000
-finished trials, where N > 1,000); the store's size per trial; and,
+finished trials, where N > 1,000, and after all N, before its closing ranking); the store's size per trial; and,
 on raystudy's store, what a resumed grid reads to know what is done (``query.known_statuses``),
 the report's load (``analysis.load.from_mlflow``), the report itself (``python -m analysis.report
 --no-figures``, a process of its own) and the MLflow runs page's query (one page of
@@ -124,9 +124,12 @@ def tune_variant(space: Path, work: Path, seconds: float, concurrency: int, stoc
     ray.shutdown()
 
 
-def watch(cmd: list[str], env: dict, log: Path, profile: Path | None = None, db: Path | None = None) -> dict:
+def watch(
+    cmd: list[str], env: dict, log: Path, profile: Path | None = None, db: Path | None = None, n: int = 0
+) -> dict:
     """Run ``cmd``, sampling the driver's RSS and CPU (alone and with its process tree) twice a
-    second; with raystudy's store ``db``, also its RSS once 1,000 trials have finished."""
+    second; with raystudy's store ``db``, also its RSS once 1,000 and once all ``n`` trials have
+    finished (before the grid's closing summary, which loads the runs for its ranking)."""
     import psutil
 
     if profile is not None:
@@ -135,12 +138,14 @@ def watch(cmd: list[str], env: dict, log: Path, profile: Path | None = None, db:
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         top = psutil.Process(proc.pid)
-        driver, peak, rss, cpu, tree, at_1000, polls = None, 0, 0, 0.0, {}, None, 0
+        driver, peak, rss, cpu, tree, at, polls = None, 0, 0, 0.0, {}, {}, 0
         while proc.poll() is None:
             polls += 1
-            if db is not None and at_1000 is None and polls % 4 == 0 and rss:
-                if (_store_query(db, FINISHED_SQL) or 0) >= 1000:
-                    at_1000 = rss
+            if db is not None and len(at) < 2 and polls % 4 == 0 and rss:
+                done = _store_query(db, FINISHED_SQL) or 0
+                for mark in (1000, n):
+                    if done >= mark and mark not in at:
+                        at[mark] = rss
             try:
                 if driver is None:  # under py-spy the driver is its child
                     driver = top if profile is None else next(iter(top.children()), None)
@@ -159,7 +164,7 @@ def watch(cmd: list[str], env: dict, log: Path, profile: Path | None = None, db:
     if proc.returncode != 0:
         sys.exit(f"bench_scale: {cmd[:4]} exited {proc.returncode}; see {log}")
     out = {"wall": wall, "cpu": cpu, "tree_cpu": cpu + sum(tree.values()), "peak": peak, "rss": rss}
-    return out | ({"rss_at_1000": at_1000} if at_1000 is not None else {})
+    return out | {f"rss_at_{mark}": v for mark, v in at.items()}
 
 
 def store_waits(work: Path, experiment: str) -> dict:
@@ -316,7 +321,7 @@ def one_size(n: int, args, folder: Path) -> dict:
             cmd += ["--seconds", str(args.seconds), "--concurrency", str(args.concurrency)]
         prof = work / "profile.txt" if args.profile and v == "raystudy" else None
         print(f"  N={real_n} {v}: running", flush=True)
-        row[v] = watch(cmd, env, work / "driver.log", prof, work / "mlflow.db" if v == "raystudy" else None)
+        row[v] = watch(cmd, env, work / "driver.log", prof, work / "mlflow.db" if v == "raystudy" else None, real_n)
         db = work / "mlflow.db"
         row[v]["store"] = db.stat().st_size if db.is_file() else 0
         if v == "raystudy":
@@ -357,10 +362,11 @@ def show(row: dict, args) -> None:
             f"the report's load {r['load_s']:.2f} s ({r['load_n']} rows), the report (--no-figures, "
             f"a process) {r['report_s']:.1f} s, a runs page {r['page_s']:.3f} s"
         )
-        if "rss_at_1000" in r:
+        if "rss_at_1000" in r and f"rss_at_{n}" in r:
+            a, b = r["rss_at_1000"] / 2**20, r[f"rss_at_{n}"] / 2**20
             print(
-                f"  raystudy's driver RSS after 1,000 trials finished {r['rss_at_1000'] / 2**20:.0f} MB, "
-                f"at the end {r['rss'] / 2**20:.0f} MB (+{(r['rss'] - r['rss_at_1000']) / 2**20:.0f} MB)"
+                f"  raystudy's driver RSS: {a:.0f} MB after 1,000 trials finished, {b:.0f} MB after all "
+                f"{n:,} ({b - a:+.0f} MB), {r['rss'] / 2**20:.0f} MB at the end, after the closing ranking"
             )
         for line in r.get("profile", []):
             print("   ", line)
