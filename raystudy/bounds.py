@@ -102,6 +102,7 @@ BOUNDS: dict[str, Bound] = {
     "max_concurrent": _int(1, 100_000, "trials at once, a process each"),
     "threads_per_trial": _int(1, _MAX_CPUS, "threads of one process"),
     "checkpoint_every_s": _real("finite", 0, _YEAR_S, "seconds: a year"),
+    "trials_per_run": _int(1, 100_000, "trials of one Tune run"),
     "num_samples": _int(1, 100_000, "trials per study, each a finetuning run"),
     "time_budget_s": _real("finite", 0, _YEAR_S, "seconds: a year", above=True),
     "lr_scale": _real("finite", 0, above=True),

@@ -119,7 +119,7 @@ def test_under_a_policy_the_trials_it_stops_are_recorded_stopped_and_the_rest_le
     assert recovered.record(cl, exp, parent, grid, keys) == 2
     missing = keys - set(query.statuses(cl, exp))
 
-    assert recovered.record_stopped(cl, exp, parent, grid, missing, adaptive.policy("halving"), trials) == 2
+    assert recovered.record_stopped(cl, exp, parent, [grid], missing, adaptive.policy("halving"), trials) == 2
     statuses = query.statuses(cl, exp)
     assert {k: v for k, v in statuses.items() if v == "stopped"} == {
         by[(0.03, 0)].key: "stopped",

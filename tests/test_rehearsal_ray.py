@@ -127,9 +127,14 @@ def test_a_killed_rehearsal_resumes_from_its_checkpoints_with_the_same_numbers(t
 def test_a_rehearsal_whose_driver_is_killed_twice_holds_every_trial_once_nothing_running_no_step_twice(
     tmp_path, mlflow_uri, shared_ray
 ):
-    # exactly once at scale, at the size CI affords: 30 one-second trials, the driver SIGKILLed
-    # at a sixth and at a half of them, then the same command to the end
-    space = {**SPACE, "grid": {**SPACE["grid"], "seed": {"grid_search": [0, 1, 2]}}}
+    # exactly once at scale, at the size CI affords: 30 one-second trials in Tune runs of 8 (as
+    # a grid of thousands runs in Tune runs of 500), the driver SIGKILLed at a sixth and at a half
+    # of them, in the first and the second run, then the same command to the end
+    space = {
+        **SPACE,
+        "grid": {**SPACE["grid"], "seed": {"grid_search": [0, 1, 2]}},
+        "tune": {**SPACE["tune"], "trials_per_run": 8},
+    }
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(space))
     cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(path), *shared_ray, "--rehearse", "1"]
@@ -145,6 +150,9 @@ def test_a_rehearsal_whose_driver_is_killed_twice_holds_every_trial_once_nothing
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=driver_env())
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "30 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout, p.stdout[-3000:]
+    folders = sorted(f.name.rsplit("-", 1)[1] for f in (tmp_path / "runs" / "ray").glob("t-vit_demo-rehearsal-*-part*"))
+    assert folders == ["part1of4", "part2of4", "part3of4", "part4of4"], folders
+    assert "resuming" in p.stdout, p.stdout[-3000:]  # the run the second kill cut short, restored
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     df = search_runs(uri, EXPERIMENT)

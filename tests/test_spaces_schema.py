@@ -151,7 +151,7 @@ def test_unknown_keys_are_refused_naming_the_valid_ones(tmp_path):
     with pytest.raises(
         ConfigError,
         match="unknown key 'retries' in s.yaml: tune; valid: max_failures, "
-        "max_concurrent, threads_per_trial, checkpoint_every_s$",
+        "max_concurrent, threads_per_trial, checkpoint_every_s, trials_per_run$",
     ):
         grids.load_grid(str(f))
 
@@ -167,6 +167,7 @@ def test_defaults_come_from_the_schema(tmp_path):
         "max_concurrent": None,
         "threads_per_trial": 1,
         "checkpoint_every_s": 60.0,
+        "trials_per_run": 500,
     }
     assert spaces.model_options(g.models, "vit_demo") == {
         "gpu": 0,

@@ -253,6 +253,7 @@ def run_trials(job: Job, s, storage, label: str) -> int:
                     job.mopts["gpu"],
                 ),
                 checkpoint_every_s=float(job.tuning["checkpoint_every_s"]),
+                trials_per_run=int(job.tuning["trials_per_run"]),
                 verbose=1 if args.tune_output else 0,
                 quiet=args.quiet,
                 policy=job.policy,

@@ -10,12 +10,17 @@ from ray import tune
 
 from raystudy.driver import backlog, checkpoints, console, records, recovered, scheduler, session, tune_glue
 from raystudy.driver.lock import grid_lock, grid_name
-from raystudy.spaces import adaptive
+from raystudy.spaces import adaptive, schema
 from raystudy.spaces.grids import Trial, grid_key
 from raystudy.tracking import query, record, tags
 from raystudy.train.trial import run_trial
 
 ENDS = ("finished", "diverged", "failed", "stopped")
+# Trials of one Tune run, unless the space's ``tune.trials_per_run`` says otherwise: Tune keeps
+# every trial it has run in memory and writes them all into each experiment checkpoint (a JSON it
+# rewrites as the run goes and reads back whole on a resume), so a grid of thousands runs as Tune
+# runs of this many, one after another.
+TRIALS_PER_RUN = schema.TUNE["trials_per_run"].default
 
 
 def run_grid(
@@ -35,6 +40,7 @@ def run_grid(
     role: str = "grid",
     policy: adaptive.Policy | None = None,
     rehearse: float | None = None,
+    trials_per_run: int = TRIALS_PER_RUN,
 ) -> dict[str, Any]:
     """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
 
@@ -45,21 +51,14 @@ def run_grid(
     TensorBoard). ``policy`` (``raystudy.spaces.adaptive``) stops trials the study does not need
     (``scheduler.AdaptiveScheduler``); they are recorded ``stopped``. ``rehearse``: seconds of
     each trial of a dress rehearsal (``train.rehearsal``), whose trials report synthetic numbers
-    on the real schedule; its runs are tagged as a rehearsal's.
+    on the real schedule; its runs are tagged as a rehearsal's. A grid of more than
+    ``trials_per_run`` trials runs as Tune runs of that many, one after another (``parts``).
     """
-    settings = {
-        "model": model,
-        "tracking_uri": tracking_uri,
-        "storage": storage,
-        "max_failures": max_failures,
-        "max_concurrent": max_concurrent,
-        "threads": threads,
-        "checkpoint_every_s": checkpoint_every_s,
-        "verbose": verbose,
-        "quiet": quiet,
-        "policy": policy,
-        "rehearse": rehearse,
-    }
+    settings = dict(
+        model=model, tracking_uri=tracking_uri, storage=storage, max_failures=max_failures,
+        max_concurrent=max_concurrent, threads=threads, checkpoint_every_s=checkpoint_every_s, verbose=verbose,
+        quiet=quiet, policy=policy, rehearse=rehearse, trials_per_run=trials_per_run,
+    )  # fmt: skip
     with grid_lock(storage, grid_name(trials, label)):
         cl, exp_id = session.experiment(tracking_uri, experiment)
         with session.parent_run(
@@ -81,20 +80,27 @@ def run_grid(
 
 
 def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, parent) -> dict[str, Any]:
-    """Run the trials MLflow does not hold as done, count how all of them ended, tag the parent."""
-    done = _recorded(trials, label, s, cl, exp_id, parent.run_id)
-    pending = [t for t in trials if t.key not in done]
+    """Run the trials MLflow does not hold as done, a Tune run a part, count how all of them
+    ended, tag the parent."""
+    runs = parts(trials, grid_name(trials, label), s["trials_per_run"], s["policy"] is not None)
+    done = _recorded(trials, runs, s, cl, exp_id, parent.run_id)
     counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
+    lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s["quiet"])
     asked_to_stop = False
-    if pending:
-        tuner = _tuner(trials, pending, done, label, s, exp_id, parent.run_id)
+    for name, part in runs:
+        pending = [t for t in part if t.key not in done]
+        if not pending:
+            continue
+        tuner = _tuner(trials, part, pending, name, lines, s, exp_id, parent.run_id)
 
         def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
             held = backlog.of(s["tracking_uri"], exp_id, parent.run_id)
             held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
-            counts["interrupted"] = record.close_stale(cl, exp_id, mlflow__parentRunId=parent.run_id)
+            counts["interrupted"] += record.close_stale(cl, exp_id, mlflow__parentRunId=parent.run_id)
 
         asked_to_stop = tune_glue.fit(tuner, s["verbose"], close)
+        if asked_to_stop:  # a Ctrl-C, or a full disk: the next part waits for the same command
+            break
     if s["policy"] is not None:
         late = scheduler.stop_late(cl, exp_id, trials, s["policy"])
         if late:
@@ -113,28 +119,53 @@ def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, 
     return counts
 
 
-def _recorded(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, parent_id: str) -> set[str]:
+def parts(trials: list[Trial], name: str, size: int, seed_major: bool = False) -> list[tuple[str, list[Trial]]]:
+    """The grid's Tune runs, in the order they run: (Tune's folder name, its trials), at most
+    ``size`` trials each. One part is the whole grid, in Tune's folder ``name``; more are
+    ``name-partIofK``. The split is over the whole grid, whatever is done, so that the same grid
+    splits the same way on every rerun and each part's Tune state is found again. ``seed_major``
+    (an adaptive policy): earlier seeds first, so that the policy decides on them before later
+    seeds start."""
+    ordered = sorted(trials, key=scheduler.seed_major(trials)) if seed_major else list(trials)
+    chunks = [ordered[i : i + size] for i in range(0, len(ordered), size)] or [[]]
+    if len(chunks) == 1:
+        return [(name, chunks[0])]
+    k = len(chunks)
+    return [(f"{name}-part{i + 1:0{len(str(k))}d}of{k}", chunk) for i, chunk in enumerate(chunks)]
+
+
+def _recorded(
+    trials: list[Trial], runs: list[tuple[str, list[Trial]]], s: dict[str, Any], cl, exp_id: str, parent_id: str
+) -> set[str]:
     """The keys of ``trials`` MLflow holds as done, once it has recorded those that finished on
     storage only, and under an adaptive policy those it stops (``driver.recovered``: a store
-    restored to an older snapshot)."""
+    restored to an older snapshot). Each part's Tune folder is read for its own trials alone."""
     known = query.statuses(cl, exp_id)
-    missing = {t.key for t in trials if known.get(t.key) not in tags.TERMINAL}
-    path = _tune_path(s["storage"], grid_name(trials, label))
     made = _run_tags(s)  # on runs made from storage
-    found = recovered.record(cl, exp_id, parent_id, path, missing, made) if missing else 0
+    missing_in = {}  # Tune's folder of a part -> the keys of its trials MLflow does not hold done
+    for name, part in runs:
+        missing = {t.key for t in part if known.get(t.key) not in tags.TERMINAL}
+        if missing:
+            missing_in[_tune_path(s["storage"], name)] = missing
+    found = 0
+    for path, missing in missing_in.items():
+        n = recovered.record(cl, exp_id, parent_id, path, missing, made)
+        if n:
+            print(f"{n} trial(s) finished in {path} but missing from MLflow: recorded from their results", flush=True)
+        found += n
     if found:
         known = query.statuses(cl, exp_id)
-        print(f"{found} trial(s) finished in {path} but missing from MLflow: recorded from their results", flush=True)
-    missing = {k for k in missing if known.get(k) not in tags.TERMINAL}
+    missing = {k for keys in missing_in.values() for k in keys if known.get(k) not in tags.TERMINAL}
     policy = s["policy"]
-    stopped = (
-        recovered.record_stopped(cl, exp_id, parent_id, path, missing, policy, trials, made)
-        if missing and policy is not None
-        else 0
-    )
-    if stopped:
-        known = query.statuses(cl, exp_id)
-        print(f"{stopped} trial(s) the policy stopped, missing from MLflow: recorded stopped from {path}", flush=True)
+    if missing and policy is not None:
+        paths = list(missing_in)
+        stopped = recovered.record_stopped(cl, exp_id, parent_id, paths, missing, policy, trials, made)
+        if stopped:
+            known = query.statuses(cl, exp_id)
+            where = paths[0] if len(paths) == 1 else f"{len(paths)} Tune folders under {s['storage']}"
+            print(
+                f"{stopped} trial(s) the policy stopped, missing from MLflow: recorded stopped from {where}", flush=True
+            )
     return {t.key for t in trials if known.get(t.key) in tags.TERMINAL}
 
 
@@ -160,23 +191,24 @@ def _tune_path(storage, name: str):
 
 def _tuner(
     trials: list[Trial],
+    part: list[Trial],
     pending: list[Trial],
-    done: set[str],
-    label: str,
+    name: str,
+    lines: console.ConsoleTrials,
     s: dict[str, Any],
     exp_id: str,
     parent_id: str,
 ):
-    """The Tuner of the pending trials: the interrupted run's, restored, or a new one."""
-    storage, name = s["storage"], grid_name(trials, label)
+    """The Tuner of the ``pending`` trials of a ``part`` of ``trials`` in Tune's folder ``name``:
+    the interrupted run's, restored, or a new one; ``lines``, the grid's console, goes on counting."""
+    storage = s["storage"]
     path = _tune_path(storage, name)
     trainable = _trainable(s)
-    lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s["quiet"])
     if tune.Tuner.can_restore(str(path)):
         with tune_glue.tune_output(s["verbose"]):  # restoring reads the trials' results back, and warns too
             tuner, why = tune_glue.restore(path, trainable)
         if tuner is not None:
-            print(f"resuming {path}: {len(pending)} of {len(trials)} trials unfinished", flush=True)
+            print(f"resuming {path}: {len(pending)} of {len(part)} trials unfinished", flush=True)
             tune_glue.set_console(tuner, lines, s["verbose"])
             _record_here(tuner, s["tracking_uri"], exp_id, parent_id)
             return tuner

@@ -48,17 +48,19 @@ def record_ended(cl, exp_id: str, parent_id: str, paths, keys: set[str], tags: d
 
 
 def record_stopped(
-    cl, exp_id: str, parent_id: str, path, keys: set[str], policy, trials: list, tags: dict[str, str] | None = None
+    cl, exp_id: str, parent_id: str, paths, keys: set[str], policy, trials: list, tags: dict[str, str] | None = None
 ) -> int:
     """Record ``stopped`` each trial of ``keys`` (none done in MLflow) that the adaptive ``policy``
     stops, deciding on what MLflow holds of the grid's ``trials`` and what those of ``keys``
-    reported to the Tune folder ``path``, as the live scheduler did (or would, on the trial's next
+    reported to the Tune folders ``paths``, as the live scheduler did (or would, on the trial's next
     result). Its run gets the steps it reported and ends stopped at the last (0: it never
     started), as the live driver records it; returns how many; ``tags`` go on a run made anew."""
     from raystudy.driver import scheduler
     from raystudy.spaces import adaptive
 
-    found = reported(path, keys)
+    found: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    for path in paths:
+        found.update(reported(path, keys))  # a key is in one part's folder
     seen = scheduler.recorded_view(cl, exp_id, trials)
     for key, (_, results) in found.items():
         s = adaptive.Seen()

@@ -153,6 +153,7 @@ TUNE = {
     "max_concurrent": bounded("max_concurrent", none=True),
     "threads_per_trial": bounded("threads_per_trial", default=1),
     "checkpoint_every_s": bounded("checkpoint_every_s", default=60.0),
+    "trials_per_run": bounded("trials_per_run", default=500),  # a larger grid runs as Tune runs of this many
 }
 # A named experiment of a grid file (``experiments.<name>``): which models run which optimizers on
 # which datasets, so that a grid plans what a study ran, not the product of every axis.
