@@ -64,7 +64,7 @@ def test_smoke_run_goes_through_every_part_and_records_everything(tmp_path):
 
     env = doc["environment"]
     assert env["blocked_imports"] == ["ray", "mlflow", "optuna"]
-    assert env["forbidden_modules_loaded"] == [] and env["blocked_import_attempts"] == []
+    assert env["forbidden_modules_loaded"] == []
 
     parts = {k: p["results"] for k, p in doc["parts"].items()}
     tests = parts["1_gpu_tests"]
@@ -150,14 +150,30 @@ def test_sigterm_mid_part_records_it_and_stops(tmp_path):
     assert parts["1_gpu_tests"]["reason"] == "not selected (--parts)"
 
 
-def test_the_import_blocker_refuses_exactly_the_absent_packages():
-    b = G.ImportBlocker(G.BLOCKED)
-    for name in ("ray", "ray.tune", "mlflow", "mlflow.tracking", "optuna"):
-        with pytest.raises(ModuleNotFoundError, match="blocked"):
-            b.find_spec(name)
-    for name in ("raystudy", "raystudy.measure.costs", "rayon", "mlflowish", "torch"):
-        assert b.find_spec(name) is None
-    assert b.attempts == ["ray", "ray.tune", "mlflow", "mlflow.tracking", "optuna"]
+BLOCKED_PROCESS = """
+import importlib.util, sys
+sys.path.insert(0, {root!r})
+import benchmarks.gpu_acceptance as G
+G.block_imports(G.BLOCKED)
+for name in ("ray", "mlflow", "optuna"):
+    assert importlib.util.find_spec(name) is None, name  # absent, not an error: libraries probe this way
+    try:
+        __import__(name + ".tune" if name == "ray" else name)
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise AssertionError(name + " imported")
+import peft  # imports accelerate, which probes find_spec('mlflow') (failed on the GPU machine)
+import raystudy.measure.costs, torch
+print("ok")
+"""
+
+
+def test_blocked_packages_look_absent_and_what_probes_for_them_still_imports():
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCKED_PROCESS.format(root=str(ROOT))], env=ENV, capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
