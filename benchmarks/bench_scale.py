@@ -28,11 +28,14 @@ the report's load (``analysis.load.from_mlflow``), the report itself (``python -
 --no-figures``, a process of its own) and the MLflow runs page's query (one page of
 100 runs, newest first). ``--profile`` adds py-spy's top frames of raystudy's driver.
 
-``--kill-at F`` adds, after the side-by-side runs, raystudy's grid once more in a fresh store, on a
-Ray that outlives its driver (as a cluster's does; ``--address``): the driver is SIGKILLed once
-``F`` of the trials have finished, and the same command started again.
-Printed: the seconds from that start to its first new trial (a run opened after it) and to its
-first recorded report, and whether the store then holds every trial once, finished.
+``--kill-at F[,F2,...]`` adds, after the side-by-side runs (``--variants ""``: instead of them),
+raystudy's grid once more in a fresh store, on a Ray that outlives its driver (as a cluster's does;
+``--address``): the driver is SIGKILLed once ``F`` of the trials have finished, the same command
+started again, SIGKILLed again at ``F2``, and so on; the last runs to the end. Printed: the first
+driver's trials a second and its RSS after 1,000 trials and when it was killed (one process over
+most of the grid); for each start after a kill, the seconds to its first new trial (a run opened
+after it) and to its first recorded report; whether the store then holds every trial once,
+finished, nothing RUNNING, no metric step twice; and the store's waits, as for raystudy's variant.
 """
 
 from __future__ import annotations
@@ -226,9 +229,8 @@ sys.stdin.read()
 
 
 def killed_and_resumed(space: Path, env: dict, work: Path, n: int, args) -> dict:
-    """raystudy's grid on a Ray of its own (``HOLD_RAY``), its driver SIGKILLed once ``--kill-at``
-    of its ``n`` trials finished, then the same command: seconds from its start to the first new
-    trial run and to the first report recorded after it, and the store's trial runs at the end."""
+    """raystudy's grid on a Ray of its own (``HOLD_RAY``), its driver SIGKILLed at each fraction of
+    ``--kill-at`` done and started again (``_kill_and_resume``)."""
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_RAY, str(args.concurrency), str(work / "ray")],
         env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
@@ -249,40 +251,65 @@ def killed_and_resumed(space: Path, env: dict, work: Path, n: int, args) -> dict
             os.killpg(holder.pid, 9)
 
 
-def _kill_and_resume(cmd: list[str], env: dict, work: Path, n: int, at: float) -> dict:
-    """``killed_and_resumed``'s measurement, on a Ray ``cmd`` joins."""
-    db, log = work / "mlflow.db", work / "driver.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        while proc.poll() is None and (_store_query(db, FINISHED_SQL) or 0) < at * n:
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            sys.exit(f"bench_scale: the grid ended before {at:g} of its trials finished; see {log}")
-        proc.kill()
-        proc.wait()
-    killed_at = _store_query(db, FINISHED_SQL)
-    start_ms = int(time.time() * 1000)
-    t0, first_run, first_report = time.perf_counter(), None, None
-    with (work / "resumed.log").open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            if first_run is None and _store_query(db, "select count(*) from runs where start_time > ?", start_ms):
-                first_run = time.perf_counter() - t0
-            if first_report is None and _store_query(db, "select count(*) from metrics where timestamp > ?", start_ms):
-                first_report = time.perf_counter() - t0
-            time.sleep(0.2)
-    if proc.returncode != 0:
-        sys.exit(f"bench_scale: the resumed grid exited {proc.returncode}; see {work / 'resumed.log'}")
-    return {
-        "killed_at": killed_at,
-        "first_run_s": first_run,
-        "first_report_s": first_report,
-        "resumed_s": time.perf_counter() - t0,
+def _kill_and_resume(cmd: list[str], env: dict, work: Path, n: int, fractions: list[float]) -> dict:
+    """``killed_and_resumed``'s measurement, on a Ray ``cmd`` joins: the grid started, SIGKILLed
+    once each fraction of its ``n`` trials has finished and started again; the last start runs to
+    the end."""
+    db = work / "mlflow.db"
+    out: dict = {"restarts": []}
+    for i, at in enumerate([*fractions, None]):
+        t0, start_ms, since = time.perf_counter(), int(time.time() * 1000), _store_query(db, FINISHED_SQL) or 0
+        restart = {"at": since} if i else None
+        rss: dict[int, int] = {}
+        with (work / f"driver{i}.log").open("w") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            while proc.poll() is None:
+                done = _store_query(db, FINISHED_SQL) or 0
+                if restart is not None:
+                    _first_new(db, restart, start_ms, time.perf_counter() - t0)
+                if i == 0 and 1000 not in rss and done >= 1000:
+                    rss[1000] = _rss(proc.pid)
+                if at is not None and done >= at * n:
+                    break
+                time.sleep(0.2 if restart is not None and len(restart) < 3 else 0.5)
+            if at is not None:
+                if proc.poll() is not None:
+                    sys.exit(f"bench_scale: the grid ended before {at:g} of its trials finished; see {log.name}")
+                if i == 0:
+                    out.update(first_s=time.perf_counter() - t0, first_done=done, rss_at=rss, killed_rss=_rss(proc.pid))
+                proc.kill()
+            proc.wait()
+        if at is None and proc.returncode != 0:
+            sys.exit(f"bench_scale: the resumed grid exited {proc.returncode}; see {work / f'driver{i}.log'}")
+        if restart is not None:
+            out["restarts"].append(restart | {"seconds": time.perf_counter() - t0})
+    dupes = "select count(*) from (select 1 from metrics group by run_uuid, key, step having count(*) > 1)"
+    return out | {
         "runs": _store_query(db, f"select count(*) from runs where run_uuid in {TRIALS}"),
         "keys": _store_query(db, KEYS_SQL),
         "finished": _store_query(db, FINISHED_SQL),
         "running": _store_query(db, "select count(*) from runs where status = 'RUNNING'"),
+        "steps_twice": _store_query(db, dupes),
     }
+
+
+def _first_new(db: Path, restart: dict, start_ms: int, elapsed: float) -> None:
+    """Into ``restart``: the seconds to the first run opened and the first metric logged since ``start_ms``."""
+    if "first_run_s" not in restart and _store_query(db, "select count(*) from runs where start_time > ?", start_ms):
+        restart["first_run_s"] = elapsed
+    if "first_report_s" not in restart and _store_query(
+        db, "select count(*) from metrics where timestamp > ?", start_ms
+    ):
+        restart["first_report_s"] = elapsed
+
+
+def _rss(pid: int) -> int:
+    import psutil
+
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0
 
 
 def top_frames(profile: Path, k: int = 12) -> list[str]:
@@ -332,9 +359,11 @@ def one_size(n: int, args, folder: Path) -> dict:
     if args.kill_at:
         work = folder / f"killed{n}"
         work.mkdir()
-        print(f"  N={real_n} raystudy, killed at {args.kill_at:g} and resumed: running", flush=True)
+        at = ", ".join(f"{f:g}" for f in args.kill_at)
+        print(f"  N={real_n} raystudy, killed at {at} and resumed: running", flush=True)
         row["killed"] = killed_and_resumed(space, env, work, real_n, args)
         shutil.rmtree(work / "ray", ignore_errors=True)
+        row["killed"].update(store_waits(work, f"raystudy-scale{n}-vit_demo-rehearsal"))
     return row
 
 
@@ -372,16 +401,33 @@ def show(row: dict, args) -> None:
             print("   ", line)
     k = row.get("killed")
     if k:
+        _show_killed(k, n)
 
-        def s(v):
-            return "never" if v is None else f"{v:.1f} s"
 
+def _show_killed(k: dict, n: int) -> None:
+    def s(v):
+        return "never" if v is None else f"{v:.1f} s"
+
+    mb = 2**20
+    rss = k["rss_at"].get("1000") or k["rss_at"].get(1000)  # a key read back from JSON is a string
+    print(
+        f"  raystudy killed and resumed: its first driver ran {k['first_done']:,} trials in {k['first_s']:.1f} s "
+        f"({k['first_done'] / k['first_s']:.2f} trials/s); its RSS "
+        + (f"{rss / mb:.0f} MB after 1,000 trials, " if rss else "")
+        + f"{k['killed_rss'] / mb:.0f} MB at its kill"
+    )
+    for r in k["restarts"]:
         print(
-            f"  raystudy SIGKILLed at {k['killed_at']} finished, the same command again: its first new trial "
-            f"{s(k['first_run_s'])} after its start, its first report recorded {s(k['first_report_s'])}, "
-            f"done in {k['resumed_s']:.1f} s; the store: {k['runs']} trial runs, {k['keys']} keys, "
-            f"{k['finished']} finished, {k['running']} RUNNING"
+            f"  SIGKILLed at {r['at']:,} finished, the same command again: its first new trial "
+            f"{s(r.get('first_run_s'))} after its start, its first report recorded {s(r.get('first_report_s'))}, "
+            f"until the next kill or the end {r['seconds']:.1f} s"
         )
+    print(
+        f"  the store: {k['runs']:,} trial runs, {k['keys']:,} keys, {k['finished']:,} finished, "
+        f"{k['running']} RUNNING, {k['steps_twice']} metric steps twice; what is done {k['done_s']:.2f} s "
+        f"({k['done_cold_s']:.2f} s cold), the report's load {k['load_s']:.2f} s, the report {k['report_s']:.1f} s, "
+        f"a runs page {k['page_s']:.3f} s (of {n:,})"
+    )
 
 
 def main(argv=None) -> int:
@@ -393,7 +439,9 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", type=int, default=4, choices=range(1, 5), help="of the demo grid's four")
     ap.add_argument("--profile", action="store_true", help="py-spy's top frames of raystudy's driver")
     ap.add_argument(
-        "--kill-at", type=float, default=0.0, help="also: raystudy's grid SIGKILLed at this fraction done, resumed"
+        "--kill-at",
+        default="",
+        help="also: raystudy's grid SIGKILLed at each of these fractions done (F,F2,...), resumed",
     )
     ap.add_argument("--json", help="write the measurements here as well")
     ap.add_argument("--variant", choices=("stock", "bare"), help=argparse.SUPPRESS)
@@ -403,9 +451,13 @@ def main(argv=None) -> int:
     if args.variant:
         tune_variant(Path(args.space), Path(args.work), args.seconds, args.concurrency, args.variant == "stock")
         return 0
-    if not 0 <= args.kill_at < 1:
-        ap.error(f"--kill-at {args.kill_at:g}: a fraction of the trials done, 0 (off) <= F < 1")
-    args.variants = args.variants.split(",")
+    try:
+        args.kill_at = [float(f) for f in args.kill_at.split(",") if f]
+    except ValueError:
+        ap.error(f"--kill-at {args.kill_at}: comma-separated fractions of the trials done, 0 < F < 1")
+    if any(not 0 < f < 1 for f in args.kill_at) or args.kill_at != sorted(set(args.kill_at)):
+        ap.error(f"--kill-at {args.kill_at}: increasing fractions of the trials done, each 0 < F < 1")
+    args.variants = [v for v in args.variants.split(",") if v]
     if bad := set(args.variants) - set(VARIANTS):
         ap.error(f"--variants: {', '.join(sorted(bad))} unknown; allowed: {', '.join(VARIANTS)}")
     rows = []

@@ -122,3 +122,27 @@ def test_mlflows_own_traceback_of_a_full_store_stays_out_of_a_tune_run(tmp_path,
     assert disk_full(failed.value), failed.value
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err and "database or disk is full" not in out + err, err[-3000:]
+
+
+def test_a_tune_state_without_its_first_save_or_its_last_search_is_not_restored(tmp_path):
+    import pickle
+
+    (tmp_path / "tuner.pkl").write_bytes(pickle.dumps({"__flattened_param_space_keys": ["trial/grid_search"]}))
+    # tuner.pkl alone: the driver was killed before Tune's first save
+    assert tune_glue.restore(tmp_path, None) == (
+        None,
+        "it has no experiment state: the driver stopped before Tune's first save",
+    )
+    # a session's trials saved, its search not (Tune saves them in that order): the older session's
+    # search would not know the trials made since
+    for name in ("experiment_state-2026-12-04_10-00-00", "basic-variant-state-2026-12-04_10-00-00"):
+        (tmp_path / f"{name}.json").write_text("{}")
+    (tmp_path / "experiment_state-2026-12-04_11-00-00.json").write_text("{}")
+    assert tune_glue.restore(tmp_path, None) == (
+        None,
+        "its search state of the last session is missing: the driver stopped while Tune saved",
+    )
+    # both of the last session there: what Tune makes of the (here fake) state decides
+    (tmp_path / "basic-variant-state-2026-12-04_11-00-00.json").write_text("{}")
+    tuner, why = tune_glue.restore(tmp_path, None)
+    assert tuner is None and "experiment state" not in why and "search state" not in why, why

@@ -128,8 +128,8 @@ def test_a_rehearsal_whose_driver_is_killed_twice_holds_every_trial_once_nothing
     tmp_path, mlflow_uri, shared_ray
 ):
     # exactly once at scale, at the size CI affords: 30 one-second trials in Tune runs of 8 (as
-    # a grid of thousands runs in Tune runs of 500), the driver SIGKILLed at a sixth and at a half
-    # of them, in the first and the second run, then the same command to the end
+    # a grid of thousands runs in Tune runs of 500), the driver SIGKILLed in the middle of the
+    # first and of the second run (5 and 12 done), then the same command to the end
     space = {
         **SPACE,
         "grid": {**SPACE["grid"], "seed": {"grid_search": [0, 1, 2]}},
@@ -138,7 +138,7 @@ def test_a_rehearsal_whose_driver_is_killed_twice_holds_every_trial_once_nothing
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(space))
     cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(path), *shared_ray, "--rehearse", "1"]
-    for done in (5, 15):
+    for done in (5, 12):
         proc = start(cmd, tmp_path, stdout=subprocess.DEVNULL)
         try:
             wait_for(lambda: count_status(tmp_path / "mlflow.db", "finished") >= done, proc, what=f"{done} trials")
@@ -167,3 +167,37 @@ def test_a_rehearsal_whose_driver_is_killed_twice_holds_every_trial_once_nothing
         steps = {k: sorted(m.step for m in cl.get_metric_history(run["run_id"], k)) for k in ("loss", "val_acc")}
         want = {"loss": [], "val_acc": []} if run["params.condition"] == "linear_probe" else None
         assert steps == (want or {"loss": [10, 20, 30, 40], "val_acc": [20, 40]}), (run["tags.raystudy.key"], steps)
+
+
+def test_a_driver_killed_before_tune_first_saves_leaves_a_state_whose_part_starts_afresh_once_each(
+    tmp_path, mlflow_uri, shared_ray
+):
+    # A driver SIGKILLed after a Tune run's tuner.pkl and before its first save (as a part begins;
+    # seen in CI) left a state Tune could not resume: it started the run anew without the param
+    # space, a trial with no config, and the rerun crashed. Here the driver is killed anywhere and
+    # its Tune state cut back to what such a kill leaves.
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(SPACE))
+    cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(path), *shared_ray, "--rehearse", "1"]
+    proc = start(cmd, tmp_path, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: count_status(tmp_path / "mlflow.db", "finished") >= 2, proc, what="two trials")
+        assert proc.poll() is None, "the rehearsal ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        kill_group(proc)
+    (folder,) = (tmp_path / "runs" / "ray").glob("t-vit_demo-rehearsal-*")
+    saved = [*folder.glob("experiment_state-*.json"), *folder.glob("basic-variant-state-*.json")]
+    assert (folder / "tuner.pkl").is_file() and len(saved) >= 2, sorted(f.name for f in folder.iterdir())
+    for f in saved:
+        f.unlink()
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=driver_env())
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "could not restore the interrupted run's Tune state" in p.stdout, p.stdout[-3000:]
+    assert "it has no experiment state" in p.stdout
+    assert "10 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout, p.stdout[-3000:]
+    df = search_runs(f"sqlite:///{tmp_path}/mlflow.db", EXPERIMENT)
+    trials = df[df["tags.raystudy.role"] == "trial"]
+    assert len(trials) == 10 and trials["tags.raystudy.key"].nunique() == 10
+    assert set(trials["tags.raystudy.status"]) == {"finished"} and set(df["status"]) == {"FINISHED"}

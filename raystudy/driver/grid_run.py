@@ -3,6 +3,7 @@ resuming an interrupted run of the same trials; MLflow knows which are done."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,26 +24,27 @@ ENDS = ("finished", "diverged", "failed", "stopped")
 TRIALS_PER_RUN = schema.TUNE["trials_per_run"].default
 
 
-def run_grid(
-    trials: list[Trial],
-    *,
-    label: str,
-    model: str,
-    tracking_uri: str,
-    experiment: str,
-    storage: Path,
-    max_failures: int,
-    max_concurrent: int | None,
-    threads: int,
-    checkpoint_every_s: float = 0.0,
-    verbose: int = 0,
-    quiet: bool = False,
-    role: str = "grid",
-    policy: adaptive.Policy | None = None,
-    rehearse: float | None = None,
-    trials_per_run: int = TRIALS_PER_RUN,
-) -> dict[str, Any]:
-    """Run ``trials`` on the connected Ray; returns counts. Resumes an interrupted run of the same grid.
+@dataclass(frozen=True)
+class Settings:
+    """How ``run_grid`` drives a grid: its arguments past the trials, built once."""
+
+    model: str
+    tracking_uri: str
+    storage: Path
+    max_failures: int
+    max_concurrent: int | None
+    threads: int
+    checkpoint_every_s: float = 0.0
+    verbose: int = 0
+    quiet: bool = False
+    policy: adaptive.Policy | None = None
+    rehearse: float | None = None
+    trials_per_run: int = TRIALS_PER_RUN
+
+
+def run_grid(trials: list[Trial], *, label: str, experiment: str, role: str = "grid", **settings) -> dict[str, Any]:
+    """Run ``trials`` on the connected Ray, driven as ``settings`` (the fields of ``Settings``) say;
+    returns counts. Resumes an interrupted run of the same grid.
 
     ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder. Raises
     ``GridBusy`` if another driver runs the same grid, ``tune_glue.Stopped`` if the user stopped
@@ -54,13 +56,9 @@ def run_grid(
     on the real schedule; its runs are tagged as a rehearsal's. A grid of more than
     ``trials_per_run`` trials runs as Tune runs of that many, one after another (``parts``).
     """
-    settings = dict(
-        model=model, tracking_uri=tracking_uri, storage=storage, max_failures=max_failures,
-        max_concurrent=max_concurrent, threads=threads, checkpoint_every_s=checkpoint_every_s, verbose=verbose,
-        quiet=quiet, policy=policy, rehearse=rehearse, trials_per_run=trials_per_run,
-    )  # fmt: skip
-    with grid_lock(storage, grid_name(trials, label)):
-        cl, exp_id = session.experiment(tracking_uri, experiment)
+    s = Settings(**settings)
+    with grid_lock(s.storage, grid_name(trials, label)):
+        cl, exp_id = session.experiment(s.tracking_uri, experiment)
         with session.parent_run(
             cl,
             exp_id,
@@ -68,24 +66,24 @@ def run_grid(
             f"{role}-{label}",
             {
                 "label": label,
-                "model": model,
+                "model": s.model,
                 "trials": len(trials),
                 **record.grid_data_params([t.config for t in trials]),
             },
             role,
         ) as parent:
-            counts = _drive(trials, label, settings, cl, exp_id, parent)
+            counts = _drive(trials, label, s, cl, exp_id, parent)
     counts.update(experiment_id=exp_id, parent_run_id=parent.run_id)
     return counts
 
 
-def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, parent) -> dict[str, Any]:
+def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent) -> dict[str, Any]:
     """Run the trials MLflow does not hold as done, a Tune run a part, count how all of them
     ended, tag the parent."""
-    runs = parts(trials, grid_name(trials, label), s["trials_per_run"], s["policy"] is not None)
+    runs = parts(trials, grid_name(trials, label), s.trials_per_run, s.policy is not None)
     done = _recorded(trials, runs, s, cl, exp_id, parent.run_id)
     counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
-    lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s["quiet"])
+    lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s.quiet)
     asked_to_stop = False
     for name, part in runs:
         pending = [t for t in part if t.key not in done]
@@ -94,15 +92,15 @@ def _drive(trials: list[Trial], label: str, s: dict[str, Any], cl, exp_id: str, 
         tuner = _tuner(trials, part, pending, name, lines, s, exp_id, parent.run_id)
 
         def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
-            held = backlog.of(s["tracking_uri"], exp_id, parent.run_id)
+            held = backlog.of(s.tracking_uri, exp_id, parent.run_id)
             held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
             counts["interrupted"] += record.close_stale(cl, exp_id, mlflow__parentRunId=parent.run_id)
 
-        asked_to_stop = tune_glue.fit(tuner, s["verbose"], close)
+        asked_to_stop = tune_glue.fit(tuner, s.verbose, close)
         if asked_to_stop:  # a Ctrl-C, or a full disk: the next part waits for the same command
             break
-    if s["policy"] is not None:
-        late = scheduler.stop_late(cl, exp_id, trials, s["policy"])
+    if s.policy is not None:
+        late = scheduler.stop_late(cl, exp_id, trials, s.policy)
         if late:
             print(f"{late} trial(s) ended before the policy's decision to stop them; recorded stopped", flush=True)
     known = query.statuses(cl, exp_id)
@@ -135,7 +133,7 @@ def parts(trials: list[Trial], name: str, size: int, seed_major: bool = False) -
 
 
 def _recorded(
-    trials: list[Trial], runs: list[tuple[str, list[Trial]]], s: dict[str, Any], cl, exp_id: str, parent_id: str
+    trials: list[Trial], runs: list[tuple[str, list[Trial]]], s: Settings, cl, exp_id: str, parent_id: str
 ) -> set[str]:
     """The keys of ``trials`` MLflow holds as done, once it has recorded those that finished on
     storage only, and under an adaptive policy those it stops (``driver.recovered``: a store
@@ -146,7 +144,7 @@ def _recorded(
     for name, part in runs:
         missing = {t.key for t in part if known.get(t.key) not in tags.TERMINAL}
         if missing:
-            missing_in[_tune_path(s["storage"], name)] = missing
+            missing_in[_tune_path(s.storage, name)] = missing
     found = 0
     for path, missing in missing_in.items():
         n = recovered.record(cl, exp_id, parent_id, path, missing, made)
@@ -156,7 +154,7 @@ def _recorded(
     if found:
         known = query.statuses(cl, exp_id)
     missing = {k for keys in missing_in.values() for k in keys if known.get(k) not in tags.TERMINAL}
-    policy = s["policy"]
+    policy = s.policy
     if missing and policy is not None:
         paths = list(missing_in)
         stopped = recovered.record_stopped(cl, exp_id, parent_id, paths, missing, policy, trials, made)
@@ -169,15 +167,15 @@ def _recorded(
     return {t.key for t in trials if known.get(t.key) in tags.TERMINAL}
 
 
-def _run_tags(s: dict[str, Any]) -> dict[str, str]:
+def _run_tags(s: Settings) -> dict[str, str]:
     """Tags on every trial run the driver makes: a rehearsal's say so (its numbers are synthetic)."""
-    return {tags.REHEARSAL: "1"} if s["rehearse"] else {}
+    return {tags.REHEARSAL: "1"} if s.rehearse else {}
 
 
-def _trainable(s: dict[str, Any]):
+def _trainable(s: Settings):
     """The function Tune runs for each trial: ``run_trial``, or a rehearsal's ``rehearse_trial``
     (no model, no data, one CPU whatever the trial would ask: it sleeps)."""
-    if not s["rehearse"]:
+    if not s.rehearse:
         return tune.with_resources(run_trial, _resources)
     from raystudy.train import rehearsal
 
@@ -195,22 +193,22 @@ def _tuner(
     pending: list[Trial],
     name: str,
     lines: console.ConsoleTrials,
-    s: dict[str, Any],
+    s: Settings,
     exp_id: str,
     parent_id: str,
 ):
     """The Tuner of the ``pending`` trials of a ``part`` of ``trials`` in Tune's folder ``name``:
     the interrupted run's, restored, or a new one; ``lines``, the grid's console, goes on counting."""
-    storage = s["storage"]
+    storage = s.storage
     path = _tune_path(storage, name)
     trainable = _trainable(s)
     if tune.Tuner.can_restore(str(path)):
-        with tune_glue.tune_output(s["verbose"]):  # restoring reads the trials' results back, and warns too
+        with tune_glue.tune_output(s.verbose):  # restoring reads the trials' results back, and warns too
             tuner, why = tune_glue.restore(path, trainable)
         if tuner is not None:
             print(f"resuming {path}: {len(pending)} of {len(part)} trials unfinished", flush=True)
-            tune_glue.set_console(tuner, lines, s["verbose"])
-            _record_here(tuner, s["tracking_uri"], exp_id, parent_id)
+            tune_glue.set_console(tuner, lines, s.verbose)
+            _record_here(tuner, s.tracking_uri, exp_id, parent_id)
             return tuner
         print(
             f"could not restore the interrupted run's Tune state at {path} ({why}); "
@@ -235,40 +233,39 @@ def _new_tuner(
     pending: list[Trial],
     lines,
     name: str,
-    s: dict[str, Any],
+    s: Settings,
     exp_id: str,
     parent_id: str,
 ):
     """A Tuner over a grid search of the pending trials, with the driver's callbacks."""
-    policy, adaptive_scheduler = s["policy"], None
-    if policy is not None:  # earlier seeds first: decisions on them come before later seeds start
-        pending = sorted(pending, key=scheduler.seed_major(trials))
-        adaptive_scheduler = scheduler.AdaptiveScheduler(policy, trials, s["tracking_uri"], exp_id)
+    policy, adaptive_scheduler = s.policy, None
+    if policy is not None:  # ``parts`` put earlier seeds first, which ``pending`` keeps
+        adaptive_scheduler = scheduler.AdaptiveScheduler(policy, trials, s.tracking_uri, exp_id)
     kept, pruner = checkpoints.keep_checkpoints()
-    base = {"storage_path": str(s["storage"]), "threads": s["threads"], "checkpoint_every_s": s["checkpoint_every_s"]}
-    if s["rehearse"]:
-        base["rehearse_s"] = s["rehearse"]
+    base = {"storage_path": str(s.storage), "threads": s.threads, "checkpoint_every_s": s.checkpoint_every_s}
+    if s.rehearse:
+        base["rehearse_s"] = s.rehearse
     return tune.Tuner(
         trainable,
         param_space={**base, "trial": tune.grid_search([t.as_dict() for t in pending])},
         tune_config=tune.TuneConfig(
             reuse_actors=True,
-            max_concurrent_trials=s["max_concurrent"],
+            max_concurrent_trials=s.max_concurrent,
             scheduler=adaptive_scheduler,
             trial_name_creator=tune_glue.trial_name,
             trial_dirname_creator=tune_glue.trial_name,
         ),
         run_config=tune.RunConfig(
             name=name,
-            storage_path=str(s["storage"]),
-            verbose=s["verbose"],
+            storage_path=str(s.storage),
+            verbose=s.verbose,
             callbacks=[
-                records.MlflowTrials(s["tracking_uri"], exp_id, parent_id, _run_tags(s)),
+                records.MlflowTrials(s.tracking_uri, exp_id, parent_id, _run_tags(s)),
                 lines,
                 pruner,
-                *tune_glue.result_files(s["verbose"]),
+                *tune_glue.result_files(s.verbose),
             ],
-            failure_config=tune.FailureConfig(max_failures=s["max_failures"]),
+            failure_config=tune.FailureConfig(max_failures=s.max_failures),
             checkpoint_config=kept,
         ),
     )

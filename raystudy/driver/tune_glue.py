@@ -222,8 +222,8 @@ class StopNotice(logging.Filter):
 
 def restore(path, trainable):
     """(the Tuner of an interrupted run of this grid, "") or (None, why not): its state cannot
-    be read (half written: a full disk) or is not a grid's (no ``trial`` grid in its param
-    space: Tune would start trials without their config)."""
+    be read (half written: a full disk), is not a grid's (no ``trial`` grid in its param space),
+    or is not whole (``_unwhole``): Tune would start trials without their config."""
     from ray import tune
 
     try:
@@ -234,10 +234,28 @@ def restore(path, trainable):
                 return None, f"its param space ({', '.join(shape)}) has no trial grid"
             for state in path.glob("experiment_state-*.json"):  # cut short by a full disk: unusable
                 json.loads(state.read_text())
+            why = _unwhole(path)
+            if why:
+                return None, why
         return tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True), ""
     except Exception as e:  # noqa: BLE001 - any unreadable state is handled the same way
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         return None, f"{type(e).__name__}: {first}"
+
+
+def _unwhole(path: Path) -> str:
+    """Why the Tune state at ``path`` is not whole, or "". A session saves the trials' state, then
+    the search's (which trials of the grid it has made), each a file named by the session; Tune's
+    restore takes the newest of each. A driver killed before the first or between the two (as a
+    Tune run begins) leaves a state whose search Tune rebuilds from the param space, which a
+    restore does not have: it makes trials with no config."""
+    states = sorted(path.glob("experiment_state-*.json"))
+    if not states:
+        return "it has no experiment state: the driver stopped before Tune's first save"
+    session = states[-1].name.removeprefix("experiment_state-").removesuffix(".json")
+    if not (path / f"basic-variant-state-{session}.json").is_file():
+        return "its search state of the last session is missing: the driver stopped while Tune saved"
+    return ""
 
 
 def set_console(tuner, lines, verbose: int) -> None:

@@ -28,17 +28,22 @@ def find_runs(cl, exp_id: str, **tags: str):
 def statuses(cl, exp_id: str) -> dict[str, str]:
     """The raystudy status of every trial key of ``exp_id``, in one query (terminal ones win): on a
     database store one SQL query over the tags (``_sql_statuses``), else MLflow's search."""
-    uri = cl.tracking_uri
-    found = _sql_statuses(uri, "r.experiment_id = :v", int(exp_id)) if _is_database(uri) else None
+    found = _sql_statuses(cl.tracking_uri, "r.experiment_id = CAST(:v AS INTEGER)", exp_id)
     return found if found is not None else searched_statuses(cl, exp_id)
 
 
 def searched_statuses(cl, exp_id: str) -> dict[str, str]:
     """``statuses`` through MLflow's search, which loads every run's params and metrics too:
     seconds at the paper's size, and growing with it."""
+    runs = find_runs(cl, exp_id, raystudy__role="trial")
+    return _fold((run.data.tags.get(KEY), run.data.tags.get(STATUS)) for run in runs)
+
+
+def _fold(pairs) -> dict[str, str]:
+    """(key, status) pairs of trial runs, oldest first, as one status per key: a terminal one
+    wins (the oldest of them), else the newest."""
     out: dict[str, str] = {}
-    for run in find_runs(cl, exp_id, raystudy__role="trial"):
-        key, status = run.data.tags.get(KEY), run.data.tags.get(STATUS)
+    for key, status in pairs:
         if key and out.get(key) not in TERMINAL:
             out[key] = status
     return out
@@ -104,11 +109,7 @@ def _sql_statuses(uri: str, where: str, value) -> dict[str, str] | None:
         return None
     finally:
         engine.dispose()
-    out: dict[str, str] = {}
-    for key, status in rows:
-        if key and out.get(key) not in TERMINAL:
-            out[key] = status
-    return out
+    return _fold(rows)
 
 
 def trial_status(cl, exp_id: str, key: str) -> tuple[str | None, Any]:
