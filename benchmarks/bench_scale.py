@@ -13,6 +13,9 @@ variant is a process of its own with a Ray of its own:
 
     raystudy  ``python -m raystudy.grid --rehearse SECONDS`` (lock, Tune, raystudy's MLflow
               callback, checkpoints, console) into a SQLite store
+    raystudy_pg  the same grid through a tracking server on PostgreSQL, as a cluster's head runs it
+              (``mlflow server`` with 4 workers; the driver reads what is done from the database,
+              ``RAYSTUDY_TRACKING_STORE``); the server's CPU is not in the driver's figures
     stock     a Tuner over the same trial dicts and trainable, ``reuse_actors=True``, with
               ``ray.air.integrations.mlflow.MLflowLoggerCallback`` into a SQLite store: what a
               user would otherwise write (it logs each result's numbers; the step reports that
@@ -44,10 +47,12 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -55,7 +60,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PER_CELL = 13  # demo grid trials of one seed on one dataset: 6 conditions x 2 lrs + the linear probe
-VARIANTS = ("raystudy", "stock", "bare")
+VARIANTS = ("raystudy", "stock", "bare", "raystudy_pg")
 # The driver's frames a profile is summed under: raystudy's callbacks and what they call.
 WHERE = (
     "raystudy/driver/records",
@@ -83,11 +88,12 @@ def space_file(n: int, folder: Path, datasets: int = 4) -> tuple[Path, int]:
     return path, seeds * per_seed
 
 
-def grid_args(space: Path, work: Path, seconds: float, concurrency: int) -> list[str]:
-    """``raystudy grid``'s flags for the rehearsal of ``space`` in ``work``."""
+def grid_args(space: Path, work: Path, seconds: float, concurrency: int, quiet: bool = True) -> list[str]:
+    """``raystudy grid``'s flags for the rehearsal of ``space`` in ``work``; not ``quiet``: its
+    console as a user sees it (above 200 trials, a status line at each 1% done)."""
     return [
         "--space", str(space), "--rehearse", str(seconds), "--num-cpus", str(concurrency),
-        "--max-concurrent", str(concurrency), "--ray-temp-dir", str(work / "ray"), "--quiet",
+        "--max-concurrent", str(concurrency), "--ray-temp-dir", str(work / "ray"), *(["--quiet"] if quiet else []),
         "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--storage", str(work / "runs"),
     ]  # fmt: skip
 
@@ -128,7 +134,7 @@ def tune_variant(space: Path, work: Path, seconds: float, concurrency: int, stoc
 
 
 def watch(
-    cmd: list[str], env: dict, log: Path, profile: Path | None = None, db: Path | None = None, n: int = 0
+    cmd: list[str], env: dict, log: Path, profile: Path | None = None, db: Path | str | None = None, n: int = 0
 ) -> dict:
     """Run ``cmd``, sampling the driver's RSS and CPU (alone and with its process tree) twice a
     second; with raystudy's store ``db``, also its RSS once 1,000 and once all ``n`` trials have
@@ -139,7 +145,10 @@ def watch(
         cmd = ["py-spy", "record", "-o", str(profile), "-f", "raw", "-r", "50", "--nonblocking", "--", *cmd]
     t0 = time.perf_counter()
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[tuple[float, str]] = []  # (seconds since the start, line): the console's timing
+        reader = threading.Thread(target=_stamp, args=(proc.stdout, out, t0, lines), daemon=True)
+        reader.start()
         top = psutil.Process(proc.pid)
         driver, peak, rss, cpu, tree, at, polls = None, 0, 0, 0.0, {}, {}, 0
         while proc.poll() is None:
@@ -163,18 +172,50 @@ def watch(
             except psutil.Error:
                 pass
             time.sleep(0.5)
-    wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+        reader.join(timeout=30)
     if proc.returncode != 0:
         sys.exit(f"bench_scale: {cmd[:4]} exited {proc.returncode}; see {log}")
     out = {"wall": wall, "cpu": cpu, "tree_cpu": cpu + sum(tree.values()), "peak": peak, "rss": rss}
-    return out | {f"rss_at_{mark}": v for mark, v in at.items()}
+    return out | {f"rss_at_{mark}": v for mark, v in at.items()} | eta_at_half(lines)
 
 
-def store_waits(work: Path, experiment: str) -> dict:
-    """On a finished grid's store: what is done, the report's load, the report, one runs page (seconds)."""
+def _stamp(stream, out, t0: float, lines: list) -> None:
+    """Each line of ``stream`` into ``out`` and ``lines``, with the seconds since ``t0`` it came at."""
+    for line in stream:
+        t = time.perf_counter() - t0
+        lines.append((t, line.rstrip("\n")))
+        out.write(f"{t:9.1f}  {line}")
+    out.flush()
+
+
+STATUS = re.compile(r"^\[\s*(\d+)/(\d+)\] \d+% done.*\| .*?(?:ETA (.+))?$")
+
+
+def eta_at_half(lines: list[tuple[float, str]]) -> dict:
+    """From a large grid's status lines: the ETA its first line at half-way or more gave, and the
+    time the grid then took to its last status line (all done); {} without them."""
+    status = [(t, m) for t, line in lines if (m := STATUS.match(line))]
+    half = next(((t, m) for t, m in status if 2 * int(m[1]) >= int(m[2]) and m[3]), None)
+    if half is None or int(status[-1][1][1]) != int(status[-1][1][2]):
+        return {}
+    t, m = half
+    return {"eta_at": int(m[1]), "eta_s": _seconds(m[3]), "eta_real_s": status[-1][0] - t}
+
+
+def _seconds(text: str) -> float:
+    """``console.seconds``' ``13 s``, ``4 min 05 s``, ``2 h 07 min`` read back."""
+    units = {"h": 3600, "min": 60, "s": 1}
+    words = text.split()
+    return float(sum(int(n) * units[u] for n, u in zip(words[::2], words[1::2], strict=True)))
+
+
+def store_waits(work: Path, experiment: str, uri: str | None = None) -> dict:
+    """On a finished grid's store (``uri``; default ``work``'s SQLite file): what is done, the
+    report's load, the report, one runs page (seconds)."""
     from raystudy.tracking import connect, query
 
-    uri = f"sqlite:///{work / 'mlflow.db'}"
+    uri = uri or f"sqlite:///{work / 'mlflow.db'}"
     out = {}
     t = time.perf_counter()
     query.known_statuses(uri, experiment)  # a resumed grid's first read: MLflow's client made, the store opened
@@ -200,8 +241,20 @@ def store_waits(work: Path, experiment: str) -> dict:
     return out
 
 
-def _store_query(db: Path, sql: str, *args):
-    """One value of ``sql`` on the SQLite store ``db``, read only (None until it exists or answers)."""
+def _store_query(db: Path | str, sql: str, *args):
+    """One value of ``sql`` (``?`` its arguments) on the store ``db``, a SQLite file read only or a
+    database URI; None until it exists or answers."""
+    if isinstance(db, str):
+        import sqlalchemy
+
+        for i in range(len(args)):
+            sql = sql.replace("?", f":a{i}", 1)
+        try:
+            engine = _engines.get(db) or _engines.setdefault(db, sqlalchemy.create_engine(db))
+            with engine.connect() as c:
+                return c.execute(sqlalchemy.text(sql), {f"a{i}": a for i, a in enumerate(args)}).scalar()
+        except sqlalchemy.exc.SQLAlchemyError:
+            return None
     import sqlite3
 
     try:
@@ -209,6 +262,9 @@ def _store_query(db: Path, sql: str, *args):
             return c.execute(sql, args).fetchone()[0]
     except sqlite3.Error:
         return None
+
+
+_engines: dict = {}  # one SQLAlchemy engine a database, polled twice a second
 
 
 TRIALS = "(select run_uuid from tags where key = 'raystudy.role' and value = 'trial')"
@@ -341,13 +397,17 @@ def one_size(n: int, args, folder: Path) -> dict:
     for v in args.variants:
         work = folder / f"{v}{n}"
         work.mkdir()
+        print(f"  N={real_n} {v}: running", flush=True)
+        if v == "raystudy_pg":
+            row[v] = through_a_server(space, env, work, n, real_n, args)
+            continue
         if v == "raystudy":
-            cmd = [sys.executable, "-m", "raystudy.grid", *grid_args(space, work, args.seconds, args.concurrency)]
+            flags = grid_args(space, work, args.seconds, args.concurrency, quiet=False)
+            cmd = [sys.executable, "-m", "raystudy.grid", *flags]
         else:
             cmd = [sys.executable, __file__, "--variant", v, "--space", str(space), "--work", str(work)]
             cmd += ["--seconds", str(args.seconds), "--concurrency", str(args.concurrency)]
         prof = work / "profile.txt" if args.profile and v == "raystudy" else None
-        print(f"  N={real_n} {v}: running", flush=True)
         row[v] = watch(cmd, env, work / "driver.log", prof, work / "mlflow.db" if v == "raystudy" else None, real_n)
         db = work / "mlflow.db"
         row[v]["store"] = db.stat().st_size if db.is_file() else 0
@@ -367,6 +427,36 @@ def one_size(n: int, args, folder: Path) -> dict:
     return row
 
 
+def through_a_server(space: Path, env: dict, work: Path, n: int, real_n: int, args) -> dict:
+    """raystudy's grid through ``mlflow server`` (4 workers) on a PostgreSQL of its own, as a
+    cluster's head runs it; its figures as ``watch`` and ``store_waits`` give them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_writers import serve, stop
+    from pg_server import postgres
+
+    # PostgreSQL's own folder where its user reaches it (it runs as postgres, the bench as root)
+    with tempfile.TemporaryDirectory(prefix="rspg") as pg, postgres(Path(pg)) as db:
+        server, uri = serve(db, 4, work)
+        try:
+            flags = grid_args(space, work, args.seconds, args.concurrency, quiet=False)
+            flags[flags.index("--tracking-uri") + 1] = uri
+            cmd = [sys.executable, "-m", "raystudy.grid", *flags]
+            out = watch(cmd, env | {"RAYSTUDY_TRACKING_STORE": db}, work / "driver.log", None, db, real_n)
+            out["store"] = _store_query(db, "select pg_database_size('mlflow')") or 0
+            os.environ["RAYSTUDY_TRACKING_STORE"] = db  # as on the head, for what is done
+            try:
+                out.update(store_waits(work, f"raystudy-scale{n}-vit_demo-rehearsal", uri))
+            finally:
+                del os.environ["RAYSTUDY_TRACKING_STORE"]
+        finally:
+            stop(server)
+            engine = _engines.pop(db, None)
+            if engine is not None:
+                engine.dispose()
+    shutil.rmtree(work / "ray", ignore_errors=True)
+    return out
+
+
 def show(row: dict, args) -> None:
     n = row["n"]
     least = n * args.seconds / args.concurrency
@@ -383,10 +473,17 @@ def show(row: dict, args) -> None:
     names = args.variants
     for a, b in ((x, y) for i, x in enumerate(names) for y in names[i + 1 :]):
         print(f"  wall {a} / {b}: {row[a]['wall'] / row[b]['wall']:.2f}x")
-    r = row.get("raystudy")
+    for v in ("raystudy", "raystudy_pg"):
+        _show_store(v, row.get(v), n)
+    k = row.get("killed")
+    if k:
+        _show_killed(k, n)
+
+
+def _show_store(v: str, r: dict | None, n: int) -> None:
     if r and "done_s" in r:
         print(
-            f"  raystudy's store: what is done {r['done_s']:.2f} s ({r['done_n']} runs; "
+            f"  {v}'s store: what is done {r['done_s']:.2f} s ({r['done_n']} runs; "
             f"{r['done_cold_s']:.2f} s as a process's first read), "
             f"the report's load {r['load_s']:.2f} s ({r['load_n']} rows), the report (--no-figures, "
             f"a process) {r['report_s']:.1f} s, a runs page {r['page_s']:.3f} s"
@@ -394,14 +491,16 @@ def show(row: dict, args) -> None:
         if "rss_at_1000" in r and f"rss_at_{n}" in r:
             a, b = r["rss_at_1000"] / 2**20, r[f"rss_at_{n}"] / 2**20
             print(
-                f"  raystudy's driver RSS: {a:.0f} MB after 1,000 trials finished, {b:.0f} MB after all "
+                f"  {v}'s driver RSS: {a:.0f} MB after 1,000 trials finished, {b:.0f} MB after all "
                 f"{n:,} ({b - a:+.0f} MB), {r['rss'] / 2**20:.0f} MB at the end, after the closing ranking"
+            )
+        if "eta_s" in r:
+            print(
+                f"  {v}'s console: at {r['eta_at']:,} of {n:,} done its ETA said {r['eta_s']:.0f} s; the rest took "
+                f"{r['eta_real_s']:.0f} s ({r['eta_s'] / r['eta_real_s']:.2f}x)"
             )
         for line in r.get("profile", []):
             print("   ", line)
-    k = row.get("killed")
-    if k:
-        _show_killed(k, n)
 
 
 def _show_killed(k: dict, n: int) -> None:
@@ -435,7 +534,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", default="100,1275,10000", help="comma-separated sizes N")
     ap.add_argument("--seconds", type=float, default=2.0, help="seconds of one rehearsal trial")
     ap.add_argument("--concurrency", type=int, default=16, help="trials at once (logical CPUs of the local Ray)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="raystudy,stock,bare", help=f"comma-separated of {', '.join(VARIANTS)}")
     ap.add_argument("--datasets", type=int, default=4, choices=range(1, 5), help="of the demo grid's four")
     ap.add_argument("--profile", action="store_true", help="py-spy's top frames of raystudy's driver")
     ap.add_argument(

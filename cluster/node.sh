@@ -27,7 +27,8 @@
 # cloud -- never 0.0.0.0, and accepts only Host headers naming that address or localhost (the SSH
 # tunnel): the UI is reached from a laptop through SSH, never from the internet.
 # On the head (no HEAD_IP given) it also exports RAYSTUDY_SNAPSHOT_CMD, this script's `snapshot`: a grid
-# driver runs it once when the grid ends, so the loss window is a grid's end or the interval, whichever is sooner.
+# driver runs it once when the grid ends, so the loss window is a grid's end or the interval, whichever is sooner;
+# and RAYSTUDY_TRACKING_STORE, the server's database, where a driver on the head reads what is done.
 set -euo pipefail
 shopt -s inherit_errexit   # a failure inside $(...) stops the script too
 
@@ -304,6 +305,10 @@ EOF
         cat >> ~/raystudy.env <<EOF
 # a grid driver that ends runs this once: a snapshot of MLflow's store (docs/cluster.md)
 export RAYSTUDY_SNAPSHOT_CMD='RAYSTUDY_STATE=$state bash $(readlink -f "$0") snapshot'
+# the server's own database, which a driver here reads what is done from in one query (its secret
+# in pgpass, as for the server): not the server's search, which sends every run whole
+if [ -r $state/mlflow-store ]; then export RAYSTUDY_TRACKING_STORE=\$(cat $state/mlflow-store); fi
+if [ -r $state/pgpass ]; then export PGPASSFILE=$state/pgpass; fi
 EOF
     fi
     touch ~/.bashrc

@@ -248,12 +248,13 @@ def test_store_benchmarks_refuse_bad_input_in_one_line(script, args, message):
 
 @pytest.mark.slow
 def test_scale_benchmark_runs_at_toy_size(tmp_path):
-    """The three drivers on the same 13 rehearsal trials: each runs them all, and raystudy's store
-    holds each once, read back by what a resumed grid and the report read; raystudy's grid killed
-    and resumed holds each once too."""
+    """The drivers on the same 13 rehearsal trials (raystudy's also through a PostgreSQL tracking
+    server): each runs them all, and raystudy's store holds each once, read back by what a resumed
+    grid and the report read; raystudy's grid killed twice and resumed holds each once too."""
     out = tmp_path / "scale.json"
     cmd = [sys.executable, "benchmarks/bench_scale.py", "--trials", "13", "--datasets", "1"]
     cmd += ["--seconds", "0.5", "--concurrency", "4", "--kill-at", "0.2,0.45", "--json", str(out)]
+    cmd += ["--variants", "raystudy,stock,bare,raystudy_pg"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     (row,) = json.loads(out.read_text())
@@ -262,6 +263,10 @@ def test_scale_benchmark_runs_at_toy_size(tmp_path):
         assert row[v]["wall"] > 13 * 0.5 / 4  # not under the minimum
         assert row[v]["cpu"] > 0 and row[v]["peak"] > 0
     assert row["raystudy"]["done_n"] == row["raystudy"]["load_n"] == 13 and row["raystudy"]["report_s"] > 0
+    # through a tracking server on PostgreSQL, as a cluster's head runs it
+    pg = row["raystudy_pg"]
+    assert pg["wall"] > 13 * 0.5 / 4 and pg["done_n"] == pg["load_n"] == 13 and pg["store"] > 0, pg
+    assert "raystudy_pg's store: what is done" in p.stdout
     assert row["stock"]["store"] > 0 and row["bare"]["store"] == 0  # bare Tune records nothing
     assert "N = 13 trials of 0.5 s, 4 at once: the minimum is 1.6 s" in p.stdout
     assert "wall raystudy / stock:" in p.stdout

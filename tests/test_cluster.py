@@ -503,8 +503,10 @@ def test_ray_up_starts_ray_and_mlflow_on_the_head_and_tells_every_node(cluster):
     # what the README's tunnel command reads: the head's public and private addresses
     p = cluster.ray("get-head-ip", str(cluster.config))
     assert p.stdout.strip().splitlines()[-1] == "127.0.0.1", p.stdout + p.stderr
-    p = cluster.ray("exec", str(cluster.config), "echo $MLFLOW_TRACKING_URI")
-    assert p.stdout.strip().splitlines()[-1] == env["MLFLOW_TRACKING_URI"], p.stdout + p.stderr
+    # and on the head, the server's own database, where a driver reads what is done in one query
+    p = cluster.ray("exec", str(cluster.config), "echo $MLFLOW_TRACKING_URI $RAYSTUDY_TRACKING_STORE")
+    store = f"sqlite:///{cluster.home}/raystudy-state/mlflow.db"
+    assert p.stdout.strip().splitlines()[-1] == f"{env['MLFLOW_TRACKING_URI']} {store}", p.stdout + p.stderr
     # the project was installed from the synced tree, at the commit being run
     p = cluster.ray("exec", str(cluster.config), "python -c 'import raystudy; print(raystudy.__file__)'")
     assert f"{cluster.home}/raystudy-src/raystudy/__init__.py" in p.stdout, p.stdout + p.stderr

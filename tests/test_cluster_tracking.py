@@ -23,7 +23,7 @@ import pytest
 
 from drivers import driver_env, free_port, output_of, search_runs, start
 from test_cluster import answers, exports
-from test_grid_ray import SPACE, grid_cmd, trial_runs, write_space
+from test_grid_ray import SPACE, grid_cmd, write_space
 
 # One xdist worker: the tests share one database and tracking server.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster_tracking")]
@@ -153,42 +153,6 @@ def test_a_root_head_whose_state_the_postgres_user_cannot_reach_says_so_in_one_l
         shutil.rmtree(closed, ignore_errors=True)
 
 
-def test_a_grid_with_the_credentials_records_every_trial_once_in_postgresql(
-    server, tmp_path, demo_weights, shared_ray, monkeypatch
-):
-
-    creds = exports(server.state / "mlflow-credentials")
-    space = {**SPACE, "grid": {**SPACE["grid"], "lr": 0.1}}  # MHA and LN2: two trials
-    cmd = grid_cmd(write_space(tmp_path, space), shared_ray, "--tracking-uri", server.uri)
-    env = driver_env(**creds)  # as on the head, where ~/raystudy.env exports them
-    for _ in range(2):  # the same command again: nothing is recorded twice
-        p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert not (tmp_path / "mlflow.db").exists()  # everything went to the server
-    # without the credentials, or with wrong ones, the driver refuses in one line before any work
-    wrong = {**creds, "MLFLOW_TRACKING_PASSWORD": "not-" + creds["MLFLOW_TRACKING_PASSWORD"]}
-    for extra, said in (({}, "asks for credentials (HTTP 401)"), (wrong, "refuses the credentials given (HTTP 401)")):
-        p = subprocess.run(
-            cmd + ["--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=driver_env(**extra)
-        )
-        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr
-        assert p.stderr.strip().count("\n") == 0 and wrong["MLFLOW_TRACKING_PASSWORD"] not in p.stderr
-
-    for k, v in creds.items():
-        monkeypatch.setenv(k, v)
-    df = trial_runs(server.uri)
-    assert len(df) == 2 and set(df["tags.raystudy.status"]) == {"finished"}
-    assert sorted(df["tags.mlflow.runName"]) == ["LN2·digits_c·lr0.1·s0", "MHA·digits_c·lr0.1·s0"]
-
-    # in the database itself, read with the secret node.sh keeps in the head's pgpass
-    rows = db_rows(
-        server,
-        "select r.name, r.status from runs r join tags t on t.run_uuid = r.run_uuid "
-        "where t.key = 'raystudy.role' and t.value = 'trial' order by r.name",
-    )
-    assert rows == [("LN2·digits_c·lr0.1·s0", "FINISHED"), ("MHA·digits_c·lr0.1·s0", "FINISHED")]
-
-
 # Three grids at once, as the paper's experiments invite (ViT-B, ViT-L, ViT-H): different studies,
 # conditions and datasets, so no trial of one is a trial of another.
 GRIDS = {
@@ -202,10 +166,13 @@ def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experimen
     server, tmp_path, demo_weights, shared_ray, monkeypatch
 ):
     """Three drivers started together against the head's server (four workers on PostgreSQL), each
-    with its experiment and storage; they join one Ray, as drivers on a cluster's head do."""
+    with its experiment and storage, with the credentials as on the head (~/raystudy.env exports
+    them); they join one Ray, as drivers on a cluster's head do. The same command again records
+    nothing twice; without the credentials, or with wrong ones, a driver refuses in one line."""
 
-    env = driver_env(**exports(server.state / "mlflow-credentials"))
-    procs = {}
+    creds = exports(server.state / "mlflow-credentials")
+    env = driver_env(**creds)
+    procs, cmds = {}, {}
     for exp, (study, conditions, dataset) in GRIDS.items():
         work = tmp_path / study
         work.mkdir()
@@ -217,7 +184,8 @@ def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experimen
             "datasets": {dataset: {}},
         }
         cmd = grid_cmd(write_space(work, space), shared_ray, "--tracking-uri", server.uri, "--experiment", exp)
-        procs[exp] = start(cmd + ["--storage", str(work / "ray")], work, env=env)
+        cmds[exp] = cmd = cmd + ["--storage", str(work / "ray")]
+        procs[exp] = start(cmd, work, env=env)
     outs = {}
     for exp, proc in procs.items():
         try:
@@ -226,8 +194,19 @@ def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experimen
             outs[exp] = output_of(proc)
         assert proc.returncode == 0, f"{exp}: {outs[exp]}"
     assert not list(tmp_path.glob("*/mlflow.db"))  # everything went to the server
+    exp = next(iter(GRIDS))
+    p = subprocess.run(cmds[exp], cwd=tmp_path / "a", capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and "all 3 trials are already done" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    wrong = {**creds, "MLFLOW_TRACKING_PASSWORD": "not-" + creds["MLFLOW_TRACKING_PASSWORD"]}
+    for extra, said in (({}, "asks for credentials (HTTP 401)"), (wrong, "refuses the credentials given (HTTP 401)")):
+        dry = [*cmds[exp], "--dry-run"]
+        p = subprocess.run(
+            dry, cwd=tmp_path / "a", capture_output=True, text=True, timeout=300, env=driver_env(**extra)
+        )
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr
+        assert p.stderr.strip().count("\n") == 0 and wrong["MLFLOW_TRACKING_PASSWORD"] not in p.stderr
 
-    for k, v in exports(server.state / "mlflow-credentials").items():
+    for k, v in creds.items():
         monkeypatch.setenv(k, v)
     parents, keys = {}, []
     for exp, (_study, conditions, dataset) in GRIDS.items():
@@ -254,6 +233,30 @@ def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experimen
         "where e.name like 'raystudy-three-%' group by e.name order by e.name",
     )
     assert rows == [(exp, 3, 3) for exp in GRIDS]
+    rows = db_rows(  # read with the secret node.sh keeps in the head's pgpass
+        server,
+        "select distinct r.status from runs r join experiments e on e.experiment_id = r.experiment_id "
+        "where e.name like 'raystudy-three-%'",
+    )
+    assert rows == [("FINISHED",)]
+
+    # A driver on the head reads what is done from the server's database in one query, not
+    # through the server's search (node.sh's raystudy.env names it); a database that is not the
+    # server's (no such experiment there) leaves the answer to the search.
+    from raystudy.tracking import connect, query
+
+    cl = connect.client(server.uri)
+    exp_id = cl.get_experiment_by_name(exp).experiment_id
+    want = query.searched_statuses(cl, exp_id)
+    assert len(want) == 3 and set(want.values()) == {"finished"}
+    other = f"sqlite:///{tmp_path / 'not-the-servers.db'}"
+    connect.client(other).search_experiments()  # an empty store of its own
+    monkeypatch.setenv(query.STORE_ENV, other)
+    assert query.statuses(cl, exp_id) == want
+    monkeypatch.setenv(query.STORE_ENV, (server.state / "mlflow-store").read_text().strip())
+    monkeypatch.setenv("PGPASSFILE", str(server.state / "pgpass"))
+    monkeypatch.setattr(query, "searched_statuses", None)  # from here on, SQL alone answers
+    assert query.statuses(cl, exp_id) == want and query.known_statuses(server.uri, exp) == want
 
 
 def test_postgres_started_again_on_another_port_while_it_runs_says_so_in_one_line(server):

@@ -53,6 +53,6 @@ def test_a_schema_the_sql_does_not_know_is_read_by_mlflows_search(tmp_path, monk
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cl, a = _store(uri)
     monkeypatch.setattr(query, "_STATUSES_SQL", "SELECT key, value FROM tags_of_another_mlflow")
-    assert query._sql_statuses(uri, "1 = 1", 0) is None
+    assert query._sql_statuses(uri, "1 = 1") is None
     assert query.known_statuses(uri, "b") == {"k7": "finished"}
     assert query.statuses(cl, a)["k3"] == "running"

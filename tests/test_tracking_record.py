@@ -378,3 +378,35 @@ def test_a_trial_record_logs_its_steps_once_then_ends_stopped_finished_or_failed
         run = cl.get_run(run_id)
         assert run.data.tags[tracking.STATUS] == status and run.info.status == mlflow_status
         assert (tracking.ERROR in run.data.tags) == (status == "failed")
+
+
+def test_a_trial_ended_again_after_a_kill_between_its_final_metrics_and_status_logs_none_twice(store):
+    # MLflow's log_batch commits a batch's metrics, then its tags: a driver SIGKILLed between them
+    # (seen in bench_scale's kills) left the final metrics with the run still "running", and the
+    # trial's rerun logged every final metric a second time at step 0.
+    from mlflow.entities import Metric
+
+    uri, cl, exp = store
+    run_id = record.open_trial(cl, exp, None, "k1", CFG)
+    rec = record.TrialRecord(cl, run_id)
+    evals = [{"step": 10, "loss": 1.0, "val_acc": 0.5, "best_val_acc": 0.5}]
+    rec.log(evals)
+    final = {"final": 1, "step": 20, "steps_done": 20, "test_acc": 0.8, "best_val_acc": 0.7, "wall_s": 3.0}
+    first = [Metric(k, float(final[k]), 1, 0) for k in ("steps_done", "test_acc", "best_val_acc", "wall_s")]
+    cl.log_batch(run_id, metrics=first)  # the first end's metrics; then the kill, before its tags
+    assert query.trial_status(cl, exp, "k1")[0] == "running"
+    record.TrialRecord(cl, run_id).end({**final, "wall_s": 2.9})  # the rerun's end
+    run = cl.get_run(run_id)
+    assert run.data.tags[tracking.STATUS] == "finished" and run.info.status == "FINISHED"
+    for key in ("steps_done", "test_acc", "wall_s"):
+        assert [(m.step, m.value) for m in cl.get_metric_history(run_id, key)] == [(0, final[key])], key
+    assert sorted((m.step, m.value) for m in cl.get_metric_history(run_id, "best_val_acc")) == [(0, 0.7), (10, 0.5)]
+
+    # a run whose cut-off end was a stop (steps_done, wall_s), then a whole end: what it had stays
+    # as it was, the rest is added
+    run_id = record.open_trial(cl, exp, None, "k2", CFG)
+    cl.log_batch(run_id, metrics=[Metric("steps_done", 10.0, 1, 0), Metric("wall_s", 1.0, 1, 0)])
+    record.TrialRecord(cl, run_id).end(final)
+    run = cl.get_run(run_id)
+    assert run.data.metrics["test_acc"] == 0.8 and run.data.metrics["best_val_acc"] == 0.7
+    assert [(m.step, m.value) for m in cl.get_metric_history(run_id, "steps_done")] == [(0, 10.0)]

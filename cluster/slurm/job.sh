@@ -114,6 +114,10 @@ http://* | https://*)
     export MLFLOW_TRACKING_USERNAME MLFLOW_TRACKING_PASSWORD
     export MLFLOW_TRACKING_URI=http://$ip:$mlflow_port
     export RAYSTUDY_SNAPSHOT_CMD="RAYSTUDY_STATE=$state bash $node_sh snapshot"
+    # the server's own database: the grid reads what is done there in one query, not by the server's search
+    RAYSTUDY_TRACKING_STORE=$(cat "$state/mlflow-store")
+    export RAYSTUDY_TRACKING_STORE
+    if [ -f "$state/pgpass" ]; then export PGPASSFILE=$state/pgpass; fi
     ;;
 esac
 

@@ -268,6 +268,8 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
     # plasticity/ of the pretrained model (what the report ranks), plasticity_after/ finetuned.
     for name, prefix in (("plasticity_before", "plasticity"), ("plasticity_after", "plasticity_after")):
         metrics += [Metric(k, v, ts, 0) for k, v in plasticity_metrics(results.get(name) or [], prefix).items()]
+    ended = _ended_metrics(cl, run_id)
+    metrics = [m for m in metrics if m.key not in ended]
     tags = [RunTag(STATUS, status)]
     if status == "finished" and "test_acc" in results:  # the runs table shows descriptions by default
         tags.append(RunTag(NOTE, _result_note(results)))
@@ -282,6 +284,17 @@ def finish_trial(cl, run_id: str, results: dict[str, Any]) -> None:
 
             cl.log_text(run_id, pd.DataFrame(table).to_csv(index=False), f"{name}.csv")
     cl.set_terminated(run_id, status="FINISHED")
+
+
+def _ended_metrics(cl, run_id: str) -> set[str]:
+    """The final metrics (step 0) the run has already: MLflow commits a batch's metrics before its
+    tags, so a driver killed between them left an end's metrics without its status, and the
+    trial's rerun ends it again. What is there stays (no step twice); the rest is added."""
+    have = set(cl.get_run(run_id).data.metrics)
+    if not any(k in have for k in FINAL_METRICS if not _is_step_metric(k)):
+        return set()  # no end was written: the usual case, one read
+    steps = {k for k in have if _is_step_metric(k)}
+    return (have - steps) | {k for k in steps if any(m.step == 0 for m in cl.get_metric_history(run_id, k))}
 
 
 def _result_note(results: dict[str, Any]) -> str:
