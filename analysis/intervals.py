@@ -107,13 +107,46 @@ def iqm(values: np.ndarray) -> np.ndarray:
 def improvement(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """P(X > Y): per dataset the fraction of seed pairs where x beats y (ties 1/2), averaged.
 
-    ``x`` and ``y`` have shape (..., D, S) with NaN for absent seeds.
+    ``x`` and ``y`` have shape (..., D, S) with NaN for absent seeds. Counted as Mann-Whitney's U
+    from the ranks of x among both (ties at their mean rank): a sort of 2S values per dataset
+    instead of S² comparisons, the same counts exactly (a grid of 200 seeds has 40,000 pairs).
     """
+    fx, fy = ~np.isnan(x), ~np.isnan(y)
+    if np.isinf(x[fx]).any() or np.isinf(y[fy]).any():
+        return _improvement_by_pairs(x, y)  # an infinite score would tie with the absent seeds below
+    n_x, n_y = fx.sum(axis=-1), fy.sum(axis=-1)
+    both = np.concatenate([np.where(fx, x, np.inf), np.where(fy, y, np.inf)], axis=-1)  # absent last
+    order = np.argsort(both, axis=-1, kind="stable")
+    ordered = np.take_along_axis(both, order, axis=-1)
+    of_x = (order < x.shape[-1]) & np.isfinite(ordered)
+    wins = np.where(of_x, _mean_ranks(ordered), 0.0).sum(axis=-1) - n_x * (n_x + 1) / 2
+    return _mean_over_datasets(wins, n_x * n_y)
+
+
+def _mean_ranks(ordered: np.ndarray) -> np.ndarray:
+    """The 1-based ranks of each row of ``ordered`` (sorted along the last axis), equal values
+    sharing the mean of their ranks."""
+    L = ordered.shape[-1]
+    at = np.broadcast_to(np.arange(L), ordered.shape)
+    first = np.ones(ordered.shape, dtype=bool)
+    first[..., 1:] = ordered[..., 1:] != ordered[..., :-1]
+    last = np.ones(ordered.shape, dtype=bool)
+    last[..., :-1] = first[..., 1:]
+    start = np.maximum.accumulate(np.where(first, at, 0), axis=-1)
+    end = np.flip(np.minimum.accumulate(np.flip(np.where(last, at, L), axis=-1), axis=-1), axis=-1)
+    return (start + end) / 2 + 1
+
+
+def _improvement_by_pairs(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``improvement`` by comparing every pair of seeds."""
     a, b = x[..., :, None], y[..., None, :]
     both = ~np.isnan(a) & ~np.isnan(b)
     wins = np.where(both, (a > b) + 0.5 * (a == b), 0.0).sum(axis=(-1, -2))
-    pairs = both.sum(axis=(-1, -2))
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+    return _mean_over_datasets(wins, both.sum(axis=(-1, -2)))
+
+
+def _mean_over_datasets(wins: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # no finished pair anywhere: NaN
         return np.nanmean(wins / pairs, axis=-1)
 

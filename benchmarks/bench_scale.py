@@ -328,6 +328,8 @@ def _kill_and_resume(cmd: list[str], env: dict, work: Path, n: int, fractions: l
                 if at is not None and done >= at * n:
                     break
                 time.sleep(0.2 if restart is not None and len(restart) < 3 else 0.5)
+            if restart is not None:  # a rerun with a few trials left can open them and end between two polls
+                _first_new(db, restart, start_ms, time.perf_counter() - t0)
             if at is not None:
                 if proc.poll() is not None:
                     sys.exit(f"bench_scale: the grid ended before {at:g} of its trials finished; see {log.name}")

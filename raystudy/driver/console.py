@@ -60,6 +60,16 @@ def eta(durations: Iterable[float], running_elapsed: Iterable[float], pending: i
     return work / max(slots, 1)
 
 
+def pace_eta(ended: int, span_s: float, remaining: int, slots: int) -> float | None:
+    """Seconds until the grid ends at the pace so far: ``ended`` trials ended over ``span_s``
+    seconds from the first of them, the ``remaining`` ones at the same rate. It counts what the
+    trials' durations miss: slots the driver leaves empty, a Tune run's start between parts.
+    None until twice ``slots`` (and at least 10) have ended after the first."""
+    if ended - 1 < max(2 * slots, 10) or span_s <= 0:
+        return None
+    return remaining * span_s / (ended - 1)
+
+
 def varying(configs: Iterable[dict[str, Any]]) -> tuple[str, ...]:
     """The keys of ``VARYING`` that take more than one value across a grid's trial configs."""
     seen: dict[str, set] = {k: set() for k in VARYING}
@@ -166,6 +176,8 @@ class ConsoleTrials(tune.Callback):
         self.slots = 1
         self.problems = {"failed": 0, "diverged": 0, "stopped": 0}
         self.last_status: float | None = None  # when the last status line was printed; None: none yet
+        self.first_end: float | None = None  # when this session's first trial ended
+        self.ended = 0  # trials ended in this session
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state; a resume gets a new one
         return {**self.__dict__, "log": print, "clock": time.time}
@@ -189,6 +201,8 @@ class ConsoleTrials(tune.Callback):
         now = self.clock()
         took = now - self.started.pop(trial.trial_id, now)
         self.durations.append(took)
+        self.first_end = now if self.first_end is None else self.first_end
+        self.ended += 1
         step = self._step()
         self.done += 1
         if kind:
@@ -201,6 +215,9 @@ class ConsoleTrials(tune.Callback):
             self.log(trial_line(self.done, self.total, what, how, took, len(running), pending, left))
         if self.every_trial or self.quiet:
             return
+        # a large grid's ETA from its pace, once it has one (a small grid's lines stay as they were)
+        paced = pace_eta(self.ended, now - self.first_end, pending + len(running), self.slots)
+        left = left if paced is None else paced
         # a status line when this trial crossed a step, the grid ended, or none for a while
         due = self.last_status is None or self._step() > step or self.done >= self.total
         if due or now - self.last_status >= STATUS_EVERY_S:

@@ -171,9 +171,13 @@ _READY: set[str] = set()
 
 def client(uri: str):
     """An MlflowClient for ``uri``. A SQLite store is created or migrated under a file lock:
-    drivers creating the schema at once otherwise leave a half-made store no one can open."""
+    drivers creating the schema at once otherwise leave a half-made store no one can open.
+    Through a tracking server MLflow writes two lines of links to stdout as each run ends: a
+    grid's console of thousands of trials would be those lines, so they are off unless the
+    environment asks for them (the console and ``browse`` say where the runs are)."""
     from mlflow import MlflowClient
 
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     db = sqlite_path(uri)
     if db is None or uri in _READY:
         return MlflowClient(tracking_uri=uri)

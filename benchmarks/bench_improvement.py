@@ -1,0 +1,79 @@
+"""P(X > Y) over a grid's seeds: counted from ranks against every pair, side by side in one run.
+
+    python benchmarks/bench_improvement.py                  # 5, 50 and 193 seeds (the 10,036-trial rehearsal's)
+    python benchmarks/bench_improvement.py --seeds 5 20 --report 20
+
+``analysis.intervals.improvement`` is called on every bootstrap replicate (R, D, S) of each pair
+the report compares: counting every pair of seeds costs S² per dataset and replicate, Mann-Whitney's
+U from ranks a sort of 2S. Both must give the same numbers bit for bit; this checks that too.
+``--report S`` also times the report's statistics (``analysis.report.analyse_runs``, no figures)
+on a synthetic study of the rehearsal's shape (4 datasets, 7 conditions, 2 lrs, S seeds: 13 trials
+a seed and dataset) with each method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def timed(f, *args) -> tuple[float, np.ndarray]:
+    t = time.perf_counter()
+    out = f(*args)
+    return time.perf_counter() - t, out
+
+
+def report_seconds(seeds: int) -> float:
+    from analysis import report
+    from analysis.synthetic import fake_runs
+
+    conditions = ("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe")
+    runs = fake_runs(4, conditions, (0.1, 0.3), tuple(range(seeds)))
+    with tempfile.TemporaryDirectory() as out:
+        t = time.perf_counter()
+        report.analyse_runs(runs, out, draw_figures=False)
+        return time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[5, 50, 193])
+    ap.add_argument("--reps", type=int, default=2000, help="bootstrap replicates (the report's default)")
+    ap.add_argument("--report", type=int, default=193, help="seeds of the report timed with each; 0: none")
+    args = ap.parse_args(argv)
+
+    from analysis import intervals
+
+    rng = np.random.default_rng(0)
+    print(f"one pair, {args.reps} replicates x 4 datasets    ranks     pairs   pairs / ranks")
+    for s in args.seeds:
+        x, y = (np.round(rng.random((args.reps, 4, s)), 3) for _ in range(2))  # ties, as accuracies have
+        x[:, :, -1] = np.nan  # an absent seed
+        t_rank, by_rank = timed(intervals.improvement, x, y)
+        t_pairs, by_pairs = timed(intervals._improvement_by_pairs, x, y)
+        assert np.array_equal(by_rank, by_pairs, equal_nan=True), "the two counts differ"
+        print(f"  {s:4d} seeds {'':29s}{t_rank:7.3f} s {t_pairs:8.3f} s   {t_pairs / t_rank:7.1f}x")
+    if args.report:
+        ranked = report_seconds(args.report)
+        fast = intervals.improvement
+        intervals.improvement = intervals._improvement_by_pairs
+        try:
+            paired = report_seconds(args.report)
+        finally:
+            intervals.improvement = fast
+        print(
+            f"the report's statistics at {args.report} seeds ({4 * 13 * args.report} trials): "
+            f"{ranked:.1f} s from ranks, {paired:.1f} s by pairs ({paired / ranked:.1f}x)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
