@@ -2,13 +2,16 @@
 
     python benchmarks/bench_improvement.py                  # 5, 50 and 193 seeds (the 10,036-trial rehearsal's)
     python benchmarks/bench_improvement.py --seeds 5 20 --report 20
+    python benchmarks/bench_improvement.py --seeds 193 --report 0 --store 193   # the report process, 10,808 runs
 
 ``analysis.intervals.improvement`` is called on every bootstrap replicate (R, D, S) of each pair
 the report compares: counting every pair of seeds costs S² per dataset and replicate, Mann-Whitney's
 U from ranks a sort of 2S. Both must give the same numbers bit for bit; this checks that too.
 ``--report S`` also times the report's statistics (``analysis.report.analyse_runs``, no figures)
-on a synthetic study of the rehearsal's shape (4 datasets, 7 conditions, 2 lrs, S seeds: 13 trials
-a seed and dataset) with each method.
+on a synthetic study of the rehearsal's shape (4 datasets, 7 conditions, 2 lrs, S seeds: 14 runs
+a seed and dataset) with each method. ``--store S`` writes such a study into an MLflow SQLite
+store (``bench_report.build_store``: runs as the grid writes them) and times the report as a user
+runs it, ``python -m analysis.report --no-figures``, a process of its own: load and statistics.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def timed(f, *args) -> tuple[float, np.ndarray]:
@@ -30,23 +34,45 @@ def timed(f, *args) -> tuple[float, np.ndarray]:
     return time.perf_counter() - t, out
 
 
-def report_seconds(seeds: int) -> float:
-    from analysis import report
+def study(seeds: int):
+    """The rehearsal's shape: 4 datasets, 7 conditions, 2 lrs (the linear probe's too), ``seeds``."""
     from analysis.synthetic import fake_runs
 
     conditions = ("LN1", "MHA", "LN2", "FC1", "FC2", "full", "linear_probe")
-    runs = fake_runs(4, conditions, (0.1, 0.3), tuple(range(seeds)))
+    return fake_runs(4, conditions, (0.1, 0.3), tuple(range(seeds)))
+
+
+def report_seconds(seeds: int) -> tuple[float, int]:
+    from analysis import report
+
+    runs = study(seeds)
     with tempfile.TemporaryDirectory() as out:
         t = time.perf_counter()
         report.analyse_runs(runs, out, draw_figures=False)
-        return time.perf_counter() - t
+        return time.perf_counter() - t, len(runs)
+
+
+def report_process(seeds: int) -> tuple[float, int]:
+    import subprocess
+
+    from bench_report import EXPERIMENT, build_store
+
+    runs = study(seeds)
+    with tempfile.TemporaryDirectory() as tmp:
+        uri, _ = build_store(Path(tmp), runs)
+        cmd = [sys.executable, "-m", "analysis.report", "--experiment", EXPERIMENT, "--tracking-uri", uri]
+        cmd += ["--no-figures", "--out", str(Path(tmp) / "report")]
+        t = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        return time.perf_counter() - t, len(runs)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[5, 50, 193])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[5, 50, 193])  # 193: the 10,036-trial rehearsal's seeds
     ap.add_argument("--reps", type=int, default=2000, help="bootstrap replicates (the report's default)")
     ap.add_argument("--report", type=int, default=193, help="seeds of the report timed with each; 0: none")
+    ap.add_argument("--store", type=int, default=0, help="seeds of the store the report process reads; 0: none")
     args = ap.parse_args(argv)
 
     from analysis import intervals
@@ -61,17 +87,20 @@ def main(argv: list[str] | None = None) -> int:
         assert np.array_equal(by_rank, by_pairs, equal_nan=True), "the two counts differ"
         print(f"  {s:4d} seeds {'':29s}{t_rank:7.3f} s {t_pairs:8.3f} s   {t_pairs / t_rank:7.1f}x")
     if args.report:
-        ranked = report_seconds(args.report)
+        ranked, n = report_seconds(args.report)
         fast = intervals.improvement
         intervals.improvement = intervals._improvement_by_pairs
         try:
-            paired = report_seconds(args.report)
+            paired, _ = report_seconds(args.report)
         finally:
             intervals.improvement = fast
         print(
-            f"the report's statistics at {args.report} seeds ({4 * 13 * args.report} trials): "
+            f"the report's statistics at {args.report} seeds ({n} runs): "
             f"{ranked:.1f} s from ranks, {paired:.1f} s by pairs ({paired / ranked:.1f}x)"
         )
+    if args.store:
+        seconds, n = report_process(args.store)
+        print(f"the report (--no-figures, a process) on a store of {n} runs ({args.store} seeds): {seconds:.1f} s")
     return 0
 
 

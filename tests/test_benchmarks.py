@@ -45,11 +45,12 @@ def test_report_benchmark_runs_at_toy_size(tmp_path):
 
 def test_improvement_benchmark_checks_both_counts_and_times_the_report_with_each():
     cmd = [sys.executable, "benchmarks/bench_improvement.py", "--seeds", "3", "12", "--reps", "50", "--report", "2"]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run([*cmd, "--store", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]  # it asserts the two counts agree
     rows = [line.split() for line in p.stdout.splitlines() if "seeds" in line and line.split()[0].isdigit()]
     assert [r[0] for r in rows] == ["3", "12"] and all(r[-1].endswith("x") for r in rows)
-    assert "the report's statistics at 2 seeds (104 trials):" in p.stdout and "by pairs" in p.stdout
+    assert "the report's statistics at 2 seeds (112 runs):" in p.stdout and "by pairs" in p.stdout
+    assert "the report (--no-figures, a process) on a store of 112 runs (2 seeds):" in p.stdout
 
 
 @pytest.mark.slow
