@@ -27,6 +27,18 @@ SPACE = {
 EXPERIMENT = "raystudy-t-vit_demo-rehearsal"
 
 
+def kill_once_finished(cmd: list[str], tmp_path, done: int) -> None:
+    """Start the grid ``cmd`` and SIGKILL its driver once the store holds ``done`` finished trials."""
+    proc = start(cmd, tmp_path, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: count_status(tmp_path / "mlflow.db", "finished") >= done, proc, what=f"{done} trials")
+        assert proc.poll() is None, "the rehearsal ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)  # the driver, mid-grid
+        proc.wait()
+    finally:
+        kill_group(proc)
+
+
 def test_a_rehearsal_runs_the_grid_once_each_in_its_own_experiment_and_the_report_says_so(
     tmp_path, mlflow_uri, shared_ray, capsys
 ):
@@ -95,14 +107,7 @@ def test_a_killed_rehearsal_resumes_from_its_checkpoints_with_the_same_numbers(t
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(space))
     cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(path), *shared_ray, "--rehearse", "4"]
-    proc = start(cmd, tmp_path, stdout=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: count_status(tmp_path / "mlflow.db", "finished") >= 1, proc, what="a first trial")
-        assert proc.poll() is None, "the rehearsal ended before it could be killed"
-        proc.send_signal(signal.SIGKILL)  # the driver, mid-grid
-        proc.wait()
-    finally:
-        kill_group(proc)
+    kill_once_finished(cmd, tmp_path, 1)
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=driver_env())
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "resuming" in p.stdout and "4 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout, p.stdout[-3000:]
@@ -139,14 +144,7 @@ def test_a_rehearsal_whose_driver_is_killed_twice_holds_every_trial_once_nothing
     path.write_text(yaml.safe_dump(space))
     cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(path), *shared_ray, "--rehearse", "1"]
     for done in (5, 12):
-        proc = start(cmd, tmp_path, stdout=subprocess.DEVNULL)
-        try:
-            wait_for(lambda: count_status(tmp_path / "mlflow.db", "finished") >= done, proc, what=f"{done} trials")
-            assert proc.poll() is None, "the rehearsal ended before it could be killed"
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        finally:
-            kill_group(proc)
+        kill_once_finished(cmd, tmp_path, done)
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=driver_env())
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "30 finished, 0 diverged, 0 failed, 0 unfinished" in p.stdout, p.stdout[-3000:]
@@ -179,14 +177,7 @@ def test_a_driver_killed_before_tune_first_saves_leaves_a_state_whose_part_start
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(SPACE))
     cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(path), *shared_ray, "--rehearse", "1"]
-    proc = start(cmd, tmp_path, stdout=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: count_status(tmp_path / "mlflow.db", "finished") >= 2, proc, what="two trials")
-        assert proc.poll() is None, "the rehearsal ended before it could be killed"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        kill_group(proc)
+    kill_once_finished(cmd, tmp_path, 2)
     (folder,) = (tmp_path / "runs" / "ray").glob("t-vit_demo-rehearsal-*")
     saved = [*folder.glob("experiment_state-*.json"), *folder.glob("basic-variant-state-*.json")]
     assert (folder / "tuner.pkl").is_file() and len(saved) >= 2, sorted(f.name for f in folder.iterdir())
