@@ -88,26 +88,20 @@ def job_state(env, job: str) -> tuple[str, int, str]:
 def wait_job(env, job: str, timeout: float = 420, then_minutes: int | None = None) -> tuple[str, int]:
     """Until ``job`` ends: (state, restarts); a requeued one is made eligible within seconds, and
     given ``then_minutes`` as its time limit (its next run then finishes the grid)."""
-    end, pushed = time.monotonic() + timeout, [0]
+    end = time.monotonic() + timeout
+    pushed = 0  # the restart last made eligible: once each, or its start would keep moving away
     while time.monotonic() < end:
-        state, restarts = nudge(env, job, pushed, then_minutes)
+        state, restarts, reason = job_state(env, job)
         if state in DONE:
             return state, restarts
+        if state == "PENDING" and restarts > pushed and reason == "BeginTime":
+            pushed = restarts
+            more = [f"TimeLimit={then_minutes}"] if then_minutes else []
+            # not at once: slurmd refuses a relaunch within moments of the requeue's kill ("Job N
+            # already killed, do not launch batch job") and the job ends FAILED, seen in CI
+            subprocess.run(["scontrol", "update", f"jobid={job}", *more, "StartTime=now+5"], env=env, timeout=30)
         time.sleep(2)
     raise AssertionError(f"job {job} still {job_state(env, job)} after {timeout} s:\n{log(Path(), job)}")
-
-
-def nudge(env, job: str, pushed: list[int], then_minutes: int | None) -> tuple[str, int]:
-    """``job``'s (state, restarts), a requeued job made eligible 5 s on, once per restart
-    (``pushed[0]``: the restart last made eligible; moved on every poll, its start would never come)."""
-    state, restarts, reason = job_state(env, job)
-    if state == "PENDING" and restarts > pushed[0] and reason == "BeginTime":
-        pushed[0] = restarts
-        more = [f"TimeLimit={then_minutes}"] if then_minutes else []
-        # not at once: slurmd refuses a relaunch within moments of the requeue's kill ("Job N
-        # already killed, do not launch batch job") and the job ends FAILED, seen in CI
-        subprocess.run(["scontrol", "update", f"jobid={job}", *more, "StartTime=now+5"], env=env, timeout=30)
-    return state, restarts
 
 
 def log(folder: Path, job: str) -> str:
@@ -239,22 +233,17 @@ def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm
         assert not Path(f"/tmp/rs{j}").exists()
 
 
-def test_a_job_stopped_by_its_time_limit_requeues_then_scancel_stops_it_and_resubmitting_completes(study, slurm):
+def test_time_limit_mid_grid_stops_requeues_and_the_next_job_completes(study, slurm):
     """A job whose time limit falls mid-grid: SLURM's signal before the limit stops the grid as a
-    Ctrl-C does, the job requeues itself, and its next run restores the store from the snapshot
-    and goes on. ``scancel`` in that run stops the grid as a Ctrl-C does (no requeue), nothing left
-    RUNNING; the same submission again finishes the study from where it was: every trial once, no
-    step twice, nothing RUNNING. (One study through both stops: each job run pays the job's start.)"""
+    Ctrl-C does, the job requeues itself, and its next run restores the store from the snapshot and
+    finishes the grid: every trial once, no step twice, nothing RUNNING. The requeued job is given
+    a longer limit, so that its next run is the last (each run pays the job's start)."""
     folder, jobs = study
     job = submit(slurm, folder, jobs, ["MHA", "LN2", "FC1"], 300, "--time", "2", "--stop-before", "60", cpus=2)
-    end, pushed = time.monotonic() + 600, [0]
-    # the requeued run's grid under way (given a longer limit: it is scancel that stops it)
-    while not re.search(r"requeueing job[\s\S]*running \d of 3 trials", log(folder, job)):
-        state, _ = nudge(slurm, job, pushed, 10)
-        assert state not in DONE and time.monotonic() < end, (state, log(folder, job)[-4000:])
-        time.sleep(2)
+    state, restarts = wait_job(slurm, job, timeout=600, then_minutes=10)
     text = log(folder, job)
-    assert "stopped: time limit" in text and "DUE TO TIME LIMIT" not in text  # stopped before the limit
+    assert (state, restarts) == ("COMPLETED", 1), text[-4000:]
+    assert "stopped: time limit" in text and "requeueing job" in text
     first, rest = text.split("requeueing job", 1)
     # a first run stopped before its grid recorded anything leaves an empty store, which is never
     # snapshotted (its snapshot would be what the next run restores): the next run starts it anew
@@ -262,17 +251,27 @@ def test_a_job_stopped_by_its_time_limit_requeues_then_scancel_stops_it_and_resu
         assert "restored MLflow's store from the snapshot" in rest, text[-4000:]
     else:
         assert "MLflow's store is new and empty" in rest, text[-4000:]
-    time.sleep(5)
+    assert "DUE TO TIME LIMIT" not in text  # stopped before the limit, never killed by it
+    assert_once_finished(folder, 3)
+
+
+def test_scancel_mid_grid_stops_cleanly_and_resubmitting_completes_it(study, slurm):
+    """``scancel`` mid-grid: the grid stops as on a Ctrl-C (no requeue), nothing is left RUNNING;
+    the same submission again finishes the study from where it was."""
+    folder, jobs = study
+    job = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
+    wait_log(folder, job, r"running 2 of 2 trials")
+    time.sleep(8)
     subprocess.run(["scancel", job], env=slurm, timeout=30, check=True)
-    assert wait_job(slurm, job) == ("CANCELLED", 1), log(folder, job)[-4000:]
-    rest = log(folder, job).split("requeueing job", 1)[1]
-    assert "stopped: scancel" in rest and "requeueing" not in rest, rest[-3000:]
+    assert wait_job(slurm, job)[0] == "CANCELLED"
+    text = log(folder, job)
+    assert "stopped: scancel" in text and "requeueing" not in text, text[-3000:]
     _, runs, _ = recorded(folder)
     assert not [r for r in runs if r.info.status == "RUNNING"]
-    again = submit(slurm, folder, jobs, ["MHA", "LN2", "FC1"], 300, cpus=2)
+    again = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
     assert wait_job(slurm, again) == ("COMPLETED", 0), log(folder, again)[-3000:]
     assert "restored MLflow's store from the snapshot" in log(folder, again)
-    assert_once_finished(folder, 3)
+    assert_once_finished(folder, 2)
 
 
 @pytest.mark.parametrize(
