@@ -177,7 +177,6 @@ class ConsoleTrials(tune.Callback):
         self.problems = {"failed": 0, "diverged": 0, "stopped": 0}
         self.last_status: float | None = None  # when the last status line was printed; None: none yet
         self.first_end: float | None = None  # when this session's first trial ended
-        self.ended = 0  # trials ended in this session
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state; a resume gets a new one
         return {**self.__dict__, "log": print, "clock": time.time}
@@ -202,7 +201,6 @@ class ConsoleTrials(tune.Callback):
         took = now - self.started.pop(trial.trial_id, now)
         self.durations.append(took)
         self.first_end = now if self.first_end is None else self.first_end
-        self.ended += 1
         step = self._step()
         self.done += 1
         if kind:
@@ -216,7 +214,7 @@ class ConsoleTrials(tune.Callback):
         if self.every_trial or self.quiet:
             return
         # a large grid's ETA from its pace, once it has one (a small grid's lines stay as they were)
-        paced = pace_eta(self.ended, now - self.first_end, pending + len(running), self.slots)
+        paced = pace_eta(len(self.durations), now - self.first_end, pending + len(running), self.slots)
         left = left if paced is None else paced
         # a status line when this trial crossed a step, the grid ended, or none for a while
         due = self.last_status is None or self._step() > step or self.done >= self.total
