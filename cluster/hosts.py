@@ -219,18 +219,20 @@ class Hosts:
         return hosts
 
     # -- use ---------------------------------------------------------------------------------------
-    def command(self, k: int, argv: list[str]) -> list[str]:
-        """``argv`` as run on host ``k``: inside its network, UTS and mount namespaces."""
+    def command(self, k: int, argv: list[str], cwd: str | Path | None = None) -> list[str]:
+        """``argv`` as run on host ``k`` in ``cwd`` (default: this process's): inside its network, UTS
+        and mount namespaces (nsenter would otherwise start it in the host's root folder)."""
         pid = str(self.init_pids[k][-1])
-        return ["nsenter", "-t", pid, "--net", "--uts", "--mount", "--", *argv]
+        wd = Path(cwd or os.getcwd()).resolve()
+        return ["nsenter", "-t", pid, "--net", "--uts", "--mount", f"--wd={wd}", "--", *argv]
 
-    def popen(self, k: int, argv: list[str], **kw) -> subprocess.Popen:
+    def popen(self, k: int, argv: list[str], cwd: str | Path | None = None, **kw) -> subprocess.Popen:
         """Start ``argv`` on host ``k`` (``subprocess.Popen``'s keywords pass through)."""
-        return subprocess.Popen(self.command(k, argv), **kw)
+        return subprocess.Popen(self.command(k, argv, cwd), **kw)
 
-    def run(self, k: int, argv: list[str], **kw) -> subprocess.CompletedProcess:
+    def run(self, k: int, argv: list[str], cwd: str | Path | None = None, **kw) -> subprocess.CompletedProcess:
         """Run ``argv`` on host ``k`` to its end (``subprocess.run``'s keywords pass through)."""
-        return subprocess.run(self.command(k, argv), **kw)
+        return subprocess.run(self.command(k, argv, cwd), **kw)
 
     def sh(self, k: int, script: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
         """Run a shell script on host ``k``; its output as text."""

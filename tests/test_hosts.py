@@ -77,6 +77,9 @@ def test_hosts_have_their_own_address_name_and_tmp_and_share_one_folder(tmp_path
         assert not Path("/tmp/mine").exists()
         assert sorted(p.name for p in hosts.shared.iterdir()) == ["from1", "from2", "from3"]
         assert hosts.sh(2, f"ls {hosts.shared}").stdout.split() == ["from1", "from2", "from3"]
+        # a command runs in the folder it is given (or this process's), as on a shared filesystem
+        assert hosts.sh(3, "pwd", cwd=hosts.shared).stdout.strip() == str(hosts.shared)
+        assert hosts.sh(3, "pwd").stdout.strip() == os.getcwd()
         # a host's own name resolves to the loopback, as on a fresh Debian node; the others' to them
         assert hosts.sh(2, "getent hosts h2").stdout.split()[0] == "127.0.1.1"
         assert hosts.sh(2, "getent hosts h3").stdout.split()[0] == "10.77.0.3"

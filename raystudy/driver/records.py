@@ -148,7 +148,8 @@ class MlflowTrials(tune.Callback):
         run_id = self._run(trial_id, t)
         if run_id is None:
             return
-        where = f"{result.get('node_ip')}:{result.get('pid')}"
+        # a DDP trial's workers, each ip:pid; else the trial's own process
+        where = result.get("workers_at") or f"{result.get('node_ip')}:{result.get('pid')}"
         if self._where.get(trial_id) != where:  # which node and process run it (debugging)
             record.note_worker(self.cl, run_id, where)
             self._where[trial_id] = where

@@ -387,7 +387,7 @@ class TrialRecord:
 
 
 def note_worker(cl, run_id: str, where: str) -> None:
-    """Tag the node and process (``ip:pid``) that runs the trial, for debugging."""
+    """Tag the node and process (``ip:pid``; a DDP trial's workers, comma-separated) that runs the trial."""
     cl.set_tag(run_id, WORKER, where)
 
 

@@ -181,13 +181,29 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
     plan = resolve(from_dict(loop_config["finetune"]))
     resume = _load_state(ray.train.get_checkpoint())
     rank = ray.train.get_context().get_world_rank()
+    workers_at = _workers_at()
+
+    def report(metrics, **kw):  # where every worker runs travels with rank 0's reports (the run's worker tag)
+        ray.train.report({**metrics, "workers_at": workers_at}, **kw)
 
     # Every worker reports (Train's collective); only rank 0 saves and carries the checkpoint
     # (the others' copies of a ViT-H state would be written to disk and dropped).
     reporter = Reporter(
-        ray.train.report, ray.train.Checkpoint if rank == 0 else None, float(loop_config.get("checkpoint_every_s", 0))
+        report, ray.train.Checkpoint if rank == 0 else None, float(loop_config.get("checkpoint_every_s", 0))
     )
     reporter.final(engine.train(plan, report=reporter, resume=resume))
+
+
+def _workers_at() -> str:
+    """``ip:pid`` of every DDP worker in rank order, comma-separated (gathered over the process group)."""
+    import os
+
+    import ray
+    import torch.distributed as dist
+
+    everyone: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, f"{ray.util.get_node_ip_address()}:{os.getpid()}")
+    return ",".join(map(str, everyone))
 
 
 def _run_ddp(trial: dict[str, Any], tune_config: dict[str, Any]) -> None:
@@ -199,6 +215,8 @@ def _run_ddp(trial: dict[str, Any], tune_config: dict[str, Any]) -> None:
     import ray.train
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
+
+    from raystudy.train import network
 
     use_gpu = trial.get("gpu", 0) > 0
     per_worker = {"GPU": 1, "CPU": trial["cpu"]} if use_gpu else {"CPU": trial["cpu"]}
@@ -218,5 +236,7 @@ def _run_ddp(trial: dict[str, Any], tune_config: dict[str, Any]) -> None:
             failure_config=ray.train.FailureConfig(max_failures=0),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
         ),
+        # on several hosts the workers' process group forms over each node's Ray address
+        torch_config=network.torch_config(),
     )
     trainer.fit()
