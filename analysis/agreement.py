@@ -52,7 +52,7 @@ def conclusions(runs: pd.DataFrame, reference: str = "MHA", alpha: float = ALPHA
     """What the report concludes from ``runs``: the lr chosen per cell (on validation), the mean
     test accuracy of each condition at it, and every significance call at ``alpha``."""
     means = selection.seed_means(runs)
-    best = selection.best_lr(means, "val")
+    best = selection.choose_lrs(runs, "val")
     table = selection.wide(best)
     chosen = {(r.dataset, r.condition): r.lr for r in best.itertuples()}
     complete = table.dropna(axis=1, how="any")

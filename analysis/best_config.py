@@ -58,7 +58,7 @@ def _best_seed(runs: pd.DataFrame, select_on: str) -> pd.Series:
 
 def best_per_dataset(runs: pd.DataFrame, select_on: str = "val") -> pd.DataFrame:
     """One row per (dataset, condition): the best-seed run at the lr chosen for that cell."""
-    best = selection.best_lr(selection.seed_means(runs), select_on)
+    best = selection.choose_lrs(runs, select_on)
     rows = []
     for b in best.itertuples():
         if math.isnan(b.lr):

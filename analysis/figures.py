@@ -125,13 +125,14 @@ def _log_y(ax) -> None:
 
 
 def rank_order(best: pd.DataFrame, conditions: list[str], value: str = "test_mean") -> list[str]:
-    """``conditions`` best first: by average rank over datasets (highest ``value`` = 1), ties by
-    the mean over datasets, then by the order given; values equal in decimal tie (``paired.tie_exact``)."""
-    from analysis.stats import paired
+    """``conditions`` best first: by average rank over datasets (``selection.ranks``, a dataset
+    missing a condition ranking the others), ties by the mean over datasets, then by the order
+    given; values equal in decimal tie (``paired.tie_exact``)."""
+    from analysis.stats import paired, selection
 
     table = best.pivot_table(index="dataset", columns="condition", values=value).reindex(columns=conditions)
+    rank = selection.ranks(table, partial=True).mean().fillna(np.inf)
     table = pd.DataFrame(paired.tie_exact(table.to_numpy(float)), index=table.index, columns=table.columns)
-    rank = table.rank(axis=1, ascending=False).mean().fillna(np.inf)
     mean = pd.Series(paired.tie_exact(table.mean().to_numpy(float)), index=table.columns).fillna(-np.inf)
     return sorted(conditions, key=lambda c: (rank[c], -mean[c], conditions.index(c)))
 

@@ -80,7 +80,7 @@ def floor(runs: pd.DataFrame, reference: str = "MHA", reps: int = 200, seed: int
     """The floor of the full grid's ``runs``: ``reps`` reseedings (seeds drawn again in every cell,
     datasets kept, lrs chosen again), each compared with the full grid as a policy's replay is."""
     full = agreement.conclusions(runs, reference)
-    conditions = list(selection.wide(selection.best_lr(selection.seed_means(runs), "val")).columns)
+    conditions = list(selection.wide(selection.choose_lrs(runs, "val")).columns)
     datasets = sorted({d for d, _ in full["chosen_lr"]})
     g = stability.grid(runs, conditions, datasets, "val")
     boot = stability.replicates(g, reps, seed, datasets=False)

@@ -226,11 +226,7 @@ def _setting_cells(runs: pd.DataFrame, select_on: str, ddof: int, as_paper: bool
     cells = {}
     for s in load.settings(runs):
         sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
-        cells[s] = (
-            selection.lr_averaged(sub, ddof)
-            if as_paper
-            else selection.best_lr(selection.seed_means(sub, ddof), select_on)
-        )
+        cells[s] = selection.lr_averaged(sub, ddof) if as_paper else selection.choose_lrs(sub, select_on, ddof)
     return cells
 
 
@@ -266,7 +262,7 @@ def report_from_mlflow(
         sub = study.restrict(sub, kw.get("conditions"), kw.get("datasets"), "runs")
         bands = None
         if curves:
-            best = selection.best_lr(selection.seed_means(sub), kw.get("select_on", "val"))
+            best = selection.choose_lrs(sub, kw.get("select_on", "val"))
             chosen = selected_runs(sub, best)
             hist = load.step_metrics(chosen, list(CURVE_KEYS), tracking_uri)
             bands = variance.curve_bands(hist, chosen) if len(hist) else None

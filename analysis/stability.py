@@ -46,7 +46,7 @@ class Grid:
 
 def grid(runs: pd.DataFrame, conditions: Sequence[str], datasets: Sequence[str], select_on: str = "val") -> Grid:
     """The ``Grid`` of ``runs`` (the tidy runs table) over ``conditions`` × ``datasets``, with each
-    cell's lr chosen by ``selection.best_lr`` on ``select_on`` (-1 where no lr can be chosen)."""
+    cell's lr chosen by ``selection.choose_lrs`` on ``select_on`` (-1 where no lr can be chosen)."""
     runs = runs[runs["condition"].isin(conditions) & runs["dataset"].isin(datasets)]
     lrs = sorted(set(runs["lr"].dropna().astype(float)))
     seeds = sorted(runs["seed"].dropna().unique())
@@ -63,7 +63,7 @@ def grid(runs: pd.DataFrame, conditions: Sequence[str], datasets: Sequence[str],
     )
     select[at] = done[f"{select_on}_acc"].to_numpy(float)
     test[at] = done["test_acc"].to_numpy(float)
-    best = selection.best_lr(selection.seed_means(runs), select_on)
+    best = selection.choose_lrs(runs, select_on)
     chosen = np.full(shape[:2], -1)
     for c, d, lr in zip(best["condition"], best["dataset"], best["lr"]):
         if pd.notna(lr):
@@ -161,16 +161,17 @@ def condition_means(values: np.ndarray) -> np.ndarray:
     return values.mean(axis=-1)
 
 
-def rank_of(means: np.ndarray) -> np.ndarray:
-    """Ranks along the last axis, highest = 1; tied values share the best of their ranks."""
-    return 1 + (means[..., None, :] > means[..., :, None]).sum(axis=-1)
-
-
 def rank_probabilities(means: np.ndarray) -> np.ndarray:
-    """(K, K): P(condition k has rank j + 1) over replicates of (R, K) means."""
-    r = rank_of(means)
+    """(K, K): P(condition k has rank j + 1) over replicates of (R, K) means; tied values share
+    the best of their ranks (``selection.ranks``' ``min``, the floats compared as they are)."""
+    r = _replicate_ranks(means)
     K = means.shape[-1]
     return np.stack([(r == j + 1).mean(axis=0) for j in range(K)], axis=-1)
+
+
+def _replicate_ranks(means: np.ndarray) -> np.ndarray:
+    """Ranks of each replicate's conditions, highest = 1, ties sharing the best."""
+    return selection.ranks(means, ties="min", decimal=False, partial=True)
 
 
 def beats(means: np.ndarray, a: int) -> np.ndarray:
@@ -200,7 +201,7 @@ def projection(
     for b in budgets:
         boot = replicates(g, reps, seed, datasets, draws=b / n)
         means = condition_means(boot.test)[:, idx]
-        p = float((rank_of(means)[:, idx.index(top)] == 1).mean())
+        p = float((_replicate_ranks(means)[:, idx.index(top)] == 1).mean())
         rows.append({"seeds": int(b), "gpu_hours": b / n, "p_top1": p})
     return pd.DataFrame(rows, columns=["seeds", "gpu_hours", "p_top1"])
 
@@ -213,7 +214,6 @@ __all__ = [
     "replicates",
     "rechoice",
     "condition_means",
-    "rank_of",
     "rank_probabilities",
     "beats",
     "percentile_interval",

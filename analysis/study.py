@@ -121,9 +121,9 @@ def _choose_lrs(runs: pd.DataFrame, select_on: str, ddof: int, source: str):
             "on; choose it on test accuracy with --select-on test"
         )
     means = selection.seed_means(runs, ddof=ddof)
-    best = selection.best_lr(means, select_on)
+    best = selection.choose_lrs(runs, select_on, ddof)
     other = "test" if select_on == "val" else "val"
-    best_other = selection.best_lr(means, other) if runs.loc[finished, f"{other}_acc"].notna().any() else None
+    best_other = selection.choose_lrs(runs, other, ddof) if runs.loc[finished, f"{other}_acc"].notna().any() else None
     return means, best, best_other, selection.display_scale(runs["test_acc"])
 
 

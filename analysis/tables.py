@@ -41,7 +41,7 @@ def closing_ranking(runs: pd.DataFrame) -> pd.DataFrame:
     and the average rank over datasets; best first."""
     cols = ["condition", "test_acc", "avg_rank", "best_lr", "runs"]
     runs = load.dedupe(runs)[0] if not runs.empty else runs
-    best = selection.best_lr(selection.seed_means(runs), "val") if not runs.empty else pd.DataFrame()
+    best = selection.choose_lrs(runs, "val") if not runs.empty else pd.DataFrame()
     best = best[best["test_mean"].notna()] if len(best) else best
     if best.empty:
         return pd.DataFrame(columns=cols)

@@ -32,11 +32,12 @@ def plain(trials) -> float:
 
     from raystudy.train import engine
     from raystudy.train.config import from_dict
+    from raystudy.train.plan import resolve
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     for t in trials:
-        engine.train(from_dict(t.config))
+        engine.train(resolve(from_dict(t.config)))
     return time.perf_counter() - t0
 
 

@@ -261,6 +261,7 @@ def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[s
     from raystudy.data import datasets
     from raystudy.models import registry
     from raystudy.train import engine
+    from raystudy.train.plan import resolve
 
     show = None if quiet else printer(cfg)
 
@@ -272,7 +273,7 @@ def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[s
             show(m, state)
 
     try:
-        return engine.train(cfg, report=report)
+        return engine.train(resolve(cfg), report=report)
     except (registry.WeightsUnavailable, datasets.DatasetUnavailable) as e:
         if recorder:
             recorder.fail(str(e))

@@ -85,7 +85,10 @@ def test_projection_with_more_seeds_by_hand():
 
 
 def test_ties_share_the_better_rank():
-    assert stability.rank_of(np.array([[0.5, 0.7, 0.7]])).tolist() == [[3, 1, 1]]
+    # two replicates: X and Y tied at the top of the first, Z alone at the top of the second
+    p = stability.rank_probabilities(np.array([[0.7, 0.7, 0.5], [0.2, 0.4, 0.6]]))
+    assert p[:, 0].tolist() == [0.5, 0.5, 0.5] and p[:, 1].tolist() == [0.0, 0.5, 0.0]
+    assert p[:, 2].tolist() == [0.5, 0.0, 0.5]
 
 
 def test_a_cell_without_a_finished_run_is_refused():

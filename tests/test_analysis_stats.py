@@ -106,6 +106,48 @@ def test_ranks_are_scipys_rankdata_including_rows_with_a_missing_value(rows):
     assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
 
 
+def test_ranks_with_gaps_and_ties_worked_by_hand():
+    # d1: b alone first, a and c tied next (ranks 2 and 3 shared), d last after the gap
+    t = pd.DataFrame({"a": [0.8, 0.9], "b": [0.9, 0.9], "c": [0.8, 0.9], "d": [0.1, 0.2]}, index=["d1", "d2"])
+    assert selection.ranks(t).loc["d1"].tolist() == [2.5, 1.0, 2.5, 4.0]
+    assert selection.ranks(t, ties="min").loc["d1"].tolist() == [2.0, 1.0, 2.0, 4.0]
+    # d2: three tied at the top share ranks 1-3 (average 2, best 1); d keeps rank 4, not 2
+    assert selection.ranks(t).loc["d2"].tolist() == [2.0, 2.0, 2.0, 4.0]
+    assert selection.ranks(t, ties="min").loc["d2"].tolist() == [1.0, 1.0, 1.0, 4.0]
+
+
+def test_ranks_of_an_array_rank_its_last_axis():
+    v = np.array([[[0.3, 0.1, 0.2]], [[0.5, 0.5, 0.9]]])
+    assert selection.ranks(v).tolist() == [[[1.0, 3.0, 2.0]], [[2.5, 2.5, 1.0]]]
+    assert selection.ranks(v, ties="min").tolist() == [[[1.0, 3.0, 2.0]], [[2.0, 2.0, 1.0]]]
+    with pytest.raises(ValueError, match="ties must be one of average, min"):
+        selection.ranks(v, ties="dense")
+
+
+def test_partial_ranks_rank_what_a_row_has():
+    t = pd.DataFrame({"a": [0.5, 0.6], "b": [math.nan, 0.7], "c": [0.9, 0.6]})
+    assert selection.ranks(t).loc[0].isna().all()  # as rankdata: a row with a gap has no ranks
+    assert selection.ranks(t, partial=True).to_numpy().tolist()[0][::2] == [2.0, 1.0]
+    assert math.isnan(selection.ranks(t, partial=True).loc[0, "b"])
+    assert selection.ranks(t, partial=True).loc[1].tolist() == [2.5, 1.0, 2.5]
+
+
+def test_ranks_of_floats_as_they_are_separate_decimal_ties():
+    # 0.1 + 0.2 is 0.30000000000000004: tied in decimal, above 0.3 as a float
+    v = np.array([0.1 + 0.2, 0.3, 0.2])
+    assert selection.ranks(v, ties="min").tolist() == [1.0, 1.0, 3.0]
+    assert selection.ranks(v, ties="min", decimal=False).tolist() == [1.0, 2.0, 3.0]
+
+
+def test_choose_lrs_is_best_lr_of_the_seed_means():
+    runs = toy_runs()
+    for on in ("val", "test"):
+        assert selection.choose_lrs(runs, on).equals(selection.best_lr(selection.seed_means(runs), on))
+    got = selection.choose_lrs(runs, "val", ddof=1).set_index(["dataset", "condition"])
+    assert got.loc[("A", "X"), "lr"] == 0.1 and got.loc[("A", "X"), "test_std"] == pytest.approx(0.02 / math.sqrt(2))
+    assert math.isnan(got.loc[("B", "Y"), "test_std"])  # one finished seed: no std with ddof 1
+
+
 def test_lr_robustness_is_mean_over_datasets_of_max_minus_min():
     means = selection.seed_means(toy_runs())
     gaps = selection.lr_gaps(means)

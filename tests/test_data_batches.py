@@ -12,6 +12,7 @@ from raystudy.data import batches, datasets
 from raystudy.models import registry
 from raystudy.train import engine
 from raystudy.train.config import ConfigError, FinetuneConfig, validate
+from raystudy.train.plan import resolve
 
 FAST = dict(
     model="vit_demo",
@@ -141,7 +142,7 @@ def test_demo_on_both_paths_evaluates_identically():
     """The demo's ready tensors are only normalised: both paths hand the model the same images."""
     cfg = FinetuneConfig(**FAST)
     torch.manual_seed(0)
-    model, tv, _ = engine.build(cfg.replace(data_path="torchvision"))
+    model, tv, _ = engine.build(resolve(cfg.replace(data_path="torchvision")))
     ca = datasets.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
     cpu = torch.device("cpu")
     a = engine.evaluate(model, batches.eval_batches(tv.val, 100, cpu), cpu)
@@ -151,7 +152,7 @@ def test_demo_on_both_paths_evaluates_identically():
 
 @pytest.mark.parametrize("path", ["torchvision", "cache"])
 def test_the_loop_runs_on_either_path(path):
-    res = engine.train(FinetuneConfig(**FAST, condition="MHA", data_path=path))
+    res = engine.train(resolve(FinetuneConfig(**FAST, condition="MHA", data_path=path)))
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
 
 
@@ -162,7 +163,7 @@ def test_the_hot_loop_reads_nothing_back_from_the_device():
 
     cfg = FinetuneConfig(**FAST, condition="full", data_path="cache")
     torch.manual_seed(0)
-    model, splits, _ = engine.build(cfg)
+    model, splits, _ = engine.build(resolve(cfg))
     cpu = torch.device("cpu")
     opt = engine.build_optimizer(model, cfg, cpu)
     groups = engine.trainable_groups(model)
@@ -181,7 +182,7 @@ def test_no_host_device_sync_in_the_hot_loop_on_gpu():
     cfg = FinetuneConfig(**FAST, condition="full", data_path="cache")
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    model, splits, _ = engine.build(cfg)
+    model, splits, _ = engine.build(resolve(cfg))
     model.to(dev)
     opt = engine.build_optimizer(model, cfg, dev)
     groups = engine.trainable_groups(model)
@@ -214,13 +215,13 @@ def test_an_image_dataset_trains_from_its_tensor_cache(tmp_path, monkeypatch, im
         log_every=1,
         eval_batch_size=8,
     )
-    res = engine.train(cfg)
+    res = engine.train(resolve(cfg))
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
     made = sorted(
         p.name.split("-")[2] for p in paths.tensor_cache(tmp_path / "cache").iterdir() if not p.name.startswith(".")
     )
     assert made == ["256px", "256px"]  # train pool and test, decoded once each
-    engine.train(cfg.replace(seed=1))  # another run reuses them
+    engine.train(resolve(cfg.replace(seed=1)))  # another run reuses them
     assert len([p for p in paths.tensor_cache(tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 2
 
 
@@ -238,7 +239,7 @@ def test_the_normalisation_a_config_names_is_what_reaches_the_model(tmp_path, mo
     )
     seen = {}
     for norm in ("checkpoint", "imagenet"):
-        _, splits, _ = engine.build(base.replace(normalization=norm))
+        _, splits, _ = engine.build(resolve(base.replace(normalization=norm)))
         seen[norm] = torch.stack([splits.test[i][0] for i in range(len(splits.test))])
     mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (registry.IMAGENET_MEAN, registry.IMAGENET_STD))
     pixels = seen["checkpoint"] * 0.5 + 0.5

@@ -14,6 +14,7 @@ from raystudy.data import batches, datasets
 from raystudy.models import components, registry
 from raystudy.train import engine
 from raystudy.train.config import FinetuneConfig
+from raystudy.train.plan import resolve
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -122,7 +123,7 @@ def test_single_process_loop_runs_end_to_end_without_ddp(tmp_path, monkeypatch, 
         eval_batch_size=16,
     )
     logs = []
-    res = engine.train(cfg, report=lambda m, s: logs.append(m))
+    res = engine.train(resolve(cfg), report=lambda m, s: logs.append(m))
     assert not (dist.is_available() and dist.is_initialized()) and engine.world() == (0, 1)
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
     losses = [m["loss"] for m in logs if "loss" in m]

@@ -16,6 +16,7 @@ from raystudy.models import components as C
 from raystudy.models import gpt2, registry
 from raystudy.train import engine
 from raystudy.train.config import FinetuneConfig, validate
+from raystudy.train.plan import resolve
 
 
 def tiny(seed=0, num_classes=4):
@@ -308,7 +309,7 @@ def test_mha_condition_trains_only_gpt2_attention_and_the_head():
     torch.manual_seed(0)
     model = registry.create_model("gpt2_tiny", 4)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    res = engine.train(cfg, model=model)
+    res = engine.train(resolve(cfg), model=model)
     assert res["status"] == "finished" and 0.0 <= res["test_acc"] <= 1.0
     groups = C.partition(model)
     assert res["trainable_params/MHA"] == sum(before[n].numel() for n in groups["MHA"])
@@ -388,7 +389,7 @@ def test_a_weights_file_loads_into_the_body_and_the_head_stays_fresh(tmp_path):
 
 
 def test_the_papers_linear_probe_runs_on_gpt2_features():
-    res = engine.train(FinetuneConfig(**FAST, condition="linear_probe"))
+    res = engine.train(resolve(FinetuneConfig(**FAST, condition="linear_probe")))
     assert res["status"] == "finished" and res["steps_done"] == 0
     assert res["trainable_params/HEAD"] == 4 * 32 + 4  # 4 classes over width-32 pooled features
     assert 0.0 <= res["test_acc"] <= 1.0

@@ -6,6 +6,7 @@ import torch
 from raystudy.data import batches
 from raystudy.train import engine
 from raystudy.train.config import FinetuneConfig
+from raystudy.train.plan import resolve
 
 FAST = dict(
     model="vit_demo",
@@ -48,7 +49,7 @@ def test_grad_norms_per_component_and_clip():
 def test_frozen_parameters_do_not_change_and_have_no_optimizer_state(cond):
     cfg = FinetuneConfig(**FAST, condition=cond)
     torch.manual_seed(0)
-    model, splits, _ = engine.build(cfg)
+    model, splits, _ = engine.build(resolve(cfg))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     opt = engine.build_optimizer(model, cfg, torch.device("cpu"))
@@ -70,7 +71,7 @@ def test_frozen_parameters_do_not_change_and_have_no_optimizer_state(cond):
 def test_train_reports_per_component_grad_norms_and_resumes():
     cfg = FinetuneConfig(**FAST, condition="MHA+FC1")
     logs, states = [], []
-    res = engine.train(cfg, report=lambda m, s: (logs.append(m), s is not None and states.append(s)))
+    res = engine.train(resolve(cfg), report=lambda m, s: (logs.append(m), s is not None and states.append(s)))
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
     step_logs = [m for m in logs if "loss" in m]
     assert [m["step"] for m in step_logs] == [3, 6, 9, 12]
@@ -84,21 +85,21 @@ def test_train_reports_per_component_grad_norms_and_resumes():
 
     # resume from step 6: only steps 7..12 run
     resumed = []
-    res2 = engine.train(cfg, report=lambda m, s: resumed.append(m), resume=states[0])
+    res2 = engine.train(resolve(cfg), report=lambda m, s: resumed.append(m), resume=states[0])
     assert [m["step"] for m in resumed if "loss" in m] == [9, 12]
     assert res2["status"] == "finished"
 
 
 def test_same_seed_same_result():
     cfg = FinetuneConfig(**FAST, condition="FC2")
-    a, b = engine.train(cfg), engine.train(cfg)
+    a, b = engine.train(resolve(cfg)), engine.train(resolve(cfg))
     assert a["test_acc"] == b["test_acc"] and a["final_loss"] == b["final_loss"]
 
 
 def test_grad_accumulation_matches_one_big_batch():
     cfg = FinetuneConfig(**FAST, condition="full")
     torch.manual_seed(0)
-    model, splits, _ = engine.build(cfg)
+    model, splits, _ = engine.build(resolve(cfg))
     x, y = next(batches.train_batches(splits.train, 32, seed=0))
     groups = engine.trainable_groups(model)
     import copy
@@ -117,7 +118,7 @@ def test_grad_accumulation_matches_one_big_batch():
 def test_diverging_run_stops_and_says_so():
     cfg = FinetuneConfig(**{**FAST, "steps": 60, "eval_every": 30}, condition="full", lr=1e30)
     logs = []
-    res = engine.train(cfg, report=lambda m, s: logs.append(m))
+    res = engine.train(resolve(cfg), report=lambda m, s: logs.append(m))
     assert res["status"] == "diverged"
     assert "test_acc" not in res
     assert logs[-1].get("diverged") == 1.0
@@ -128,7 +129,7 @@ def test_demo_run_clearly_beats_chance(demo_weights):
     """The embedded default: MHA on corrupted digits from the digits-pretrained tiny ViT."""
     from raystudy.train.config import load_config
 
-    res = engine.train(load_config("demo"))
+    res = engine.train(resolve(load_config("demo")))
     assert res["status"] == "finished"
     assert res["test_acc"] > 0.4, res  # chance is 0.1
 
@@ -189,7 +190,7 @@ def test_linear_probe_is_the_papers_logistic_regression_on_frozen_pooled_feature
     from raystudy.models import registry
 
     cfg = FinetuneConfig(condition="linear_probe", seed=3)
-    res = engine.train(cfg)
+    res = engine.train(resolve(cfg))
     assert res["status"] == "finished" and res["steps_done"] == 0 and res["trainable_params"] == 10 * 65
 
     model = registry.create_model("vit_demo", 10, weights=demo_weights).eval()
@@ -234,13 +235,13 @@ def test_a_layer_scale_and_register_vit_finetunes_and_probes(tmp_path, monkeypat
         log_every=1,
         eval_batch_size=4,
     )
-    res = engine.train(cfg)
+    res = engine.train(resolve(cfg))
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
     assert res["trainable_params/MHA"] == 12 * (384 * 1152 + 1152 + 384 * 384 + 384 + 384)  # with ls1
 
     from raystudy.measure import plasticity
 
-    model, splits, _ = engine.build(cfg)  # x and y both from the folder: ImageNet val is not here
+    model, splits, _ = engine.build(resolve(cfg))  # x and y both from the folder: ImageNet val is not here
     df = plasticity.probe_model(
         model.eval(), splits.train, splits.test, n_pairs=2, batch_size=2, components=("MHA", "FC2")
     )
@@ -263,9 +264,9 @@ def test_resume_continues_the_batch_stream_and_each_step_runs_once():
     # run saw, so its measurements are the uninterrupted run's.
     cfg = FinetuneConfig(**{**FAST, "steps": 10, "eval_every": 4, "log_every": 1}, condition="MHA")
     full, states = [], []
-    engine.train(cfg, report=_record(full, states))
+    engine.train(resolve(cfg), report=_record(full, states))
     resumed = []
-    engine.train(cfg, report=_record(resumed), resume=states[0])
+    engine.train(resolve(cfg), report=_record(resumed), resume=states[0])
     assert states[0]["step"] == 4
     steps = [m["step"] for m in resumed if "loss" in m]
     assert steps == list(range(5, 11))
@@ -304,9 +305,9 @@ def test_same_seed_same_result_after_a_cache_build_and_a_disturbed_rng(tmp_path,
         log_every=1,
         eval_batch_size=8,
     )
-    first = engine.train(cfg)  # decodes the cache
+    first = engine.train(resolve(cfg))  # decodes the cache
     torch.rand(17)
-    second = engine.train(cfg)  # reads it
+    second = engine.train(resolve(cfg))  # reads it
     assert first["final_loss"] == second["final_loss"] and first["test_loss"] == second["test_loss"]
 
 
@@ -315,7 +316,7 @@ def test_a_trial_leaves_the_callers_global_rng_alone():
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    engine.train(cfg)
+    engine.train(resolve(cfg))
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -323,15 +324,15 @@ def test_a_stop_request_checkpoints_the_current_step_and_the_retry_continues_fro
     # A preemption notice seen after step 5 (no evaluation there) checkpoints step 5.
     from raystudy.errors import Preempted
 
-    cfg = FinetuneConfig(**{**FAST, "steps": 8, "eval_every": 4, "log_every": 1}, condition="MHA")
+    plan = resolve(FinetuneConfig(**{**FAST, "steps": 8, "eval_every": 4, "log_every": 1}, condition="MHA"))
     full = []
-    engine.train(cfg, report=_record(full))
+    engine.train(plan, report=_record(full))
     first, states = [], []
     with pytest.raises(Preempted):
-        engine.train(cfg, report=_record(first, states), stop=lambda: len([m for m in first if "loss" in m]) >= 5)
+        engine.train(plan, report=_record(first, states), stop=lambda: len([m for m in first if "loss" in m]) >= 5)
     assert states[-1]["step"] == 5 and first[-1].get("preempted") == 1.0
     rest = []
-    engine.train(cfg, report=_record(rest), resume=states[-1])
+    engine.train(plan, report=_record(rest), resume=states[-1])
     loss = {m["step"]: m["loss"] for m in full if "loss" in m}
     assert [(m["step"], m["loss"]) for m in rest if "loss" in m] == [(s, loss[s]) for s in (6, 7, 8)]
 
@@ -347,8 +348,8 @@ def test_linear_probe_fits_on_one_augmented_epoch_as_the_papers_code(demo_weight
     from raystudy.models import registry
 
     cfg = FinetuneConfig(condition="linear_probe", seed=3, batch_size=64, linear_probe_data="augmented")
-    res = engine.train(cfg)
-    clean = engine.train(FinetuneConfig(condition="linear_probe", seed=3))
+    res = engine.train(resolve(cfg))
+    clean = engine.train(resolve(FinetuneConfig(condition="linear_probe", seed=3)))
     assert res["test_acc"] != clean["test_acc"]
 
     model = registry.create_model("vit_demo", 10, weights=demo_weights).eval()
@@ -410,7 +411,7 @@ def test_the_last_step_is_evaluated_unless_eval_last_is_off_as_the_papers_code()
     seen = {}
     for eval_last in (True, False):
         logs = []
-        engine.train(cfg.replace(eval_last=eval_last), report=lambda m, s: logs.append(m))
+        engine.train(resolve(cfg.replace(eval_last=eval_last)), report=lambda m, s: logs.append(m))
         seen[eval_last] = [m["step"] for m in logs if "val_acc" in m]
     assert seen == {True: [4, 8, 10], False: [4, 8]}
     paper = cfg.replace(eval_last=False)
@@ -424,7 +425,7 @@ def test_a_run_that_diverges_after_an_evaluation_tests_its_best_checkpoint_so_fa
     cfg = FinetuneConfig(
         **{**FAST, "steps": 40, "warmup_steps": 20, "eval_every": 1, "log_every": 1}, condition="full", lr=1e30
     )
-    res = engine.train(cfg, report=lambda m, s: None)
+    res = engine.train(resolve(cfg), report=lambda m, s: None)
     assert res["status"] == "diverged" and res["steps_done"] < cfg.steps
     assert res["best_step"] >= 1 and 0.0 <= res["test_acc"] <= 1.0
     assert "plasticity_after" not in res

@@ -81,12 +81,19 @@ def test_resolve_derives_the_inputs_once(monkeypatch):
 @pytest.mark.parametrize("condition", ["MHA", "linear_probe"])
 def test_train_given_a_plan_derives_nothing_again(monkeypatch, condition):
     cfg = FinetuneConfig(**FAST, condition=condition, probe_pairs=8)
-    want = engine.train(cfg)
+    want = engine.train(resolve(cfg))
     plan = resolve(cfg)
     calls = _count(monkeypatch)
     got = engine.train(plan)
     assert calls == {name: 0 for name in calls}, calls
     assert {k: v for k, v in got.items() if k != "wall_s"} == {k: v for k, v in want.items() if k != "wall_s"}
+
+
+def test_the_engine_takes_a_plan_only():
+    cfg = FinetuneConfig(**FAST, condition="MHA", probe_pairs=8)
+    for run in (engine.train, engine.build):
+        with pytest.raises(TypeError, match=r"takes a TrialPlan \(plan.resolve\(cfg\)\), got FinetuneConfig"):
+            run(cfg)
 
 
 def test_a_trial_resolves_its_config_once(monkeypatch):

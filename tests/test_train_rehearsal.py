@@ -1,6 +1,7 @@
 """The dress rehearsal's trial (``raystudy.train.rehearsal``): the real trial's schedule and names,
 numbers from a curve seeded by the trial's key, checkpoints and resumption, its time, no torch."""
 
+import json
 import subprocess
 import sys
 
@@ -71,11 +72,12 @@ def test_the_schedule_and_names_are_the_real_trials():
     """The engine's own reports, on a tiny config, against the rehearsal's: the same steps,
     the same metric names in each, the same evaluations carrying a state, the same final keys."""
     from raystudy.train import engine
+    from raystudy.train.plan import resolve
 
     for cond, extra in (("MHA+FC1", {}), ("LN2", {"eval_every": 4, "eval_last": False, "steps": 10})):
         cfg = FinetuneConfig(**{**FAST, **extra}, condition=cond)
         real = []
-        results = engine.train(cfg, report=lambda m, s: real.append((m, s is not None)))
+        results = engine.train(resolve(cfg), report=lambda m, s: real.append((m, s is not None)))
         fake = list(rehearsal.reports("k", cfg))
         assert [(m["step"], sorted(m), ev) for m, ev in fake] == [(m["step"], sorted(m), ev) for m, ev in real]
         final = rehearsal.final_results("k", cfg)
@@ -125,6 +127,9 @@ def test_tune_sees_the_real_reporting_checkpoints_and_a_resume_goes_on_where_it_
     assert out[-1][0]["final"] == 1 and out[-1][0]["resumed_from"] == 0
     assert all(m["score"] == m["best_val_acc"] for m, _ in evals)
 
+    # the checkpoint: the step and the score there (the reporter's, shared with the real trial)
+    saved = [json.loads(c.files[rehearsal.STATE_FILE]) for _, c in evals]
+    assert saved == [{"step": m["step"], "best": m["score"]} for m, _ in evals]
     step = rehearsal._resume_step(evals[0][1])
     assert step == 5
     resumed = collect(trial(), start=step)

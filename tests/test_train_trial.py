@@ -1,10 +1,16 @@
-"""The worker's Reporter: step measurements ride with the next evaluation; checkpoints by time."""
+"""The worker's reporting (``raystudy.train.report.Reporter`` with the trial's state files): step
+measurements ride with the next evaluation; checkpoints by time."""
 
 import pytest
 import torch
 from ray import tune
 
-from raystudy.train import trial
+from raystudy.train import report, trial
+
+
+def trial_reporter(report_fn, checkpoint_cls, every_s):
+    """The reporter ``run_trial`` makes: the trial's state written as ``state.pt``."""
+    return report.Reporter(report_fn, checkpoint_cls, every_s, trial._save_state)
 
 
 class Recorder:
@@ -18,7 +24,7 @@ class Recorder:
 
 def test_step_reports_wait_for_the_next_evaluation_and_travel_with_it():
     rec = Recorder()
-    r = trial.Reporter(rec, tune.Checkpoint, every_s=0)
+    r = trial_reporter(rec, tune.Checkpoint, every_s=0)
     r({"step": 10, "loss": 1.0}, None)
     r({"step": 20, "loss": 0.9}, None)
     assert rec.calls == []  # no round trip to the driver for step measurements alone
@@ -40,16 +46,16 @@ def test_step_reports_wait_for_the_next_evaluation_and_travel_with_it():
 
 def test_a_diverged_step_reports_at_once():
     rec = Recorder()
-    r = trial.Reporter(rec, tune.Checkpoint, every_s=0)
+    r = trial_reporter(rec, tune.Checkpoint, every_s=0)
     r({"step": 10, "loss": float("nan"), "diverged": 1.0}, None)
     assert len(rec.calls) == 1 and rec.calls[0][0]["diverged"] == 1.0 and rec.calls[0][1] is None
 
 
 def test_checkpoints_go_with_evaluations_at_most_every_every_s(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(trial.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(report.time, "monotonic", lambda: now[0])
     rec = Recorder()
-    r = trial.Reporter(rec, tune.Checkpoint, every_s=60)
+    r = trial_reporter(rec, tune.Checkpoint, every_s=60)
     for step, t in ((10, 1030.0), (20, 1061.0), (30, 1100.0), (40, 1122.0)):
         now[0] = t
         r({"step": step, "val_acc": 0.1 * step}, {"step": step})
@@ -59,14 +65,14 @@ def test_checkpoints_go_with_evaluations_at_most_every_every_s(monkeypatch):
 
 def test_the_checkpoint_interval_runs_from_the_state_not_from_the_reports_return(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(trial.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(report.time, "monotonic", lambda: now[0])
     rec = Recorder()
 
     def slow_driver(metrics, checkpoint=None):  # the round trip of a report on a loaded head: 30 s
         rec(metrics, checkpoint)
         now[0] += 30.0
 
-    r = trial.Reporter(slow_driver, tune.Checkpoint, every_s=60)
+    r = trial_reporter(slow_driver, tune.Checkpoint, every_s=60)
     for step, t in ((10, 1061.0), (20, 1125.0)):
         now[0] = t
         r({"step": step, "val_acc": 0.1 * step}, {"step": step})
@@ -80,12 +86,12 @@ def test_a_reporter_without_a_checkpoint_class_reports_every_evaluation_and_save
     saved = []
     monkeypatch.setattr(trial, "_save_state", lambda state, folder: saved.append(state["step"]))
     rec = Recorder()
-    r = trial.Reporter(rec, None, every_s=0)
+    r = trial_reporter(rec, None, every_s=0)
     r({"step": 10, "val_acc": 0.5}, {"step": 10})
     r({"step": 13, "preempted": 1.0}, {"step": 13})
     r.final({"steps_done": 13, "best_val_acc": 0.5})
     assert [(m["step"], s) for m, s in rec.calls] == [(10, None), (13, None), (13, None)] and saved == []
-    r0 = trial.Reporter(lambda metrics, checkpoint=None: None, tune.Checkpoint, every_s=0)  # rank 0
+    r0 = trial_reporter(lambda metrics, checkpoint=None: None, tune.Checkpoint, every_s=0)  # rank 0
     r0({"step": 10, "val_acc": 0.5}, {"step": 10})
     assert saved == [10]
 
@@ -102,6 +108,7 @@ class _Planted:
 def test_checkpoint_state_loads_with_weights_only_and_a_planted_file_runs_nothing(tmp_path, monkeypatch):
     from raystudy.train import engine
     from raystudy.train.config import FinetuneConfig
+    from raystudy.train.plan import resolve
 
     cfg = FinetuneConfig(
         pretrained=False,
@@ -115,7 +122,8 @@ def test_checkpoint_state_loads_with_weights_only_and_a_planted_file_runs_nothin
         device="cpu",
     )
     states = []
-    engine.train(cfg, report=lambda m, s: s is not None and states.append(s))
+    plan = resolve(cfg)
+    engine.train(plan, report=lambda m, s: s is not None and states.append(s))
     folder = tmp_path / "ckpt"
     folder.mkdir()
     trial._save_state(states[0], str(folder))
@@ -123,7 +131,7 @@ def test_checkpoint_state_loads_with_weights_only_and_a_planted_file_runs_nothin
     loaded = torch.load(folder / trial.STATE_FILE, weights_only=True)
     assert loaded["step"] == 2 and loaded["optimizer"]["state"]
     resumed = trial._load_state(tune.Checkpoint.from_directory(str(folder)))
-    res = engine.train(cfg, resume=resumed)
+    res = engine.train(plan, resume=resumed)
     assert res["status"] == "finished"
 
     monkeypatch.chdir(tmp_path)
@@ -137,9 +145,9 @@ def test_checkpoint_state_loads_with_weights_only_and_a_planted_file_runs_nothin
 
 def test_a_preempted_step_checkpoints_whatever_the_interval(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(trial.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(report.time, "monotonic", lambda: now[0])
     rec = Recorder()
-    r = trial.Reporter(rec, tune.Checkpoint, every_s=600)
+    r = trial_reporter(rec, tune.Checkpoint, every_s=600)
     r({"step": 10, "loss": 1.0}, None)
     now[0] = 1001.0
     r({"step": 13, "preempted": 1.0}, {"step": 13})

@@ -102,6 +102,13 @@ def best_lr(means: pd.DataFrame, select_on: str = "val") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def choose_lrs(runs: pd.DataFrame, select_on: str = "val", ddof: int = 0) -> pd.DataFrame:
+    """Per (dataset, condition) of the runs table: the lr chosen on ``select_on``, with the test
+    accuracy there, as ``best_lr`` of ``seed_means`` (``ddof`` their seed std): the lr choice of
+    every table, test, figure and export."""
+    return best_lr(seed_means(runs, ddof), select_on)
+
+
 def check_complete(best: pd.DataFrame, value: str = "test_mean") -> None:
     """Raise AnalysisError naming every condition that lacks a result on some dataset."""
     datasets = sorted(best["dataset"].unique())
@@ -138,13 +145,33 @@ def order_conditions(names: Iterable[str], order: Sequence[str] = ()) -> list[st
     return known + sorted(c for c in names if c not in known)
 
 
-def ranks(table: pd.DataFrame) -> pd.DataFrame:
-    """Per-row ranks of a datasets × conditions table: highest value = 1, ties averaged; values
-    equal in decimal tie (``tie_exact``), as in every rank-based statistic here."""
-    values = pd.DataFrame(tie_exact(table.to_numpy(dtype=float)), index=table.index, columns=table.columns)
-    r = values.rank(axis=1, ascending=False, method="average")
-    # as scipy's rankdata: a row with a missing value has no ranks (pandas alone ranks the rest)
-    return r.mask(values.isna().any(axis=1), np.nan)
+RANK_TIES = ("average", "min")
+
+
+def ranks(values, ties: str = "average", decimal: bool = True, partial: bool = False):
+    """Ranks along the last axis of ``values`` (a datasets × conditions table, or an array, such
+    as replicates × conditions): highest value = 1; returns the same kind, float ranks.
+
+    ``decimal``: values equal in decimal tie (``tie_exact``), as in every rank-based statistic
+    here; False compares the floats as they are (the stability section's replicate ranks).
+    ``ties``: ``average``, tied values share the mean of their ranks (scipy's ``rankdata``, what
+    the rank tests assume); ``min``, they share the best of them (every value tied at the top
+    is a top-1). ``partial``: a row with a missing value still ranks the values it has (the
+    figures' order); by default it has no ranks, as scipy's ``rankdata``.
+    """
+    if ties not in RANK_TIES:
+        raise ValueError(f"ties must be one of {', '.join(RANK_TIES)}, got {ties!r}")
+    frame = isinstance(values, pd.DataFrame)
+    v = values.to_numpy(dtype=float) if frame else np.asarray(values, dtype=float)
+    v = tie_exact(v) if decimal else v
+    above = (v[..., None, :] > v[..., :, None]).sum(axis=-1)  # the values above each (NaN: none)
+    if ties == "min":
+        r = 1.0 + above
+    else:
+        r = above + ((v[..., None, :] == v[..., :, None]).sum(axis=-1) + 1) / 2
+    missing = np.isnan(v)
+    r = np.where(missing if partial else missing.any(axis=-1, keepdims=True), np.nan, r)
+    return pd.DataFrame(r, index=values.index, columns=values.columns) if frame else r
 
 
 def lr_gaps(means: pd.DataFrame, value: str = "test_mean") -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """The finetuning loop: one plain function for every study condition.
 
-``train(cfg)`` reads top to bottom: build model and data, freeze by condition, then for each
+``train(plan)`` reads top to bottom: build model and data, freeze by condition, then for each
 step set the lr, (sometimes) evaluate, forward/backward, measure per-component gradient norms,
 clip, step, report. The best-validation weights are evaluated on test at the end. It holds no
 global state, so Ray runs it unchanged in a Tune trial or in each DDP worker of a TorchTrainer.
@@ -32,7 +32,7 @@ from raystudy.errors import Preempted
 from raystudy.measure import plasticity
 from raystudy.models import components, registry
 from raystudy.train.config import FinetuneConfig
-from raystudy.train.plan import OptimizerPlan, TrialPlan, resolve
+from raystudy.train.plan import OptimizerPlan, TrialPlan
 
 Report = Callable[[dict[str, Any], "dict[str, Any] | None"], None]
 
@@ -207,15 +207,14 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- building
 
 
-def build(cfg: FinetuneConfig | TrialPlan, model: nn.Module | None = None, augment_train: bool = True):
-    """(model with the condition applied, splits, trainable counts per component); a config is
-    resolved first (``plan.resolve``), a plan is taken as it is.
+def build(plan: TrialPlan, model: nn.Module | None = None, augment_train: bool = True):
+    """(model with the condition applied, splits, trainable counts per component) of a trial's
+    plan (``plan.resolve``).
 
     Data comes first: a missing dataset fails before any weights are loaded. The head's init
     (and LoRA's) draws from the run's seed alone, whatever building the data drew before.
     """
-    plan = cfg if isinstance(cfg, TrialPlan) else resolve(cfg)
-    cfg = plan.cfg
+    cfg = _planned(plan).cfg
     splits = plan.splits.build(augment_train)
     with seeded(cfg.seed):
         if model is None:
@@ -286,15 +285,15 @@ def probe_plasticity(plan: TrialPlan, model: nn.Module, splits) -> list[dict]:
 
 
 def train(
-    cfg: FinetuneConfig | TrialPlan,
+    plan: TrialPlan,
     *,
     report: Report | None = None,
     resume: dict | None = None,
     model: nn.Module | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
-    """Finetune ``cfg.condition`` of ``cfg.model`` on ``cfg.dataset``; returns the results.
-    ``cfg``: a config, validated and resolved here (``plan.resolve``), or a trial's plan, already so.
+    """Finetune the condition of the model on the dataset of ``plan`` (``plan.resolve``: the
+    config validated and resolved once, by the caller); returns the results.
 
     ``report(metrics, state)`` is called every ``log_every`` steps with step measurements (loss,
     ``scheduled_lr``: the lr of that step, ``grad_norm/<component>``) and
@@ -309,12 +308,18 @@ def train(
     seed, not on what ran before in the process; bit-exactness also needs the same device and,
     on CPU, the same thread count (torch's reductions split work by thread).
     """
-    plan = cfg if isinstance(cfg, TrialPlan) else resolve(cfg)
-    if plan.closed_form:
+    if _planned(plan).closed_form:
         return linear_probe(plan)
     device = resolve_device(plan.cfg.device)
     with seeded(plan.cfg.seed, device):
         return _train(plan, device, report, resume, model, stop)
+
+
+def _planned(plan: TrialPlan) -> TrialPlan:
+    """``plan`` itself; a TypeError for anything else (a raw config is resolved by the caller)."""
+    if not isinstance(plan, TrialPlan):
+        raise TypeError(f"the engine takes a TrialPlan (plan.resolve(cfg)), got {type(plan).__name__}")
+    return plan
 
 
 def evaluates(done: int, cfg: FinetuneConfig) -> bool:

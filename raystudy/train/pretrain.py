@@ -43,6 +43,7 @@ def ensure_weights(name: str, log: Callable[[str], None] | None = print) -> Path
         import torch  # only to build: checking a finished file (every CLI, every time) needs none
 
         from raystudy.train import engine
+        from raystudy.train.plan import resolve
 
         cfg = from_dict(recipe)
         if log:
@@ -52,7 +53,7 @@ def ensure_weights(name: str, log: Callable[[str], None] | None = print) -> Path
             )
         t0 = time.perf_counter()
         model = registry.create_model(cfg.model, datasets.check_dataset(cfg.dataset).num_classes, pretrained=False)
-        res = engine.train(cfg, model=model)
+        res = engine.train(resolve(cfg), model=model)
         if log:
             log(
                 f"pretrained {cfg.model} in {time.perf_counter() - t0:.0f} s: source test accuracy "

@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 import random
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from raystudy.models import components
 from raystudy.train.config import FinetuneConfig, from_dict
+from raystudy.train.report import Reporter
 
 DEFAULT_S = 2.0  # seconds of one rehearsal trial when --rehearse names none
 STATE_FILE = "rehearsal.json"  # a rehearsal's checkpoint: not the real trial's state.pt
@@ -153,46 +153,9 @@ def final_results(key: str, cfg: FinetuneConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------- the Tune trainable
 
 
-class Reporter:
-    """``run_trial``'s reporting as it reaches Tune: step measurements wait and travel with the
-    next evaluation's report (``history``), a checkpoint goes with an evaluation once ``every_s``
-    seconds have passed since the last one (0: every evaluation), ``score`` is the best
-    validation accuracy so far, and the final report carries ``final`` and what still waits."""
-
-    def __init__(self, report_fn: Callable, checkpoint_cls, every_s: float):
-        self.report_fn, self.checkpoint_cls, self.every_s = report_fn, checkpoint_cls, every_s
-        self.last, self.best, self.pending = time.monotonic(), 0.0, []
-
-    def __call__(self, metrics: dict[str, Any], evaluation: bool) -> None:
-        """Hold a step's measurements back; send an evaluation's with them (and a checkpoint)."""
-        self.best = max(self.best, metrics.get("val_acc", 0.0))
-        if not evaluation:
-            self.pending.append(metrics)
-            return
-        out = {**metrics, "score": self.best, "history": self.pending}
-        self.pending = []
-        now = time.monotonic()
-        if self.checkpoint_cls is None or now - self.last < self.every_s:
-            self.report_fn(out)
-            return
-        self.last = now
-        with tempfile.TemporaryDirectory() as d:
-            state = {"step": metrics["step"], "best": self.best}
-            (Path(d) / STATE_FILE).write_text(json.dumps(state))
-            self.report_fn(out, checkpoint=self.checkpoint_cls.from_directory(d))
-
-    def final(self, results: dict[str, Any]) -> None:
-        """Report the trial's final results, with the step measurements still waiting."""
-        self.report_fn(
-            {
-                **results,
-                "final": 1,
-                "step": results["steps_done"],
-                "score": results.get("best_val_acc", self.best),
-                "history": self.pending,
-            }
-        )
-        self.pending = []
+def _save_state(state: dict[str, Any], folder: str) -> None:
+    """A rehearsal checkpoint: the step and the score it was taken at, as JSON."""
+    (Path(folder) / STATE_FILE).write_text(json.dumps(state))
 
 
 def _resume_step(checkpoint) -> int:
@@ -218,14 +181,15 @@ def run(
     cfg = from_dict(trial["finetune"])
     t0 = time.monotonic()
     points = list(reports(trial["key"], cfg, start))
-    reporter = Reporter(report_fn, checkpoint_cls, every_s)
+    reporter = Reporter(report_fn, checkpoint_cls, every_s, _save_state)
     span = max(1, cfg.steps - start)
     left = seconds * span / max(1, cfg.steps) if points else seconds
     for metrics, ev in points:
         wait = t0 + left * (metrics["step"] - start) / span - time.monotonic()
         if wait > 0:
             sleep(wait)
-        reporter(metrics, ev)
+        # an evaluation's state: the step, and the score the reporter will hold once it has it
+        reporter(metrics, {"step": metrics["step"], "best": max(reporter.best, metrics["val_acc"])} if ev else None)
     if not points and (wait := t0 + left - time.monotonic()) > 0:  # the linear probe: one fit, no steps
         sleep(wait)
     results = {**final_results(trial["key"], cfg), "wall_s": time.monotonic() - t0, "resumed_from": start}

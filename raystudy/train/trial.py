@@ -12,15 +12,14 @@ Workers never touch MLflow: the driver records what they report (``raystudy.driv
 from __future__ import annotations
 
 import signal
-import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from ray import tune
 
 from raystudy.train.config import from_dict
+from raystudy.train.report import Reporter
 
 # torch and the loop are imported where a trial runs: the driver imports this module for
 # ``run_trial`` and needs neither (seconds of CPU in every grid and search).
@@ -52,60 +51,6 @@ def _load_state(checkpoint) -> dict | None:
                 f"checkpoint {checkpoint.path}/{STATE_FILE} holds more than tensors and "
                 f"plain types; refusing to load it ({str(e).splitlines()[0]})"
             ) from None
-
-
-class Reporter:
-    """The engine's ``report`` on Ray: step measurements wait in ``pending`` and travel with the
-    next evaluation (or the final) report, a checkpoint goes with an evaluation when ``every_s``
-    seconds have passed since the last one (0: every evaluation); never with no ``checkpoint_cls``
-    (a DDP worker other than rank 0).
-
-    Fewer reports, fewer round trips to the driver: a report costs a driver-side turn (Tune's
-    bookkeeping, the MLflow write), which dominated a short trial's overhead. Seconds rather
-    than steps for checkpoints: a 5-second demo trial needs none, a 3-hour ViT-H trial many.
-    """
-
-    def __init__(self, report_fn, checkpoint_cls, every_s: float):
-        self.report_fn, self.checkpoint_cls, self.every_s = report_fn, checkpoint_cls, every_s
-        self.last, self.best, self.pending = time.monotonic(), 0.0, []
-
-    def __call__(self, metrics: dict[str, Any], state: dict | None) -> None:
-        """Report ``metrics`` (held back until a state or a divergence comes), with a checkpoint of
-        ``state`` when the interval has passed or a preemption asks for one."""
-        self.best = max(self.best, metrics.get("val_acc", 0.0))
-        if state is None and not metrics.get("diverged"):
-            self.pending.append(metrics)
-            return
-        # "score" (best validation accuracy so far) is what schedulers such as ASHA compare.
-        out = {**metrics, "score": self.best, "history": self.pending}
-        self.pending = []
-        now = time.monotonic()
-        if (
-            state is None
-            or self.checkpoint_cls is None
-            or (now - self.last < self.every_s and not metrics.get("preempted"))
-        ):
-            self.report_fn(out)
-            return
-        # The interval runs from when this state was taken: the report's round trip to the driver
-        # (seconds on a loaded head) must not stretch the work a lost node takes with it.
-        self.last = now
-        with tempfile.TemporaryDirectory() as d:
-            _save_state(state, d)
-            self.report_fn(out, checkpoint=self.checkpoint_cls.from_directory(d))
-
-    def final(self, results: dict[str, Any]) -> None:
-        """Report the trial's final results, with the metrics still held back."""
-        self.report_fn(
-            {
-                **results,
-                "final": 1,
-                "step": results["steps_done"],
-                "score": results.get("best_val_acc", self.best),
-                "history": self.pending,
-            }
-        )
-        self.pending = []
 
 
 # A preemption notice: SIGTERM to the worker (a spot node's shutdown reaches every process).
@@ -159,7 +104,7 @@ def run_trial(tune_config: dict[str, Any]) -> None:
     # What the trial is (model, inputs, data, condition, optimizer), resolved once for the loop.
     plan = resolve(cfg)
     resume = _load_state(tune.get_checkpoint())
-    reporter = Reporter(tune.report, tune.Checkpoint, float(tune_config.get("checkpoint_every_s", 0)))
+    reporter = Reporter(tune.report, tune.Checkpoint, float(tune_config.get("checkpoint_every_s", 0)), _save_state)
     _TRAINING.set()
     try:
         results = engine.train(plan, report=reporter, resume=resume, stop=NOTICE.is_set)
@@ -189,7 +134,10 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
     # Every worker reports (Train's collective); only rank 0 saves and carries the checkpoint
     # (the others' copies of a ViT-H state would be written to disk and dropped).
     reporter = Reporter(
-        report, ray.train.Checkpoint if rank == 0 else None, float(loop_config.get("checkpoint_every_s", 0))
+        report,
+        ray.train.Checkpoint if rank == 0 else None,
+        float(loop_config.get("checkpoint_every_s", 0)),
+        _save_state,
     )
     reporter.final(engine.train(plan, report=reporter, resume=resume))
 
