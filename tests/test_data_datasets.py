@@ -3,24 +3,38 @@ import pytest
 import torch
 
 from raystudy import datasets as data_command
-from raystudy.data import batches, datasets
+from raystudy.data import batches
+from raystudy.data.registry import DATASETS, STUDY_DATASETS, check_dataset
+from raystudy.data.source import (
+    DatasetInfo,
+    DatasetUnavailable,
+    Pool,
+    Source,
+    TensorImages,
+    fixed_split,
+    reference_split,
+)
+from raystudy.data.sources.digits import DEMO_OCCLUDER, DEMO_SHIFTS, demo_digits, digits_arrays
+from raystudy.data.sources.domainnet import DOMAINNET_CLEANED_CLIPART, check_image_count
+from raystudy.data.splits import build_splits, split_pool
+from raystudy.data.transforms import transforms
 from raystudy.errors import ConfigError
 
 
 def test_registry_has_the_studys_11_benchmarks_and_the_demo():
-    assert len(datasets.STUDY_DATASETS) == 11
-    assert set(datasets.STUDY_DATASETS) <= set(datasets.DATASETS)
-    assert datasets.DATASETS["domainnet_sketch"].num_classes == 345
-    assert datasets.DATASETS["pets"].num_classes == 37
-    assert datasets.DATASETS["flowers102"].num_classes == 102
-    assert {"digits", "digits_c", "digits_blur", "digits_rotate", "digits_occlude"} <= set(datasets.DATASETS)
+    assert len(STUDY_DATASETS) == 11
+    assert set(STUDY_DATASETS) <= set(DATASETS)
+    assert DATASETS["domainnet_sketch"].num_classes == 345
+    assert DATASETS["pets"].num_classes == 37
+    assert DATASETS["flowers102"].num_classes == 102
+    assert {"digits", "digits_c", "digits_blur", "digits_rotate", "digits_occlude"} <= set(DATASETS)
 
 
 def test_split_pool_is_seeded_disjoint_and_80_20():
     labels = np.repeat(np.arange(10), 50)
-    tr0, va0 = datasets.split_pool(labels, seed=0)
-    tr0b, va0b = datasets.split_pool(labels, seed=0)
-    tr1, va1 = datasets.split_pool(labels, seed=42)
+    tr0, va0 = split_pool(labels, seed=0)
+    tr0b, va0b = split_pool(labels, seed=0)
+    tr1, va1 = split_pool(labels, seed=42)
     assert np.array_equal(va0, va0b) and np.array_equal(tr0, tr0b)
     assert not np.array_equal(va0, va1)
     assert len(va0) == 100 and len(tr0) == 400
@@ -30,7 +44,7 @@ def test_split_pool_is_seeded_disjoint_and_80_20():
 
 def test_low_data_per_class_keeps_ten_per_class():
     labels = np.repeat(np.arange(7), 40)
-    tr, va = datasets.split_pool(labels, seed=3, low_data=True, low_data_split="per_class")
+    tr, va = split_pool(labels, seed=3, low_data=True, low_data_split="per_class")
     counts = np.bincount(labels[tr], minlength=7)
     assert (counts == 10).all()
     assert not set(tr) & set(va)
@@ -38,24 +52,24 @@ def test_low_data_per_class_keeps_ten_per_class():
 
 def test_low_data_is_vtab1k_800_train_200_val_seeded_and_test_unchanged():
     labels = np.repeat(np.arange(10), 150)
-    tr, va = datasets.split_pool(labels, seed=3, low_data=True)
+    tr, va = split_pool(labels, seed=3, low_data=True)
     assert (len(tr), len(va)) == (800, 200) and not set(tr) & set(va)
     again, other = (
-        datasets.split_pool(labels, seed=3, low_data=True),
-        datasets.split_pool(labels, seed=4, low_data=True),
+        split_pool(labels, seed=3, low_data=True),
+        split_pool(labels, seed=4, low_data=True),
     )
     assert np.array_equal(again[0], tr) and np.array_equal(again[1], va)
     assert not np.array_equal(other[0], tr)
     with pytest.raises(ConfigError, match="vtab1k draws 800 \\+ 200 images, but the training pool holds 280"):
-        datasets.split_pool(np.repeat(np.arange(7), 40), seed=0, low_data=True)
+        split_pool(np.repeat(np.arange(7), 40), seed=0, low_data=True)
     kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
-    full, low = datasets.build_splits("digits_c", **kw), datasets.build_splits("digits_c", low_data=True, **kw)
+    full, low = build_splits("digits_c", **kw), build_splits("digits_c", low_data=True, **kw)
     assert (len(low.train), len(low.val)) == (800, 200) and len(low.test) == len(full.test) == 359
 
 
 def test_fixed_test_split_does_not_depend_on_the_run():
-    a = datasets._fixed_split(1000)
-    b = datasets._fixed_split(1000)
+    a = fixed_split(1000)
+    b = fixed_split(1000)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert len(a[1]) == 200
 
@@ -66,42 +80,43 @@ def test_digits_are_scikit_learns_read_without_importing_it():
 
     from sklearn.datasets import load_digits
 
-    images, target = datasets.digits_arrays()
+    images, target = digits_arrays()
     d = load_digits()
     assert np.array_equal(images, d.images) and np.array_equal(target, d.target) and target.dtype == np.int64
     code = (
-        "import sys; from raystudy.data import datasets; datasets.demo_digits('blur'); print('sklearn' in sys.modules)"
+        "import sys; from raystudy.data.sources.digits import demo_digits; demo_digits('blur'); "
+        "print('sklearn' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_demo_shift_is_real_and_labels_unchanged():
-    x, y = datasets.demo_digits()
-    xc, yc = datasets.demo_digits("invert_noise")
+    x, y = demo_digits()
+    xc, yc = demo_digits("invert_noise")
     assert x.shape == (1797, 1, 16, 16) and np.array_equal(y, yc)
     assert 0 <= xc.min() and xc.max() <= 1
     # contrast inversion: mean brightness flips
     assert x.mean() < 0.4 and xc.mean() > 0.6
-    assert torch.equal(xc, datasets.demo_digits("invert_noise")[0])  # fixed noise
+    assert torch.equal(xc, demo_digits("invert_noise")[0])  # fixed noise
 
 
 @pytest.fixture(scope="module")
 def clean_and_shifted():
-    x, y = datasets.demo_digits()
-    return x, y, {shift: datasets.demo_digits(shift) for shift, _ in datasets.DEMO_SHIFTS.values()}
+    x, y = demo_digits()
+    return x, y, {shift: demo_digits(shift) for shift, _ in DEMO_SHIFTS.values()}
 
 
-@pytest.mark.parametrize("name", list(datasets.DEMO_SHIFTS))
+@pytest.mark.parametrize("name", list(DEMO_SHIFTS))
 def test_every_demo_shift_is_a_registered_fixed_dataset_of_the_same_digits(name, clean_and_shifted):
     x, y, shifted = clean_and_shifted
-    shift = datasets.DEMO_SHIFTS[name][0]
+    shift = DEMO_SHIFTS[name][0]
     xs, ys = shifted[shift]
-    assert datasets.check_dataset(name).num_classes == 10
+    assert check_dataset(name).num_classes == 10
     assert xs.shape == x.shape and xs.dtype == torch.float32 and np.array_equal(ys, y)
     assert 0 <= xs.min() and xs.max() <= 1
-    assert torch.equal(xs, datasets.demo_digits(shift)[0])  # seeded: the same images every call
+    assert torch.equal(xs, demo_digits(shift)[0])  # seeded: the same images every call
     assert (xs - x).abs().amax(dim=(1, 2, 3)).gt(0.05).float().mean() > 0.9  # nearly every image moved
-    s = datasets.build_splits(name, seed=0, img_size=16, mean=(0.5,), std=(0.5,))
+    s = build_splits(name, seed=0, img_size=16, mean=(0.5,), std=(0.5,))
     assert (len(s.train), len(s.val), len(s.test)) == (1078, 360, 359)
 
 
@@ -145,7 +160,7 @@ def test_rotation_turns_the_digits_by_30_to_60_degrees(clean_and_shifted):
 def test_occlusion_paints_one_bright_square_and_leaves_the_rest(clean_and_shifted):
     x, _, shifted = clean_and_shifted
     xo = shifted["occlude"][0]
-    side = datasets.DEMO_OCCLUDER
+    side = DEMO_OCCLUDER
     changed = xo != x
     assert (xo[changed] == 1.0).all()
     for img, ch in zip(xo[:200, 0], changed[:200, 0]):
@@ -156,7 +171,7 @@ def test_occlusion_paints_one_bright_square_and_leaves_the_rest(clean_and_shifte
 
 
 def test_demo_splits_are_60_20_20():
-    s = datasets.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,))
+    s = build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,))
     n = len(s.train) + len(s.val) + len(s.test)
     assert n == 1797
     assert abs(len(s.test) / n - 0.2) < 0.01 and abs(len(s.val) / n - 0.2) < 0.01
@@ -168,8 +183,8 @@ def test_demo_splits_are_60_20_20():
     "name,needle", [("cifar10c_snow", "CIFAR-10-C"), ("domainnet_clipart", "domainnet"), ("cifar10", "download")]
 )
 def test_missing_files_name_the_expected_path(tmp_path, name, needle):
-    with pytest.raises(datasets.DatasetUnavailable) as e:
-        datasets.build_splits(name, seed=0, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
+    with pytest.raises(DatasetUnavailable) as e:
+        build_splits(name, seed=0, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
     msg = str(e.value)
     assert str(tmp_path) in msg and needle in msg and "\n" not in msg
 
@@ -181,7 +196,7 @@ def test_cifar10c_reads_severity_5(tmp_path):
     imgs[40_000:] = 255  # severity 5 rows white, the rest black
     imgs.flush()
     np.save(d / "labels.npy", np.tile(np.arange(10), 5_000))
-    s = datasets.build_splits("cifar10c_snow", seed=0, img_size=32, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
+    s = build_splits("cifar10c_snow", seed=0, img_size=32, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
     assert len(s.train) + len(s.val) + len(s.test) == 10_000 and len(s.test) == 2_000
     x, _ = s.test[0]
     assert x.shape == (3, 32, 32) and torch.allclose(x, torch.ones_like(x))
@@ -194,7 +209,7 @@ def test_domainnet_folders_and_paper_transforms(tmp_path):
         (tmp_path / "domainnet" / "sketch" / c).mkdir(parents=True)
         for i in range(10):
             Image.new("RGB", (300, 200), (i * 20, 0, 0)).save(tmp_path / "domainnet" / "sketch" / c / f"{i}.png")
-    s = datasets.build_splits("domainnet_sketch", seed=0, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
+    s = build_splits("domainnet_sketch", seed=0, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
     assert len(s.test) == 4 and len(s.train) + len(s.val) == 16
     xt, _ = s.train[0]
     xe, _ = s.test[0]
@@ -205,14 +220,14 @@ def test_eval_transform_is_resize_then_center_crop():
     from PIL import Image
     from torchvision.transforms import functional as TF
 
-    _, ev = datasets.transforms(224, (0.0,) * 3, (1.0,) * 3)
+    _, ev = transforms(224, (0.0,) * 3, (1.0,) * 3)
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 48, 3), dtype=np.uint8))
     want = TF.to_tensor(TF.center_crop(TF.resize(img, 224), 224))
     assert torch.allclose(ev(img), want)
 
 
 def test_train_batches_are_endless_and_seeded():
-    s = datasets.build_splits("digits", seed=0, img_size=16, mean=(0.5,), std=(0.5,))
+    s = build_splits("digits", seed=0, img_size=16, mean=(0.5,), std=(0.5,))
     a = batches.train_batches(s.train, 64, seed=1)
     b = batches.train_batches(s.train, 64, seed=1)
     for _ in range(len(s.train) // 64 + 3):  # past one epoch
@@ -239,7 +254,7 @@ def _reference_indices(n):
 
 @pytest.mark.parametrize("n", [10_000, 48_129, 7])
 def test_reference_split_is_the_papers(n):
-    pool, test = datasets.reference_split(n)
+    pool, test = reference_split(n)
     want_pool, want_test = _reference_indices(n)
     assert np.array_equal(pool, want_pool) and np.array_equal(test, want_test)
 
@@ -254,7 +269,7 @@ def test_cifar10c_tests_on_the_papers_images_in_its_order(tmp_path):
     imgs[:, 0, 0, 0], imgs[:, 0, 0, 1] = rows // 256, rows % 256
     imgs.flush()
     np.save(d / "labels.npy", rows % 10)
-    src = datasets.DATASETS["cifar10c_contrast"].load(tmp_path, False)
+    src = DATASETS["cifar10c_contrast"].load(tmp_path, False)
     _, want_test = _reference_indices(10_000)
     assert len(src.test.items) == 2_000
     got = [np.asarray(src.test.items[i][0])[0, 0] for i in range(len(src.test.items))]
@@ -264,9 +279,9 @@ def test_cifar10c_tests_on_the_papers_images_in_its_order(tmp_path):
 
 def test_the_registry_holds_each_download_source():
     # torchvision downloads these (prefetch, download=true); the others are placed by hand
-    fetched = {n for n, info in datasets.DATASETS.items() if info.download}
+    fetched = {n for n, info in DATASETS.items() if info.download}
     assert fetched == {"cifar10", "cifar100", "flowers102", "pets"}
-    assert all(datasets.DATASETS[n].download.startswith("https://") for n in fetched)
+    assert all(DATASETS[n].download.startswith("https://") for n in fetched)
 
 
 def test_a_new_dataset_is_one_registry_entry(monkeypatch):
@@ -275,30 +290,29 @@ def test_a_new_dataset_is_one_registry_entry(monkeypatch):
     def load(root, download):
         x = torch.rand(50, 1, 16, 16)
         y = np.arange(50) % 5
-        return datasets.Source(
-            datasets.Pool(datasets.TensorImages(x[:40], y[:40]), y[:40]),
-            datasets.Pool(datasets.TensorImages(x[40:], y[40:]), y[40:]),
+        return Source(
+            Pool(TensorImages(x[:40], y[:40]), y[:40]),
+            Pool(TensorImages(x[40:], y[40:]), y[40:]),
         )
 
-    info = datasets.DatasetInfo("toy", 5, load, "generated in the test", image=False)
-    monkeypatch.setitem(datasets.DATASETS, "toy", info)
-    assert datasets.check_dataset("toy") is info
-    s = datasets.build_splits("toy", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
+    info = DatasetInfo("toy", 5, load, "generated in the test", image=False)
+    monkeypatch.setitem(DATASETS, "toy", info)
+    assert check_dataset("toy") is info
+    s = build_splits("toy", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
     assert (len(s.train) + len(s.val), len(s.test), s.num_classes) == (40, 10, 5)
 
 
 def test_a_domainnet_folder_of_another_release_is_refused_by_its_image_count(tmp_path):
     # the paper's clipart is the cleaned release (the reference's src/vitef/data/images/domainnet.py:98-100)
-    from raystudy.data import datasets
     from raystudy.errors import ConfigError
 
     d = tmp_path / "domainnet" / "clipart" / "apple"
     d.mkdir(parents=True)
     for i in range(2):
         (d / f"{i}.jpg").write_bytes(b"x")
-    datasets.check_image_count("domainnet_clipart", tmp_path, 2)
-    datasets.check_image_count("domainnet_clipart", tmp_path, 0)  # 0: any
-    datasets.check_image_count("domainnet_sketch", tmp_path, 5)  # not there: the trial says so
+    check_image_count("domainnet_clipart", tmp_path, 2)
+    check_image_count("domainnet_clipart", tmp_path, 0)  # 0: any
+    check_image_count("domainnet_sketch", tmp_path, 5)  # not there: the trial says so
     with pytest.raises(ConfigError, match="2 images under .* expected 3 .*groundtruth/clipart.zip"):
-        datasets.check_image_count("domainnet_clipart", tmp_path, 3)
-    assert datasets.DOMAINNET_CLEANED_CLIPART == 48_129
+        check_image_count("domainnet_clipart", tmp_path, 3)
+    assert DOMAINNET_CLEANED_CLIPART == 48_129
