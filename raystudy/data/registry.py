@@ -13,8 +13,9 @@ from raystudy.data.source import DatasetInfo, Pool, Source
 from raystudy.errors import ConfigError
 
 
-def _collect() -> dict[str, DatasetInfo]:
-    """Every source module's records by name; a name two sources give is a mistake in them."""
+def collect() -> dict[str, DatasetInfo]:
+    """Every source module's records by name, in the sources' order; a name two sources give is a
+    mistake in them (ValueError)."""
     found: dict[str, DatasetInfo] = {}
     for module in sources.modules():
         for info in module.DATASETS:
@@ -24,10 +25,13 @@ def _collect() -> dict[str, DatasetInfo]:
     return found
 
 
-DATASETS: dict[str, DatasetInfo] = _collect()
+def study_names(datasets: dict[str, DatasetInfo]) -> tuple[str, ...]:
+    """The names of the study's benchmarks among ``datasets``, in the registry's order (the study's)."""
+    return tuple(name for name, info in datasets.items() if info.study)
 
-# The study's benchmarks (the paper's 11), in its order.
-STUDY_DATASETS = tuple(name for name, info in DATASETS.items() if info.study)
+
+DATASETS: dict[str, DatasetInfo] = collect()
+STUDY_DATASETS = study_names(DATASETS)  # the paper's 11
 
 
 def check_dataset(name: str) -> DatasetInfo:
