@@ -34,7 +34,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raystudy.data import batches, datasets  # noqa: E402
+from raystudy.data import batches  # noqa: E402
+from raystudy.data.source import RGB, ArrayImages, Pool  # noqa: E402
+from raystudy.data.splits import Splits, View  # noqa: E402
+from raystudy.data.transforms import transforms  # noqa: E402
 
 MEAN = STD = (0.5, 0.5, 0.5)
 
@@ -50,14 +53,14 @@ def machine(device: torch.device) -> str:
     )
 
 
-def cifar_like(n: int) -> datasets.Pool:
+def cifar_like(n: int) -> Pool:
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, n)
-    return datasets.Pool(datasets.ArrayImages(imgs, labels), labels)
+    return Pool(ArrayImages(imgs, labels), labels)
 
 
-def jpeg_like(n: int, root: Path) -> datasets.Pool:
+def jpeg_like(n: int, root: Path) -> Pool:
     """JPEGs of 300-500 px per side with smooth content (realistic file sizes), two classes."""
     from PIL import Image
     from torchvision.datasets import ImageFolder
@@ -70,7 +73,7 @@ def jpeg_like(n: int, root: Path) -> datasets.Pool:
         small = rng.integers(0, 256, (h // 16, w // 16, 3), dtype=np.uint8)
         Image.fromarray(small).resize((w, h), Image.BICUBIC).save(d / f"{i}.jpg", quality=90)
     ds = ImageFolder(str(root))
-    return datasets.Pool(datasets._RGB(ds), np.asarray(ds.targets))
+    return Pool(RGB(ds), np.asarray(ds.targets))
 
 
 def sync(device: torch.device) -> None:
@@ -78,13 +81,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def per_image_window(pool: datasets.Pool, batch: int, workers: int, batches: int, device: torch.device) -> float:
+def per_image_window(pool: Pool, batch: int, workers: int, batches: int, device: torch.device) -> float:
     """Images/s of torchvision's per-image path: fresh DataLoader workers per window, so they
     neither run ahead nor steal cores while the other path is timed; start-up is not timed."""
     from torch.utils.data import DataLoader
 
-    train_tf, _ = datasets.transforms(224, MEAN, STD)
-    ds = datasets.View(pool.items, np.arange(len(pool.labels)), train_tf)
+    train_tf, _ = transforms(224, MEAN, STD)
+    ds = View(pool.items, np.arange(len(pool.labels)), train_tf)
     pin = device.type == "cuda"
     loader = DataLoader(
         ds,
@@ -108,12 +111,12 @@ def per_image_window(pool: datasets.Pool, batch: int, workers: int, batches: int
     return speed
 
 
-def cache_stream(pool: datasets.Pool, size: int, batch: int, device: torch.device, cache: Path, name: str):
+def cache_stream(pool: Pool, size: int, batch: int, device: torch.device, cache: Path, name: str):
     t0 = time.perf_counter()
     tp = batches.tensor_cache(name, "train", pool, size, cache, cache=cache, log=None)
     build = time.perf_counter() - t0
     view = batches.CachedView(tp, np.arange(len(tp)), train=True, size=224, mean=MEAN, std=STD)
-    placed = batches.place(datasets.Splits(view, view, view, 10), device).train
+    placed = batches.place(Splits(view, view, view, 10), device).train
     return batches.train_stream(placed, batch, seed=0, device=device), build, tp.images.nbytes
 
 

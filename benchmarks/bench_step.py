@@ -38,7 +38,11 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raystudy.data import batches, datasets  # noqa: E402
+from raystudy.data import batches  # noqa: E402
+from raystudy.data.source import ArrayImages, Pool  # noqa: E402
+from raystudy.data.sources.cifar10c import CIFAR10C_CORRUPTIONS  # noqa: E402
+from raystudy.data.splits import Splits, View, build_splits  # noqa: E402
+from raystudy.data.transforms import transforms  # noqa: E402
 from raystudy.models import components, registry  # noqa: E402
 from raystudy.train import engine  # noqa: E402
 from raystudy.train.config import FinetuneConfig  # noqa: E402
@@ -185,7 +189,7 @@ def demo_streams(batch: int, device: torch.device):
     """The demo's real data paths: its tensors on the device (cache), and the per-image DataLoader."""
     out = {}
     for path in ("cache", "torchvision"):
-        splits = datasets.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path=path)
+        splits = build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path=path)
         out[path] = batches.train_stream(batches.place(splits, device).train, batch, 0, device)
     return out
 
@@ -195,15 +199,13 @@ def cifar_like_streams(batch: int, device: torch.device, workers: int, cache: Pa
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, n)
-    pool = datasets.Pool(datasets.ArrayImages(imgs, labels), labels)
+    pool = Pool(ArrayImages(imgs, labels), labels)
     ic = registry.input_config(VITB)
     tp = batches.tensor_cache("bench_cifar_like", "train", pool, 32, cache, cache=cache, log=None)
     view = batches.CachedView(tp, np.arange(n), train=True, size=224, mean=ic["mean"], std=ic["std"])
-    cached = batches.train_stream(batches.place(datasets.Splits(view, view, view, 10), device).train, batch, 0, device)
-    train_tf, _ = datasets.transforms(224, ic["mean"], ic["std"])
-    per_image = batches.train_stream(
-        datasets.View(pool.items, np.arange(n), train_tf), batch, 0, device, num_workers=workers
-    )
+    cached = batches.train_stream(batches.place(Splits(view, view, view, 10), device).train, batch, 0, device)
+    train_tf, _ = transforms(224, ic["mean"], ic["std"])
+    per_image = batches.train_stream(View(pool.items, np.arange(n), train_tf), batch, 0, device, num_workers=workers)
     return {"cache": cached, "torchvision": per_image}
 
 
@@ -229,7 +231,7 @@ def matmul_rate(device: torch.device, n: int = 8192, iters: int = 50) -> float:
 EVAL_IMAGES = {  # name: (val, test)
     "cifar10": (10_000, 10_000),
     "cifar100": (10_000, 10_000),
-    **{f"cifar10c_{c}": (1_600, 2_000) for c in datasets.CIFAR10C_CORRUPTIONS},
+    **{f"cifar10c_{c}": (1_600, 2_000) for c in CIFAR10C_CORRUPTIONS},
     "domainnet_clipart": (7_813, 9_767),
     "domainnet_sketch": (11_262, 14_077),
     "flowers102": (1_020, 6_149),

@@ -891,10 +891,11 @@ def per_image_rate(pool, size: int, batch: int, workers: int, epochs: int) -> tu
     import numpy as np
     from torch.utils.data import DataLoader
 
-    from raystudy.data import datasets
+    from raystudy.data.splits import View
+    from raystudy.data.transforms import transforms
 
-    train_tf, _ = datasets.transforms(size, (0.5,) * 3, (0.5,) * 3)
-    ds = datasets.View(pool.items, np.arange(len(pool.labels)), train_tf)
+    train_tf, _ = transforms(size, (0.5,) * 3, (0.5,) * 3)
+    ds = View(pool.items, np.arange(len(pool.labels)), train_tf)
     for i in range(min(8, len(ds))):  # warm: imports, first decodes
         ds[i]
     t0 = time.perf_counter()

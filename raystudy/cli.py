@@ -75,15 +75,16 @@ def check_data(
     """The full check of each of your own data ``locations`` (every image decoded once, the verdict
     cached: ``userdata.verify``), before Ray or MLflow start; the note lines to print. Those of
     ``vtab1k`` (drawn with ``low_data_split: vtab1k``) must hold the images that draw needs
-    (``datasets.check_vtab1k_pool``), refused here rather than when a trial builds its splits.
+    (``check_vtab1k_pool``), refused here rather than when a trial builds its splits.
     Raises ConfigError (``userdata.DataError``) in one line on bad data."""
-    from raystudy.data import datasets, userdata
+    from raystudy.data import userdata
+    from raystudy.data.splits import check_vtab1k_pool
 
     notes: list[str] = []
     for data in dict.fromkeys(d for d in locations if d):
         notes += userdata.verify(data, cache)
     for data in dict.fromkeys(d for d in vtab1k if d):
-        datasets.check_vtab1k_pool(data)
+        check_vtab1k_pool(data)
     return notes
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from raystudy import paths
-from raystudy.data.datasets import DATASETS
+from raystudy.data.registry import DATASETS
 
 
 def build_parser():

@@ -258,7 +258,7 @@ def prepare(args: argparse.Namespace) -> tuple[FinetuneConfig, Path | None, str 
 def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[str, Any]:
     """``engine.train`` with each report recorded (``recorder``) and printed (unless ``quiet``);
     a run that fails or is interrupted is marked so in MLflow, and the exception goes on."""
-    from raystudy.data import datasets
+    from raystudy.data.source import DatasetUnavailable
     from raystudy.models import registry
     from raystudy.train import engine
     from raystudy.train.plan import resolve
@@ -274,7 +274,7 @@ def train(cfg: FinetuneConfig, recorder: Recorder | None, quiet: bool) -> dict[s
 
     try:
         return engine.train(resolve(cfg), report=report)
-    except (registry.WeightsUnavailable, datasets.DatasetUnavailable) as e:
+    except (registry.WeightsUnavailable, DatasetUnavailable) as e:
         if recorder:
             recorder.fail(str(e))
         raise
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _finetune(args: argparse.Namespace) -> int:
     """The finetuning ``args`` ask for, checked, run and recorded; the exit status."""
-    from raystudy.data import datasets
+    from raystudy.data.source import DatasetUnavailable
     from raystudy.models import registry
 
     try:
@@ -349,7 +349,7 @@ def _finetune(args: argparse.Namespace) -> int:
     recorder = Recorder(uri, experiment, cfg) if uri else None
     try:
         results = train(cfg, recorder, args.quiet)
-    except (registry.WeightsUnavailable, datasets.DatasetUnavailable) as e:
+    except (registry.WeightsUnavailable, DatasetUnavailable) as e:
         return cli.fail(e)
     except userdata.CorruptImage as e:  # changed since the check: the run failed (recorded so), not the input
         print(f"error: {e}", file=sys.stderr)

@@ -248,11 +248,11 @@ def _check_run_flags(args, tuning: dict[str, Any]) -> int:
 def _check_data(space, plan: dict[str, Any], overrides: dict[str, Any]) -> list[str]:
     """The data checks before anything runs: your own data (``cli.check_data``), then each registry
     folder's image count where the space expects one (the seeded split depends on it); the notes."""
-    from raystudy.data import datasets as datasets_mod
+    from raystudy.data.sources.domainnet import check_image_count
 
     notes = cli.check_data(data_locations(space, plan["datasets"], overrides), vtab1k=plan["vtab1k_data"])
     for name, root, expected in plan["image_counts"]:
-        datasets_mod.check_image_count(name, root or None, expected)
+        check_image_count(name, root or None, expected)
     return notes
 
 

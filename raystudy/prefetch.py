@@ -43,19 +43,19 @@ def parse_models(value: str | None) -> list[str]:
 def parse_datasets(value: str | None) -> list[str]:
     """The dataset names of a comma-separated ``--datasets`` value (``study``: the 11 benchmarks),
     each checked, without repeats (ConfigError)."""
-    from raystudy.data import datasets
+    from raystudy.data.registry import STUDY_DATASETS, check_dataset
 
     names = []
     for v in (value or "").split(","):
         v = v.strip()
         if v == "study":
-            names += [d for d in datasets.STUDY_DATASETS if d not in names]
+            names += [d for d in STUDY_DATASETS if d not in names]
         elif v.startswith(userdata.HF_PREFIX):  # your own data on the Hugging Face hub
             userdata.check_location(v)
             if v not in names:
                 names.append(v)
         elif v:
-            datasets.check_dataset(v)
+            check_dataset(v)
             if v not in names:
                 names.append(v)
     if value is not None and not names:

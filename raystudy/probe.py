@@ -121,7 +121,7 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
     """Every cheap check of the command line, before any data or weights are touched: the plan
     (modes, components, full model name, source dataset, whether the model reads tokens, the
     token files given, the model's input config). Raises ConfigError or ProbeError (one line)."""
-    from raystudy.data import datasets
+    from raystudy.data.registry import DATASETS, check_dataset
     from raystudy.measure import plasticity
     from raystudy.models import gpt2, preflight, registry
 
@@ -145,8 +145,8 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
     own = check_own_data(args, tokens)
     args.dataset = args.dataset or ("tokens_rule" if tokens else "digits_c")
     for name in (source,) if own else (args.dataset, source):
-        if datasets.check_dataset(name).tokens != tokens:
-            fits = [n for n, i in datasets.DATASETS.items() if i.tokens == tokens]
+        if check_dataset(name).tokens != tokens:
+            fits = [n for n, i in DATASETS.items() if i.tokens == tokens]
             raise ConfigError(
                 f"dataset {name!r} does not fit model {args.model!r}, which reads "
                 f"{arch.inputs}; valid: {', '.join(fits)}"
@@ -172,8 +172,9 @@ def check_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_own_data(args: argparse.Namespace, tokens: bool) -> bool:
     """Whether y comes from your own images (``--data``); with them, ``--data`` made absolute and
-    the name and location checked cheaply (``datasets.dataset_info``). Raises ConfigError."""
-    from raystudy.data import datasets, userdata
+    the name and location checked cheaply (``dataset_info``). Raises ConfigError."""
+    from raystudy.data import userdata
+    from raystudy.data.registry import dataset_info
 
     if args.data is None:
         return False
@@ -182,7 +183,7 @@ def check_own_data(args: argparse.Namespace, tokens: bool) -> bool:
     if args.dataset is None:
         raise ConfigError("--data needs --dataset NAME, the name your images go by in the tables (e.g. --dataset mine)")
     args.data = userdata.resolve(args.data)
-    datasets.dataset_info(args.dataset, args.data)
+    dataset_info(args.dataset, args.data)
     return True
 
 
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed its message; same status, no traceback
         return int(e.code or 0)
 
-    from raystudy.data import datasets
+    from raystudy.data.source import DatasetUnavailable
     from raystudy.measure import plasticity, probe
     from raystudy.models import registry
 
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = check_args(args)
         data = load_data(args, plan)
         model, device = build_model(args, plan, data["num_classes"])
-    except (ConfigError, plasticity.ProbeError, datasets.DatasetUnavailable, registry.WeightsUnavailable) as e:
+    except (ConfigError, plasticity.ProbeError, DatasetUnavailable, registry.WeightsUnavailable) as e:
         return cli.fail(e)
 
     for note in plan["notes"]:

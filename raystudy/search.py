@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 def _base(args, space: searches.SearchSpace) -> tuple[dict, str, str, list[str]]:
     """The search's base config with ``--set``, ``--model``, ``--dataset`` and ``--data`` on top,
     its model, dataset and conditions, each checked (your own data cheaply: it exists)."""
-    from raystudy.data import datasets
+    from raystudy.data.registry import dataset_info
 
     base = {**space.base, **cli.parse_set(args.set or [])}
     if args.model:
@@ -97,7 +97,7 @@ def _base(args, space: searches.SearchSpace) -> tuple[dict, str, str, list[str]]
     model = base.get("model", FinetuneConfig.model)
     dataset = base.get("dataset", FinetuneConfig.dataset)
     registry.check_model(model)
-    datasets.dataset_info(dataset, base.get("data", ""))
+    dataset_info(dataset, base.get("data", ""))
     preflight.check(model, base.get("weights"), skip_registered=args.dry_run)
     conditions = list(space.conditions)
     if args.conditions:

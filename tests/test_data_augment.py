@@ -7,7 +7,8 @@ from scipy.stats import ks_2samp
 from torchvision.transforms import RandomResizedCrop
 from torchvision.transforms import functional as TF
 
-from raystudy.data import augment, datasets
+from raystudy.data import augment
+from raystudy.data.transforms import transforms
 
 N = 4000
 
@@ -117,9 +118,9 @@ def smooth_image(H, W, seed=0):
 
 @pytest.mark.parametrize("H,W", [(32, 32), (32, 48), (200, 150)])
 def test_eval_matches_the_paper_pil_transform_when_enlarging(H, W):
-    """Against datasets.transforms' PIL Resize + CenterCrop (CIFAR's case, 32 -> 224): PIL rounds
+    """Against transforms' PIL Resize + CenterCrop (CIFAR's case, 32 -> 224): PIL rounds
     to uint8, so within 1/255 per pixel."""
-    _, ev = datasets.transforms(224, (0.0,) * 3, (1.0,) * 3)
+    _, ev = transforms(224, (0.0,) * 3, (1.0,) * 3)
     img = smooth_image(H, W)
     x = torch.from_numpy(np.array(img)).permute(2, 0, 1)[None]
     got = augment.eval_batch(x, torch.tensor([[H, W]]), 224, (0,) * 3, (1,) * 3)[0]
@@ -133,7 +134,7 @@ def test_cached_256_eval_matches_the_paper_pil_transform_within_tolerance(H, W):
     natural-ish images: mean |difference| < 2.5/255, max < 20/255."""
     from PIL import Image
 
-    _, ev = datasets.transforms(224, (0.0,) * 3, (1.0,) * 3)
+    _, ev = transforms(224, (0.0,) * 3, (1.0,) * 3)
     img = smooth_image(H, W, seed=H)
     cached = torch.from_numpy(np.array(img.resize((256, 256), Image.BILINEAR))).permute(2, 0, 1)[None]
     got = augment.eval_batch(cached, torch.tensor([[H, W]]), 224, (0,) * 3, (1,) * 3)[0]

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from raystudy import paths
-from raystudy.data import batches, datasets
+from raystudy.data import batches
+from raystudy.data.source import ArrayImages, Pool
+from raystudy.data.splits import build_splits, resolve_data_path
 from raystudy.models import registry
 from raystudy.train import engine
 from raystudy.train.config import ConfigError, FinetuneConfig, validate
@@ -31,7 +33,7 @@ def array_pool(n=300, hw=(32, 32), seed=0):
     rng = np.random.default_rng(seed)
     imgs = rng.integers(0, 256, (n, *hw, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, n)
-    return imgs, datasets.Pool(datasets.ArrayImages(imgs, labels), labels)
+    return imgs, Pool(ArrayImages(imgs, labels), labels)
 
 
 def test_cache_reads_back_bit_identical(tmp_path):
@@ -55,7 +57,7 @@ def test_cache_squashes_to_a_fixed_size_and_keeps_original_sizes(tmp_path):
     rng = np.random.default_rng(0)
     shapes = [(300, 200), (120, 260), (256, 256), (40, 50)]
     items = [(Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)), i) for i, (h, w) in enumerate(shapes)]
-    pool = datasets.Pool(items, np.arange(4))
+    pool = Pool(items, np.arange(4))
     p = batches.tensor_cache("toy", "test", pool, 64, tmp_path, cache=tmp_path, log=None)
     assert p.images.shape == (4, 3, 64, 64)
     assert p.sizes.tolist() == [list(s) for s in shapes]
@@ -97,8 +99,8 @@ def test_a_cached_pool_pickles_as_its_memory_map(tmp_path):
 def test_cache_path_has_the_same_splits_and_close_eval_images(tmp_path, image_folder):
     image_folder(tmp_path)
     kw = dict(seed=3, img_size=224, mean=(0.5,) * 3, std=(0.5,) * 3, root=tmp_path)
-    tv = datasets.build_splits("domainnet_sketch", **kw)
-    ca = datasets.build_splits("domainnet_sketch", **kw, data_path="cache", cache=tmp_path / "c")
+    tv = build_splits("domainnet_sketch", **kw)
+    ca = build_splits("domainnet_sketch", **kw, data_path="cache", cache=tmp_path / "c")
     assert isinstance(ca.train, batches.CachedView) and ca.train.pool is ca.val.pool
     assert ca.train.pool.images.shape[-2:] == (256, 256)  # DomainNet's cache size
     assert np.array_equal(ca.train.indices.numpy(), tv.train.indices)
@@ -134,8 +136,8 @@ def test_data_path_is_validated_with_one_line():
     with pytest.raises(ConfigError) as e:
         validate(FinetuneConfig(data_path="gpu"))
     assert str(e.value) == "unknown data_path 'gpu'; valid: auto, torchvision, cache"
-    assert datasets.resolve_data_path("auto", "digits_c") == "cache"
-    assert datasets.resolve_data_path("auto", "cifar10") == "torchvision"
+    assert resolve_data_path("auto", "digits_c") == "cache"
+    assert resolve_data_path("auto", "cifar10") == "torchvision"
 
 
 def test_demo_on_both_paths_evaluates_identically():
@@ -143,7 +145,7 @@ def test_demo_on_both_paths_evaluates_identically():
     cfg = FinetuneConfig(**FAST)
     torch.manual_seed(0)
     model, tv, _ = engine.build(resolve(cfg.replace(data_path="torchvision")))
-    ca = datasets.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
+    ca = build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
     cpu = torch.device("cpu")
     a = engine.evaluate(model, batches.eval_batches(tv.val, 100, cpu), cpu)
     b = engine.evaluate(model, batches.eval_batches(ca.val, 100, cpu), cpu)

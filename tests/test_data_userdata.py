@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from helpers import class_folders
-from raystudy.data import datasets, userdata
+from raystudy.data import userdata
+from raystudy.data.splits import build_splits
 from raystudy.train.config import KEYS_ADDED, FinetuneConfig, load_config, trial_key, validate
 
 
@@ -55,15 +56,15 @@ def test_the_fixed_test_split_is_a_fifth_of_each_class_and_never_changes(photos,
 
 def test_splits_per_run_seed_the_test_split_fixed(photos):
     kw = dict(img_size=16, mean=(0.5,) * 3, std=(0.5,) * 3, data=str(photos))
-    a = datasets.build_splits("photos", seed=0, **kw)
-    b = datasets.build_splits("photos", seed=1, **kw)
+    a = build_splits("photos", seed=0, **kw)
+    b = build_splits("photos", seed=1, **kw)
     assert a.num_classes == 3
     assert (len(a.train), len(a.val), len(a.test)) == (16, 4, 6)  # the pool's 80/20, per seed
     assert list(a.val.indices) != list(b.val.indices)
     assert list(a.test.indices) == list(b.test.indices)
     x, y = a.train[0]
     assert x.shape == (3, 16, 16) and 0 <= y < 3
-    grey = datasets.build_splits("photos", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data=str(photos), channels=1)
+    grey = build_splits("photos", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data=str(photos), channels=1)
     assert grey.test[0][0].shape == (1, 16, 16)
 
 
@@ -72,7 +73,7 @@ def test_given_splits_are_used_as_given(tmp_path):
         class_folders(tmp_path / "d" / split, classes=("a", "b"), n=n, size=20)
     s = userdata.scan(str(tmp_path / "d"))
     assert s.classes == ("a", "b") and {k: len(v) for k, v in s.items.items()} == {"train": 12, "val": 4, "test": 6}
-    splits = datasets.build_splits("d", seed=0, img_size=8, mean=(0.5,) * 3, std=(0.5,) * 3, data=str(tmp_path / "d"))
+    splits = build_splits("d", seed=0, img_size=8, mean=(0.5,) * 3, std=(0.5,) * 3, data=str(tmp_path / "d"))
     assert (len(splits.train), len(splits.val), len(splits.test)) == (12, 4, 6)
     assert userdata.partition(s).test_given
 
@@ -123,7 +124,7 @@ def test_the_verdict_is_cached_by_the_file_list(photos, tmp_path, monkeypatch):
 
 def test_a_file_that_breaks_after_the_check_fails_with_its_name(photos, tmp_path):
     userdata.verify(str(photos), tmp_path / "cache")
-    splits = datasets.build_splits("photos", seed=0, img_size=16, mean=(0.5,) * 3, std=(0.5,) * 3, data=str(photos))
+    splits = build_splits("photos", seed=0, img_size=16, mean=(0.5,) * 3, std=(0.5,) * 3, data=str(photos))
     first = splits.train.items.items[int(splits.train.indices[0])]
     Path(first).write_bytes(Path(first).read_bytes()[:40])  # truncated
     with pytest.raises(userdata.CorruptImage, match=os.path.basename(first)):
@@ -132,13 +133,13 @@ def test_a_file_that_breaks_after_the_check_fails_with_its_name(photos, tmp_path
 
 def test_the_tensor_cache_works_on_own_images_and_keys_on_the_file_list(photos, tmp_path):
     kw = dict(img_size=16, mean=(0.5,) * 3, std=(0.5,) * 3, data=str(photos), data_path="cache", cache=tmp_path / "c")
-    a = datasets.build_splits("photos", seed=0, **kw)
+    a = build_splits("photos", seed=0, **kw)
     x, y = a.train[0]
     assert x.shape == (3, 16, 16)
     built = sorted(p.name for p in (tmp_path / "c" / "tensors").iterdir() if not p.name.startswith("."))
     assert len(built) == 2  # train and test
     os.utime(photos / "eel" / "0.png", ns=(1, 1))  # the data changed: its cache is made anew
-    datasets.build_splits("photos", seed=0, **kw)
+    build_splits("photos", seed=0, **kw)
     again = sorted(p.name for p in (tmp_path / "c" / "tensors").iterdir() if not p.name.startswith("."))
     assert len(again) == 4
 
@@ -170,7 +171,5 @@ def test_a_hugging_face_dataset_saved_to_disk(tmp_path):
     )
     assert userdata.open_image(s, "train/3").size == (10, 10)
     assert userdata.verify(str(tmp_path / "hfds"), tmp_path / "cache") == []
-    splits = datasets.build_splits(
-        "hfds", seed=0, img_size=8, mean=(0.5,) * 3, std=(0.5,) * 3, data=str(tmp_path / "hfds")
-    )
+    splits = build_splits("hfds", seed=0, img_size=8, mean=(0.5,) * 3, std=(0.5,) * 3, data=str(tmp_path / "hfds"))
     assert (len(splits.train) + len(splits.val), len(splits.test), splits.num_classes) == (10, 4, 2)

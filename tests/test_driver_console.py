@@ -59,7 +59,7 @@ def test_outcome_says_how_a_trial_ended():
     assert console.outcome(None, "FileNotFoundError: no CIFAR-10-C") == "FAILED: FileNotFoundError: no CIFAR-10-C"
     tb = "Traceback (most recent call last):\n  File x\nFileNotFoundError: CIFAR-10-C not found\n\n"
     assert console.error_line(tb) == "FileNotFoundError: CIFAR-10-C not found"
-    assert console.error_line("raystudy.data.datasets.DatasetUnavailable: no pets") == "DatasetUnavailable: no pets"
+    assert console.error_line("raystudy.data.source.DatasetUnavailable: no pets") == "DatasetUnavailable: no pets"
     assert len(console.error_line("E" * 500)) == 160 and console.error_line("") == "unknown error"
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from raystudy.data import batches, datasets
+from raystudy.data import batches
+from raystudy.data.splits import Splits
 from raystudy.models import components, registry
 from raystudy.train import engine
 from raystudy.train.config import FinetuneConfig
@@ -42,7 +43,7 @@ def device_stream(batch: int = 16, n: int = 64, size: int = 64):
         torch.randint(0, 10, (n,), generator=g),
     )
     view = batches.CachedView(pool, np.arange(n), train=True, size=size, mean=(0.5,) * 3, std=(0.5,) * 3)
-    placed = batches.place(datasets.Splits(view, view, view, 10), dev)
+    placed = batches.place(Splits(view, view, view, 10), dev)
     assert placed.train.pool.images.device.type == dev.type  # the pool moved to the GPU once
     return batches.train_stream(placed.train, batch, 0, dev)
 

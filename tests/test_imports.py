@@ -172,13 +172,13 @@ def test_a_driver_loads_no_torch(demo_weights):  # the file built: checking it i
     # hands Tune the trainable: torch's import is seconds of CPU there, and only the trials use it.
     code = (
         "import sys; from raystudy import search\n"
-        "from raystudy.data import datasets\n"
+        "from raystudy.data.registry import check_dataset\n"
         "from raystudy.spaces import grids\n"
         "from raystudy.train import pretrain\n"
         "from raystudy.driver import grid_run, optuna_search, session\n"
         "trials = grids.expand(grids.load_grid('demo'), 'vit_demo', None, None, None, {})\n"
         "assert pretrain.ensure_weights('vit_demo', log=None).is_file()\n"
-        "assert len({t.config['dataset'] for t in trials}) > 1 and datasets.check_dataset('cifar10')\n"
+        "assert len({t.config['dataset'] for t in trials}) > 1 and check_dataset('cifar10')\n"
         "assert len(grids.expand(grids.load_grid('paper'), 'vit_huge')) > 100\n"  # a hub model's grid
         "print('torch' in sys.modules)"
     )

@@ -619,10 +619,10 @@ def test_sequential_pairs_cycle_as_the_papers_loaders(n_source, n_target, batch_
 def test_the_papers_12800_sequential_pairs_run_on_a_split_smaller_than_the_pair_count():
     # The paper's ViT-B probe: 200 batches of 64 sequential pairs; the demo's test split holds 359
     # images (5 whole batches), so it is read 40 times over, as the reference's cycled loader reads it.
-    from raystudy.data import datasets
+    from raystudy.data.splits import build_splits
 
     kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
-    source, target = datasets.build_splits("digits", **kw).test, datasets.build_splits("digits_c", **kw).test
+    source, target = build_splits("digits", **kw).test, build_splits("digits_c", **kw).test
     assert len(target) < 12_800
     model = tiny_vit().float()
     df = plasticity.probe_model(

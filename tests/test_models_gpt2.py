@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from raystudy import components as components_command
-from raystudy.data import datasets
+from raystudy.data.sources.tokens import TOKEN_LEN, rule_tokens
+from raystudy.data.splits import build_splits
 from raystudy.errors import ConfigError
 from raystudy.measure import plasticity
 from raystudy.models import components as C
@@ -186,8 +187,8 @@ def test_in_situ_mode_measures_what_enters_each_component_in_the_forward():
 
 def test_probe_model_streams_token_datasets():
     model = registry.create_model("gpt2_tiny", 4)
-    src = datasets.build_splits("tokens_random", seed=0, img_size=None, mean=(), std=())
-    tgt = datasets.build_splits("tokens_rule", seed=0, img_size=None, mean=(), std=())
+    src = build_splits("tokens_random", seed=0, img_size=None, mean=(), std=())
+    tgt = build_splits("tokens_rule", seed=0, img_size=None, mean=(), std=())
     df = plasticity.probe_model(model, src.test, tgt.test, n_pairs=10, batch_size=4, modes="shared")
     assert len(df) == 2 * 5 and (df["n"] == 10).all() and df["mean"].gt(0).all()
 
@@ -196,8 +197,8 @@ def test_probe_model_streams_token_datasets():
 
 
 def test_tokens_rule_is_a_learnable_rule_and_fits_every_gpt2():
-    ids, labels = datasets.rule_tokens()
-    assert ids.dtype == torch.int64 and ids.shape == (2000, datasets.TOKEN_LEN)
+    ids, labels = rule_tokens()
+    assert ids.dtype == torch.int64 and ids.shape == (2000, TOKEN_LEN)
     assert 0 <= int(ids.min()) and int(ids.max()) < min(s["vocab_size"] for s in registry.GPT2_SIZES.values())
     counts = torch.stack([(ids % 4 == c).sum(1) for c in range(4)], 1)
     assert (counts.argmax(1).numpy() == labels).mean() > 0.95  # the planted class is the majority
@@ -233,7 +234,7 @@ def test_token_files_load_from_npy_and_pt(tmp_path):
 def test_probe_cli_on_a_supplied_token_file(tmp_path, capsys):
     from raystudy import probe
 
-    np.save(tmp_path / "x.npy", tokens(20, datasets.TOKEN_LEN, 5).numpy())
+    np.save(tmp_path / "x.npy", tokens(20, TOKEN_LEN, 5).numpy())
     rc = probe.main(
         [
             "--model",

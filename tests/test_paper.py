@@ -166,12 +166,13 @@ def test_the_small_batches_the_paper_used_are_in_the_space():
 
 def test_clipart_is_the_cleaned_release_by_its_image_count():
     # the reference downloads clipart from groundtruth/ (src/vitef/data/images/domainnet.py:98-100)
-    from raystudy.data import datasets
+    from raystudy.data.registry import DATASETS
+    from raystudy.data.sources.domainnet import DOMAINNET_CLEANED_CLIPART
 
     trials = grids.expand(grids.load_grid("paper"), "vit_base", datasets=["domainnet_clipart", "domainnet_sketch"])
     by = {
         d: {t.config["expect_images"] for t in trials if t.config["dataset"] == d}
         for d in ("domainnet_clipart", "domainnet_sketch")
     }
-    assert by == {"domainnet_clipart": {datasets.DOMAINNET_CLEANED_CLIPART}, "domainnet_sketch": {0}}
-    assert "groundtruth/clipart.zip" in datasets.DATASETS["domainnet_clipart"].where
+    assert by == {"domainnet_clipart": {DOMAINNET_CLEANED_CLIPART}, "domainnet_sketch": {0}}
+    assert "groundtruth/clipart.zip" in DATASETS["domainnet_clipart"].where

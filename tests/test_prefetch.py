@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from raystudy import prefetch
-from raystudy.data import datasets
+from raystudy.data.registry import DATASETS
+from raystudy.data.source import DatasetUnavailable, Pool, Source
 from raystudy.models import registry
 
 TINY = "vit_tiny_patch16_224.augreg_in21k"  # a small timm ViT whose hub cache entry a test can build
@@ -145,15 +146,15 @@ def test_missing_weights_are_downloaded_safetensors_first(tmp_path, hf_cache, mo
 
 def test_missing_torchvision_dataset_is_downloaded_only_after_the_disk_check(tmp_path, monkeypatch, capsys):
     seen = []
-    real = datasets.DATASETS["cifar100"]
+    real = DATASETS["cifar100"]
 
     def fake_load(root, download):
         seen.append(download)
         if not download:
-            raise datasets.DatasetUnavailable("dataset 'cifar100': not found")
-        return datasets.Source(datasets.Pool([], np.zeros(5)), datasets.Pool([], np.zeros(2)))
+            raise DatasetUnavailable("dataset 'cifar100': not found")
+        return Source(Pool([], np.zeros(5)), Pool([], np.zeros(2)))
 
-    monkeypatch.setitem(datasets.DATASETS, "cifar100", dataclasses.replace(real, load=fake_load))
+    monkeypatch.setitem(DATASETS, "cifar100", dataclasses.replace(real, load=fake_load))
     monkeypatch.setattr(registry, "hub_reachable", lambda host, *a, **k: host == "www.cs.toronto.edu")
     assert prefetch.main(["--datasets", "cifar100", "--data-root", str(tmp_path)]) == 0
     assert seen == [False, True]

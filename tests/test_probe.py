@@ -9,7 +9,7 @@ from scipy import stats
 
 from helpers import class_folders
 from raystudy import probe
-from raystudy.data import datasets
+from raystudy.data.splits import build_splits
 from raystudy.measure import plasticity
 from raystudy.measure import probe as measured
 
@@ -50,7 +50,7 @@ def test_probe_model_library_entry_on_a_built_model(demo_weights):
 
     model = registry.create_model("vit_demo", 10, weights=demo_weights)
     kw = dict(seed=0, img_size=16, mean=(0.5,), std=(0.5,))
-    src, tgt = datasets.build_splits("digits", **kw), datasets.build_splits("digits_c", **kw)
+    src, tgt = build_splits("digits", **kw), build_splits("digits_c", **kw)
     df = plasticity.probe_model(
         model,
         src.test,

@@ -137,14 +137,15 @@ def test_demo_run_clearly_beats_chance(demo_weights):
 @pytest.mark.slow
 def test_demo_source_model_solves_source_but_not_target(demo_weights):
     # The shift is real: the pretrained model (with its own head) fails on the corrupted digits.
-    from raystudy.data import batches, datasets
+    from raystudy.data import batches
+    from raystudy.data.splits import build_splits
     from raystudy.models import registry
 
     model = registry.create_model("vit_demo", 10, pretrained=False)
     model.load_state_dict(torch.load(demo_weights, weights_only=True))
     acc = {}
     for name in ("digits", "digits_c"):
-        s = datasets.build_splits(name, seed=0, img_size=16, mean=(0.5,), std=(0.5,))
+        s = build_splits(name, seed=0, img_size=16, mean=(0.5,), std=(0.5,))
         acc[name] = engine.evaluate(model, batches.eval_loader(s.test, 512), torch.device("cpu"))["acc"]
     assert acc["digits"] > 0.9 and acc["digits_c"] < 0.3, acc
 
@@ -186,7 +187,7 @@ def test_linear_probe_is_the_papers_logistic_regression_on_frozen_pooled_feature
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from raystudy.data import datasets
+    from raystudy.data.splits import build_splits
     from raystudy.models import registry
 
     cfg = FinetuneConfig(condition="linear_probe", seed=3)
@@ -194,7 +195,7 @@ def test_linear_probe_is_the_papers_logistic_regression_on_frozen_pooled_feature
     assert res["status"] == "finished" and res["steps_done"] == 0 and res["trainable_params"] == 10 * 65
 
     model = registry.create_model("vit_demo", 10, weights=demo_weights).eval()
-    splits = datasets.build_splits(
+    splits = build_splits(
         "digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache", augment_train=False
     )
 
@@ -344,7 +345,8 @@ def test_linear_probe_fits_on_one_augmented_epoch_as_the_papers_code(demo_weight
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from raystudy.data import batches, datasets
+    from raystudy.data import batches
+    from raystudy.data.splits import build_splits
     from raystudy.models import registry
 
     cfg = FinetuneConfig(condition="linear_probe", seed=3, batch_size=64, linear_probe_data="augmented")
@@ -353,7 +355,7 @@ def test_linear_probe_fits_on_one_augmented_epoch_as_the_papers_code(demo_weight
     assert res["test_acc"] != clean["test_acc"]
 
     model = registry.create_model("vit_demo", 10, weights=demo_weights).eval()
-    splits = datasets.build_splits("digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
+    splits = build_splits("digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
     stream = batches.train_stream(splits.train, 64, seed=3, device=torch.device("cpu"))
     epoch = [next(stream) for _ in range(len(splits.train) // 64)]
     assert sum(len(y) for _, y in epoch) == len(splits.train) // 64 * 64 < len(splits.train)

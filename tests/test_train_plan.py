@@ -5,7 +5,7 @@ import types
 import pytest
 import torch
 
-from raystudy.data import datasets
+from raystudy.data.splits import resolve_data_path
 from raystudy.errors import ConfigError
 from raystudy.models import components, registry
 from raystudy.train import config, engine, trial
@@ -63,7 +63,7 @@ def test_resolve_holds_what_a_trial_is():
     assert plan.inputs == ic and (plan.mean, plan.std) == registry.normalization("vit_demo")
     assert plan.trainable == components.trainable_components("MHA+FC1")
     assert plan.splits.img_size == ic["img_size"] and plan.splits.channels == (ic["in_chans"] or 3)
-    assert plan.splits.data_path == datasets.resolve_data_path("auto", "digits_c")  # auto resolved
+    assert plan.splits.data_path == resolve_data_path("auto", "digits_c")  # auto resolved
     assert plan.source.name == registry.source_dataset("vit_demo")
     assert (plan.optim.optimizer, plan.optim.lr, plan.optim.betas) == ("adamw", 0.01, cfg.betas)
     assert not plan.closed_form and resolve(cfg.replace(condition="linear_probe")).closed_form

@@ -1,2 +1,2 @@
-"""What a model trains and is tested on: the dataset registry (each entry with its download
-source and the paper's splits), your own data, the tensor cache and batches, augmentation."""
+"""What a model trains and is tested on: the dataset registry over its sources (a module each, in
+``sources/``), the paper's splits and transforms, your own data, the tensor cache and batches, augmentation."""

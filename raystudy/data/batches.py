@@ -7,7 +7,7 @@ Two data paths serve the same splits (config key ``data_path``):
   device in one batched resample (``raystudy.data.augment``). The demo's ready tensors take this
   path without a disk cache: they simply live on the device.
 
-Which images belong to which split is ``raystudy.data.datasets``'s business; this module only
+Which images belong to which split is ``raystudy.data.splits``'s business; this module only
 knows pools (``.items``, ``.labels``) and views of them.
 """
 

@@ -126,13 +126,13 @@ def load_data(
     input config ``ic``, or the token ids given, read from ``x_file`` and ``y_file``), their names
     and the downstream class count, their shapes checked against each other and the model.
     ``data``: your own images for ``dataset``."""
-    from raystudy.data import datasets
+    from raystudy.data.splits import build_splits
     from raystudy.models import gpt2
 
     split = dict(seed=seed, img_size=ic["img_size"], mean=ic["mean"], std=ic["std"], root=root, download=download)
-    src = datasets.build_splits(source, **split)
+    src = build_splits(source, **split)
     # your own images read with the model's channels, as a finetuning run reads them
-    tgt = datasets.build_splits(dataset, **split, data=data or "", channels=ic["in_chans"] or 3)
+    tgt = build_splits(dataset, **split, data=data or "", channels=ic["in_chans"] or 3)
     out = dict(
         x=gpt2.TokenRows(x_tokens) if x_tokens is not None else src.test,
         y=gpt2.TokenRows(y_tokens) if y_tokens is not None else tgt.test,

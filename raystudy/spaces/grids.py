@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from raystudy.data import userdata
-from raystudy.data.datasets import VAL_FRACTION
+from raystudy.data.source import VAL_FRACTION
 from raystudy.errors import ConfigError
 from raystudy.measure import costs
 from raystudy.models import components

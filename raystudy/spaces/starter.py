@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from raystudy.data import datasets, userdata
+from raystudy.data import userdata
+from raystudy.data.registry import DATASETS
 from raystudy.models import registry
 from raystudy.spaces import grids, schema
 
@@ -23,7 +24,7 @@ def dataset_name(data: str, name: str | None) -> str:
         stem = data[len(userdata.HF_PREFIX) :].rsplit("/", 1)[-1] if data.startswith(userdata.HF_PREFIX) else ""
         stem = stem or Path(data).stem or "data"
         name = re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_") or "data"
-        if name in datasets.DATASETS:
+        if name in DATASETS:
             name += "_own"
     return userdata.check_name(name)
 

@@ -99,16 +99,17 @@ def fetch_hub_dataset(name: str, *, check_only: bool = False) -> str:
 
 def fetch_dataset(name: str, root: Path, *, check_only: bool = False) -> str:
     """Make dataset ``name`` available under ``root`` (``hf:NAME``: in the hub cache); returns a one-line status."""
-    from raystudy.data import datasets
+    from raystudy.data.registry import check_dataset
+    from raystudy.data.source import DatasetUnavailable
     from raystudy.models import registry
 
     if name.startswith(userdata.HF_PREFIX):
         return fetch_hub_dataset(name, check_only=check_only)
-    info = datasets.check_dataset(name)
+    info = check_dataset(name)
     try:
         src = info.load(root, False)  # files on disk only: never the network
         return f"cached  {name}: {len(src.train_pool.labels) + len(src.test.labels)} images under {root}"
-    except datasets.DatasetUnavailable as e:
+    except DatasetUnavailable as e:
         missing = str(e)
     if not info.download:  # CIFAR-10-C, DomainNet, ImageNet val: by hand
         raise Unfetchable(missing)

@@ -363,19 +363,20 @@ class Names:
 def _check_names(cfg: FinetuneConfig) -> Names:
     """``cfg``'s condition, dataset, model and weights known to their registries, and the model
     fits the dataset; returns what the checks looked up."""
-    from raystudy.data import datasets
+    from raystudy.data.registry import DATASETS, dataset_info
+    from raystudy.data.splits import resolve_data_path
     from raystudy.models import components, registry
 
     try:
         condition = components.parse_condition(cfg.condition)
     except components.ConditionError as e:
         raise ConfigError(str(e)) from None
-    info = datasets.dataset_info(cfg.dataset, cfg.data)
-    data_path = datasets.resolve_data_path(cfg.data_path, cfg.dataset, cfg.data)
+    info = dataset_info(cfg.dataset, cfg.data)
+    data_path = resolve_data_path(cfg.data_path, cfg.dataset, cfg.data)
     full = registry.check_model(cfg.model)
     arch = registry.architecture(cfg.model)
     if arch.tokens != info.tokens:
-        fits = [n for n, i in datasets.DATASETS.items() if i.tokens == arch.tokens]
+        fits = [n for n, i in DATASETS.items() if i.tokens == arch.tokens]
         raise ConfigError(
             f"model {cfg.model!r} reads {arch.inputs}, dataset {cfg.dataset!r} does not; "
             f"datasets for it: {', '.join(fits)}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from raystudy.data import datasets
+from raystudy.data.splits import SplitSpec
 from raystudy.models import architectures, components
 from raystudy.train.config import FinetuneConfig, checked_names
 
@@ -39,8 +39,8 @@ class TrialPlan:
     inputs: dict[str, Any]  # registry.input_config: img_size, in_chans, mean, std (, tokens)
     mean: tuple[float, ...]  # the normalisation the run sees images with
     std: tuple[float, ...]
-    splits: datasets.SplitSpec  # the run's data
-    source: datasets.SplitSpec  # the plasticity probe's x: the model's pretraining data
+    splits: SplitSpec  # the run's data
+    source: SplitSpec  # the plasticity probe's x: the model's pretraining data
     trainable: frozenset[str]  # the condition's components, HEAD included
     closed_form: bool  # fitted on frozen features (linear_probe): no steps
     optim: OptimizerPlan
@@ -57,7 +57,7 @@ def resolve(cfg: FinetuneConfig) -> TrialPlan:
         inputs=names.inputs,
         mean=names.mean,
         std=names.std,
-        splits=datasets.SplitSpec(
+        splits=SplitSpec(
             cfg.dataset,
             cfg.seed,
             img_size,
@@ -72,7 +72,7 @@ def resolve(cfg: FinetuneConfig) -> TrialPlan:
             channels=names.inputs["in_chans"] or 3,
         ),
         # The source as the finetuning sees images (its normalisation), on the default data path.
-        source=datasets.SplitSpec(names.source, cfg.seed, img_size, names.mean, names.std, cfg.data_root),
+        source=SplitSpec(names.source, cfg.seed, img_size, names.mean, names.std, cfg.data_root),
         trainable=names.trainable,
         closed_form=cfg.condition in components.CLOSED_FORM,
         optim=OptimizerPlan(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.betas),

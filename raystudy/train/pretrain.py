@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raystudy import paths
-from raystudy.data import datasets
+from raystudy.data.registry import check_dataset
 from raystudy.models import registry
 from raystudy.train.config import from_dict
 
@@ -52,7 +52,7 @@ def ensure_weights(name: str, log: Callable[[str], None] | None = print) -> Path
                 f"{cfg.device}, about a minute), cached at {path}"
             )
         t0 = time.perf_counter()
-        model = registry.create_model(cfg.model, datasets.check_dataset(cfg.dataset).num_classes, pretrained=False)
+        model = registry.create_model(cfg.model, check_dataset(cfg.dataset).num_classes, pretrained=False)
         res = engine.train(resolve(cfg), model=model)
         if log:
             log(
