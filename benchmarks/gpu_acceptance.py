@@ -1521,6 +1521,8 @@ def main(argv: list[str] | None = None) -> int:
             if rec["status"] == "pending":
                 rec.update(status="skipped", reason="the run was interrupted")
         status = 1
+    if args.part_set == "B":
+        gpu_acceptance_b.clean(run)
     run.doc["finished"] = status == 0
     run.save()
     errors = [k for k, p in run.doc["parts"].items() if p["status"] in ("error", "interrupted")]

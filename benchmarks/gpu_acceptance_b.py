@@ -338,8 +338,6 @@ def child_trial(spec: dict, cfg_over: dict) -> dict:
 
         classes = plan.splits.build().num_classes
         model = child_model(spec, classes) or registry.create_model(plan.cfg.model, classes, pretrained=False)
-    folder = Path(tempfile.mkdtemp(prefix="trial"))
-    rec = Recorder(folder)
     if spec.get("go"):  # packed: start training with the others
         Path(spec["ready"]).write_text("")
         t0 = time.perf_counter()
@@ -347,9 +345,11 @@ def child_trial(spec: dict, cfg_over: dict) -> dict:
             time.sleep(0.01)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    results = engine.train(plan, report=rec, model=model)
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="trial") as folder:  # a ViT-B checkpoint: hundreds of MB
+        rec = Recorder(Path(folder))
+        t0 = time.perf_counter()
+        results = engine.train(plan, report=rec, model=model)
+        wall = time.perf_counter() - t0
     first_eval = rec.evals[0]["graphs"] if rec.evals else None
     return {
         "condition": plan.cfg.condition,
@@ -747,6 +747,15 @@ def part_paper(run, r: dict) -> None:
         "> 1: the speed-up a reader of the paper gets by switching",
         r["speedup"]["default"] >= 1.0,
     )
+
+
+def clean(run) -> None:
+    """Remove what the run wrote only to measure (images, tensor and Inductor caches): hundreds of
+    MB under --out; the processes' specs, results and logs stay."""
+    import shutil
+
+    for name in ("images", "raystudy_cache", "inductor"):
+        shutil.rmtree(run.out / "tmp_b" / name, ignore_errors=True)
 
 
 PARTS = {"B1_compile": part_compile, "B2_packing": part_packing, "B3_paper_configuration": part_paper}

@@ -249,6 +249,7 @@ def test_part_set_b_smoke_goes_through_compile_packing_and_the_papers_loop(tmp_p
     names = [t["name"] for t in doc["targets"]]
     assert any(n.startswith("compile") for n in names) and any(n.startswith("packing") for n in names)
     assert all(t["met"] is None for t in doc["targets"])  # smoke: nothing judged
+    assert not (tmp_path / "tmp_b" / "images").exists() and not (tmp_path / "tmp_b" / "inductor").exists()
 
 
 def test_part_set_b_is_selected_alone():
