@@ -10,6 +10,10 @@ Anywhere, at tiny sizes, through every part's code path (CI runs it: tests/test_
 
     python benchmarks/gpu_acceptance.py --smoke --out /tmp/gpu_smoke      # < 1 minute on 2 CPU cores
 
+Part set B, `--parts B` (benchmarks/gpu_acceptance_b.py, its own docstring): compile per trained
+condition with verdicts, trials packed on one GPU, the paper's own training loop against
+raystudy's; at most 7 minutes on one GPU, `--parts B --smoke` on a CPU.
+
 Needs: Python >= 3.11 with torch (a CUDA build), timm, torchvision, peft, numpy, pyyaml, pillow,
 scipy, pandas and pytest, plus this repository (nothing installed from it: the script puts the
 repository first on sys.path). Not Ray, MLflow or Optuna: the script blocks their import in its own
@@ -429,7 +433,13 @@ def markdown(doc: dict) -> str:
     for key, p in doc["parts"].items():
         if p.get("notes"):
             lines += ["", f"## {key} {p['title']}", "", *[f"- {n}" for n in p["notes"]]]
-    if doc["mode"] == "full":
+    if doc["mode"] == "full" and "B1_compile" in doc["parts"]:
+        lines += [
+            "",
+            "Compile verdicts: `compile_verdicts.json` next to this file. `cp compile_verdicts.json "
+            "search_spaces/measured/` and `compile: auto` turns compile on, on a GPU, where they hold.",
+        ]
+    elif doc["mode"] == "full":
         lines += [
             "",
             f"Measured step times: `{STEP_TIMES_NAME}` next to this file. `mkdir -p "
@@ -1323,6 +1333,28 @@ PARTS = [
 SMOKE_MIN_S = 1.0  # --smoke: tiny parts; only the budget as a whole is checked
 
 
+def part_b(key: str) -> Callable[[Run, dict], None]:
+    """A part of set B (benchmarks/gpu_acceptance_b.py), imported when it runs."""
+
+    def run_part(run: Run, r: dict) -> None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import gpu_acceptance_b
+
+        gpu_acceptance_b.PARTS[key](run, r)
+
+    return run_part
+
+
+# Part set B (--parts B): compile per condition, trials packed on one GPU, the paper's configuration.
+PARTS_B = [
+    Part("B1_compile", "compile per trained condition: verdicts, compile seconds", part_b("B1_compile"), 60),
+    Part("B2_packing", "1, 2 and 4 trials at once on one GPU", part_b("B2_packing"), 30),
+    Part(
+        "B3_paper_configuration", "the reference's loop against raystudy's step", part_b("B3_paper_configuration"), 25
+    ),
+]
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with bad input as one line and exit status 2."""
 
@@ -1336,16 +1368,28 @@ def parse_args(argv):
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for the JSON, the Markdown and step_times.json")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes through every part (CPU, CI)")
-    ap.add_argument("--budget-s", type=float, default=None, help="seconds for the whole run (default 440; --smoke 240)")
-    ap.add_argument("--parts", help="comma-separated parts to run, by key or number (e.g. 1,2,2b,7); default all")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for the whole run (default 440; --smoke 240; --parts B 420)",
+    )
+    ap.add_argument(
+        "--parts",
+        help="comma-separated parts to run, by key or number (e.g. 1,2,2b,7); default all; "
+        "B: part set B (benchmarks/gpu_acceptance_b.py)",
+    )
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--threads", type=int, help="torch threads (default: 1 for --smoke, torch's otherwise)")
     ap.add_argument("--vitb-batch", type=int, help="ViT-B batch (default 256; --smoke 8)")
     ap.add_argument("--workers", type=int, help="per-image DataLoader workers (default: every host core)")
     ap.add_argument("--compile-backend", help="torch.compile backend (default inductor; --smoke on CPU: aot_eager)")
     args = ap.parse_args(argv)
+    args.part_set = "B" if args.parts is not None and args.parts.strip().upper() == "B" else "A"
+    if args.part_set == "B":
+        args.parts = None  # every part of the set
     if args.budget_s is None:
-        args.budget_s = 240.0 if args.smoke else 440.0
+        args.budget_s = 420.0 if args.part_set == "B" else (240.0 if args.smoke else 440.0)
     for flag, v in (("--budget-s", args.budget_s), ("--threads", args.threads), ("--vitb-batch", args.vitb_batch)):
         if v is not None and v <= 0:
             ap.error(f"{flag} must be > 0, got {v:g}")
@@ -1361,7 +1405,7 @@ def parse_args(argv):
         if bad or not names:
             ap.error(
                 f"--parts: {', '.join(bad) or 'empty list'} unknown; valid: "
-                f"{', '.join(p.key.split('_')[0] for p in PARTS)} or the full keys"
+                f"{', '.join(p.key.split('_')[0] for p in PARTS)} or the full keys, or B alone"
             )
         args.parts = {known[s] for s in names}
     import torch
@@ -1427,11 +1471,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads or args.smoke:
         torch.set_num_threads(args.threads or 1)  # a shared CPU: more threads than free cores stall
     plan = make_plan(args)
-    parts = PARTS
+    parts = PARTS_B if args.part_set == "B" else PARTS
     if plan.smoke:
-        parts = [dataclasses.replace(p, min_s=SMOKE_MIN_S) for p in PARTS]
+        parts = [dataclasses.replace(p, min_s=SMOKE_MIN_S) for p in parts]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     run = Run(args, plan, torch.device(args.device), parts, t0)
+    if args.part_set == "B":
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import gpu_acceptance_b
+
+        run.plan_b = gpu_acceptance_b.make_plan(args)
+        plan = dataclasses.replace(plan, part_caps=run.plan_b.part_caps)
+        run.plan = plan
+        (run.out / "tmp_b").mkdir(exist_ok=True)
     signal.signal(signal.SIGTERM, _on_sigterm)
     status = 0
     try:
@@ -1442,7 +1494,7 @@ def main(argv: list[str] | None = None) -> int:
                 "device": str(run.device),
                 "error": traceback.format_exception_only(type(e), e)[-1].strip(),
             }
-        if run.cuda:
+        if run.cuda and args.part_set == "A":
             try:  # the denominator of every MFU: the best of three dense bf16 8192^3 matmul runs
                 bench_step, _ = bench()
                 rate = max(bench_step.matmul_rate(run.device) for _ in range(3))
@@ -1453,7 +1505,7 @@ def main(argv: list[str] | None = None) -> int:
                     "not measured: " + traceback.format_exception_only(type(e), e)[-1].strip()
                 )
         else:
-            run.doc["environment"]["bf16_matmul_tflops"] = NO_CUDA
+            run.doc["environment"]["bf16_matmul_tflops"] = NO_CUDA if not run.cuda else "not measured: part set B"
         run.save()
         for i, p in enumerate(parts):
             rest = sum(q.min_s for q in parts[i + 1 :] if args.parts is None or q.key in args.parts)
@@ -1470,6 +1522,8 @@ def main(argv: list[str] | None = None) -> int:
             if rec["status"] == "pending":
                 rec.update(status="skipped", reason="the run was interrupted")
         status = 1
+    if args.part_set == "B":
+        gpu_acceptance_b.clean(run)
     run.doc["finished"] = status == 0
     run.save()
     errors = [k for k, p in run.doc["parts"].items() if p["status"] in ("error", "interrupted")]

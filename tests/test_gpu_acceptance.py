@@ -212,3 +212,47 @@ def test_paper_models_read_the_per_gpu_batch_from_the_space():
     assert pm["vit_base"] == {"batch": 512, "workers": 1, "gpus_per_trial": 1, "per_gpu": 512, "grad_accum": 1}
     assert pm["vit_large"]["per_gpu"] == 512 and pm["vit_large"]["grad_accum"] == 2
     assert pm["vit_huge"]["per_gpu"] == 128 and pm["vit_huge"]["gpus_per_trial"] == 4
+
+
+@pytest.mark.slow
+def test_part_set_b_smoke_goes_through_compile_packing_and_the_papers_loop(tmp_path):
+    proc = smoke(tmp_path, "--parts", "B")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / G.JSON_NAME).read_text())
+    assert list(doc["parts"]) == [p.key for p in G.PARTS_B] and doc["finished"] is True
+    assert all(p["status"] == "ok" for p in doc["parts"].values()), {
+        k: p.get("error") or p.get("reason") for k, p in doc["parts"].items()
+    }
+    assert doc["environment"]["forbidden_modules_loaded"] == []
+    parts = {k: p["results"] for k, p in doc["parts"].items()}
+
+    b1 = parts["B1_compile"]["conditions"]
+    assert set(b1) == {"full", "MHA", "FC1", "FC2", "LN1", "LN2", "lora", "MHA+FC1"}
+    full = b1["full"]  # the one the smoke compiles; the others say why not
+    assert all("skipped" in v for c, v in b1.items() if c != "full")
+    assert full["eager"]["evaluations"] >= 2 and full["compiled"]["checkpoints"] >= 1
+    assert full["compiled"]["graphs_at_first_evaluation"] > 0 == full["eager"]["graphs_at_end"]
+    assert full["recompiles_after_first_evaluation"] == 0 and full["holds"] is True, full["checks"]
+    assert full["compile_s_cold"] > 0 and full["compile_s_warm"] > 0
+    verdicts = json.loads((tmp_path / "compile_verdicts.json").read_text())
+    assert verdicts["smoke"] is True and verdicts["conditions"]["full"]["holds"] is True
+    assert costs.load_compile_verdicts(tmp_path / "compile_verdicts.json") is None  # a smoke's: never read
+
+    b2 = parts["B2_packing"]["conditions"]["full"]
+    assert b2["1"]["processes"] == 1 and len(b2["2"]["seconds_per_step"]) == 2
+    assert b2["2"]["images_per_s_total"] > 0 and b2["2"]["gain_over_one"] > 0
+
+    b3 = parts["B3_paper_configuration"]
+    assert set(b3["seconds_per_100_steps"]) == {"reference", "default", "cache"}
+    assert all(v > 0 for v in b3["seconds_per_100_steps"].values()) and set(b3["speedup"]) == {"default", "cache"}
+    assert b3["reference_loop"]["grad_accum"] == 1  # ViT-B: the reference's batch in one pass
+    names = [t["name"] for t in doc["targets"]]
+    assert any(n.startswith("compile") for n in names) and any(n.startswith("packing") for n in names)
+    assert all(t["met"] is None for t in doc["targets"])  # smoke: nothing judged
+    assert not (tmp_path / "tmp_b" / "images").exists() and not (tmp_path / "tmp_b" / "inductor").exists()
+
+
+def test_part_set_b_is_selected_alone():
+    args = G.parse_args(["--out", "x", "--smoke", "--parts", "B"])
+    assert args.part_set == "B" and args.parts is None and args.budget_s == 420
+    assert G.parse_args(["--out", "x", "--smoke", "--parts", "1,2"]).part_set == "A"

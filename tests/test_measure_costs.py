@@ -175,3 +175,67 @@ def test_a_space_whose_step_times_is_not_a_path_is_refused(tmp_path, capsys):
     assert grid.main(["--space", str(paper_space(tmp_path, 3)), "--model", "vit_base", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "step_times must be a file path, got 3" in err[0], err
+
+
+# ---------------------------------------------------------------- compile: auto
+
+
+def verdicts_doc(**extra):
+    return {
+        "format": costs.VERDICTS_FORMAT,
+        "gpu": "NVIDIA H200",
+        "date": "2026-12-05T12:00:00Z",
+        "conditions": {
+            "full": {"holds": True, "compile_s_cold": 40.0, "compile_s_warm": 12.0},
+            "MHA": {"holds": False, "compile_s_cold": 30.0},
+            "LN1": {"holds": True, "compile_s_cold": 25.0},
+        },
+        **extra,
+    }
+
+
+def test_compile_auto_is_on_only_on_a_gpu_in_one_process_where_the_verdict_holds(tmp_path):
+    p = tmp_path / "v.json"
+    p.write_text(json.dumps(verdicts_doc()))
+    v = costs.load_compile_verdicts(p)
+    assert v.holds == {"full": True, "MHA": False, "LN1": True}
+    assert v.seconds == {"full": 12.0, "MHA": 30.0, "LN1": 25.0}  # warm where measured, else cold
+    assert costs.compile_on("auto", "full", "cuda", v) and costs.compile_on("auto", "LN1", "cuda", v)
+    assert not costs.compile_on("auto", "MHA", "cuda", v)  # its verdict fails
+    assert not costs.compile_on("auto", "FC1", "cuda", v)  # no verdict recorded
+    assert not costs.compile_on("auto", "full", "cpu", v)  # off on a CPU
+    assert not costs.compile_on("auto", "full", "cuda", v, workers=4)  # DDP under compile: untested
+    assert not costs.compile_on("auto", "full", "cuda", None)  # no file: off
+    assert costs.compile_on(True, "MHA", "cpu", v) and not costs.compile_on(False, "full", "cuda", v)
+    p.write_text(json.dumps(verdicts_doc(smoke=True)))  # a smoke run's verdicts are never read
+    assert costs.load_compile_verdicts(p) is None
+    assert costs.load_compile_verdicts(tmp_path / "missing.json") is None
+    p.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(costs.StepTimesError, match="raystudy-compile-verdicts/1"):
+        costs.load_compile_verdicts(p)
+
+
+def test_the_dry_run_prices_compile_auto_from_the_verdicts_compile_seconds_included(tmp_path, monkeypatch):
+    sub = tmp_path / "measured"
+    sub.mkdir()
+    times = dict(PER_CONDITION, full=0.2)
+    model = {"batch_per_gpu": 256, "seconds_per_step": times, "compiled_seconds_per_step": {"full": 0.1, "MHA": 0.05}}
+    costs.write_step_times(sub / "h200.json", doc({"vit_base": model}))
+    space = grids.load_grid(str(paper_space(tmp_path, "measured/h200.json")))
+    monkeypatch.setattr(costs, "COMPILE_VERDICTS", tmp_path / "none.json")
+
+    def hours(compile_setting):
+        trials = grids.expand(space, "vit_base", ["pets"], overrides={"compile": compile_setting})
+        return grids.gpu_hours(space, "vit_base", trials).by_condition
+
+    eager, auto_without_file = hours(False), hours("auto")
+    assert auto_without_file == pytest.approx(eager)  # no verdicts recorded: auto stays off
+    (tmp_path / "v.json").write_text(json.dumps(verdicts_doc()))
+    monkeypatch.setattr(costs, "COMPILE_VERDICTS", tmp_path / "v.json")
+    auto = hours("auto")
+    # pets: 48,000 steps per condition in 12 trials; full compiled at 0.2 s a step (512 images)
+    # plus 12 s of compiling per trial; MHA's verdict fails: eager; LN1 holds but has no compiled
+    # step time: eager steps, its compiles added
+    assert auto["full"] == pytest.approx((48_000 * 0.2 + 12 * 12.0) / 3600)
+    assert auto["MHA"] == pytest.approx(eager["MHA"])
+    assert auto["LN1"] == pytest.approx(eager["LN1"] + 12 * 25.0 / 3600)

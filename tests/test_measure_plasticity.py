@@ -674,3 +674,32 @@ def test_paper_bounds_are_the_references_formulas_on_a_random_init_vit():
     assert paper[("shared", 0, "LN1")]["bound"] != pytest.approx(ours[("shared", 0, "LN1")]["bound"], rel=1e-3)
     with pytest.raises(plasticity.ProbeError, match="unknown bounds"):
         plasticity.probe(vit, batches(x, y, 4), bounds="reference")
+
+
+def _paper_mha_bound_head_by_head(attn, n: int, r: float) -> float:
+    """The reference's MHA bound head by head in float64, as it was computed before it was batched."""
+    q, k, v = attn.qkv.weight.detach().double().chunk(3, dim=0)
+    wo = attn.proj.weight.detach().double()
+    dh = attn.head_dim
+    total = 0.0
+    for h in range(attn.num_heads):
+        s = slice(h * dh, (h + 1) * dh)
+        a = torch.linalg.matrix_norm(q[:, s] @ k[:, s].T / math.sqrt(dh), ord=2).item()
+        norm_o = torch.linalg.matrix_norm(wo[:, s], ord=2).item()
+        norm_v = torch.linalg.matrix_norm(v[:, s], ord=2).item()
+        total += norm_o * norm_v * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2)
+    return total
+
+
+@pytest.mark.parametrize("dim,heads,n,r", [(12, 3, 7, 1.7), (64, 4, 17, 19.4), (48, 1, 5, 0.3)])
+def test_paper_mha_bound_batched_over_heads_equals_head_by_head(dim, heads, n, r):
+    torch.manual_seed(dim + heads)
+    attn = Attention(dim, num_heads=heads, qkv_bias=True).eval()
+    with torch.no_grad():  # heads (input columns here) of unequal scales: a mix-up would show
+        attn.qkv.weight.mul_(torch.linspace(0.5, 2.0, dim))
+        attn.proj.weight.mul_(torch.linspace(2.0, 0.5, dim))
+    want = _paper_mha_bound_head_by_head(attn, n, r)
+    assert plasticity.paper_mha_bound(attn, n, r) == pytest.approx(want, rel=1e-6, abs=1e-6)
+    assert plasticity.paper_mha_bound(attn, n) == pytest.approx(
+        _paper_mha_bound_head_by_head(attn, n, plasticity.PAPER_RADIUS), rel=1e-6
+    )

@@ -89,3 +89,18 @@ def test_a_key_added_later_leaves_earlier_trials_their_keys():
     before = {k: v for k, v in cfg.items() if k != "probe_batch_size"}  # a config recorded before the key
     assert trial_key(cfg) == trial_key(before)
     assert trial_key({**cfg, "probe_batch_size": 64}) != trial_key(before)
+
+
+def test_compile_takes_true_false_or_auto_and_stays_off_by_default():
+    from raystudy.train.config import parse_value
+
+    assert FinetuneConfig().compile is False
+    assert validate(from_dict({"compile": "auto"})).compile == "auto"
+    assert from_dict({"compile": True}).compile is True
+    # as a flag (--set compile=...) and as MLflow logs it
+    assert parse_value("compile", "auto") == "auto"
+    assert parse_value("compile", "true") is True and parse_value("compile", "False") is False
+    with pytest.raises(ConfigError, match="unknown compile 'yes'; valid: true, false, auto"):
+        validate(from_dict({"compile": "yes"}))
+    with pytest.raises(ConfigError, match="'compile' must be true, false or auto"):
+        from_dict({"compile": 1.5})

@@ -431,3 +431,22 @@ def test_a_run_that_diverges_after_an_evaluation_tests_its_best_checkpoint_so_fa
     assert res["status"] == "diverged" and res["steps_done"] < cfg.steps
     assert res["best_step"] >= 1 and 0.0 <= res["test_acc"] <= 1.0
     assert "plasticity_after" not in res
+
+
+def test_compile_auto_resolves_off_on_a_cpu_whatever_the_verdicts(tmp_path, monkeypatch):
+    import json
+
+    from torch._dynamo.utils import counters
+
+    from raystudy.measure import costs
+
+    verdicts = tmp_path / "compile_verdicts.json"
+    verdicts.write_text(json.dumps({"format": costs.VERDICTS_FORMAT, "conditions": {"LN1": {"holds": True}}}))
+    monkeypatch.setattr(costs, "COMPILE_VERDICTS", verdicts)
+    cfg = FinetuneConfig(**FAST, condition="LN1", compile="auto", device="cpu")
+    assert not engine.use_compile(cfg, torch.device("cpu"))
+    assert engine.use_compile(cfg, torch.device("cuda"))  # the same config on a GPU: its verdict holds
+    assert not engine.use_compile(cfg.replace(condition="MHA"), torch.device("cuda"))  # no verdict
+    graphs = counters["stats"]["unique_graphs"]
+    out = engine.train(cfg.replace(steps=3, eval_every=3, log_every=3, warmup_steps=1))
+    assert out["status"] == "finished" and counters["stats"]["unique_graphs"] == graphs  # nothing compiled

@@ -21,11 +21,17 @@ batch over its DDP workers); ``data_feed_factor`` (a step fed by the real data p
 a ready batch, measured) multiplies it. GPU-hours are wall hours times the trial's GPUs.
 Evaluation passes are not priced: they are a small share of a trial's steps.
 
+Compile verdicts (JSON, written by ``benchmarks/gpu_acceptance.py --parts B``, read from
+``search_spaces/measured/compile_verdicts.json``) say per condition whether torch.compile holds
+and what a trial's compile takes: ``compile: auto`` is on, on a GPU, where it holds, and a
+compiled trial is priced with its compile seconds.
+
 Pure arithmetic over plain data: no Ray, no MLflow, no device; nothing happens at import.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable
@@ -36,6 +42,10 @@ from typing import Any
 from raystudy.errors import ConfigError
 
 FORMAT = "raystudy-step-times/1"
+VERDICTS_FORMAT = "raystudy-compile-verdicts/1"
+# Where ``compile: auto`` reads whether compile holds per condition (written by the GPU acceptance's
+# part set B, copied there by hand once it ran on a GPU).
+COMPILE_VERDICTS = Path(__file__).resolve().parents[2] / "search_spaces" / "measured" / "compile_verdicts.json"
 
 
 class StepTimesError(ConfigError):
@@ -78,6 +88,7 @@ class TrialCost:
     workers: int = 1  # DDP workers; each takes batch / workers images
     gpus: float = 1.0  # GPUs the trial holds (all workers)
     compiled: bool = False
+    compile_s: float = 0.0  # wall seconds its compiles take, all ``steps`` counted (a compiled trial)
 
 
 def hours_text(h: float) -> str:
@@ -311,6 +322,7 @@ def estimate(
         )
         counts[source] += 1
         if secs is not None:
+            secs += t.compile_s if t.compiled else 0.0
             by_cond[t.condition] = by_cond.get(t.condition, 0.0) + secs * t.gpus / 3600.0
     priced = counts["measured"] + counts["estimate"]
     return Estimate(
@@ -323,3 +335,71 @@ def estimate(
         fallback=fallback,
         note=note,
     )
+
+
+# ---------------------------------------------------------------- compile: auto
+
+
+@dataclass(frozen=True)
+class CompileVerdicts:
+    """Per condition (canonical name), whether compile holds, and the seconds a trial's compile takes."""
+
+    holds: dict[str, bool]
+    seconds: dict[str, float]  # warm (Inductor's cache shared on the node) where measured, else cold
+    gpu: str = "unknown GPU"
+    date: str = "unknown date"
+    path: str | None = None
+
+
+def load_compile_verdicts(path: str | Path | None = None) -> CompileVerdicts | None:
+    """The compile verdicts at ``path`` (default ``COMPILE_VERDICTS``); None when there is no file
+    or it comes from a smoke run (a code-path check, not a verdict); StepTimesError if malformed."""
+    p = Path(path) if path is not None else COMPILE_VERDICTS
+    if not p.is_file():
+        return None
+    st = p.stat()
+    return _verdicts(str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _verdicts(path: str, size: int, mtime_ns: int) -> CompileVerdicts | None:
+    """The file read once per version (a grid's dry run asks for every trial)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StepTimesError(f"compile verdicts {path!r} are not readable JSON: {e}") from None
+    conds = doc.get("conditions") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or doc.get("format") != VERDICTS_FORMAT or not isinstance(conds, dict):
+        raise StepTimesError(f"{path}: format must be {VERDICTS_FORMAT!r} with a 'conditions' mapping")
+    if doc.get("smoke"):
+        return None
+    holds, seconds = {}, {}
+    for name, v in conds.items():
+        if not isinstance(v, dict) or not isinstance(v.get("holds"), bool):
+            raise StepTimesError(f"{path}: conditions.{name}.holds must be true or false")
+        cond = _condition(str(name))
+        holds[cond] = v["holds"]
+        s = v.get("compile_s_warm", v.get("compile_s_cold"))
+        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0:
+            seconds[cond] = float(s)
+    return CompileVerdicts(
+        holds, seconds, str(doc.get("gpu", "unknown GPU")), str(doc.get("date", "unknown date")), path
+    )
+
+
+def compile_on(
+    setting: bool | str, condition: str, device_type: str, verdicts: CompileVerdicts | None, workers: int = 1
+) -> bool:
+    """Whether a trial compiles: ``true`` and ``false`` as they say; ``auto`` on a GPU (``cuda``),
+    in one process (DDP under compile is untested), for a condition whose measured verdict holds;
+    off on a CPU and wherever no verdict is recorded."""
+    if setting != "auto":
+        return bool(setting)
+    if device_type != "cuda" or workers > 1 or verdicts is None:
+        return False
+    return verdicts.holds.get(_condition(condition), False)
+
+
+def compile_seconds(condition: str, verdicts: CompileVerdicts | None) -> float:
+    """The measured seconds a compiled trial of ``condition`` spends compiling (0 if not measured)."""
+    return verdicts.seconds.get(_condition(condition), 0.0) if verdicts is not None else 0.0

@@ -370,16 +370,19 @@ def paper_mha_bound(attn: nn.Module, n: int, r: float = PAPER_RADIUS) -> float:
     input columns of the (out, in) weights, W_O by its columns, and a fixed ``r``."""
     if not (hasattr(attn, "qkv") and hasattr(attn, "proj")):
         return float("nan")
-    q, k, v = _as64(effective_weight(attn.qkv)).chunk(3, dim=0)
+    heads, dh = attn.num_heads, attn.head_dim
+    # Each head's input columns, as (heads, dim, d_h) stacks: one batched computation and one
+    # read-back for every head, as ``mha_bound`` (head by head, a GPU syncs for each).
+    q, k, v = (w.reshape(w.shape[0], heads, dh).transpose(0, 1) for w in _as64(effective_weight(attn.qkv)).chunk(3))
     wo = _as64(effective_weight(attn.proj))
-    dh = attn.head_dim
-    total = 0.0
-    for h in range(attn.num_heads):
-        s = slice(h * dh, (h + 1) * dh)
-        qk = q[:, s] @ k[:, s].T / math.sqrt(dh)
-        a = torch.linalg.matrix_norm(qk, ord=2).item()
-        total += spectral_norm(wo[:, s]) * spectral_norm(v[:, s]) * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2)
-    return total
+    wo = wo.reshape(wo.shape[0], heads, dh).transpose(0, 1)
+    # ||Q_h K_hᵀ||_2 through thin QRs of Q_h and K_h: a (d_h x d_h) problem, not (dim x dim).
+    rq, rk = torch.linalg.qr(q, mode="r").R, torch.linalg.qr(k, mode="r").R
+    a = torch.linalg.matrix_norm(rq @ rk.mT, ord=2) / math.sqrt(dh)
+    norm_o = torch.linalg.eigvalsh(wo.mT @ wo)[:, -1].clamp(min=0).sqrt()
+    norm_v = torch.linalg.eigvalsh(v.mT @ v)[:, -1].clamp(min=0).sqrt()
+    terms = norm_o * norm_v * torch.sqrt(3 * n + (12 * n + 3) * r**4 * a.square())
+    return math.fsum(terms.tolist())
 
 
 # ---------------------------------------------------------------- the probe

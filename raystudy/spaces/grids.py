@@ -339,8 +339,12 @@ def trial_cost(config: dict[str, Any], gpu: float, workers: int, n: int = 1) -> 
     """What ``n`` trials of ``config`` cost; a closed-form condition (the linear probe) takes no
     steps: one forward pass over the data, priced as none."""
     steps = config["steps"] * n if components.has_lr(config["condition"]) else 0
+    # Priced as on a GPU: ``compile: auto`` is on where the measured verdict holds, its compiles counted.
+    verdicts = costs.load_compile_verdicts()
+    compiled = costs.compile_on(config["compile"], config["condition"], "cuda", verdicts, workers)
+    compile_s = costs.compile_seconds(config["condition"], verdicts) * n if compiled and steps else 0.0
     return costs.TrialCost(
-        config["condition"], steps, config["batch_size"], workers, max(gpu, 1) * workers, config["compile"]
+        config["condition"], steps, config["batch_size"], workers, max(gpu, 1) * workers, compiled, compile_s
     )
 
 

@@ -34,6 +34,7 @@ NORMALIZATIONS = ("checkpoint", "imagenet")
 PRECISIONS = ("bf16", "fp32")
 ACCURACY_COUNTS = ("per_image", "batch_mean")
 LINEAR_PROBE_DATA = ("clean", "augmented")
+COMPILE_CHOICES = (False, True, "auto")  # auto: on a GPU, where a measured verdict says it holds
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 # The config keys with a row in ``bounds.BOUNDS``, each tuple in the order its check walks it (the
@@ -129,7 +130,8 @@ class FinetuneConfig:
     seed: int = 0
     device: str = "auto"
     num_workers: int = 0
-    compile: bool = False
+    compile: bool | str = False  # true, false, or auto: on a GPU for the conditions whose measured
+    # verdict holds (search_spaces/measured/compile_verdicts.json), off on a CPU and under DDP
     data_path: str = "auto"  # torchvision (per image) | cache (tensor cache, batched on
     # the device) | auto (cache for the demo, else torchvision)
 
@@ -165,6 +167,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if len(inner) > 1:  # compile: a bool or a word (auto)
+            for a in inner:
+                try:
+                    return _coerce(key, value, a)
+                except ConfigError:
+                    pass
+            raise ConfigError(f"config key {key!r} must be true, false or auto, got {value!r}")
         return _coerce(key, value, inner[0])
     if origin is tuple:
         args = typing.get_args(tp)
@@ -212,6 +221,8 @@ def parse_value(key: str, text: str) -> Any:
     tp = types_[key]
     if text in ("None", "null", "~") and type(None) in typing.get_args(tp):
         return None
+    if bool in typing.get_args(tp) and text.strip().lower() in ("true", "false"):
+        return text.strip().lower() == "true"  # compile: a bool, or a word such as auto
     if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
         return text  # a name stays a name: "1e3" as a dataset is not a number
     try:
@@ -332,6 +343,8 @@ def _check_choices(cfg: FinetuneConfig) -> None:
         raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     if cfg.device not in DEVICES:
         raise ConfigError(f"unknown device {cfg.device!r}; valid: {', '.join(DEVICES)}")
+    if not any(cfg.compile is c or (isinstance(c, str) and cfg.compile == c) for c in COMPILE_CHOICES):
+        raise ConfigError(f"unknown compile {cfg.compile!r}; valid: true, false, auto")
     for key, allowed in (
         ("low_data_split", LOW_DATA_SPLITS),
         ("normalization", NORMALIZATIONS),

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from raystudy.data import batches
 from raystudy.errors import Preempted
-from raystudy.measure import plasticity
+from raystudy.measure import costs, plasticity
 from raystudy.models import components, registry
 from raystudy.train.config import FinetuneConfig
 from raystudy.train.plan import OptimizerPlan, TrialPlan
@@ -322,6 +322,14 @@ def _planned(plan: TrialPlan) -> TrialPlan:
     return plan
 
 
+def use_compile(cfg: FinetuneConfig, device: torch.device, workers: int = 1) -> bool:
+    """Whether the loop runs under torch.compile: ``compile: true`` or ``false`` as said; ``auto``
+    on a GPU, in one process, for a condition whose verdict in the measured compile verdicts
+    (``raystudy.measure.costs.COMPILE_VERDICTS``) holds; off on a CPU."""
+    verdicts = costs.load_compile_verdicts() if cfg.compile == "auto" and device.type == "cuda" else None
+    return costs.compile_on(cfg.compile, cfg.condition, device.type, verdicts, workers)
+
+
 def evaluates(done: int, cfg: FinetuneConfig) -> bool:
     """Whether validation runs after step ``done``: every ``eval_every`` steps, and at the last
     step unless ``eval_last`` is off (the paper's code evaluates only on the period; with a period
@@ -350,7 +358,7 @@ def _train(
     net = model
     if size > 1:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-    if cfg.compile:
+    if use_compile(cfg, device, size):
         net = torch.compile(net)
     groups = trainable_groups(model)
     optimizer = build_optimizer(model, plan.optim, device)
