@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.stats import selection
+
 
 def _figure(width: float, height: float):
     from matplotlib.figure import Figure
@@ -659,9 +661,10 @@ def gains(avg_gain: pd.Series, base: str | os.PathLike, reference: str, title: s
 def setting_means(ab: pd.DataFrame, base: str | os.PathLike, scale: float = 1.0, title: str = "") -> list[Path]:
     """One row per condition, one marker per setting (e.g. SGD and AdamW): mean test accuracy.
 
-    ``ab`` is ``analysis.stats.selection.setting_means`` (index: condition; a ``datasets`` column).
+    ``ab`` is ``analysis.stats.selection.setting_means`` (index: condition; a ``datasets`` column;
+    the settings' spread columns, where it has them, are not markers).
     """
-    names = [c for c in ab.columns if c != "datasets"]
+    names = [c for c in ab.columns if c != "datasets" and not c.endswith(selection.SPREAD)]
     col = palette(names)
     conds = list(ab.index)
     fig = _figure(5.0, 0.32 * len(conds) + 1.3)

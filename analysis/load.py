@@ -252,22 +252,36 @@ def plasticity(runs: pd.DataFrame, which: str = "before", tracking_uri: str | No
 # ---------------------------------------------------------------- CSV
 
 
+def _head(p: Path) -> bytes:
+    """The first bytes of ``p`` as pandas reads them: decompressed where the name says the file is
+    compressed (``.gz``, ``.bz2``, ``.xz``, ``.zip``, ``.zst``, ``.tar``...: pandas' inference)."""
+    from pandas.io.common import get_handle
+
+    with get_handle(p, "rb", compression="infer", is_text=False) as h:
+        return h.handle.read(8192)
+
+
 def _read_table(p: Path, what: str) -> pd.DataFrame:
-    """A CSV file as a table, or AnalysisError in one line (missing, binary, empty, malformed)."""
+    """A CSV file, compressed or not, as a table, or AnalysisError in one line (missing, binary,
+    empty, malformed)."""
     check_input_file(what, p, AnalysisError)
     try:
-        with open(p, "rb") as f:
-            if b"\x00" in f.read(8192):
-                raise AnalysisError(f"{what} {str(p)!r} is not a readable CSV (binary)")
+        if b"\x00" in _head(p):
+            raise AnalysisError(f"{what} {str(p)!r} is not a readable CSV (binary)")
         return pd.read_csv(p)
+    except AnalysisError:
+        raise
     except pd.errors.EmptyDataError:
         raise AnalysisError(f"{what} {str(p)!r} is empty") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
-        raise AnalysisError(f"{what} {str(p)!r} is not a readable CSV: {str(e).splitlines()[0]}") from None
+    # a damaged archive: gzip's OSError or EOFError, zip's or tar's ValueError; zstd's missing module
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError, ValueError, ImportError) as e:
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise AnalysisError(f"{what} {str(p)!r} is not a readable CSV: {why}") from None
 
 
-def read_csv(path: str | os.PathLike) -> tuple[str, pd.DataFrame]:
-    """A CSV of per-run results or a per-dataset summary: ("runs" | "summary", table)."""
+def read_csv(path: str | os.PathLike, *, diverged_tested: bool = False) -> tuple[str, pd.DataFrame]:
+    """A CSV of per-run results or a per-dataset summary: ("runs" | "summary", table).
+    ``diverged_tested``: diverged rows with a tested accuracy count as finished (``runs_frame``)."""
     p = Path(path)
     df = _read_table(p, "CSV file")
     df.columns = [str(c).strip() for c in df.columns]
@@ -275,7 +289,7 @@ def read_csv(path: str | os.PathLike) -> tuple[str, pd.DataFrame]:
         return "summary", summary_frame(df, str(p))
     if is_wide(df):
         return "summary", wide_frame(df, str(p))
-    return "runs", runs_frame(df, str(p))
+    return "runs", runs_frame(df, str(p), diverged_tested=diverged_tested)
 
 
 def _require(df: pd.DataFrame, required: list[str], source: str, kind: str) -> None:
@@ -287,8 +301,14 @@ def _require(df: pd.DataFrame, required: list[str], source: str, kind: str) -> N
         )
 
 
-def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
-    """Normalise a per-run results table (see the module docstring) to the runs table."""
+def runs_frame(df: pd.DataFrame, source: str = "CSV", *, diverged_tested: bool = False) -> pd.DataFrame:
+    """Normalise a per-run results table (see the module docstring) to the runs table.
+
+    ``diverged_tested``: a diverged row with a tested accuracy (``diverged_test_acc`` and
+    ``diverged_val_acc`` where the file has them, as the run record names them, else its
+    ``test_acc`` and ``val_acc``) counts as finished with it, as ``from_mlflow`` counts a diverged
+    run; ``attrs["diverged_tested"]`` says how many.
+    """
     _require(df, REQUIRED_RUN_CSV, source, "per-run results (or dataset, condition, mean for a per-dataset summary)")
     out = pd.DataFrame(
         {
@@ -308,6 +328,7 @@ def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
         out["status"] = df["status"].fillna("failed").astype(str).str.strip().str.lower()
     else:
         out["status"] = np.where(out["test_acc"].notna(), "finished", "failed")
+    tested = _count_diverged(df, out) if diverged_tested else 0
     done = out["status"] == "finished"
     out["val_acc"] = out["val_acc"].astype(float).where(done)
     out["test_acc"] = out["test_acc"].where(done)
@@ -334,7 +355,22 @@ def runs_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:
     )
     check_runs(out, source)
     out.attrs.update(source=source)
+    if diverged_tested:
+        out.attrs["diverged_tested"] = tested
     return out
+
+
+def _count_diverged(df: pd.DataFrame, out: pd.DataFrame) -> int:
+    """Turn ``out``'s diverged rows that have a tested accuracy into finished ones, in place, with
+    the accuracies the file gives them; returns how many."""
+    diverged = out["status"] == "diverged"
+    for col in ("val_acc", "test_acc"):
+        if f"diverged_{col}" in df:
+            given = pd.to_numeric(df[f"diverged_{col}"], errors="coerce").astype(float)
+            out[col] = out[col].astype(float).mask(diverged & given.notna(), given)
+    tested = diverged & out["test_acc"].notna()
+    out.loc[tested, "status"] = "finished"
+    return int(tested.sum())
 
 
 def summary_frame(df: pd.DataFrame, source: str = "CSV") -> pd.DataFrame:

@@ -172,18 +172,18 @@ def across_settings(
     """The tables across study settings: per model (and low-data flag) the optimizer ablation
     (mean over datasets at the chosen lr, one column per optimizer) where it has runs of two or
     more optimizers; with several models, every setting's means side by side (``settings``).
-    ``as_paper``: each cell averaged over every lr and seed instead (``selection.lr_averaged``), as
-    the paper's ablation table. Each setting's own tables are in its subfolder."""
+    ``as_paper``: as the paper's ablation table, each cell averaged over every lr of one seed
+    (``selection.paper_seed``: 0) instead, and beside each mean the mean over datasets of each
+    dataset's std over those runs. Each setting's own tables are in its subfolder."""
     runs = study.restrict(runs, conditions, datasets, runs.attrs.get("source", "runs"))
     bests = _setting_cells(runs, select_on, ddof, as_paper)
     order = selection.order_conditions(runs["condition"], study.paper_order())
     scale = selection.display_scale(runs["test_acc"])
     unit = " (%)" if scale == 100 else ""
-    chosen = {"val": "validation", "test": "test"}[select_on]
-    how = "every lr and seed averaged, as the paper" if as_paper else f"lr chosen on {chosen}"
-    at = "averaged over every lr and seed, as the paper's ablation table" if as_paper else ""
+    how, at = _ablation_wording(runs, select_on, as_paper)
+    spread = "test_std" if as_paper else None
     parts = [
-        f"Mean test accuracy{unit} over datasets {at or f'at the lr chosen on {chosen} accuracy'}; each "
+        f"Mean test accuracy{unit} over datasets {at}; each "
         "condition over the datasets every column has runs on (column datasets)."
     ]
     groups: dict[tuple, dict[str, pd.DataFrame]] = {}
@@ -195,7 +195,7 @@ def across_settings(
         if len(by_opt) < 2:
             parts.append(f"Optimizer ablation, {what}: runs of one optimizer only ({', '.join(by_opt)}); no table.")
             continue
-        ab = selection.setting_means({o: by_opt[o] for o in _optimizer_order(by_opt)}, order)
+        ab = selection.setting_means({o: by_opt[o] for o in _optimizer_order(by_opt)}, order, spread=spread)
         name = "optimizer_ablation_" + model + ("_low_data" if low == "True" else "")
         caption = f"Optimizer ablation, {what}: mean test accuracy{unit}, {how}"
         means.append(_setting_means(ab, name, caption, f"Optimizer ablation, {what}", scale))
@@ -207,6 +207,7 @@ def across_settings(
                 for (m, o, low), b in bests.items()
             },
             order,
+            spread=spread,
         )
         caption = f"Every setting: mean test accuracy{unit}, {how}"
         means.append(_setting_means(ab, "settings", caption, "Every setting", scale))
@@ -220,13 +221,27 @@ def across_settings(
     )
 
 
+def _ablation_wording(runs: pd.DataFrame, select_on: str, as_paper: bool) -> tuple[str, str]:
+    """How the ablation's cells were computed, for its captions and for its lead line."""
+    if as_paper:
+        seed = selection.paper_seed(runs)
+        return (
+            f"every lr of seed {seed} averaged, ± the mean over datasets of each dataset's std over them, as the paper",
+            f"averaged over every lr of seed {seed} (± the mean over datasets of each dataset's std over "
+            "the lrs), as the paper's ablation table",
+        )
+    chosen = {"val": "validation", "test": "test"}[select_on]
+    return f"lr chosen on {chosen}", f"at the lr chosen on {chosen} accuracy"
+
+
 def _setting_cells(runs: pd.DataFrame, select_on: str, ddof: int, as_paper: bool) -> dict[tuple, pd.DataFrame]:
     """Per study setting, its cells' test accuracy: at the lr chosen on ``select_on``, or with
-    ``as_paper`` averaged over every lr and seed (``selection.lr_averaged``)."""
+    ``as_paper`` averaged over every lr of the paper's seed (``selection.lr_averaged``)."""
     cells = {}
+    seed = selection.paper_seed(runs) if as_paper else None
     for s in load.settings(runs):
         sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
-        cells[s] = selection.lr_averaged(sub, ddof) if as_paper else selection.choose_lrs(sub, select_on, ddof)
+        cells[s] = selection.lr_averaged(sub, ddof, seed) if as_paper else selection.choose_lrs(sub, select_on, ddof)
     return cells
 
 
@@ -296,8 +311,9 @@ def log_outputs(out_dir: str | Path, runs: pd.DataFrame, experiment: str, tracki
 
 
 def report_from_csv(path: str | Path, out_dir: str | Path, *, plasticity: pd.DataFrame | None = None, **kw) -> Report:
-    """The report of a per-run results CSV or a per-dataset summary CSV (``analysis.load``)."""
-    kind, df = load.read_csv(path)
+    """The report of a per-run results CSV or a per-dataset summary CSV (``analysis.load``); with
+    ``as_paper`` its diverged rows that were tested count, as ``report_from_mlflow`` counts them."""
+    kind, df = load.read_csv(path, diverged_tested=kw.get("as_paper", False))
     if kind == "summary":
         kw.pop("select_on", None)
         return analyse(out_dir, summary=df, plasticity=plasticity, **kw)

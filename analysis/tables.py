@@ -315,10 +315,16 @@ def dataset_table(
 
 
 def ablation_table(ab: pd.DataFrame, scale: float = 1.0, digits: int = 1) -> pd.DataFrame:
-    """``selection.optimizer_ablation`` formatted; with two optimizers, their difference (second −
-    first) as a last column."""
-    opts = [c for c in ab.columns if c != "datasets"]
-    shown = pd.DataFrame({o: [fmt(v * scale, digits) for v in ab[o]] for o in opts}, index=ab.index)
+    """``selection.setting_means`` formatted, ``mean ± std`` where it has a setting's spread
+    column; with two settings, their difference (second − first) as a last column."""
+    opts = [c for c in ab.columns if c != "datasets" and not c.endswith(selection.SPREAD)]
+
+    def cells(o: str) -> list[str]:
+        if o + selection.SPREAD not in ab:
+            return [fmt(v * scale, digits) for v in ab[o]]
+        return [mean_std(m * scale, d * scale, digits) for m, d in zip(ab[o], ab[o + selection.SPREAD])]
+
+    shown = pd.DataFrame({o: cells(o) for o in opts}, index=ab.index)
     if len(opts) == 2:
         a, b = opts
         shown[f"{b} − {a}"] = [fmt((y - x) * scale, digits) for x, y in zip(ab[a], ab[b])]

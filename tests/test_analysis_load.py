@@ -126,3 +126,69 @@ def test_read_plasticity(tmp_path):
     assert df.loc[1, ["ci_low", "ci_high"]].isna().all()
     p.write_text("model,dataset,mode,layer,component,mean,std,n,ci_low,ci_high\nm,d,shared,0,MHA,1.0,0.5,20,0.9,1.1\n")
     assert load.read_plasticity(p).loc[0, "ci_low"] == 0.9
+
+
+# ---------------------------------------------------------------- the paper's counting, compressed files
+REPO = "github.com/ambroiseodt/vit-plasticity@268c240"
+
+
+def test_a_diverged_csv_row_counts_in_the_paper_mode_as_the_mlflow_reader_counts_it(tmp_path):
+    """The reference never checks for divergence: a diverged run's tested accuracy enters its
+    tables like any other (vit-plasticity apps/vit/train.py:326-331 keeps training and evaluating;
+    apps/plots/finetuning.py:456 reads every run's test_acc). from_mlflow(diverged_tested=True)
+    counts such a run as finished; a CSV row read with diverged_tested does the same, from its
+    test_acc or, as the run record names them, diverged_test_acc and diverged_val_acc."""
+    p = tmp_path / "runs.csv"
+    p.write_text(
+        "dataset,condition,lr,seed,val_acc,test_acc,status,diverged_val_acc,diverged_test_acc\n"
+        "A,MHA,0.1,0,0.80,0.70,finished,,\n"
+        "A,MHA,0.3,0,0.55,0.50,diverged,,\n"  # its tested accuracy in test_acc
+        "A,MHA,1.0,0,,,diverged,0.12,0.10\n"  # in the record's columns (class 0 everywhere)
+        "A,MHA,3.0,0,,,diverged,,\n"  # never tested: stays diverged
+    )
+    _, default = load.read_csv(p)
+    assert list(default["status"]) == ["finished", "diverged", "diverged", "diverged"]
+    assert default["test_acc"].notna().sum() == 1
+    _, paper = load.read_csv(p, diverged_tested=True)
+    assert list(paper["status"]) == ["finished", "finished", "finished", "diverged"], REPO
+    assert paper["test_acc"].tolist()[:3] == [0.70, 0.50, 0.10]
+    assert paper["val_acc"].tolist()[:3] == [0.80, 0.55, 0.12]
+    assert paper.attrs["diverged_tested"] == 2
+
+
+def _runs_csv_text() -> str:
+    return "dataset,condition,lr,seed,test_acc\nA,X,0.1,0,0.7\nA,Y,0.1,0,0.6\n"
+
+
+@pytest.mark.parametrize("suffix", [".csv.gz", ".csv.bz2", ".csv.xz", ".csv.zip", ".gz"])
+def test_a_compressed_csv_is_read_as_the_csv_inside(tmp_path, suffix):
+    plain = tmp_path / "runs.csv"
+    plain.write_text(_runs_csv_text())
+    packed = tmp_path / f"runs{suffix}"
+    pd.read_csv(plain).to_csv(packed, index=False)  # pandas compresses by the name, as it reads
+    _, want = load.read_csv(plain)
+    _, got = load.read_csv(packed)
+    pd.testing.assert_frame_equal(got, want, check_like=True)
+
+
+def test_the_projects_own_recordings_are_read_as_runs():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "recordings" / "s012.csv.gz"
+    kind, runs = load.read_csv(path)
+    assert kind == "runs" and len(runs) == 300 and (runs["status"] == "finished").all()
+
+
+def test_a_binary_or_damaged_file_is_still_refused_in_one_line(tmp_path):
+    binary = tmp_path / "runs.csv"
+    binary.write_bytes(b"dataset,condition\x00\x01\x02")
+    fake = tmp_path / "runs.csv.gz"
+    fake.write_text(_runs_csv_text())  # named gzip, not gzip
+    inner = tmp_path / "inner.csv.gz"
+    import gzip
+
+    inner.write_bytes(gzip.compress(b"dataset,condition\x00\x01\x02"))  # gzip of a binary file
+    for p, needle in ((binary, "(binary)"), (fake, "not a readable CSV"), (inner, "(binary)")):
+        with pytest.raises(AnalysisError) as e:
+            load.read_csv(p)
+        assert needle in str(e.value) and "\n" not in str(e.value), p.name

@@ -448,5 +448,139 @@ def test_compile_auto_resolves_off_on_a_cpu_whatever_the_verdicts(tmp_path, monk
     assert engine.use_compile(cfg, torch.device("cuda"))  # the same config on a GPU: its verdict holds
     assert not engine.use_compile(cfg.replace(condition="MHA"), torch.device("cuda"))  # no verdict
     graphs = counters["stats"]["unique_graphs"]
-    out = engine.train(cfg.replace(steps=3, eval_every=3, log_every=3, warmup_steps=1))
+    out = engine.train(resolve(cfg.replace(steps=3, eval_every=3, log_every=3, warmup_steps=1)))
     assert out["status"] == "finished" and counters["stats"]["unique_graphs"] == graphs  # nothing compiled
+
+
+# ---------------------------------------------------------------- what the paper's code tests
+REPO = "github.com/ambroiseodt/vit-plasticity@268c240"
+
+
+def _reference_evaluation(loader, n_classes: int) -> float:
+    """vit-plasticity apps/vit/eval.py:70-87 on a model whose weights are NaN: each batch's
+    accuracy of the argmax of its logits (NaN everywhere), then the mean over batches."""
+    accuracy, steps = 0.0, 0
+    for _, y_batch in loader:
+        preds = torch.full((len(y_batch), n_classes), float("nan"))
+        y_pred = preds.argmax(dim=-1)
+        accuracy += (y_pred == y_batch).float().mean().item()
+        steps += 1
+    return accuracy / steps
+
+
+def test_the_class_0_accuracy_is_the_references_evaluation_of_nan_weights():
+    y = torch.tensor([0, 1, 0, 0, 1, 2, 0])
+    loader = [(torch.zeros(4, 1), y[:4]), (torch.zeros(3, 1), y[4:])]  # a last small batch
+    reference = _reference_evaluation(loader, 3)
+    assert engine.class0_accuracy(loader, torch.device("cpu"), batch_mean=True) == pytest.approx(reference), REPO
+    assert reference == pytest.approx((3 / 4 + 1 / 3) / 2)
+    assert engine.class0_accuracy(loader, torch.device("cpu")) == pytest.approx(4 / 7)  # every image once
+
+
+def test_a_run_that_diverges_before_its_first_evaluation_records_the_class_0_accuracy_the_paper_tests():
+    # the reference keeps training on NaN weights; its first evaluation (apps/vit/train.py:326-340)
+    # predicts class 0 everywhere, is saved as the best and is what apps/vit/eval.py tests
+    for accuracy in ("per_image", "batch_mean"):
+        cfg = FinetuneConfig(**{**FAST, "steps": 60, "eval_every": 30}, condition="full", lr=1e30, accuracy=accuracy)
+        res = engine.train(cfg, report=lambda m, s: None)
+        assert res["status"] == "diverged" and res["steps_done"] < 30
+        assert "test_acc" not in res and "best_val_acc" not in res  # no result of raystudy's own
+        _, splits, _ = engine.build(cfg)
+        for split, key in ((splits.test, "class0_test_acc"), (splits.val, "class0_val_acc")):
+            labels = split.pool.labels[split.indices]
+            if accuracy == "per_image":  # every image once: the share of class 0
+                assert res[key] == pytest.approx((labels == 0).double().mean().item()), key
+                continue
+            bs = engine.PAPER_TEST_BATCH if key == "class0_test_acc" else cfg.eval_batch_size
+            batches_ = [(None, labels[k : k + bs]) for k in range(0, len(labels), bs)]
+            assert res[key] == pytest.approx(_reference_evaluation(batches_, 10)), (key, REPO)
+
+
+def _labelled(n: int):
+    """A dataset whose labels are the item numbers: a batch's labels say which items it holds."""
+    return torch.utils.data.TensorDataset(torch.zeros(n, 1), torch.arange(n))
+
+
+def _cached(n: int):
+    pool = batches.TensorPool(torch.zeros(n, 1, 2, 2), torch.full((n, 2), 2), torch.arange(n), 1.0, None)
+    return batches.CachedView(pool, range(n), train=False, size=2, mean=(0.0,), std=(1.0,), augment=False)
+
+
+@pytest.mark.parametrize("make", [_labelled, _cached])
+def test_batch_mean_tests_in_the_papers_batches_of_512_on_one_process_or_across_ranks(make):
+    # the reference tests in one process, unshuffled batches of 512, the last one kept
+    # (apps/vit/configs/eval.yaml, apps/vit/eval.py:107, src/vitef/data/images/utils.py:115-116)
+    from types import SimpleNamespace
+
+    n = 1300
+    reference = [b[1].tolist() for b in torch.utils.data.DataLoader(_labelled(n), batch_size=512, shuffle=False)]
+    placed = SimpleNamespace(val=make(700), test=make(n))
+    cpu = torch.device("cpu")
+    paper = FinetuneConfig(**{**FAST, "eval_batch_size": 256}, condition="MHA", accuracy="batch_mean")
+    for size in (1, 4):  # one process; ViT-H's 4 DDP workers
+        seen, val_seen = [], []
+        for rank in range(size):
+            val, test = engine.eval_loaders(placed, paper, cpu, rank, size)
+            seen += [y.tolist() for _, y in test]
+            val_seen += [y.tolist() for _, y in val]
+        assert sorted(seen) == sorted(reference), (size, REPO)
+        # validation in eval_batch_size batches, whole ones on each rank: one process's batches
+        assert sorted(val_seen) == sorted(list(range(k, min(k + 256, 700))) for k in range(0, 700, 256)), size
+    # counted per image, every split in eval_batch_size batches, as before
+    _, test = engine.eval_loaders(placed, paper.replace(accuracy="per_image"), cpu)
+    assert [len(y) for _, y in test] == [256] * 5 + [20]
+
+
+class _ByItem(torch.nn.Module):
+    """Predicts item i's label (i mod 10) where i mod 3 != 0 and i < 1024, class 0 elsewhere: the
+    last batch of 512 is mostly wrong, and weighs more in a batch mean than per image."""
+
+    def forward(self, x):
+        ids = x[:, 0].long()
+        return torch.nn.functional.one_hot(torch.where((ids % 3 == 0) | (ids >= 1024), 0, ids % 10), 10).float()
+
+
+def _items(n: int):
+    ids = torch.arange(n)
+    return torch.utils.data.TensorDataset(ids.float()[:, None], ids % 10)
+
+
+def _rank_counts(rank: int, size: int, pg: str, out: str) -> None:
+    """One DDP rank: its test batches' mean accuracy and class-0 accuracy, summed over ranks."""
+    import json
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{pg}", rank=rank, world_size=size)
+    try:
+        cfg = FinetuneConfig(**{**FAST, "eval_batch_size": 100}, condition="MHA", accuracy="batch_mean")
+        cpu = torch.device("cpu")
+        _, test = engine.eval_loaders(SimpleNamespace(val=_items(300), test=_items(1300)), cfg, cpu, rank, size)
+        acc = engine.evaluate(_ByItem(), test, cpu, amp=False, batch_mean=True)["acc"]
+        class0 = engine.class0_accuracy(test, cpu, batch_mean=True)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump([acc, class0], f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_ddp_the_batch_mean_summed_over_ranks_is_one_processs_over_the_papers_batches(tmp_path):
+    # the reference tests in one process, batches of 512 (apps/vit/eval.py:70-87, :107); ViT-H's
+    # 4 workers each take whole batches of them, and the sums over the ranks give that mean
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "counts.json"
+    mp.spawn(_rank_counts, args=(4, str(tmp_path / "pg"), str(out)), nprocs=4, join=True)
+    acc, class0 = json.loads(out.read_text())
+    loader = torch.utils.data.DataLoader(_items(1300), batch_size=512, shuffle=False)
+    model = _ByItem()
+    reference = sum((model(x).argmax(-1) == y).float().mean().item() for x, y in loader) / len(loader)
+    # (the reference's batch accuracies are float32 means: equal to 1e-6)
+    assert acc == pytest.approx(reference, abs=1e-6), REPO
+    assert class0 == pytest.approx(_reference_evaluation(loader, 10), abs=1e-6), REPO
+    per_image = sum((model(x).argmax(-1) == y).sum().item() for x, y in loader) / 1300
+    assert abs(reference - per_image) > 0.05  # the batches matter: a strided split would not give it

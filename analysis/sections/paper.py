@@ -135,10 +135,15 @@ def main_table(s: Study) -> Section:
     )
 
 
+def _digits(s: Study) -> int:
+    """The main table's decimals: the paper's code prints its means, stds and averages with 2."""
+    return 2 if s.as_paper else 1
+
+
 def _summary_main_table(s: Study) -> tuple[str, list[Table]]:
     """A per-dataset summary's main table, as given."""
     rk = stats.ranks(stats.wide(s.best, conditions=s.compared)).mean(axis=0)
-    shown = tables.main_table(s.best, s.order, rk, s.scale)
+    shown = tables.main_table(s.best, s.order, rk, s.scale, _digits(s))
     caption = f"Test accuracy{s.unit} per dataset, as given (per-dataset summary)"
     table = Table("main_table", shown, stats.wide(s.best, conditions=s.order), caption=caption)
     return f"{caption}:\n\n{tables.markdown(shown)}", [table]
@@ -155,7 +160,7 @@ def _main_tables(s: Study) -> tuple[str, list[Table]]:
         if b is None:
             continue
         rk = stats.ranks(stats.wide(b, conditions=s.compared)).mean(axis=0)
-        shown = tables.main_table(b, s.order, rk, s.scale)
+        shown = tables.main_table(b, s.order, rk, s.scale, _digits(s))
         caption = f"Test accuracy{s.unit}, mean ± std over seeds, {label[on]}"
         written.append(Table(f"main_table_lr_on_{on}", shown, b, caption=caption))
         used = " — used by the rest of this report" if on == s.select_on else ""

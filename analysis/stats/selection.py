@@ -205,30 +205,49 @@ def relative_gain(table: pd.DataFrame, reference: str) -> pd.DataFrame:
     return table.astype(float).sub(ref, axis=0).div(ref, axis=0) * 100
 
 
-def setting_means(bests: dict[str, pd.DataFrame], conditions: Sequence[str], value: str = "test_mean") -> pd.DataFrame:
+SPREAD = " std"  # the suffix of a setting's spread column in ``setting_means``
+
+
+def setting_means(
+    bests: dict[str, pd.DataFrame], conditions: Sequence[str], value: str = "test_mean", spread: str | None = None
+) -> pd.DataFrame:
     """Per condition: the mean over datasets of ``value`` at the chosen lr, one column per setting.
 
     ``bests`` maps a setting (an optimizer for the optimizer ablation, a model, ...) to its
     ``best_lr`` table. Each condition is averaged over the datasets every setting has a number
     on (``datasets``), so the columns compare like with like; with no such dataset, NaN.
+    ``spread``: also the mean over the same datasets of that column, per setting, in a column
+    named after the setting with ``SPREAD`` appended.
     """
     names = list(bests)
     rows = []
     for c in conditions:
-        per = {o: b[b["condition"] == c].dropna(subset=[value]).set_index("dataset")[value] for o, b in bests.items()}
-        common = sorted(set.intersection(*(set(v.index) for v in per.values()))) if per else []
+        cells = {o: b[b["condition"] == c].dropna(subset=[value]).set_index("dataset") for o, b in bests.items()}
+        common = sorted(set.intersection(*(set(v.index) for v in cells.values()))) if cells else []
         row = {"condition": c, "datasets": len(common)}
         for o in names:
-            row[o] = float(per[o].loc[common].mean()) if common else math.nan
+            row[o] = float(cells[o].loc[common, value].mean()) if common else math.nan
+            if spread is not None:
+                row[o + SPREAD] = float(cells[o].loc[common, spread].mean()) if common else math.nan
         rows.append(row)
-    return pd.DataFrame(rows, columns=["condition", "datasets", *names]).set_index("condition")
+    spreads = [o + SPREAD for o in names] if spread is not None else []
+    return pd.DataFrame(rows, columns=["condition", "datasets", *names, *spreads]).set_index("condition")
 
 
-def lr_averaged(runs: pd.DataFrame, ddof: int = 0) -> pd.DataFrame:
-    """Per (dataset, condition): test accuracy averaged over every lr and seed of the grid, with
-    its std over them: the paper's ablation table, which tunes no lr (an lr-sensitive condition
-    pays for its bad lrs). Finished runs only; the columns of ``best_lr`` that ``setting_means``
-    reads (``test_mean``, ``test_std``, ``n`` the runs averaged)."""
+def paper_seed(runs: pd.DataFrame) -> int:
+    """The seed the paper's ablation table reads: 0 (its code passes ``seeds=[0]``), or the
+    smallest seed where the runs have no seed 0."""
+    seeds = set(runs["seed"].astype(int))
+    return 0 if 0 in seeds or not seeds else min(seeds)
+
+
+def lr_averaged(runs: pd.DataFrame, ddof: int = 0, seed: int | None = None) -> pd.DataFrame:
+    """Per (dataset, condition): test accuracy averaged over every lr and seed of the grid (of
+    ``seed`` alone, where given), with its std over them: the paper's ablation table, which tunes
+    no lr (an lr-sensitive condition pays for its bad lrs). Finished runs only; the columns of
+    ``best_lr`` that ``setting_means`` reads (``test_mean``, ``test_std``, ``n`` the runs averaged)."""
+    if seed is not None:
+        runs = runs[runs["seed"] == seed]
     done = runs[runs["status"] == "finished"].assign(test_acc=lambda d: d["test_acc"].astype(float))
     g = done.groupby(CELL, sort=True)["test_acc"]
     out = pd.DataFrame({"test_mean": g.mean(), "test_std": g.std(ddof=ddof), "n": g.size()}).reset_index()

@@ -249,6 +249,13 @@ DIVERGED_TESTED = ["diverged_val_acc", "diverged_test_acc"]
 ROW_COLUMNS = [c for c in RUN_COLUMNS + EXTRA_COLUMNS + DIVERGED_TESTED if c != "start_time"]
 
 
+def _tested(metrics: dict[str, float], key: str, before_any: str) -> float:
+    """A diverged run's ``key`` metric, else ``before_any`` (logged where it diverged before its first
+    evaluation), else NaN."""
+    value = as_number(metrics.get(key))
+    return value if not math.isnan(value) else as_number(metrics.get(before_any))
+
+
 def run_row(
     run_id: str, run_status: str, tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]
 ) -> dict[str, Any]:
@@ -287,9 +294,10 @@ def run_row(
         "linear_probe_data": params.get("linear_probe_data", "clean"),
         # logged by finished and diverged runs alike: the count does not depend on the outcome
         "trainable_params": as_number(metrics.get("trainable_params")),
-        # a diverged run's best checkpoint before it diverged, tested: what the paper's code keeps
-        "diverged_val_acc": as_number(metrics.get("best_val_acc")) if status == "diverged" else math.nan,
-        "diverged_test_acc": as_number(metrics.get("test_acc")) if status == "diverged" else math.nan,
+        # a diverged run's best checkpoint before it diverged, tested: what the paper's code keeps;
+        # diverged before its first evaluation, its class-0 accuracies (what the paper's code tests)
+        "diverged_val_acc": _tested(metrics, "best_val_acc", "class0_val_acc") if status == "diverged" else math.nan,
+        "diverged_test_acc": _tested(metrics, "test_acc", "class0_test_acc") if status == "diverged" else math.nan,
     }
     return {c: values[c] for c in ROW_COLUMNS}  # the columns in the list's order, none beside it
 

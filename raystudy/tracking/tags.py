@@ -17,8 +17,19 @@ STOPPED_AT = "raystudy.stopped_at"  # the step an adaptive policy stopped the tr
 WORKER, RESUMED_FROM, LAST_ERROR = "raystudy.worker", "raystudy.resumed_from", "raystudy.last_error"
 REHEARSAL = "raystudy.rehearsal"  # "1" on a dress rehearsal's runs (``raystudy grid --rehearse``): synthetic numbers
 
-# Final results logged as metrics.
-FINAL_METRICS = ("best_val_acc", "test_acc", "test_loss", "best_step", "steps_done", "wall_s", "trainable_params")
+# Final results logged as metrics; class0_*: a run that diverged before its first evaluation,
+# the accuracies of predicting class 0 everywhere (what the paper's code tests for it).
+FINAL_METRICS = (
+    "best_val_acc",
+    "test_acc",
+    "test_loss",
+    "best_step",
+    "steps_done",
+    "wall_s",
+    "trainable_params",
+    "class0_val_acc",
+    "class0_test_acc",
+)
 # Step metrics reported by the loop.
 STEP_METRICS = ("loss", "scheduled_lr", "val_acc", "val_loss", "best_val_acc")
 

@@ -113,8 +113,8 @@ class FinetuneConfig:
     log_every: int = 50
     eval_batch_size: int = 256
     accuracy: str = "per_image"  # per_image: every image counts once; batch_mean: the mean of
-    # per-batch accuracies, as the paper's code counts (eval
-    # batches of 512 there; a last small batch weighs as much)
+    # per-batch accuracies, as the paper's code counts (a last small batch weighs as much): the
+    # test in its batches of 512 whatever eval_batch_size is, validation in eval_batch_size ones
     probe_pairs: int = 0  # plasticity pairs probed before and after (0: no probe)
     probe_pairing: str = "random"  # random: seeded draws; sequential: each split in loader
     # order, whole batches, cycled (the paper's measurement)

@@ -18,7 +18,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -199,6 +199,70 @@ def evaluate(
     return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
 
 
+def _labels(loader) -> Iterable[torch.Tensor]:
+    """The label batches of an eval loader, cut as its batches are; the cache path's straight
+    from its pool, without transforming an image."""
+    if isinstance(loader, batches.DeviceEval):
+        idx, labels = loader.view.indices, loader.view.pool.labels
+        for k in range(0, len(idx), loader.batch_size):
+            yield labels[idx[k : k + loader.batch_size]]
+    else:
+        for _, y in loader:
+            yield torch.as_tensor(y)
+
+
+def class0_accuracy(loader, device: torch.device, batch_mean: bool = False) -> float:
+    """The accuracy of predicting class 0 for every image of ``loader``, counted as ``evaluate``
+    counts it (summed over DDP ranks), from the labels alone: no forward pass.
+
+    What the paper's code tests for a run whose weights turned NaN before its first evaluation:
+    nothing stops it, the argmax of NaN logits is class 0, and that first evaluation, the best
+    it will see, is the checkpoint it tests.
+    """
+    # images predicted right, images, sum of batch accuracies, batches
+    stats = torch.zeros(4, device=device, dtype=torch.float64)
+    for y in _labels(loader):
+        hits = (y == 0).sum().item()
+        stats += torch.tensor([hits, len(y), hits / len(y), 1], device=device, dtype=torch.float64)
+    if world()[1] > 1:
+        dist.all_reduce(stats)
+    correct, n, batch_acc, batches_seen = stats.tolist()
+    return batch_acc / max(batches_seen, 1) if batch_mean else correct / max(n, 1)
+
+
+# The paper's test batches (its evaluation's batch_size): a batch mean is over these.
+PAPER_TEST_BATCH = 512
+
+
+def eval_split(ds, rank: int, size: int, block: int = 0):
+    """One DDP rank's part of an eval split: every ``size``-th item (``block`` 0), or every
+    ``size``-th run of ``block`` consecutive items. Batches of ``block`` cut from the latter are
+    the very batches one process cuts from the whole split, so a mean over batches summed across
+    the ranks is that process's mean."""
+    if size == 1 or block <= 0:
+        return batches.shard(ds, rank, size)
+    keep = [i for s in range(rank * block, len(ds), size * block) for i in range(s, min(s + block, len(ds)))]
+    if isinstance(ds, batches.CachedView):
+        return ds.like(indices=ds.indices.cpu()[torch.as_tensor(keep, dtype=torch.int64)])
+    return torch.utils.data.Subset(ds, keep)
+
+
+def eval_loaders(placed, cfg: FinetuneConfig, device: torch.device, rank: int = 0, size: int = 1):
+    """(validation, test) batches of this rank. Validation in ``eval_batch_size`` batches; test in
+    those too, or, counting accuracy as the paper does (``batch_mean``), in its batches of 512 in
+    the split's order, whatever ``eval_batch_size`` is. Under ``batch_mean`` each DDP rank takes
+    whole batches (``eval_split``): the batches, and so the mean over them, are one process's."""
+    batch_mean = cfg.accuracy == "batch_mean"
+    out = []
+    for ds, bs in (
+        (placed.val, cfg.eval_batch_size),
+        (placed.test, PAPER_TEST_BATCH if batch_mean else cfg.eval_batch_size),
+    ):
+        part = eval_split(ds, rank, size, bs if batch_mean else 0)
+        out.append(batches.eval_batches(part, bs, device, cfg.num_workers))
+    return tuple(out)
+
+
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Copies of the trainable tensors: all a checkpoint needs, since the rest never changes."""
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -365,12 +429,7 @@ def _train(
     micro = cfg.batch_size // cfg.grad_accum // size
     # Cache path: the tensor pools move to the device once; batches are cut and augmented there.
     placed = batches.place(splits, device)
-    val_loader = batches.eval_batches(
-        batches.shard(placed.val, rank, size), cfg.eval_batch_size, device, cfg.num_workers
-    )
-    test_loader = batches.eval_batches(
-        batches.shard(placed.test, rank, size), cfg.eval_batch_size, device, cfg.num_workers
-    )
+    val_loader, test_loader = eval_loaders(placed, cfg, device, rank, size)
     report = report or (lambda metrics, state: None)
 
     # -- resume
@@ -467,6 +526,11 @@ def _train(
         )
         if cfg.probe_pairs and status == "finished":  # the best-validation weights, finetuned
             results["plasticity_after"] = probe_plasticity(plan, model, splits)
+    elif status == "diverged":  # before its first evaluation: what the paper's code tests then
+        results.update(
+            class0_val_acc=class0_accuracy(val_loader, device, batch_mean),
+            class0_test_acc=class0_accuracy(test_loader, device, batch_mean),
+        )
     if probe_before is not None:
         results["plasticity_before"] = probe_before
     results["wall_s"] = time.perf_counter() - t0
