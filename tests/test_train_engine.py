@@ -482,10 +482,10 @@ def test_a_run_that_diverges_before_its_first_evaluation_records_the_class_0_acc
     # predicts class 0 everywhere, is saved as the best and is what apps/vit/eval.py tests
     for accuracy in ("per_image", "batch_mean"):
         cfg = FinetuneConfig(**{**FAST, "steps": 60, "eval_every": 30}, condition="full", lr=1e30, accuracy=accuracy)
-        res = engine.train(cfg, report=lambda m, s: None)
+        res = engine.train(resolve(cfg), report=lambda m, s: None)
         assert res["status"] == "diverged" and res["steps_done"] < 30
         assert "test_acc" not in res and "best_val_acc" not in res  # no result of raystudy's own
-        _, splits, _ = engine.build(cfg)
+        _, splits, _ = engine.build(resolve(cfg))
         for split, key in ((splits.test, "class0_test_acc"), (splits.val, "class0_val_acc")):
             labels = split.pool.labels[split.indices]
             if accuracy == "per_image":  # every image once: the share of class 0
