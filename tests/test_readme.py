@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-import test_imports
+from tests import test_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
