@@ -135,7 +135,7 @@ def image_folder():
 
 
 # The training tests' trial: the demo ViT from random init, 12 steps of 32 images on digits_c,
-# evaluated at steps 6 and 12 -- seconds on one core, yet every phase of the loop runs.
+# evaluated at steps 6 and 12: seconds on one core.
 FAST = dict(
     model="vit_demo",
     pretrained=False,

@@ -13,18 +13,6 @@ from raystudy.models import registry
 from raystudy.train import engine
 from raystudy.train.config import ConfigError, FinetuneConfig, validate
 
-FAST = dict(
-    model="vit_demo",
-    pretrained=False,
-    dataset="digits_c",
-    steps=12,
-    warmup_steps=2,
-    batch_size=32,
-    eval_every=6,
-    log_every=3,
-    eval_batch_size=512,
-)
-
 
 def array_pool(n=300, hw=(32, 32), seed=0):
     rng = np.random.default_rng(seed)
@@ -137,9 +125,9 @@ def test_data_path_is_validated_with_one_line():
     assert datasets.resolve_data_path("auto", "cifar10") == "torchvision"
 
 
-def test_demo_on_both_paths_evaluates_identically():
+def test_demo_on_both_paths_evaluates_identically(fast_config):
     """The demo's ready tensors are only normalised: both paths hand the model the same images."""
-    cfg = FinetuneConfig(**FAST)
+    cfg = fast_config()
     torch.manual_seed(0)
     model, tv, _ = engine.build(cfg.replace(data_path="torchvision"))
     ca = datasets.build_splits("digits_c", seed=0, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
@@ -150,17 +138,17 @@ def test_demo_on_both_paths_evaluates_identically():
 
 
 @pytest.mark.parametrize("path", ["torchvision", "cache"])
-def test_the_loop_runs_on_either_path(path):
-    res = engine.train(FinetuneConfig(**FAST, condition="MHA", data_path=path))
+def test_the_loop_runs_on_either_path(path, fast_config):
+    res = engine.train(fast_config(condition="MHA", data_path=path))
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
 
 
-def test_the_hot_loop_reads_nothing_back_from_the_device():
+def test_the_hot_loop_reads_nothing_back_from_the_device(fast_config):
     """No .item(), no bool(tensor), no tolist() between steps: every host read of a tensor goes
     through aten::_local_scalar_dense (or a copy to a host list), which the profiler records."""
     from torch.profiler import ProfilerActivity, profile
 
-    cfg = FinetuneConfig(**FAST, condition="full", data_path="cache")
+    cfg = fast_config(condition="full", data_path="cache")
     torch.manual_seed(0)
     model, splits, _ = engine.build(cfg)
     cpu = torch.device("cpu")
@@ -177,8 +165,8 @@ def test_the_hot_loop_reads_nothing_back_from_the_device():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_no_host_device_sync_in_the_hot_loop_on_gpu():
-    cfg = FinetuneConfig(**FAST, condition="full", data_path="cache")
+def test_no_host_device_sync_in_the_hot_loop_on_gpu(fast_config):
+    cfg = fast_config(condition="full", data_path="cache")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     model, splits, _ = engine.build(cfg)

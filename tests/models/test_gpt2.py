@@ -1,6 +1,7 @@
 """GPT-2: components over Hugging Face's names, plasticity probes checked against a hand
 computation, token files, and a finetuning condition through the engine (tiny, random init)."""
 
+import functools
 import math
 
 import numpy as np
@@ -280,31 +281,37 @@ def test_probe_cli_refuses_tokens_that_do_not_fit(tmp_path, capsys, argv, msg):
 
 # ---------------------------------------------------------------- finetuning
 
-FAST = dict(
-    model="gpt2_tiny",
-    dataset="tokens_rule",
-    steps=4,
-    warmup_steps=1,
-    batch_size=16,
-    eval_every=2,
-    log_every=2,
-    eval_batch_size=128,
-    device="cpu",
-    lr=0.1,
-)
+
+@pytest.fixture()
+def fast_config(fast_config):
+    """conftest's fast trial on GPT-2's tiny model (random init) and token ids: 4 steps on the CPU."""
+    return functools.partial(
+        fast_config,
+        model="gpt2_tiny",
+        pretrained=True,  # FinetuneConfig's default: gpt2_tiny has no weights to load either way
+        dataset="tokens_rule",
+        steps=4,
+        warmup_steps=1,
+        batch_size=16,
+        eval_every=2,
+        log_every=2,
+        eval_batch_size=128,
+        device="cpu",
+        lr=0.1,
+    )
 
 
-def test_a_token_model_and_an_image_dataset_are_refused_before_any_work():
+def test_a_token_model_and_an_image_dataset_are_refused_before_any_work(fast_config):
     with pytest.raises(ConfigError, match="reads token ids, dataset 'digits_c' does not"):
-        validate(FinetuneConfig(**{**FAST, "dataset": "digits_c"}))
+        validate(fast_config(dataset="digits_c"))
     with pytest.raises(ConfigError, match="reads images, dataset 'tokens_rule' does not"):
         validate(FinetuneConfig(model="vit_demo", dataset="tokens_rule"))
     with pytest.raises(ConfigError, match="reads token ids: use normalization: checkpoint"):
-        validate(FinetuneConfig(**FAST, normalization="imagenet"))
+        validate(fast_config(normalization="imagenet"))
 
 
-def test_mha_condition_trains_only_gpt2_attention_and_the_head():
-    cfg = FinetuneConfig(**FAST, condition="MHA", probe_pairs=8)
+def test_mha_condition_trains_only_gpt2_attention_and_the_head(fast_config):
+    cfg = fast_config(condition="MHA", probe_pairs=8)
     torch.manual_seed(0)
     model = registry.create_model("gpt2_tiny", 4)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -387,8 +394,8 @@ def test_a_weights_file_loads_into_the_body_and_the_head_stays_fresh(tmp_path):
     assert model.head.out_features == 7
 
 
-def test_the_papers_linear_probe_runs_on_gpt2_features():
-    res = engine.train(FinetuneConfig(**FAST, condition="linear_probe"))
+def test_the_papers_linear_probe_runs_on_gpt2_features(fast_config):
+    res = engine.train(fast_config(condition="linear_probe"))
     assert res["status"] == "finished" and res["steps_done"] == 0
     assert res["trainable_params/HEAD"] == 4 * 32 + 4  # 4 classes over width-32 pooled features
     assert 0.0 <= res["test_acc"] <= 1.0

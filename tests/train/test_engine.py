@@ -7,18 +7,6 @@ from raystudy.data import batches
 from raystudy.train import engine
 from raystudy.train.config import FinetuneConfig
 
-FAST = dict(
-    model="vit_demo",
-    pretrained=False,
-    dataset="digits_c",
-    steps=12,
-    warmup_steps=2,
-    batch_size=32,
-    eval_every=6,
-    log_every=3,
-    eval_batch_size=512,
-)
-
 
 def test_get_lr_warmup_then_cosine():
     lr = lambda s: engine.get_lr(s, 1.0, 10, 110)  # noqa: E731
@@ -45,8 +33,8 @@ def test_grad_norms_per_component_and_clip():
 
 
 @pytest.mark.parametrize("cond", ["LN1", "FC2", "linear_probe", "lora"])
-def test_frozen_parameters_do_not_change_and_have_no_optimizer_state(cond):
-    cfg = FinetuneConfig(**FAST, condition=cond)
+def test_frozen_parameters_do_not_change_and_have_no_optimizer_state(cond, fast_config):
+    cfg = fast_config(condition=cond)
     torch.manual_seed(0)
     model, splits, _ = engine.build(cfg)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -67,8 +55,8 @@ def test_frozen_parameters_do_not_change_and_have_no_optimizer_state(cond):
     assert state_params == {id(p) for n, p in after.items() if n not in frozen}
 
 
-def test_train_reports_per_component_grad_norms_and_resumes():
-    cfg = FinetuneConfig(**FAST, condition="MHA+FC1")
+def test_train_reports_per_component_grad_norms_and_resumes(fast_config):
+    cfg = fast_config(condition="MHA+FC1")
     logs, states = [], []
     res = engine.train(cfg, report=lambda m, s: (logs.append(m), s is not None and states.append(s)))
     assert res["status"] == "finished" and 0 <= res["test_acc"] <= 1
@@ -89,14 +77,14 @@ def test_train_reports_per_component_grad_norms_and_resumes():
     assert res2["status"] == "finished"
 
 
-def test_same_seed_same_result():
-    cfg = FinetuneConfig(**FAST, condition="FC2")
+def test_same_seed_same_result(fast_config):
+    cfg = fast_config(condition="FC2")
     a, b = engine.train(cfg), engine.train(cfg)
     assert a["test_acc"] == b["test_acc"] and a["final_loss"] == b["final_loss"]
 
 
-def test_grad_accumulation_matches_one_big_batch():
-    cfg = FinetuneConfig(**FAST, condition="full")
+def test_grad_accumulation_matches_one_big_batch(fast_config):
+    cfg = fast_config(condition="full")
     torch.manual_seed(0)
     model, splits, _ = engine.build(cfg)
     x, y = next(batches.train_batches(splits.train, 32, seed=0))
@@ -114,8 +102,8 @@ def test_grad_accumulation_matches_one_big_batch():
     assert r1["grad_norm/total"].item() == pytest.approx(r2["grad_norm/total"].item(), rel=1e-4)
 
 
-def test_diverging_run_stops_and_says_so():
-    cfg = FinetuneConfig(**{**FAST, "steps": 60, "eval_every": 30}, condition="full", lr=1e30)
+def test_diverging_run_stops_and_says_so(fast_config):
+    cfg = fast_config(steps=60, eval_every=30, condition="full", lr=1e30)
     logs = []
     res = engine.train(cfg, report=lambda m, s: logs.append(m))
     assert res["status"] == "diverged"
@@ -258,10 +246,10 @@ def _record(into, states=None):
     return report
 
 
-def test_resume_continues_the_batch_stream_and_each_step_runs_once():
+def test_resume_continues_the_batch_stream_and_each_step_runs_once(fast_config):
     # A retry's first step is the checkpoint's step + 1 and sees the batches the uninterrupted
     # run saw, so its measurements are the uninterrupted run's.
-    cfg = FinetuneConfig(**{**FAST, "steps": 10, "eval_every": 4, "log_every": 1}, condition="MHA")
+    cfg = fast_config(steps=10, eval_every=4, log_every=1, condition="MHA")
     full, states = [], []
     engine.train(cfg, report=_record(full, states))
     resumed = []
@@ -310,8 +298,8 @@ def test_same_seed_same_result_after_a_cache_build_and_a_disturbed_rng(tmp_path,
     assert first["final_loss"] == second["final_loss"] and first["test_loss"] == second["test_loss"]
 
 
-def test_a_trial_leaves_the_callers_global_rng_alone():
-    cfg = FinetuneConfig(**{**FAST, "steps": 2, "warmup_steps": 1, "eval_every": 2}, condition="FC2")
+def test_a_trial_leaves_the_callers_global_rng_alone(fast_config):
+    cfg = fast_config(steps=2, warmup_steps=1, eval_every=2, condition="FC2")
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
@@ -319,11 +307,11 @@ def test_a_trial_leaves_the_callers_global_rng_alone():
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_a_stop_request_checkpoints_the_current_step_and_the_retry_continues_from_it():
+def test_a_stop_request_checkpoints_the_current_step_and_the_retry_continues_from_it(fast_config):
     # A preemption notice seen after step 5 (no evaluation there) checkpoints step 5.
     from raystudy.errors import Preempted
 
-    cfg = FinetuneConfig(**{**FAST, "steps": 8, "eval_every": 4, "log_every": 1}, condition="MHA")
+    cfg = fast_config(steps=8, eval_every=4, log_every=1, condition="MHA")
     full = []
     engine.train(cfg, report=_record(full))
     first, states = [], []
@@ -403,10 +391,10 @@ def test_fp32_precision_evaluates_without_autocast():
     assert seen == [torch.bfloat16, torch.float32]
 
 
-def test_the_last_step_is_evaluated_unless_eval_last_is_off_as_the_papers_code():
+def test_the_last_step_is_evaluated_unless_eval_last_is_off_as_the_papers_code(fast_config):
     # the reference evaluates only when step % eval_period == 0 (apps/vit/train.py:326); with a
     # period over the run's steps it sets the period to the steps (apps/vit/train.py:96-97)
-    cfg = FinetuneConfig(**{**FAST, "steps": 10, "eval_every": 4, "log_every": 5}, condition="MHA")
+    cfg = fast_config(steps=10, eval_every=4, log_every=5, condition="MHA")
     seen = {}
     for eval_last in (True, False):
         logs = []
@@ -417,13 +405,11 @@ def test_the_last_step_is_evaluated_unless_eval_last_is_off_as_the_papers_code()
     assert [s for s in range(1, 11) if engine.evaluates(s, paper.replace(eval_every=20))] == [10]
 
 
-def test_a_run_that_diverges_after_an_evaluation_tests_its_best_checkpoint_so_far():
+def test_a_run_that_diverges_after_an_evaluation_tests_its_best_checkpoint_so_far(fast_config):
     # the paper's code never checks for divergence: the best earlier checkpoint is still tested
     # (apps/vit/train.py:326-331 evaluates, nothing stops the run); raystudy stops early and tests
     # it too, recorded as diverged
-    cfg = FinetuneConfig(
-        **{**FAST, "steps": 40, "warmup_steps": 20, "eval_every": 1, "log_every": 1}, condition="full", lr=1e30
-    )
+    cfg = fast_config(steps=40, warmup_steps=20, eval_every=1, log_every=1, condition="full", lr=1e30)
     res = engine.train(cfg, report=lambda m, s: None)
     assert res["status"] == "diverged" and res["steps_done"] < cfg.steps
     assert res["best_step"] >= 1 and 0.0 <= res["test_acc"] <= 1.0

@@ -1,5 +1,6 @@
 """A trial is resolved once (``raystudy.train.plan``): the loop and its helpers derive none of it again."""
 
+import functools
 import types
 
 import pytest
@@ -9,20 +10,14 @@ from raystudy.data import datasets
 from raystudy.errors import ConfigError
 from raystudy.models import components, registry
 from raystudy.train import config, engine, trial
-from raystudy.train.config import FinetuneConfig
 from raystudy.train.plan import TrialPlan, resolve
 
-FAST = dict(
-    model="vit_demo",
-    pretrained=False,
-    dataset="digits_c",
-    steps=8,
-    warmup_steps=2,
-    batch_size=32,
-    eval_every=4,
-    log_every=4,
-    eval_batch_size=512,
-)
+
+@pytest.fixture()
+def fast_config(fast_config):
+    """conftest's fast trial, 8 steps evaluated at 4 and 8."""
+    return functools.partial(fast_config, steps=8, eval_every=4, log_every=4)
+
 
 # The derivations a trial makes once, in ``resolve``: the model's inputs, its normalisation, its
 # family record, the probe's source, the condition's components, and the checks of the names.
@@ -54,8 +49,8 @@ def _count(monkeypatch) -> dict[str, int]:
     return calls
 
 
-def test_resolve_holds_what_a_trial_is():
-    cfg = FinetuneConfig(**FAST, condition="MHA+FC1", optimizer="adamw", lr=0.01)
+def test_resolve_holds_what_a_trial_is(fast_config):
+    cfg = fast_config(condition="MHA+FC1", optimizer="adamw", lr=0.01)
     plan = resolve(cfg)
     ic = registry.input_config("vit_demo")
     assert plan.cfg is cfg and plan.model == registry.check_model("vit_demo")
@@ -71,16 +66,16 @@ def test_resolve_holds_what_a_trial_is():
         resolve(cfg.replace(condition="MHA+XYZ"))
 
 
-def test_resolve_derives_the_inputs_once(monkeypatch):
+def test_resolve_derives_the_inputs_once(monkeypatch, fast_config):
     calls = _count(monkeypatch)
-    resolve(FinetuneConfig(**FAST, probe_pairs=8))
+    resolve(fast_config(probe_pairs=8))
     assert calls["input_config"] == 1 and calls["normalization"] == 0 and calls["normalization_of"] == 1
     assert calls["_check_names"] == 1 and calls["parse_condition"] == 1 and calls["source_dataset"] == 1
 
 
 @pytest.mark.parametrize("condition", ["MHA", "linear_probe"])
-def test_train_given_a_plan_derives_nothing_again(monkeypatch, condition):
-    cfg = FinetuneConfig(**FAST, condition=condition, probe_pairs=8)
+def test_train_given_a_plan_derives_nothing_again(monkeypatch, condition, fast_config):
+    cfg = fast_config(condition=condition, probe_pairs=8)
     want = engine.train(cfg)
     plan = resolve(cfg)
     calls = _count(monkeypatch)
@@ -89,7 +84,7 @@ def test_train_given_a_plan_derives_nothing_again(monkeypatch, condition):
     assert {k: v for k, v in got.items() if k != "wall_s"} == {k: v for k, v in want.items() if k != "wall_s"}
 
 
-def test_a_trial_resolves_its_config_once(monkeypatch):
+def test_a_trial_resolves_its_config_once(monkeypatch, fast_config):
     reports = []
     # Tune's session, stood in for: no checkpoint to resume, reports kept here.
     fake_tune = types.SimpleNamespace(
@@ -102,7 +97,7 @@ def test_a_trial_resolves_its_config_once(monkeypatch):
     real_train = engine.train
     monkeypatch.setattr(engine, "train", lambda cfg, **kw: (resolved.append(type(cfg)), real_train(cfg, **kw))[1])
     calls = _count(monkeypatch)
-    cfg = FinetuneConfig(**FAST, condition="MHA", probe_pairs=8)
+    cfg = fast_config(condition="MHA", probe_pairs=8)
     threads = torch.get_num_threads()
     try:
         trial.run_trial({"trial": {"key": "k", "finetune": cfg.to_dict()}, "threads": 1})

@@ -1,29 +1,29 @@
 """The dress rehearsal's trial (``raystudy.train.rehearsal``): the real trial's schedule and names,
 numbers from a curve seeded by the trial's key, checkpoints and resumption, its time, no torch."""
 
+import functools
 import subprocess
 import sys
 
 import pytest
 
 from raystudy.train import rehearsal
-from raystudy.train.config import FinetuneConfig
-
-FAST = dict(
-    model="vit_demo",
-    pretrained=False,
-    dataset="digits_c",
-    steps=12,
-    warmup_steps=2,
-    batch_size=32,
-    eval_every=5,
-    log_every=3,
-    eval_batch_size=512,
-)
 
 
-def trial(key="k1", **cfg):
-    return {"key": key, "finetune": FinetuneConfig(**{**FAST, **cfg}).to_dict(), "gpu": 0, "cpu": 1, "workers": 1}
+@pytest.fixture()
+def fast_config(fast_config):
+    """conftest's fast trial, evaluated every 5 steps (at 5, 10 and its last, 12)."""
+    return functools.partial(fast_config, eval_every=5)
+
+
+@pytest.fixture()
+def trial(fast_config):
+    """Builds a trial as the driver hands it to the trainable: ``trial(key="k1", **cfg)``."""
+
+    def make(key="k1", **cfg):
+        return {"key": key, "finetune": fast_config(**cfg).to_dict(), "gpu": 0, "cpu": 1, "workers": 1}
+
+    return make
 
 
 class Checkpoint:
@@ -67,13 +67,13 @@ def collect(t, seconds=0.0, every_s=0.0, start=0):
     return out
 
 
-def test_the_schedule_and_names_are_the_real_trials():
+def test_the_schedule_and_names_are_the_real_trials(fast_config):
     """The engine's own reports, on a tiny config, against the rehearsal's: the same steps,
     the same metric names in each, the same evaluations carrying a state, the same final keys."""
     from raystudy.train import engine
 
     for cond, extra in (("MHA+FC1", {}), ("LN2", {"eval_every": 4, "eval_last": False, "steps": 10})):
-        cfg = FinetuneConfig(**{**FAST, **extra}, condition=cond)
+        cfg = fast_config(**extra, condition=cond)
         real = []
         results = engine.train(cfg, report=lambda m, s: real.append((m, s is not None)))
         fake = list(rehearsal.reports("k", cfg))
@@ -85,7 +85,7 @@ def test_the_schedule_and_names_are_the_real_trials():
         }
 
 
-def test_linear_probe_reports_only_its_final_results():
+def test_linear_probe_reports_only_its_final_results(trial):
     out = collect(trial(condition="linear_probe"))
     assert len(out) == 1
     final, ckpt = out[0]
@@ -93,18 +93,18 @@ def test_linear_probe_reports_only_its_final_results():
     assert {"best_val_acc", "test_acc", "test_loss", "best_step", "trainable_params"} <= set(final)
 
 
-def test_the_lr_and_evaluation_rules_are_the_engines():
+def test_the_lr_and_evaluation_rules_are_the_engines(fast_config):
     from raystudy.train import engine
 
     for steps, warm in ((10, 0), (120, 12), (7, 3)):
         for step in range(steps + 2):
             assert rehearsal.get_lr(step, 0.3, warm, steps) == engine.get_lr(step, 0.3, warm, steps)
     for every, last in ((4, True), (4, False), (20, False), (3, True)):
-        cfg = FinetuneConfig(**{**FAST, "steps": 10, "eval_every": every, "eval_last": last})
+        cfg = fast_config(steps=10, eval_every=every, eval_last=last)
         assert [rehearsal.evaluates(s, cfg) for s in range(1, 11)] == [engine.evaluates(s, cfg) for s in range(1, 11)]
 
 
-def test_a_trial_key_always_draws_the_same_curve_and_another_key_another():
+def test_a_trial_key_always_draws_the_same_curve_and_another_key_another(trial):
     a, b, other = collect(trial("k1")), collect(trial("k1")), collect(trial("k2"))
     strip = [{k: v for k, v in m.items() if k != "wall_s"} for m, _ in a]
     assert strip == [{k: v for k, v in m.items() if k != "wall_s"} for m, _ in b]
@@ -116,7 +116,7 @@ def test_a_trial_key_always_draws_the_same_curve_and_another_key_another():
     assert a[-1][0]["best_val_acc"] == max(e["val_acc"] for e in evals)
 
 
-def test_tune_sees_the_real_reporting_checkpoints_and_a_resume_goes_on_where_it_stopped():
+def test_tune_sees_the_real_reporting_checkpoints_and_a_resume_goes_on_where_it_stopped(trial):
     out = collect(trial())
     evals = [(m, c) for m, c in out if not m.get("final")]
     assert [m["step"] for m, _ in evals] == [5, 10, 12]  # eval_every 5, and the last step
@@ -138,7 +138,7 @@ def test_tune_sees_the_real_reporting_checkpoints_and_a_resume_goes_on_where_it_
     assert all(c is None for _, c in collect(trial(), every_s=3600))
 
 
-def test_a_trial_takes_about_its_seconds_and_a_resumed_one_what_is_left():
+def test_a_trial_takes_about_its_seconds_and_a_resumed_one_what_is_left(trial):
     import time
 
     for start, share in ((0, 1.0), (6, 0.5)):  # from step 6 of 12: half the time is left
