@@ -2,7 +2,7 @@
 
     python benchmarks/suite_cpu.py -m slow               # the slow tier, one test at a time
     python benchmarks/suite_cpu.py -m "not slow" --top 40
-    python benchmarks/suite_cpu.py tests/test_grid_ray.py
+    python benchmarks/suite_cpu.py tests/commands/test_grid_ray.py
     python benchmarks/suite_cpu.py -m slow --processes   # and by kind of process, how many started
 
 Both tiers keep a 2-core machine busy under ``-n 2``, so a tier's wall time is about its CPU

@@ -1,9 +1,10 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from tests.helpers import REPO, domainnet_folder, study_files
 
 _PRETRAIN: dict = {}
 _SESSION: dict = {}
@@ -11,30 +12,15 @@ _SESSION: dict = {}
 
 # What a user's study keeps in the checkout (the README's commands run there): no test may write
 # into it, so the suite is safe to run next to a real study.
-_REPO = Path(__file__).resolve().parents[1]
-_STUDY_FILES = ("mlflow.db", "mlruns", "mlartifacts")
-
-
-def _study_files() -> dict:
-    seen = {}
-    for name in _STUDY_FILES:
-        p = _REPO / name
-        if p.is_file():
-            seen[name] = (p.stat().st_mtime_ns, p.stat().st_size)
-        elif p.is_dir():
-            seen[name] = sorted((str(q), q.stat().st_mtime_ns) for q in p.rglob("*"))
-    return seen
-
-
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run if a test wrote into the checkout's MLflow store or artifact folders."""
     if hasattr(session.config, "workerinput") or "study_files" not in _SESSION:
         return
-    before, after = _SESSION["study_files"], _study_files()
+    before, after = _SESSION["study_files"], study_files(REPO)
     changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
     if changed:
         _SESSION["stray"] = (
-            f"the tests wrote into {', '.join(str(_REPO / n) for n in changed)}: a test used "
+            f"the tests wrote into {', '.join(str(REPO / n) for n in changed)}: a test used "
             "the working directory's MLflow store; give it its own (tmp_path)"
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -63,7 +49,7 @@ def pytest_sessionstart(session):
 
     if hasattr(session.config, "workerinput"):  # an xdist worker: the controller does both
         return
-    _SESSION["study_files"] = _study_files()
+    _SESSION["study_files"] = study_files(REPO)
     if session.config.getoption("markexpr", "") == "gpu":  # the GPU machine's run needs no demo
         return
     if not registry.weights_file("vit_demo").is_file():
@@ -91,7 +77,7 @@ def shared_ray():
     import shutil
     import tempfile
 
-    from drivers import hold_ray, release_ray
+    from tests.helpers import hold_ray, release_ray
 
     ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # Ray's sockets need a short path
     proc, address = hold_ray(ray_tmp)
@@ -142,25 +128,38 @@ def mlflow_uri(tmp_path, _empty_mlflow_db):
     return f"sqlite:///{tmp_path}/mlflow.db"
 
 
-def _image_folder(root, n: int = 10, max_side: int = 400):
-    """A DomainNet-like sketch domain under ``root``: two classes of ``n`` PNGs of assorted sizes."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in ("apple", "bus"):
-        d = root / "domainnet" / "sketch" / c
-        d.mkdir(parents=True)
-        for i in range(n):
-            h, w = int(rng.integers(150, max_side)), int(rng.integers(150, max_side))
-            small = rng.integers(0, 256, (h // 16, w // 16, 3), dtype=np.uint8)
-            Image.fromarray(small).resize((w, h), Image.BICUBIC).save(d / f"{i}.png")
-
-
 @pytest.fixture()
 def image_folder():
     """Writes a DomainNet-like image folder: ``image_folder(root, n=10, max_side=400)``."""
-    return _image_folder
+    return domainnet_folder
+
+
+# The training tests' trial: the demo ViT from random init, 12 steps of 32 images on digits_c,
+# evaluated at steps 6 and 12: seconds on one core.
+FAST = dict(
+    model="vit_demo",
+    pretrained=False,
+    dataset="digits_c",
+    steps=12,
+    warmup_steps=2,
+    batch_size=32,
+    eval_every=6,
+    log_every=3,
+    eval_batch_size=512,
+)
+
+
+@pytest.fixture()
+def fast_config():
+    """Builds the ``FinetuneConfig`` of a trial that trains in seconds: ``fast_config(**changes)``, ``FAST``
+    with ``changes``. A test module whose trials differ overrides this fixture with its own settings
+    (``functools.partial(fast_config, ...)``)."""
+    from raystudy.train.config import FinetuneConfig
+
+    def make(**changes):
+        return FinetuneConfig(**{**FAST, **changes})
+
+    return make
 
 
 @pytest.fixture()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drivers import driver_env
+from tests.helpers import driver_env
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = yaml.safe_load((REPO / "search_spaces" / "demo.yaml").read_text())

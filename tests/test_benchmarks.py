@@ -61,7 +61,7 @@ def test_suite_cpu_charges_each_test_and_totals_by_file():
             "benchmarks/suite_cpu.py",
             "--top",
             "2",
-            "tests/test_analysis_stats.py",
+            "tests/analysis/test_stats.py",
             "-k",
             "holm or nemenyi",
         ],
@@ -72,13 +72,13 @@ def test_suite_cpu_charges_each_test_and_totals_by_file():
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     out = p.stdout.splitlines()
-    tests = [ln for ln in out if "tests/test_analysis_stats.py::" in ln]
+    tests = [ln for ln in out if "tests/analysis/test_stats.py::" in ln]
     assert len(tests) == 2 and all(float(ln.split()[0]) >= 0 for ln in tests), out
     more = next(ln for ln in out if "more," in ln).split("...")[1].split()  # ['N', 'more,', 'X', 'CPU', 's']
     assert int(more[0]) >= 1
     assert f"CPU s in {2 + int(more[0])} tests" in next(ln for ln in out if "CPU s in" in ln)
     # the file's total is its tests' CPU: the two listed and the rest
-    file_total = next(float(ln.split()[0]) for ln in out if ln.strip().endswith("  tests/test_analysis_stats.py"))
+    file_total = next(float(ln.split()[0]) for ln in out if ln.strip().endswith("  tests/analysis/test_stats.py"))
     listed = sum(float(ln.split()[0]) for ln in tests) + float(more[2])
     assert abs(file_total - listed) <= 0.15, out
     bad = subprocess.run(
@@ -137,7 +137,7 @@ def test_suite_cpu_counts_the_processes_a_test_starts():
             "--processes",
             "--top",
             "1",
-            "tests/test_probe.py",
+            "tests/commands/test_probe.py",
             "-k",
             "unknown_mode",
         ],

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drivers import experiment_runs, free_port, wait_for
+from tests.helpers import experiment_runs, free_port, wait_for
 
 # One xdist worker runs this file: its tests share one `ray up` cluster and sshd.
 pytestmark = pytest.mark.xdist_group("cluster")

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from drivers import driver_env, free_port, wait_for
-from test_cluster import exports
-from test_cluster_tracking import PG_CTL, node_sh, stop_postgres
-from test_grid_ray import SPACE, grid_cmd, write_space
+from tests.commands.test_grid_ray import SPACE, grid_cmd, write_space
+from tests.helpers import driver_env, free_port, wait_for
+from tests.test_cluster import exports
+from tests.test_cluster_tracking import PG_CTL, node_sh, stop_postgres
 
 REPO = Path(__file__).resolve().parent.parent
 RESTORED = re.compile(r"^restored MLflow's store from the snapshot (\S+)$", re.M)

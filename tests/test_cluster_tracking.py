@@ -21,9 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from drivers import driver_env, free_port, output_of, search_runs, start
-from test_cluster import answers, exports
-from test_grid_ray import SPACE, grid_cmd, write_space
+from tests.commands.test_grid_ray import SPACE, grid_cmd, write_space
+from tests.helpers import driver_env, free_port, output_of, search_runs, start
+from tests.test_cluster import answers, exports
 
 # One xdist worker: the tests share one database and tracking server.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster_tracking")]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drivers import driver_env, experiment_runs
-from test_grid_ray import own_ray, trial_runs
+from tests.commands.test_grid_ray import own_ray, trial_runs
+from tests.helpers import driver_env, experiment_runs
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,8 @@ import subprocess
 
 import pytest
 
-from drivers import count_status, driver_env, kill_group, output_of, search_runs, start, wait_for
-from helpers import fill
-from test_grid_ray import SPACE, grid_cmd, write_space
+from tests.commands.test_grid_ray import SPACE, grid_cmd, write_space
+from tests.helpers import count_status, driver_env, fill, kill_group, output_of, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 

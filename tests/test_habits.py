@@ -1,6 +1,6 @@
 """The codebase's habits, held: no function in raystudy/ or analysis/ over 60 lines (the training
 loop, read top to bottom, excepted), a docstring on every public function and method, and tests
-named after the modules they test (tests/test_<pkg>_<mod>.py for raystudy/<pkg>/<mod>.py)."""
+that mirror the tree (tests/<pkg>/test_<mod>.py for raystudy/<pkg>/<mod>.py)."""
 
 import ast
 from pathlib import Path
@@ -61,54 +61,64 @@ def test_the_checks_see_what_they_should():
     assert found == {"f": (71, True), "C.m": (2, True), "C._p": (2, False)}
 
 
-def _names_a_module(folder: Path, rest: str) -> bool:
-    """Whether ``rest`` (a test file's name past ``test_<pkg>_``) is a module or package in ``folder``:
-    ``stats_paired`` is stats/paired.py, ``stats`` the package, ``load_mlflow`` load.py on one aspect."""
+def _names_a_module(folder: Path, stem: str) -> bool:
+    """Whether ``stem`` (a test file's name past ``test_``) is a module or package in ``folder``, or one
+    of them on one aspect: ``load`` is load.py, ``stats`` the package, ``load_mlflow`` load.py on MLflow."""
+    if not folder.is_dir():
+        return False
     names = {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
-    if rest in names:
-        return True
-    for name in names:
-        if rest.startswith(name + "_"):
-            sub = folder / name
-            if not sub.is_dir() or _names_a_module(sub, rest[len(name) + 1 :]):
-                return True
-    return False
+    return any(stem == name or stem.startswith(name + "_") for name in names)
 
 
 def _misnamed_tests(tests: list[str]) -> list[str]:
-    """The tests/test_<pkg>_*.py files (pkg a folder of raystudy/, or analysis) that name no module."""
-    roots = {p.name: p for p in (ROOT / "raystudy").iterdir() if (p / "__init__.py").exists()}
-    roots["analysis"] = ROOT / "analysis"
+    """The test files (paths under tests/) out of the mirror: tests/<dirs>/test_<mod>[_aspect].py must
+    name a module of raystudy/<dirs>/ (of analysis/... when <dirs> starts with analysis), and a test at
+    the top is cross-cutting, so not named after a package (tests/test_models_x.py is tests/models/'s)."""
+    packages = {p.name for p in (ROOT / "raystudy").iterdir() if (p / "__init__.py").exists()} | {"analysis"}
     bad = []
-    for name in tests:
+    for path in tests:
+        *dirs, name = path.split("/")
         stem = name.removeprefix("test_").removesuffix(".py")
-        for pkg, folder in roots.items():
-            if stem.startswith(pkg + "_") and not _names_a_module(folder, stem[len(pkg) + 1 :]):
-                bad.append(name)
+        if not dirs:
+            if any(stem == pkg or stem.startswith(pkg + "_") for pkg in packages):
+                bad.append(path)
+            continue
+        folder = ROOT.joinpath(*dirs) if dirs[0] == "analysis" else ROOT.joinpath("raystudy", *dirs)
+        if not _names_a_module(folder, stem):
+            bad.append(path)
     return bad
 
 
 def test_each_package_test_names_a_module_that_exists():
-    # a module renamed or moved leaves its test file's name pointing nowhere: caught here
-    tests = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    # a module renamed or moved leaves its test file's path pointing nowhere: caught here; and each
+    # folder is a package, so that two folders may hold test files of the same name
+    tests = sorted(p.relative_to(ROOT / "tests").as_posix() for p in (ROOT / "tests").rglob("test_*.py"))
     assert not _misnamed_tests(tests), "\n".join(_misnamed_tests(tests))
+    folders = {p.parent for p in (ROOT / "tests").rglob("test_*.py")}
+    assert not [f for f in folders if not (f / "__init__.py").is_file()], "a tests/ folder without __init__.py"
 
 
 def test_the_module_check_sees_what_it_should():
     names = [
-        "test_models_registry.py",
-        "test_analysis_stats.py",
-        "test_analysis_stats_paired.py",
-        "test_analysis_load_mlflow.py",
-        "test_driver_tune_glue.py",
-        "test_grid_ray.py",
+        "models/test_registry.py",
+        "analysis/test_stats.py",
+        "analysis/stats/test_paired.py",
+        "analysis/test_load_mlflow.py",
+        "driver/test_tune_glue.py",
         "test_e2e.py",
-        "test_models_nothing.py",
-        "test_analysis_stats_nothing.py",
-        "test_analysis_mlflow.py",
+        "test_bounds.py",
+        "models/test_nothing.py",
+        "analysis/stats/test_nothing.py",
+        "analysis/test_mlflow.py",
+        "nowhere/test_grid.py",
+        "test_models_registry.py",
+        "test_analysis_load.py",
     ]
     assert _misnamed_tests(names) == [
-        "test_models_nothing.py",
-        "test_analysis_stats_nothing.py",
-        "test_analysis_mlflow.py",
+        "models/test_nothing.py",
+        "analysis/stats/test_nothing.py",
+        "analysis/test_mlflow.py",
+        "nowhere/test_grid.py",
+        "test_models_registry.py",
+        "test_analysis_load.py",
     ]

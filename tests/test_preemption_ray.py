@@ -18,7 +18,7 @@ import time
 import pytest
 import yaml
 
-from drivers import checkpoint_steps, free_port, kill_group, output_of, search_runs, start, wait_for
+from tests.helpers import checkpoint_steps, free_port, kill_group, output_of, search_runs, start, wait_for
 
 pytestmark = pytest.mark.slow
 

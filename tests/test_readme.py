@@ -1,9 +1,10 @@
-"""The README's Layout table names the layers tests/test_imports.py enforces, and its links lead somewhere."""
+"""The README's Layout table names the layers tests/test_imports.py enforces, its links lead somewhere,
+and the test files it and the docs name are where the tests are."""
 
 import re
 from pathlib import Path
 
-import test_imports
+from tests import test_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -70,4 +71,14 @@ def test_every_relative_link_and_anchor_in_the_readme_and_docs_resolves():
                 bad.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 bad.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_test_file_the_readme_and_docs_name_exists():
+    # test files move with the modules they mirror: a page still naming one at its old path is caught here
+    bad = []
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for path in re.findall(r"\btests/[\w/]*test_\w+\.py", page.read_text()):
+            if not (ROOT / path).is_file():
+                bad.append(f"{page.relative_to(ROOT)}: {path}")
     assert not bad, "\n".join(bad)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from drivers import driver_env
+from tests.helpers import driver_env
 
 REPO = Path(__file__).resolve().parent.parent
 RAYSTUDY = [sys.executable, "-m", "raystudy"]

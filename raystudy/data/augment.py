@@ -13,7 +13,7 @@ cache's resolution: the resample works in coordinates normalised to the whole im
 
 Differences from torchvision, by design: the output is not rounded to uint8 in between, and the
 resample does not antialias (PIL does when it shrinks). Caches are sized so that the resample
-shrinks by at most ~1.15× (256 → 224); tests/test_data_augment.py states the tolerances.
+shrinks by at most ~1.15× (256 → 224); tests/data/test_augment.py states the tolerances.
 """
 
 from __future__ import annotations

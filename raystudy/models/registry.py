@@ -37,7 +37,7 @@ ALIASES = {
     "vit_large": "vit_large_patch16_224.orig_in21k",
     "vit_huge": "vit_huge_patch14_224.orig_in21k",
 }
-# Their input settings, as timm's pretrained configs give them. tests/test_models_registry.py checks both
+# Their input settings, as timm's pretrained configs give them. tests/models/test_registry.py checks both
 # against the installed timm, so a driver of the paper's grid validates it without importing timm
 # (and with it torch: seconds of CPU per driver start).
 ALIAS_INPUTS = {

@@ -1,0 +1,181 @@
+"""Optuna searches on the offline demo through real Ray Tune and MLflow (slow)."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.helpers import (
+    count_status,
+    ctrl_c_twice,
+    driver_env,
+    freeze_running_trials,
+    kill_group,
+    running_workers,
+    search_runs,
+    start,
+    thaw,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+SPACE = {
+    "study": "ts",
+    "base": {
+        "model": "vit_demo",
+        "dataset": "digits_c",
+        "steps": 60,
+        "eval_every": 10,
+        "log_every": 10,
+        "batch_size": 32,
+    },
+    "conditions": ["MHA"],
+    "params": {
+        "optimizer": {"choice": ["sgd", "adamw"]},
+        "lr": {"loguniform": [1.0e-3, 0.5]},
+        "warmup_steps": {"randint": [0, 10]},
+        "momentum": {"uniform": [0.8, 0.99], "when": {"optimizer": "sgd"}},
+        "beta2": {"uniform": [0.95, 0.999], "when": {"optimizer": "adamw"}},
+    },
+    "budget": {"num_samples": 8},
+    "scheduler": {"grace_period": 10, "reduction_factor": 2},
+    "test_seeds": [100, 101],
+    # one trial at a time, the fresh-seed runs too: a cap a user sets (a GPU's memory) holds for
+    # every stage; on a 2-core machine a second trial at once is a process start and no speed
+    "tune": {"checkpoint_every_s": 0, "max_concurrent": 1},
+}
+
+
+@pytest.fixture()
+def work(tmp_path, demo_weights, mlflow_uri, shared_ray):  # mlflow_uri: ./mlflow.db starts as an empty store
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(SPACE))
+    return tmp_path, shared_ray
+
+
+def cmd(tmp, ray):
+    """The search's command line; ``ray``: the shared Ray's ``--address``."""
+    return [sys.executable, "-m", "raystudy.search", "--space", str(tmp / "s.yaml"), *ray, "--quiet"]
+
+
+def runs(tmp):
+    return search_runs(f"sqlite:///{tmp}/mlflow.db", "raystudy-ts-vit_demo")
+
+
+def optuna_trials(tmp):
+    import optuna
+
+    study = optuna.load_study(
+        study_name="ts-vit_demo-digits_c-MHA", storage=f"sqlite:///{tmp}/runs/search/optuna/optuna.db"
+    )
+    return study.get_trials(deepcopy=False)
+
+
+def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
+    tmp, ray = work
+    # as on a cluster's head (node.sh env): the search ends with one snapshot of the store, taken last
+    snap = f"cp {tmp}/mlflow.db {tmp}/snap.db && echo snapshot of MLflow: {tmp}/snap.db"
+    env = driver_env(RAYSTUDY_SNAPSHOT_CMD=snap)
+    p = subprocess.run(cmd(tmp, ray), cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == f"snapshot of MLflow: {tmp}/snap.db", p.stdout[-3000:]
+    # 8 trials, 2 fresh seeds and their 2 parent runs, all ended in the snapshot
+    assert count_status(tmp / "snap.db", "finished", "stopped") == 12 and not count_status(tmp / "snap.db", "running")
+    assert "best configuration per condition" in p.stdout and "(2 seeds)" in p.stdout
+    df = runs(tmp)
+    trials = df[df["tags.raystudy.search"] == "ts-vit_demo-digits_c-MHA"]
+    assert len(trials) == 8 and trials["tags.raystudy.key"].nunique() == 8
+    status = trials["tags.raystudy.status"]
+    assert (status == "stopped").sum() >= 1, status.tolist()  # ASHA stopped weak trials early
+    assert (status == "finished").sum() >= 1
+    assert trials[status == "stopped"]["metrics.test_acc"].isna().all()
+    # the best finished trial's config, re-run on test with the fresh seeds 100 and 101
+    tested = df[df["tags.mlflow.parentRunId"].isin(df[df["tags.raystudy.role"] == "search-test"]["run_id"])]
+    assert sorted(tested["params.seed"].astype(int)) == [100, 101]
+    assert tested["metrics.test_acc"].between(0, 1).all()
+    first, second = tested.sort_values("start_time").to_dict("records")
+    assert first["end_time"] <= second["start_time"], tested[["start_time", "end_time"]]  # the space's cap
+    best = trials[status == "finished"].sort_values("metrics.best_val_acc").iloc[-1]
+    assert set(tested["params.lr"]) == {best["params.lr"]}
+    assert len([t for t in optuna_trials(tmp) if t.state.name == "COMPLETE"]) == 8
+    # trial runs are named by condition and rounded sampled values; the end says where to browse
+    for _, t in trials.iterrows():
+        name = t["tags.mlflow.runName"]
+        assert name.startswith("MHA·") and f"lr{float(t['params.lr']):.2g}" in name, name
+    assert f"Optuna studies: optuna-dashboard sqlite:///{tmp}/runs/search/optuna/optuna.db" in p.stdout
+    for tune_output in ("Configuration for experiment", "ensorboard", "View detailed results"):  # --quiet
+        assert tune_output not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "browse: mlflow ui --backend-store-uri sqlite:///" in p.stdout
+
+
+def test_interrupted_search_resumes_without_repeating_trials(work):
+    # Killed twice at the one point that can lose a result: as Tune ends a trial, Optuna has
+    # recorded it COMPLETE and MLflow has not ended its run (records.KILL_AT_END_ENV). Each
+    # resumed session records such a trial from Tune's files; the budget is recorded once.
+    tmp, ray = work
+    before: dict[int, dict] = {}
+    for session in (1, 2):
+        log = open(tmp / f"killed{session}.log", "w")
+        proc = start(cmd(tmp, ray), tmp, stdout=log, env=driver_env(RAYSTUDY_KILL_AT_TRIAL_END="2"))
+        try:
+            proc.wait(timeout=900)
+        finally:
+            kill_group(proc)
+            log.close()
+        out = (tmp / f"killed{session}.log").read_text()
+        assert proc.returncode == -signal.SIGKILL, out[-3000:]
+        before = {t.number: t.params for t in optuna_trials(tmp) if t.state.name == "COMPLETE"}
+        assert len(before) == 2 * session, out[-3000:]
+        # the window: Optuna holds the killed trial COMPLETE, MLflow holds its run RUNNING
+        assert count_status(tmp / "mlflow.db", "finished", "stopped") == 2 * session - 1, out[-3000:]
+        if session == 2:
+            assert "1 trial(s) ended in Tune's files but not in MLflow: recorded from their results" in out, out
+    p = subprocess.run(cmd(tmp, ray), cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "1 trial(s) ended in Tune's files but not in MLflow: recorded from their results" in p.stdout
+    assert "4 trials done, 4 to run" in p.stdout, p.stdout[-3000:]
+    after = [t for t in optuna_trials(tmp) if t.state.name == "COMPLETE"]
+    assert len(after) == 8  # the budget, not the budget again
+    assert all(after[i].params == before[t] for i, t in enumerate(sorted(before)))  # history kept
+    df = runs(tmp)
+    trials = df[df["tags.raystudy.search"] == "ts-vit_demo-digits_c-MHA"]
+    assert trials["tags.raystudy.key"].is_unique
+    # 8 distinct configs, each recorded as it ended: none lost to a kill, none run twice
+    assert len(trials) == 8, trials[["tags.raystudy.key", "tags.raystudy.status"]]
+    assert set(trials["tags.raystudy.status"]) <= {"finished", "stopped", "diverged"}, trials["tags.raystudy.status"]
+    assert (trials["status"] == "FINISHED").all(), trials[["status", "tags.raystudy.status"]]
+    assert (trials["tags.raystudy.recovered"] == "1").sum() == 2
+
+
+def test_an_interrupted_search_leaves_no_run_running(work):
+    # Ctrl-C once: Tune's graceful stop returns from tuner.fit() as if the study were done; the
+    # search must stop there (not test a best config, not start the next stage) and say so.
+    # Ctrl-C twice raises KeyboardInterrupt out of the search's tuner.fit().
+    # Either way the search closes its runs and says in one line how to go on.
+    tmp, ray = work
+    space = {**SPACE, "base": {**SPACE["base"], "steps": 4000, "eval_every": 200}}
+    (tmp / "s.yaml").write_text(yaml.safe_dump(space))
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    for twice in (False, True):
+        proc, frozen = start(cmd(tmp, ray), tmp), []
+        try:
+            wait_for(lambda: running_workers(uri, "raystudy-ts-vit_demo"), proc)
+            assert proc.poll() is None, "the search ended before it could be interrupted"
+            if twice:
+                frozen = freeze_running_trials(uri, "raystudy-ts-vit_demo")  # the second comes while Tune stops
+                out = ctrl_c_twice(proc)
+            else:
+                proc.send_signal(signal.SIGINT)
+                out, _ = proc.communicate(timeout=300)
+        finally:
+            kill_group(proc)
+            thaw(frozen)
+        df = runs(tmp)
+        assert proc.returncode == 130 and "search stopped; run the same command to resume it" in out, out[-3000:]
+        assert "stopping: saving Tune's state and ending the running trials; Ctrl-C again" in out, out[-3000:]
+        assert "best configuration per condition" not in out, out[-3000:]
+        assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
+        parent = df[df["tags.raystudy.role"] == "search"].iloc[0]
+        assert parent["tags.raystudy.status"] == "interrupted"

@@ -1,0 +1,295 @@
+"""The study as SLURM jobs (raystudy slurm, cluster/slurm/job.sh) on a real one-node SLURM
+(slow: Debian's slurm-wlm and munge, started by cluster/slurm/local.sh as .ci/run does, real Ray,
+MLflow servers and grids inside the jobs).
+
+Every job runs this checkout (PYTHONPATH); what a job recorded is read back from the newest
+snapshot in its shared folder, the store the next job would restore. A requeued job waits out
+SLURM's fixed delay before it is eligible again; the tests make it eligible at once
+(``scontrol update StartTime=now``), as an administrator may."""
+
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO, driver_env, experiment_runs
+
+LOCAL_SH = REPO / "cluster" / "slurm" / "local.sh"
+SLURM_DIR = os.environ.get("RAYSTUDY_SLURM_DIR", "/tmp/raystudy-slurm")
+EXPERIMENT = "raystudy-t-vit_demo"
+# One xdist worker: the tests share the machine's one SLURM node, whose two CPUs their jobs fill.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+
+
+def space(conditions, steps: int) -> dict:
+    return {
+        "study": "t",
+        "base": {"model": "vit_demo", "steps": steps, "warmup_steps": 4, "eval_every": 20, "log_every": 10},
+        "grid": {"condition": {"grid_search": conditions}, "lr": 0.1, "seed": 0},
+        "datasets": {"digits_c": {}},
+        "tune": {"max_failures": 1, "checkpoint_every_s": 1, "max_concurrent": 1},
+    }
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The environment that reaches the machine's one-node SLURM, started if it is not running."""
+    if shutil.which("sbatch") is None or not Path("/usr/sbin/slurmctld").exists() or os.getuid() != 0:
+        pytest.skip("no SLURM here (as root: apt-get install slurm-wlm munge; .ci/run installs it)")
+    p = subprocess.run(["bash", str(LOCAL_SH), "start", SLURM_DIR], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    conf = re.search(r"SLURM_CONF=(\S+)", p.stdout).group(1)
+    return driver_env(SLURM_CONF=conf, PYTHONPATH=str(REPO), RAYSTUDY_RAY_DASHBOARD="false")
+
+
+@pytest.fixture()
+def study(tmp_path, slurm, demo_weights):
+    """A folder with a space and a shared folder; its jobs are cancelled if the test leaves any."""
+    (tmp_path / "shared").mkdir()
+    jobs: list[str] = []
+    yield tmp_path, jobs
+    for job in jobs:
+        if job_state(slurm, job)[0] not in DONE:
+            subprocess.run(["scancel", job], env=slurm, timeout=30)
+
+
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
+
+
+def submit(env, folder: Path, jobs: list, conditions, steps: int, *flags: str, cpus: int = 1) -> str:
+    """``raystudy slurm`` from ``folder``: the job's id."""
+    (folder / "space.yaml").write_text(yaml.safe_dump(space(conditions, steps)))
+    cmd = [sys.executable, "-m", "raystudy", "slurm", "--shared", str(folder / "shared"), "--cpus-per-node", str(cpus)]
+    cmd += [*flags, "--", "grid", "--space", str(folder / "space.yaml"), "--quiet"]
+    p = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    job = re.search(r"submitted job (\d+)", p.stdout).group(1)
+    jobs.append(job)
+    return job
+
+
+def job_state(env, job: str) -> tuple[str, int, str]:
+    """(state, restarts, reason) of ``job`` as the controller says."""
+    p = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True, timeout=30)
+    fields = dict(f.split("=", 1) for f in p.stdout.split() if "=" in f)
+    return fields.get("JobState", "UNKNOWN"), int(fields.get("Restarts", 0)), fields.get("Reason", "")
+
+
+def wait_job(env, job: str, timeout: float = 420, then_minutes: int | None = None) -> tuple[str, int]:
+    """Until ``job`` ends: (state, restarts); a requeued one is made eligible within seconds, and
+    given ``then_minutes`` as its time limit (its next run then finishes the grid)."""
+    end = time.monotonic() + timeout
+    pushed = 0  # the restart last made eligible: once each, or its start would keep moving away
+    while time.monotonic() < end:
+        state, restarts, reason = job_state(env, job)
+        if state in DONE:
+            return state, restarts
+        if state == "PENDING" and restarts > pushed and reason == "BeginTime":
+            pushed = restarts
+            more = [f"TimeLimit={then_minutes}"] if then_minutes else []
+            # not at once: slurmd refuses a relaunch within moments of the requeue's kill ("Job N
+            # already killed, do not launch batch job") and the job ends FAILED, seen in CI
+            subprocess.run(["scontrol", "update", f"jobid={job}", *more, "StartTime=now+5"], env=env, timeout=30)
+        time.sleep(2)
+    raise AssertionError(f"job {job} still {job_state(env, job)} after {timeout} s:\n{log(Path(), job)}")
+
+
+def log(folder: Path, job: str) -> str:
+    found = list((folder / "shared" / "logs").glob(f"*-{job}.out")) if folder.name else []
+    return found[0].read_text() if found else ""
+
+
+def wait_log(folder: Path, job: str, pattern: str, timeout: float = 240) -> re.Match:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        m = re.search(pattern, log(folder, job))
+        if m:
+            return m
+        time.sleep(1)
+    raise AssertionError(f"no {pattern!r} in job {job}'s log:\n{log(folder, job)[-3000:]}")
+
+
+def recorded(folder: Path):
+    """The newest snapshot in the shared folder, as an MLflow store: (client, its runs, its trials)."""
+    from mlflow import MlflowClient
+
+    newest = sorted((folder / "shared" / "mlflow-backups").glob("mlflow-*.sqlite.gz"))[-1]
+    db = folder / "restored.db"
+    db.write_bytes(gzip.decompress(newest.read_bytes()))
+    cl = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = experiment_runs(cl, EXPERIMENT)
+    return cl, runs, [r for r in runs if r.data.tags.get("raystudy.role") == "trial"]
+
+
+def assert_once_finished(folder: Path, n: int) -> None:
+    """Every trial once, finished, no metric step logged twice, no run RUNNING."""
+    cl, runs, trials = recorded(folder)
+    keys = [r.data.tags["raystudy.key"] for r in trials]
+    assert len(keys) == n and len(set(keys)) == n, keys
+    assert {r.data.tags.get("raystudy.status") for r in trials} == {"finished"}
+    assert {r.info.status for r in trials} == {"FINISHED"}
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    for r in trials:
+        for key in ("loss", "val_acc"):
+            steps = [m.step for m in cl.get_metric_history(r.info.run_id, key)]
+            assert steps and len(steps) == len(set(steps)), (key, steps)
+
+
+def answers(url: str, auth: tuple[str, str] | None) -> int:
+    """The HTTP status of a tracking server's experiment search, with ``auth`` or none."""
+    import base64
+
+    req = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def credentials(folder: Path) -> tuple[str, str]:
+    text = (folder / "shared" / "secrets" / "mlflow-credentials").read_text()
+    return tuple(re.search(rf"{k}=(\S+)", text).group(1) for k in ("USERNAME", "PASSWORD"))
+
+
+_JOIN = "import ray; ray.init(address={!r}, log_to_driver=False); print('JOINED', flush=True)"
+
+
+def ray_joins(tries: dict) -> dict:
+    """What a driver joining each address says in its first seconds, with that token file or none:
+    {name: (address, token)} -> {name: output}; all at once."""
+    procs = {}
+    for name, (address, token) in tries.items():
+        env = driver_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token)) if token else driver_env()
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-c", _JOIN.format(address)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    said = {}
+    for name, proc in procs.items():
+        try:
+            said[name] = proc.communicate(timeout=25)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            said[name] = proc.communicate()[0]
+    return said
+
+
+def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm, tmp_path):
+    """Two demo grids submitted at once share the node: ports and folders from their job ids, each
+    its own credentials and Ray token; each completes, every trial once, FINISHED."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for f in (a, b):
+        (f / "shared").mkdir(parents=True)
+    _, jobs = study
+    ja = submit(slurm, a, jobs, ["MHA", "LN2"], 200)
+    jb = submit(slurm, b, jobs, ["FC1", "LN1"], 200)
+    where = {}
+    for f, j in ((a, ja), (b, jb)):
+        m = wait_log(f, j, r"Ray (\S+) \(.*MLflow (http://\S+)")
+        where[f] = m.groups()
+    assert where[a][0] != where[b][0] and where[a][1] != where[b][1]
+    # the grid joined the job's Ray, not a local one of its own
+    wait_log(a, ja, r"Connected to Ray cluster")
+    assert "Started a local Ray instance" not in log(a, ja)
+    tries = {}
+    for me, other in ((a, b), (b, a)):
+        url = where[me][1]
+        assert answers(url, None) == 401
+        assert answers(url, credentials(other)) == 401
+        assert answers(url, credentials(me)) == 200
+        tries[(me.name, "none")] = (where[me][0], None)
+        tries[(me.name, "other")] = (where[me][0], other / "shared" / "secrets" / "ray-token")
+    tries[("a", "own")] = (where[a][0], a / "shared" / "secrets" / "ray-token")
+    said = ray_joins(tries)
+    assert "JOINED" in said.pop(("a", "own"))
+    for name, text in said.items():
+        assert "JOINED" not in text and re.search(r"Unauthenticated|InvalidAuthToken", text), (name, text[-2000:])
+    for f in (a, b):
+        assert (f / "shared" / "secrets" / "mlflow-credentials").stat().st_mode & 0o077 == 0
+        assert (f / "shared" / "secrets" / "ray-token").stat().st_mode & 0o077 == 0
+    for f, j in ((a, ja), (b, jb)):
+        assert wait_job(slurm, j) == ("COMPLETED", 0), log(f, j)[-3000:]
+        text = log(f, j)
+        assert credentials(f)[1] not in text
+        assert "done in" in text and "2 finished, 0 diverged, 0 failed" in text
+        assert_once_finished(f, 2)
+        assert not Path(f"/tmp/rs{j}").exists()
+
+
+def test_time_limit_mid_grid_stops_requeues_and_the_next_job_completes(study, slurm):
+    """A job whose time limit falls mid-grid: SLURM's signal before the limit stops the grid as a
+    Ctrl-C does, the job requeues itself, and its next run restores the store from the snapshot and
+    finishes the grid: every trial once, no step twice, nothing RUNNING. The requeued job is given
+    a longer limit, so that its next run is the last (each run pays the job's start)."""
+    folder, jobs = study
+    job = submit(slurm, folder, jobs, ["MHA", "LN2", "FC1"], 300, "--time", "2", "--stop-before", "60", cpus=2)
+    state, restarts = wait_job(slurm, job, timeout=600, then_minutes=10)
+    text = log(folder, job)
+    assert (state, restarts) == ("COMPLETED", 1), text[-4000:]
+    assert "stopped: time limit" in text and "requeueing job" in text
+    first, rest = text.split("requeueing job", 1)
+    # a first run stopped before its grid recorded anything leaves an empty store, which is never
+    # snapshotted (its snapshot would be what the next run restores): the next run starts it anew
+    if "snapshot of MLflow's store:" in first:
+        assert "restored MLflow's store from the snapshot" in rest, text[-4000:]
+    else:
+        assert "MLflow's store is new and empty" in rest, text[-4000:]
+    assert "DUE TO TIME LIMIT" not in text  # stopped before the limit, never killed by it
+    assert_once_finished(folder, 3)
+
+
+def test_scancel_mid_grid_stops_cleanly_and_resubmitting_completes_it(study, slurm):
+    """``scancel`` mid-grid: the grid stops as on a Ctrl-C (no requeue), nothing is left RUNNING;
+    the same submission again finishes the study from where it was."""
+    folder, jobs = study
+    job = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
+    wait_log(folder, job, r"running 2 of 2 trials")
+    time.sleep(8)
+    subprocess.run(["scancel", job], env=slurm, timeout=30, check=True)
+    assert wait_job(slurm, job)[0] == "CANCELLED"
+    text = log(folder, job)
+    assert "stopped: scancel" in text and "requeueing" not in text, text[-3000:]
+    _, runs, _ = recorded(folder)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    again = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
+    assert wait_job(slurm, again) == ("COMPLETED", 0), log(folder, again)[-3000:]
+    assert "restored MLflow's store from the snapshot" in log(folder, again)
+    assert_once_finished(folder, 2)
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--gpus-per-node", "1"], "--gpus-per-node 1: the nodes of partition debug have no GPUs"),
+        (["--partition", "nope", "--gpus-per-node", "1"], "--partition nope: no such partition"),
+    ],
+)
+def test_more_gpus_than_sinfo_says_is_refused_before_submitting(slurm, tmp_path, flags, needle):
+    (tmp_path / "shared").mkdir()
+    before = queued(slurm)
+    cmd = [sys.executable, "-m", "raystudy", "slurm", "--shared", str(tmp_path / "shared"), *flags, "--", "grid"]
+    p = subprocess.run(cmd, cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=60)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and needle in lines[0], p.stderr
+    assert queued(slurm) == before
+    assert not (tmp_path / "shared" / "logs").exists()
+
+
+def queued(env) -> str:
+    return subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout

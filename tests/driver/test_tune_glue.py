@@ -1,0 +1,148 @@
+"""driver.tune_glue: Ctrl-C while the driver closes MLflow, Tune's output and its Ctrl-C handler."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from raystudy.driver import tune_glue
+
+
+def test_closing_the_runs_is_not_cut_short_by_another_ctrl_c(ctrl_c):
+    # A user who presses Ctrl-C again while the grid closes its MLflow runs must not interrupt
+    # the closing (a KeyboardInterrupt inside the finally would leave runs RUNNING).
+
+    closed = []
+    with tune_glue.uninterrupted():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # the signal is delivered here, and ignored
+        closed.append(True)
+    assert closed == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works again after
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+
+
+def test_the_first_ctrl_c_is_the_grids_line_and_tunes_other_warnings_stay_muted(capsys):
+    # Tune's Ctrl-C warning names Tuner.restore, which a grid's user never calls: while the grid
+    # keeps Tune quiet, the warning becomes one line of the grid's, and Tune's errors still show.
+    import logging
+
+    tune_log = logging.getLogger("ray.tune.tune")
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    tune_log.addHandler(keep)
+    try:
+        with tune_glue.tune_output(0) as notice:
+            tune_log.warning("Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run. Press CTRL+C")
+            tune_log.warning("call Tuner.restore(...) to resume")
+            tune_log.error("a trial failed")
+        assert notice.received  # the driver then ends the command as stopped, not as done
+        tune_log.warning("outside the grid's Tune run")
+        with tune_glue.tune_output(1) as loud:  # --tune-output: Tune's own words
+            tune_log.warning("call Tuner.restore(...) to resume")
+            assert not loud.received
+            tune_log.warning("Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run.")
+        assert loud.received
+    finally:
+        tune_log.removeHandler(keep)
+    assert seen == [
+        "a trial failed",
+        "outside the grid's Tune run",
+        "call Tuner.restore(...) to resume",
+        "Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run.",
+    ]
+    out = capsys.readouterr().out
+    assert out == "\nstopping: saving Tune's state and ending the running trials; Ctrl-C again to stop at once\n"
+
+
+def test_a_tune_runs_ctrl_c_handler_ends_with_it(ctrl_c):
+    # Tune installs its Ctrl-C handler for a run and leaves it there when the run ends unstopped:
+    # a search's next Ctrl-C (between studies, or in its next Tune run, whose handler hands the
+    # second Ctrl-C to the stale one) then only set the ended run's flag, and the search went on.
+    from ray.tune import tune as tune_run
+
+    with tune_glue.tune_output(0):
+        tune_run._setup_signal_catching()  # what each Tune run does first
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+
+
+def test_a_full_disk_is_known_by_errno_by_sqlites_words_and_through_the_errors_it_caused():
+    import errno
+
+    assert tune_glue.disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert tune_glue.disk_full("sqlite3.OperationalError: database or disk is full")
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "write")
+        except OSError as e:
+            raise RuntimeError("saving the checkpoint failed") from e
+    except RuntimeError as e:
+        assert tune_glue.disk_full(e)
+    assert not tune_glue.disk_full(OSError(errno.EACCES, "Permission denied")) and not tune_glue.disk_full(None)
+
+
+def test_the_places_a_full_disk_may_be_are_those_known(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
+    db = tmp_path / "mlflow.db"
+    places = tune_glue.disk_places(f"sqlite:///{db}", {"storage": tmp_path / "ray"})
+    assert list(places) == ["storage", "the store", "the tensor cache"] and places["the store"] == db
+    # a tracking server has no file here, and an unknown storage is left out: the line still names a disk
+    places = tune_glue.disk_places("http://127.0.0.1:5000", {"storage": None})
+    assert list(places) == ["the tensor cache"]
+    line = tune_glue.full_disk_line(places, "grid")
+    assert line.startswith("error: the disk is full: /") and "holding the tensor cache" in line
+
+
+def test_mlflows_own_traceback_of_a_full_store_stays_out_of_a_tune_run(tmp_path, small_disk, capfd):
+    # Seen in CI: a trial's MLflow run, opened on a full store before anything else had met the
+    # full disk, printed MLflow's traceback of the failed INSERT ahead of the driver's one line.
+    from raystudy.errors import disk_full
+    from raystudy.tracking import connect
+    from tests.helpers import fill
+
+    cl = connect.client(f"sqlite:///{small_disk / 'mlflow.db'}")
+    experiment = cl.create_experiment("full")
+    fill(small_disk)
+    capfd.readouterr()
+    with tune_glue.tune_output(0), pytest.raises(Exception) as failed:
+        for i in range(10_000):  # until SQLite needs a page the disk no longer has
+            cl.create_run(experiment, tags={"i": str(i) * 64})
+    assert disk_full(failed.value), failed.value
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "database or disk is full" not in out + err, err[-3000:]
+
+
+def test_a_tune_state_without_its_first_save_or_its_last_search_is_not_restored(tmp_path):
+    import pickle
+
+    (tmp_path / "tuner.pkl").write_bytes(pickle.dumps({"__flattened_param_space_keys": ["trial/grid_search"]}))
+    # tuner.pkl alone: the driver was killed before Tune's first save
+    assert tune_glue.restore(tmp_path, None) == (
+        None,
+        "it has no experiment state: the driver stopped before Tune's first save",
+    )
+    # a session's trials saved, its search not (Tune saves them in that order): the older session's
+    # search would not know the trials made since
+    for name in ("experiment_state-2026-12-04_10-00-00", "basic-variant-state-2026-12-04_10-00-00"):
+        (tmp_path / f"{name}.json").write_text("{}")
+    (tmp_path / "experiment_state-2026-12-04_11-00-00.json").write_text("{}")
+    assert tune_glue.restore(tmp_path, None) == (
+        None,
+        "its search state of the last session is missing: the driver stopped while Tune saved",
+    )
+    # both of the last session there: what Tune makes of the (here fake) state decides
+    (tmp_path / "basic-variant-state-2026-12-04_11-00-00.json").write_text("{}")
+    tuner, why = tune_glue.restore(tmp_path, None)
+    assert tuner is None and "experiment state" not in why and "search state" not in why, why
