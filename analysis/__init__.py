@@ -16,8 +16,8 @@
     agreement what a set of runs concludes (lr per cell, ranking, calls) and whether another agrees
     floor     how far reseeding the full grid moves those conclusions; the verdict on a policy's replay
     recordings  a recorded grid as one compact file, so a replay runs from a clone
-    report    ``python -m analysis.report``: everything above into one folder (and MLflow)
-    export_best  ``python -m analysis.export_best``: the best config of each condition as YAML
+    report    ``python -m raystudy report``: everything above into one folder (and MLflow)
+    export_best  ``python -m raystudy export``: the best config of each condition as YAML
 
 Nothing happens at import: no tracking URI, no backend selection.
 """

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from raystudy import datasets as data_command
+from raystudy.commands import data as data_command
 from raystudy.data import batches, datasets
 from raystudy.errors import ConfigError
 

@@ -76,14 +76,19 @@ def _names_a_module(folder: Path, rest: str) -> bool:
 
 
 def _misnamed_tests(tests: list[str]) -> list[str]:
-    """The tests/test_<pkg>_*.py files (pkg a folder of raystudy/, or analysis) that name no module."""
+    """The tests/test_<pkg>_*.py files (pkg a folder of raystudy/, or analysis) that name no module
+    (a command of analysis, ``analysis/commands/report.py``, goes by its own name: ``test_analysis_report``)."""
     roots = {p.name: p for p in (ROOT / "raystudy").iterdir() if (p / "__init__.py").exists()}
     roots["analysis"] = ROOT / "analysis"
     bad = []
     for name in tests:
         stem = name.removeprefix("test_").removesuffix(".py")
         for pkg, folder in roots.items():
-            if stem.startswith(pkg + "_") and not _names_a_module(folder, stem[len(pkg) + 1 :]):
+            rest = stem[len(pkg) + 1 :]
+            commands = folder / "commands"
+            if stem.startswith(pkg + "_") and not (
+                _names_a_module(folder, rest) or (commands.is_dir() and _names_a_module(commands, rest))
+            ):
                 bad.append(name)
     return bad
 

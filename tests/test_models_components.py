@@ -3,7 +3,7 @@ import timm
 import torch
 
 from helpers import tiny_vit
-from raystudy import components as components_command
+from raystudy.commands import components as components_command
 from raystudy.models import components as C
 
 

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from raystudy import prefetch
+from raystudy.commands import prefetch
 from raystudy.data import datasets
 from raystudy.models import registry
 

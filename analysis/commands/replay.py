@@ -1,10 +1,10 @@
 """Replay a finished grid under an allocation policy, without training: what it would have cost
 and whether the study would have concluded the same.
 
-    python -m analysis.replay --experiment raystudy-demo_adaptive-vit_demo --policy race
-    python -m analysis.replay --experiment NAME --policy all --out replay_out    # every policy
-    python -m analysis.replay --recording benchmarks/recordings/s012.csv.gz --policy all   # from a file
-    python -m analysis.replay --experiment NAME --save-recording s012.csv.gz --policy identity
+    python -m raystudy replay --experiment raystudy-demo_adaptive-vit_demo --policy race
+    python -m raystudy replay --experiment NAME --policy all --out replay_out    # every policy
+    python -m raystudy replay --recording benchmarks/recordings/s012.csv.gz --policy all   # from a file
+    python -m raystudy replay --experiment NAME --save-recording s012.csv.gz --policy identity
 
 From what MLflow holds of each trial (validation accuracy by step, the test accuracy of the
 best-validation checkpoint, steps run and wall-clock seconds), the policy of
@@ -22,161 +22,23 @@ grid with other seeds: the direct comparison of the two, the floor's second meas
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from analysis import AnalysisError, floor, load, recordings
-from analysis.agreement import compare, conclusions
+from analysis import AnalysisError, floor, recordings
+from analysis.replaying import across_line, apply, recorded, replay, summary_line, write
 from raystudy.spaces import adaptive
-from raystudy.tracking import connect, query, views
-
-# ---------------------------------------------------------------- the recorded grid
+from raystudy.tracking import connect
 
 
-def recorded(experiment: str, tracking_uri: str | None = None) -> dict[str, Any]:
-    """A finished grid from MLflow: ``runs`` (the runs table, one row per trial key, with
-    ``steps_done`` and ``wall_s``), ``trials`` and ``seen`` (the policy's view of it)."""
-    cl = load.client(tracking_uri)
-    exp_id = load.experiment_id(experiment, tracking_uri)
-    found = query.find_runs(cl, exp_id, raystudy__role="trial")
-    if not found:
-        raise AnalysisError(f"experiment {experiment!r} has no trial runs to replay")
-    table = pd.DataFrame(query.rows(found), columns=load.RUN_COLUMNS + load.EXTRA_COLUMNS)
-    runs, _ = load.dedupe(table)
-    by_id = {r.info.run_id: r for r in found}
-    trials, seen, steps_done, wall = [], {}, [], []
-    for row in runs.itertuples():
-        run = by_id[row.run_id]
-        trials.append(adaptive.trial_of(row.key, query.run_config(run.data.params)))
-        seen[row.key] = views.policy_view(cl, run)
-        steps_done.append(run.data.metrics.get("steps_done", math.nan))
-        wall.append(run.data.metrics.get("wall_s", math.nan))
-    runs = runs.assign(steps_done=steps_done, wall_s=wall).reset_index(drop=True)
-    load.check_runs(runs, f"experiment {experiment!r}")
-    runs.attrs.update(source=f"MLflow experiment {experiment!r}", experiment=experiment)
-    return {"runs": runs, "trials": trials, "seen": seen}
+def build_parser():
+    """The command line of ``raystudy replay``."""
+    from raystudy.commands import cli
 
-
-# ---------------------------------------------------------------- replay
-
-
-def apply(runs: pd.DataFrame, decisions: dict[str, adaptive.Stop]) -> pd.DataFrame:
-    """The runs table as the policy leaves it: a stopped trial is ``stopped`` with no accuracy
-    (unless it ended, diverged or failed, before the step it would be stopped at), and
-    ``spent_steps`` / ``spent_s`` are what each trial runs (seconds per step as recorded)."""
-    out = runs.copy()
-    done = out["steps_done"].astype(float).fillna(0.0)
-    spent = done.copy()
-    status = out["status"].copy()
-    for i, key in enumerate(out["key"]):
-        stop = decisions.get(key)
-        if stop is None:
-            continue
-        ended_before = status[i] in ("diverged", "failed") and done[i] <= stop.step
-        if not ended_before:
-            status[i] = "stopped"
-            spent[i] = min(done[i], stop.step) if done[i] else 0.0
-    out["status"] = status
-    for col in ("val_acc", "test_acc"):
-        out[col] = out[col].where(out["status"] == "finished")
-    wall = out["wall_s"].astype(float).fillna(0.0)
-    per_step = wall / done.where(done > 0)
-    # a trial without steps (the linear probe) costs its seconds if it runs at all
-    out["spent_steps"] = spent
-    out["spent_s"] = np.where(done > 0, spent * per_step.fillna(0.0), np.where(out["status"] == "stopped", 0.0, wall))
-    out["stop_rule"] = [
-        decisions[k].rule if k in decisions and s == "stopped" else "" for k, s in zip(out["key"], out["status"])
-    ]
-    return out
-
-
-def replay(
-    grid: dict[str, Any], policy: adaptive.Policy, reference: str = "MHA", against: floor.Floor | None = None
-) -> dict[str, Any]:
-    """``policy`` over a recorded ``grid`` (``recorded``): its decisions, the runs it leaves,
-    what it spends against the full grid, how its conclusions compare and, given the floor
-    ``against``, the verdict of ``floor.verdict``."""
-    decisions = adaptive.decide(policy, grid["trials"], grid["seen"])
-    full = apply(grid["runs"], {})
-    runs = apply(grid["runs"], decisions)
-    try:
-        agreement = compare(conclusions(full, reference), conclusions(runs, reference))
-    except AnalysisError as e:
-        agreement = {"error": str(e)}
-    if against is not None and "error" not in agreement:
-        agreement["verdict"] = floor.verdict(agreement, against)
-    steps, full_steps = float(runs["spent_steps"].sum()), float(full["spent_steps"].sum())
-    secs, full_secs = float(runs["spent_s"].sum()), float(full["spent_s"].sum())
-    return {
-        "policy": policy.name,
-        "decisions": decisions,
-        "runs": runs,
-        "stopped": int((runs["status"] == "stopped").sum()),
-        "trials": len(runs),
-        "steps": steps,
-        "full_steps": full_steps,
-        "step_fraction": steps / full_steps if full_steps else math.nan,
-        "hours": secs / 3600,
-        "full_hours": full_secs / 3600,
-        **agreement,
-    }
-
-
-def summary_line(r: dict[str, Any]) -> str:
-    """One line of a ``replay`` result: trials stopped, steps and device-hours spent against the
-    full grid, and how its conclusions compare (lr choice, ranking, significance calls), with the
-    floor's verdict when it was measured."""
-    if "error" in r:
-        return f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; no conclusions: {r['error']}"
-    return (
-        f"{r['policy']}: {r['stopped']} of {r['trials']} trials stopped; steps "
-        f"{r['steps']:,.0f} of {r['full_steps']:,.0f} ({100 * r['step_fraction']:.1f}%); "
-        f"device-hours {r['hours']:.3f} of {r['full_hours']:.3f}; same lr in {r['same_lr']} of "
-        f"{r['cells']} cells (worst change costs {r['lr_regret_max']:.2f} val-acc points); "
-        f"Kendall tau {r['kendall_tau']:.3f}; top-1 {r['top1']} -> "
-        f"{r['top1_replay']}; {len(r['flips'])} of {r['calls']} significance calls flip"
-        + (f" ({', '.join(r['flips'])})" if r["flips"] else "")
-        + (f"; {floor.verdict_text(r['verdict'])}" if "verdict" in r else "")
-    )
-
-
-def write(out: Path, results: list[dict[str, Any]]) -> list[Path]:
-    """``replay.json`` (every number, no tables) and ``decisions_<policy>.csv`` per policy."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
-    for r in results:
-        path = out / f"decisions_{r['policy']}.csv"
-        cols = [
-            "key",
-            "dataset",
-            "condition",
-            "optimizer",
-            "lr",
-            "seed",
-            "status",
-            "stop_rule",
-            "spent_steps",
-            "steps_done",
-            "spent_s",
-        ]
-        r["runs"][cols].to_csv(path, index=False)
-        files.append(path)
-    doc = [{k: v for k, v in r.items() if k not in ("decisions", "runs")} for r in results]
-    (out / "replay.json").write_text(json.dumps(doc, indent=2, default=str))
-    return files + [out / "replay.json"]
-
-
-def _parser():
-    """The command line's arguments."""
-    from raystudy import cli
-
-    ap = cli.Parser("python -m analysis.replay", __doc__)
+    ap = cli.Parser("raystudy replay", __doc__)
     ap.add_argument("--experiment", help="MLflow experiment of a finished grid")
     ap.add_argument("--recording", help="a finished grid's file (analysis.recordings), instead of --experiment")
     ap.add_argument(
@@ -203,7 +65,7 @@ def _grid(args) -> dict[str, Any]:
     if args.reseeded is not None and not Path(args.reseeded).is_file():
         raise ConfigError(f"--reseeded {args.reseeded!r}: no such file (a recording: analysis.recordings)")
     if args.out:
-        from raystudy import cli
+        from raystudy.commands import cli
 
         cli.check_folder("--out", args.out)
     if args.recording is not None:
@@ -228,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     """Replay a recorded grid under ``--policy`` (or every policy) and print the floor and a
     summary line per policy; writes ``replay.json`` and the decisions with ``--out``. Returns the
     exit status: 0, or 2 with one ``error:`` line for bad input."""
-    from raystudy import cli
+    from raystudy.commands import cli
     from raystudy.errors import ConfigError
 
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         names = list(adaptive.POLICIES) if args.policy == "all" else [adaptive.policy(args.policy, "--policy").name]
         grid = _grid(args)
@@ -255,15 +117,6 @@ def main(argv: list[str] | None = None) -> int:
         files = write(Path(args.out), results)
         print(f"wrote {len(files)} files to {args.out}")
     return 0
-
-
-def across_line(c: dict[str, Any]) -> str:
-    """One line of ``floor.across``: the two recordings' agreement, the statistics of a replay."""
-    return (
-        f"same lr in {c['same_lr']} of {c['cells']} cells; Kendall tau {c['kendall_tau']:.3f}; "
-        f"top-1 {c['top1']} -> {c['top1_replay']}; {len(c['flips'])} of {c['calls']} significance calls flip"
-        + (f" ({', '.join(c['flips'])})" if c["flips"] else "")
-    )
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def winner_config(s: Study, pick: str) -> tuple[best_config.WinnerConfig | None,
     )
     return config, (
         f"The configuration that reruns it (one lr for every dataset, {row['lr']:g}, the best on average; seed "
-        f"{row['seed']}) is `{name}`, beside this report: `python -m raystudy.finetune --config {name}`."
+        f"{row['seed']}) is `{name}`, beside this report: `python -m raystudy finetune --config {name}`."
     )
 
 

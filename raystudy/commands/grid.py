@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from raystudy import cli
+from raystudy.commands import cli
 from raystudy.driver import backlog, local_ray
 from raystudy.driver.grid_job import Job, done_trials, experiment_scope, run
 from raystudy.errors import ConfigError
@@ -231,7 +231,15 @@ def prepare(args) -> Job:
         done,
         notes,
         rehearse,
+        ranking=closing_ranking,  # the analysis's table, handed down: the driver imports no analysis
     )
+
+
+def closing_ranking(runs):
+    """The ranking a grid closes with (``analysis.tables.closing_ranking``), imported once shown."""
+    from analysis import tables
+
+    return tables.closing_ranking(runs)
 
 
 def _check_run_flags(args, tuning: dict[str, Any]) -> int:

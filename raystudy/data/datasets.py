@@ -6,7 +6,7 @@ official test split, so a fixed 80/20 split (the reference code's: independent o
 Train transform: RandomResizedCrop + horizontal flip; eval: Resize + CenterCrop, as the paper.
 ``build_splits`` gives the splits as views for either data path (``raystudy.data.batches``).
 
-    python -m raystudy.datasets        # the registry and where each dataset's files are expected
+    python -m raystudy data        # the registry and where each dataset's files are expected
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def _download_failed(name: str, root: Path, e: OSError) -> DatasetUnavailable:
     why = getattr(inner, "strerror", None) or inner or e.strerror or e
     return DatasetUnavailable(
         f"dataset {name!r}: download failed ({why}); on a machine with network run "
-        f"python -m raystudy.prefetch --datasets {name} and copy the files under {root}"
+        f"python -m raystudy prefetch --datasets {name} and copy the files under {root}"
     )
 
 
@@ -292,7 +292,7 @@ DEMO_BLUR_SIGMA = 2.0  # pixels of the 16x16 image; a lighter blur leaves the so
 DEMO_ROTATION = (30.0, 60.0)  # degrees, either way
 DEMO_OCCLUDER = 6  # side of the bright square, pixels
 DEMO_SEED = 1234
-DEMO_SHIFTS = {  # dataset -> (shift, what it does), as ``python -m raystudy.datasets`` lists them
+DEMO_SHIFTS = {  # dataset -> (shift, what it does), as ``python -m raystudy data`` lists them
     "digits_c": ("invert_noise", "contrast inversion + Gaussian noise"),
     "digits_blur": ("blur", "Gaussian blur"),
     "digits_rotate": ("rotate", "rotation by 30-60 degrees"),
@@ -443,7 +443,7 @@ def _tokens_random(root: Path, download: bool) -> Source:
 
 
 _TV = (
-    "prefetch it (python -m raystudy.prefetch --datasets NAME), pass download=true (--download) "
+    "prefetch it (python -m raystudy prefetch --datasets NAME), pass download=true (--download) "
     "to fetch it with torchvision, or place the files there"
 )
 _C10C = (
