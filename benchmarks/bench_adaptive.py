@@ -7,7 +7,7 @@
 Reads the recordings under ``benchmarks/recordings/`` (``analysis.recordings``: each a finished
 grid's curves, results and costs, exported with ``python -m raystudy replay --save-recording``),
 measures each one's floor (``analysis.floor``: the full grid against its reseedings) and replays
-each policy on it (``analysis.replay``). Prints one markdown row per policy and recording: steps
+each policy on it (``analysis.replaying``). Prints one markdown row per policy and recording: steps
 spent, same lr of the cells, Kendall τ, calls flipped (each beside the floor's 5% quantile and
 median), the verdict; then, for recordings of the same grid with other seed sets (``--pairs``),
 their direct agreement.

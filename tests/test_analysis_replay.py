@@ -1,4 +1,4 @@
-"""Replaying a grid under a policy (analysis.replay): hand-worked on in-memory grids, and from a
+"""Replaying a grid under a policy (analysis.replaying, raystudy replay): hand-worked on in-memory grids, and from a
 real MLflow store written by raystudy's own tracking writer."""
 
 import math

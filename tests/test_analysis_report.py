@@ -1,4 +1,4 @@
-"""analysis.report over CSV input: per-run results and a per-dataset summary, good and bad."""
+"""The report (raystudy report) over CSV input: per-run results and a per-dataset summary, good and bad."""
 
 import io
 import math

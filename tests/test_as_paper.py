@@ -1,4 +1,4 @@
-"""The report's paper mode (``analysis.report --as-paper``) against the reference code's
+"""The report's paper mode (``raystudy report --as-paper``) against the reference code's
 computations (github.com/ambroiseodt/vit-plasticity, commit 268c240), each written out here from
 that code with the file and line it comes from, on hand-built tables where the paper's way and
 raystudy's default give different numbers."""

@@ -307,7 +307,7 @@ CASES = [
     # ------------------------------------------------------------------ datasets
     ("datasets", ["--bogus"], {}, "unrecognized arguments: --bogus"),
     ("datasets", ["extra"], {}, "unrecognized arguments: extra"),
-    # ------------------------------------------------------------------ analysis.report
+    # ------------------------------------------------------------------ raystudy report
     ("report", [], {}, "one of the arguments --experiment --csv is required"),
     ("report", ["--csv", "{in}/r.csv", "--bogus"], {"r.csv": "RUNS"}, "unrecognized arguments: --bogus"),
     ("report", ["--csv", "{in}/nope.csv"], {}, "does not exist"),
@@ -392,7 +392,7 @@ CASES = [
         },
         "no condition 'FC1'",
     ),
-    # ------------------------------------------------------------------ analysis.export_best
+    # ------------------------------------------------------------------ raystudy export
     ("export_best", [], {}, "the following arguments are required"),
     ("export_best", ["--experiment", "x", "--out", "{in}/o", "--bogus"], {}, "unrecognized arguments: --bogus"),
     (
@@ -421,7 +421,7 @@ CASES = [
     ),
     ("export_best", ["--experiment", "x", "--select-on", "train", "--out", "{in}/o"], {}, "invalid choice"),
     ("export_best", ["--experiment", "x", "--out", "{in}/o"], {}, "no MLflow store at"),
-    # ------------------------------------------------------------------ analysis.replay
+    # ------------------------------------------------------------------ raystudy replay
     ("replay", ["--experiment", "x"], {}, "the following arguments are required: --policy"),
     ("replay", ["--experiment", "x", "--policy", "asha"], {}, "--policy 'asha': unknown policy; valid: identity"),
     (

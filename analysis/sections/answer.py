@@ -8,7 +8,7 @@ ROPE verdict from that interval against ±``--rope`` points: practically equival
 the best better (below), undecided (across the margin). The answer is the condition with the
 fewest trainable parameters among the best and those practically equivalent to it (the best
 itself where the runs logged no counts). Plasticity is shown where the runs probed it. Its
-config, as ``analysis.export_best`` would write it, goes beside report.md and is named in the
+config, as ``raystudy export`` would write it, goes beside report.md and is named in the
 paragraph. A per-dataset summary gets the ranking without intervals from seeds, counts or config.
 """
 
