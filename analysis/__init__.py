@@ -16,8 +16,11 @@
     agreement what a set of runs concludes (lr per cell, ranking, calls) and whether another agrees
     floor     how far reseeding the full grid moves those conclusions; the verdict on a policy's replay
     recordings  a recorded grid as one compact file, so a replay runs from a clone
-    report    ``python -m analysis.report``: everything above into one folder (and MLflow)
-    export_best  ``python -m analysis.export_best``: the best config of each condition as YAML
+    scores    what the trust sections are computed from (the study holds it): scores, options
+    best_config  the best config of each condition as YAML that reruns as it is
+    replaying what an adaptive policy would have spent on a finished grid, and concluded
+    reporting everything above into one folder (and MLflow)
+    commands  the command lines: ``raystudy report``, ``raystudy export``, ``raystudy replay``
 
 Nothing happens at import: no tracking URI, no backend selection.
 """

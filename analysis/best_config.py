@@ -1,8 +1,8 @@
 """The best configuration of a condition, as YAML that reruns as it is: which run wins
 (``best_overall``, ``best_per_dataset``), the config it trained with (``run_config``: its
 ``config.yaml`` artifact or its params), and the file (``write``: the rerun command and why
-this run, in a comment block, then the config). ``analysis.export_best`` writes every
-condition's; the report's answer (``analysis.sections.answer``) writes the winner's beside report.md.
+this run, in a comment block, then the config). ``export`` writes every condition's
+(``raystudy export``); the report's answer (``analysis.sections.answer``) writes the winner's beside report.md.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def header(path: Path, row: dict, select_on: str, per_dataset: bool, scale: floa
     """The comment block a YAML file starts with: the rerun command, then why this config."""
     on = {"val": "validation", "test": "test"}[select_on]
     pct = "%" if scale == 100 else ""
-    lines = [f"# python -m raystudy.finetune --config {path}"]
+    lines = [f"# python -m raystudy finetune --config {path}"]
     if per_dataset:
         lines.append(
             f"# Best {row['condition']} on {row['dataset']}: lr {row['lr']:g} chosen on {on} "
@@ -191,3 +191,48 @@ class WinnerConfig:
         ``out``, so a report folder moved elsewhere still says how to rerun it."""
         cfg = run_config(self.row["run_id"], self.tracking_uri) if self.mlflow else row_config(self.row)
         return [write(Path(out) / self.name, self.row, cfg, self.select_on, False, self.scale, Path(self.name))]
+
+
+# ---------------------------------------------------------------- every condition's file
+
+
+def export(
+    runs: pd.DataFrame,
+    out_dir: str | Path,
+    tracking_uri: str | None = None,
+    *,
+    per_dataset: bool = False,
+    select_on: str = "val",
+) -> list[Path]:
+    """Write the best config of each condition (per dataset or over all) as YAML files."""
+    out = Path(out_dir)
+    found = load.settings(runs)
+    written = []
+    scale = selection.display_scale(runs["test_acc"])
+    rehearsal = load.rehearsal_line(runs, "this config chosen among")
+    for s in found:
+        sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
+        base = out if len(found) == 1 else out / slug("_".join(s[:2]) + ("_low_data" if s[2] == "True" else ""))
+        chosen = best_per_dataset(sub, select_on) if per_dataset else best_overall(sub, select_on)
+        for row in chosen.to_dict("records"):
+            cfg = run_config(row["run_id"], tracking_uri)
+            path = (base / slug(row["dataset"]) if per_dataset else base) / f"{slug(row['condition'])}.yaml"
+            if out.resolve() not in path.resolve().parents:  # e.g. a symlink planted in out
+                raise AnalysisError(f"refusing to write {path}: it resolves outside --out {out}")
+            written.append(write(path, row, cfg, select_on, per_dataset, scale))
+            if rehearsal is not None:  # a file read on its own says it too
+                path.write_text(f"# {rehearsal}\n{path.read_text()}")
+    return written
+
+
+def check(paths: list[Path]) -> list[str]:
+    """Load and validate each written file; the one-line problems of those that fail here."""
+    from raystudy.train.config import load_config, validate
+
+    problems = []
+    for p in paths:
+        try:
+            validate(load_config(p))
+        except ConfigError as e:
+            problems.append(f"{p}: {e}")
+    return problems

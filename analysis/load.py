@@ -14,7 +14,7 @@ Two CSV formats are read:
   low_data (default false), val_acc (default NaN: the lr can then only be chosen on test),
   status (default: finished where test_acc is a number, failed where it is empty),
   trainable_params (default NaN: no parameter-efficiency table).
-  ``analysis.report`` writes its input in this format as ``runs.csv``.
+  ``raystudy report`` writes its input in this format as ``runs.csv``.
 - *per-dataset summary*: ``dataset, condition, mean[, std]``, one row per cell, e.g. a paper's
   published table of per-dataset means at the best lr. Enough for ranks, averages and tests.
 - *the paper's table shape*: a ``dataset`` column and one column per condition, one row per

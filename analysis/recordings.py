@@ -26,7 +26,7 @@ VIEW = ["steps", "eval_every", "ended", "best", "curve", "steps_done", "wall_s"]
 
 
 def save(grid: dict[str, Any], path: Path) -> Path:
-    """Write ``grid`` (``analysis.replay.recorded``) to ``path`` (``.csv.gz``); returns the path."""
+    """Write ``grid`` (``analysis.replaying.recorded``) to ``path`` (``.csv.gz``); returns the path."""
     runs = grid["runs"]
     by_key = {t["key"]: t for t in grid["trials"]}
     rows = []
@@ -52,7 +52,7 @@ def save(grid: dict[str, Any], path: Path) -> Path:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """The grid ``save`` wrote to ``path``: ``runs``, ``trials``, ``seen`` as ``analysis.replay.recorded``
+    """The grid ``save`` wrote to ``path``: ``runs``, ``trials``, ``seen`` as ``analysis.replaying.recorded``
     gives them. AnalysisError when the file is missing or lacks a column."""
     path = Path(path)
     if not path.is_file():

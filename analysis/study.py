@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import AnalysisError, load
-from analysis.sections import trust
+from analysis.scores import Options, scores_of
 from analysis.stats import selection
 
 
@@ -63,8 +63,8 @@ class Study:
     ``best_other``: at the lr chosen the other way, where the runs allow; ``order``: the
     conditions analysed in table order; ``compared``: those ranks and tests are over; ``table``:
     datasets × conditions of ``best``'s test accuracy; ``scores``: (K, D, S) test accuracies at
-    the chosen lr (``trust.scores_of``); ``gain_reference``: resolved, None when there is none;
-    ``as_paper``: the paper's computations where raystudy's differ (``analysis.report --as-paper``).
+    the chosen lr (``analysis.scores.scores_of``); ``gain_reference``: resolved, None when there is none;
+    ``as_paper``: the paper's computations where raystudy's differ (``raystudy report --as-paper``).
     """
 
     source: str
@@ -83,7 +83,7 @@ class Study:
     reference: str
     gain_reference: str | None
     t_alternative: str
-    options: trust.Options
+    options: Options
     bands: pd.DataFrame | None
     plasticity: pd.DataFrame | None
     title: str
@@ -166,14 +166,14 @@ def build(
     plasticity: pd.DataFrame | None = None,
     ddof: int = 0,
     title: str = "",
-    options: trust.Options | None = None,
+    options: Options | None = None,
     t_alternative: str = "two-sided",
     compare: list[str] | None = None,
     gain_reference: str | None = None,
     as_paper: bool = False,
 ) -> Study:
     """The checked ``Study`` of ``runs`` or ``summary`` (the arguments of
-    ``analysis.report.analyse``); raises AnalysisError on any bad input."""
+    ``analysis.reporting.analyse``); raises AnalysisError on any bad input."""
     if (runs is None) == (summary is None):
         raise AnalysisError("give either per-run results or a per-dataset summary")
     source = (runs if runs is not None else summary).attrs.get("source", "input")
@@ -199,11 +199,11 @@ def build(
         compared=compared,
         table=table,
         ranks=selection.ranks(table[compared]),
-        scores=trust.scores_of(runs, best, table, order),
+        scores=scores_of(runs, best, table, order),
         reference=reference,
         gain_reference=_gain_reference(order, gain_reference, reference),
         t_alternative=t_alternative,
-        options=options or trust.Options(),
+        options=options or Options(),
         bands=bands,
         plasticity=plasticity,
         title=title,

@@ -147,7 +147,7 @@ def _pooled(cells: dict, seen: dict) -> dict:
 
 def judge(grid: dict, name: str, f) -> tuple:
     """Candidate ``name`` replayed on ``grid``: (steps share, same lr, bar, tau, flips, preserving)."""
-    from analysis import floor, replay
+    from analysis import floor, replaying
     from analysis.agreement import compare, conclusions
     from raystudy.spaces import adaptive
 
@@ -158,7 +158,7 @@ def judge(grid: dict, name: str, f) -> tuple:
     stops = {}
     for key, members in cells.items():
         stops.update(race_with(p, rule, members, grid["seen"], pooled.get((key[1], key[2]), {})))
-    full, runs = replay.apply(grid["runs"], {}), replay.apply(grid["runs"], stops)
+    full, runs = replaying.apply(grid["runs"], {}), replaying.apply(grid["runs"], stops)
     a = compare(conclusions(full, "MHA"), conclusions(runs, "MHA"))
     share = runs["spent_steps"].sum() / full["spent_steps"].sum()
     return share, a["same_lr"], f.bar("same_lr"), a["kendall_tau"], len(a["flips"]), floor.verdict(a, f)["preserving"]
@@ -180,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: unknown candidate or recording: {', '.join(bad)}", file=sys.stderr)
         return 2
-    from analysis import floor, recordings, replay
+    from analysis import floor, recordings, replaying
 
     for rec in recs:
         grid = recordings.load(HERE / "recordings" / f"{rec}.csv.gz")
-        f = floor.floor(replay.apply(grid["runs"], {}), reps=a.reps)
+        f = floor.floor(replaying.apply(grid["runs"], {}), reps=a.reps)
         seeds = sorted({t["seed"] for t in grid["trials"]})
         for name in names:
             share, same, bar, tau, flips, ok = judge(grid, name, f)

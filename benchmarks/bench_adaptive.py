@@ -5,9 +5,9 @@
     python benchmarks/bench_adaptive.py --recordings benchmarks/recordings/s012.csv.gz --reps 50
 
 Reads the recordings under ``benchmarks/recordings/`` (``analysis.recordings``: each a finished
-grid's curves, results and costs, exported with ``python -m analysis.replay --save-recording``),
+grid's curves, results and costs, exported with ``python -m raystudy replay --save-recording``),
 measures each one's floor (``analysis.floor``: the full grid against its reseedings) and replays
-each policy on it (``analysis.replay``). Prints one markdown row per policy and recording: steps
+each policy on it (``analysis.replaying``). Prints one markdown row per policy and recording: steps
 spent, same lr of the cells, Kendall τ, calls flipped (each beside the floor's 5% quantile and
 median), the verdict; then, for recordings of the same grid with other seed sets (``--pairs``),
 their direct agreement.
@@ -33,13 +33,13 @@ PAIRS = (("s012", "s345"),)  # recordings of one grid with different seed sets
 def rows(name: str, grid: dict, policies: dict, reps: int) -> tuple[list[str], str]:
     """The markdown rows of ``policies`` replayed on one recording ``grid`` against its floor, and
     the floor's line."""
-    from analysis import floor, replay
+    from analysis import floor, replaying
 
-    f = floor.floor(replay.apply(grid["runs"], {}), reps=reps)
+    f = floor.floor(replaying.apply(grid["runs"], {}), reps=reps)
     med = {s: f.quantile(s, 0.5) for s in ("same_lr", "tau", "flips")}
     out = []
     for label, p in policies.items():
-        r = replay.replay(grid, p, against=f)
+        r = replaying.replay(grid, p, against=f)
         v = r["verdict"]
         out.append(
             f"| {name} | `{label}` | {100 * r['step_fraction']:.1f}% | {r['same_lr']} of {r['cells']} "
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--candidates", action="store_true", help="also the settings tried for a third of the steps")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))
-    from analysis import floor, recordings, replay
+    from analysis import floor, recordings, replaying
     from raystudy.spaces import adaptive
 
     files = [Path(p) for p in args.recordings] if args.recordings else sorted(RECORDINGS.glob("*.csv.gz"))
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + "\n".join(floors))
     for a, b in PAIRS:
         if a in grids and b in grids:
-            c = floor.across(replay.apply(grids[a]["runs"], {}), replay.apply(grids[b]["runs"], {}))
-            print(f"\n{a} against {b}: {replay.across_line(c)}")
+            c = floor.across(replaying.apply(grids[a]["runs"], {}), replaying.apply(grids[b]["runs"], {}))
+            print(f"\n{a} against {b}: {replaying.across_line(c)}")
     return 0
 
 

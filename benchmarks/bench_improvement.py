@@ -7,11 +7,11 @@
 ``analysis.intervals.improvement`` is called on every bootstrap replicate (R, D, S) of each pair
 the report compares: counting every pair of seeds costs S² per dataset and replicate, Mann-Whitney's
 U from ranks a sort of 2S. Both must give the same numbers bit for bit; this checks that too.
-``--report S`` also times the report's statistics (``analysis.report.analyse_runs``, no figures)
+``--report S`` also times the report's statistics (``analysis.reporting.analyse_runs``, no figures)
 on a synthetic study of the rehearsal's shape (4 datasets, 7 conditions, 2 lrs, S seeds: 14 runs
 a seed and dataset) with each method. ``--store S`` writes such a study into an MLflow SQLite
 store (``bench_report.build_store``: runs as the grid writes them) and times the report as a user
-runs it, ``python -m analysis.report --no-figures``, a process of its own: load and statistics.
+runs it, ``python -m raystudy report --no-figures``, a process of its own: load and statistics.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ def study(seeds: int):
 
 
 def report_seconds(seeds: int) -> tuple[float, int]:
-    from analysis import report
+    from analysis import reporting
 
     runs = study(seeds)
     with tempfile.TemporaryDirectory() as out:
         t = time.perf_counter()
-        report.analyse_runs(runs, out, draw_figures=False)
+        reporting.analyse_runs(runs, out, draw_figures=False)
         return time.perf_counter() - t, len(runs)
 
 
@@ -60,7 +60,7 @@ def report_process(seeds: int) -> tuple[float, int]:
     runs = study(seeds)
     with tempfile.TemporaryDirectory() as tmp:
         uri, _ = build_store(Path(tmp), runs)
-        cmd = [sys.executable, "-m", "analysis.report", "--experiment", EXPERIMENT, "--tracking-uri", uri]
+        cmd = [sys.executable, "-m", "raystudy", "report", "--experiment", EXPERIMENT, "--tracking-uri", uri]
         cmd += ["--no-figures", "--out", str(Path(tmp) / "report")]
         t = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)

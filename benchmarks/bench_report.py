@@ -11,7 +11,7 @@ final and step metrics), then that trial cloned in bulk with SQL, one clone per 
 accuracies substituted). Building the store is not timed. Then it times, each apart:
 
     load      ``analysis.load.from_mlflow``: every trial run from MLflow into the runs table
-    stats     the report's statistics and tables (``analysis.report.analyse_runs``)
+    stats     the report's statistics and tables (``analysis.reporting.analyse_runs``)
     figures   the same call's figures, built and written as PNG + PDF, timed apart
     log       logging the report folder to the grid parent run
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", help="build the store and write the report here (default: a temp folder)")
     args = ap.parse_args(argv)
 
-    from analysis import load, report
+    from analysis import load, reporting
     from analysis.sections import trust
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -201,12 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         opts = trust.Options(reps=args.bootstrap_reps)
         t, cpu = time.perf_counter(), time.process_time()
         with timed_figures(fig_times):
-            rep = report.analyse_runs(loaded, root / "report", options=opts)
+            rep = reporting.analyse_runs(loaded, root / "report", options=opts)
         t_analysis, cpu_analysis = time.perf_counter() - t, time.process_time() - cpu
         t_fig, cpu_fig = sum(w for w, _ in fig_times), sum(c for _, c in fig_times)
 
         t = time.perf_counter()
-        report.log_outputs(root / "report", loaded, EXPERIMENT, uri)
+        reporting.log_outputs(root / "report", loaded, EXPERIMENT, uri)
         t_log = time.perf_counter() - t
 
     n_settings = len(load.settings(loaded))

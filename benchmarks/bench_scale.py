@@ -27,7 +27,7 @@ other; the driver's CPU seconds per trial (the driver process alone, and with th
 started: GCS, raylet, workers); the driver's peak and final RSS (raystudy's also after 1,000
 finished trials, where N > 1,000, and after all N, before its closing ranking); the store's size per trial; and,
 on raystudy's store, what a resumed grid reads to know what is done (``query.known_statuses``),
-the report's load (``analysis.load.from_mlflow``), the report itself (``python -m analysis.report
+the report's load (``analysis.load.from_mlflow``), the report itself (``python -m raystudy report
 --no-figures``, a process of its own) and the MLflow runs page's query (one page of
 100 runs, newest first). ``--profile`` adds py-spy's top frames of raystudy's driver.
 
@@ -103,7 +103,7 @@ def tune_variant(space: Path, work: Path, seconds: float, concurrency: int, stoc
     import ray
     from ray import tune
 
-    from raystudy import grid
+    from raystudy.commands import grid
     from raystudy.train import rehearsal
 
     job = grid.prepare(grid.build_parser().parse_args(grid_args(space, work, seconds, concurrency)))
@@ -229,7 +229,7 @@ def store_waits(work: Path, experiment: str, uri: str | None = None) -> dict:
     frame = load.from_mlflow(experiment, uri)
     out["load_s"], out["load_n"] = time.perf_counter() - t, len(frame)
     t = time.perf_counter()
-    report = [sys.executable, "-m", "analysis.report", "--experiment", experiment, "--tracking-uri", uri]
+    report = [sys.executable, "-m", "raystudy", "report", "--experiment", experiment, "--tracking-uri", uri]
     report += ["--no-figures", "--out", str(work / "report")]
     subprocess.run(report, cwd=ROOT, check=True, capture_output=True)
     out["report_s"] = time.perf_counter() - t

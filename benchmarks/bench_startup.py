@@ -41,7 +41,7 @@ assert len(rows) == 2 * 2 * 5
     "driver": """
 import pandas as pd
 from analysis import tables
-from raystudy import grid
+from raystudy.commands import grid
 runs = pd.DataFrame([dict(dataset=d, condition=c, lr=lr, seed=s, val_acc=0.5 + 0.01 * s, test_acc=0.4 + 0.02 * lr,
                           status="finished")
                      for d in ("a", "b") for c in ("MHA", "LN2", "FC1") for lr in (0.1, 0.3) for s in (0, 1)])

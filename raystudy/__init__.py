@@ -1,11 +1,10 @@
 """raystudy: which components of a pretrained Vision Transformer to finetune, and why.
 
-Modules, lowest layer first (a module imports only its own layer or lower ones): errors, paths;
-components, models, datasets, batches, augment, plasticity; config; engine (the finetuning
-loop), tracking (the MLflow run record), spaces (YAML spaces to trials); trial (the Ray Tune
-trainable), pretrain (weights raystudy builds); driver (the package that runs grids and searches
-on Ray and writes MLflow from the driver), cli (the argument toolkit); the command lines grid,
-search, finetune, probe, prefetch; and __main__, the ``raystudy`` command that runs them by name.
+Packages, lowest layer first (a module imports only its own layer or lower ones): the leaves
+errors, paths, bounds; models, data, measure, train (one trial), spaces (YAML spaces to trials),
+tracking (the MLflow run record), driver (runs grids and searches on Ray and writes MLflow from
+the driver); then commands, the command lines (cli, the flag toolkit they share), and __main__,
+the ``raystudy`` command that runs them by name (``grid``: ``python -m raystudy.grid``).
 Importing raystudy does nothing else: no Ray, no MLflow, no seeding.
 """
 

@@ -18,17 +18,21 @@ import raystudy
 
 # name -> (module whose main() runs it, one line for the overview)
 COMMANDS = {
-    "grid": ("raystudy.grid", "the study grid on Ray, every trial recorded once in MLflow"),
-    "finetune": ("raystudy.finetune", "one finetuning run of one condition, recorded in MLflow"),
-    "probe": ("raystudy.probe", "plasticity of every component of every block, with its bound"),
-    "search": ("raystudy.search", "Optuna searches per condition with ASHA early stopping"),
-    "init": ("raystudy.init", "a starter grid space for your model and your own images, and its dry run"),
-    "report": ("analysis.report", "the paper's tables, tests and figures from MLflow or a CSV"),
-    "export": ("analysis.export_best", "the best config per condition as finetune YAML files"),
-    "slurm": ("raystudy.slurm", "the study as SLURM jobs that requeue themselves until it is done"),
-    "prefetch": ("raystudy.prefetch", "weights and datasets into the caches before a cluster run"),
-    "components": ("raystudy.components", "parameter counts per component and condition"),
-    "data": ("raystudy.datasets", "the dataset registry and where its files live"),
+    "grid": ("raystudy.commands.grid", "the study grid on Ray, every trial recorded once in MLflow"),
+    "finetune": ("raystudy.commands.finetune", "one finetuning run of one condition, recorded in MLflow"),
+    "probe": ("raystudy.commands.probe", "plasticity of every component of every block, with its bound"),
+    "search": ("raystudy.commands.search", "Optuna searches per condition with ASHA early stopping"),
+    "init": ("raystudy.commands.init", "a starter grid space for your model and your own images, and its dry run"),
+    "report": ("analysis.commands.report", "the paper's tables, tests and figures from MLflow or a CSV"),
+    "export": ("analysis.commands.export", "the best config per condition as finetune YAML files"),
+    "replay": (
+        "analysis.commands.replay",
+        "what an adaptive policy would have spent on a finished grid, and concluded",
+    ),
+    "slurm": ("raystudy.commands.slurm", "the study as SLURM jobs that requeue themselves until it is done"),
+    "prefetch": ("raystudy.commands.prefetch", "weights and datasets into the caches before a cluster run"),
+    "components": ("raystudy.commands.components", "parameter counts per component and condition"),
+    "data": ("raystudy.commands.data", "the dataset registry and where its files live"),
 }
 
 

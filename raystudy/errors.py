@@ -1,10 +1,11 @@
-"""The error every layer may raise for bad user input, and the argument parser every CLI uses to
-report its own errors the same way, the check every reader of an input file makes first, and what
-a full disk says; a leaf module that imports nothing of raystudy."""
+"""The error every layer may raise for bad user input and how a command says it (``fail``), the
+argument parser every CLI uses to report its own errors the same way, the check every reader of
+an input file makes first, and what a full disk says; a leaf module that imports nothing of raystudy."""
 
 import argparse
 import errno
 import os
+import sys
 from pathlib import Path
 
 
@@ -13,6 +14,12 @@ class ConfigError(ValueError):
 
     Every CLI turns it into ``error: <message>`` and exit status 2, before heavy work starts.
     """
+
+
+def fail(e: Exception) -> int:
+    """Print a user error as one line; the exit status for bad input."""
+    print(f"error: {e}", file=sys.stderr)
+    return 2
 
 
 class OneLineParser(argparse.ArgumentParser):

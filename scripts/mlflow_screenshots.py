@@ -1,7 +1,7 @@
 """Screenshots of a finished grid in the MLflow UI, for docs/mlflow_ui.md.
 
     python -m raystudy.grid --conditions LN1,MHA,FC2,full,linear_probe --set steps=100 --set probe_pairs=64
-    python -m analysis.report --experiment raystudy-demo-vit_demo --no-curves
+    python -m raystudy report --experiment raystudy-demo-vit_demo --no-curves
     python scripts/mlflow_screenshots.py --tracking-uri sqlite:///mlflow.db --out docs/img
 
 Starts a real ``mlflow server`` over the store (its own port) and drives headless Chromium

@@ -4,7 +4,7 @@ nothing written and no Ray started -- all before any work.
 One table, (CLI, argv, input files, fragment of the expected message). Each case runs the CLI's
 ``main(argv)`` in an empty working directory, with its input files in a folder beside it
 (``{in}`` in argv); the working directory must stay empty and Ray uninitialised. A few cases run
-as subprocesses: ``python -m raystudy.datasets`` as a user types it, and a dry run whose answer
+as subprocesses: ``python -m raystudy data`` as a user types it, and a dry run whose answer
 must come in seconds. The pass count per CLI is its clear/total.
 """
 
@@ -307,7 +307,7 @@ CASES = [
     # ------------------------------------------------------------------ datasets
     ("datasets", ["--bogus"], {}, "unrecognized arguments: --bogus"),
     ("datasets", ["extra"], {}, "unrecognized arguments: extra"),
-    # ------------------------------------------------------------------ analysis.report
+    # ------------------------------------------------------------------ raystudy report
     ("report", [], {}, "one of the arguments --experiment --csv is required"),
     ("report", ["--csv", "{in}/r.csv", "--bogus"], {"r.csv": "RUNS"}, "unrecognized arguments: --bogus"),
     ("report", ["--csv", "{in}/nope.csv"], {}, "does not exist"),
@@ -392,7 +392,7 @@ CASES = [
         },
         "no condition 'FC1'",
     ),
-    # ------------------------------------------------------------------ analysis.export_best
+    # ------------------------------------------------------------------ raystudy export
     ("export_best", [], {}, "the following arguments are required"),
     ("export_best", ["--experiment", "x", "--out", "{in}/o", "--bogus"], {}, "unrecognized arguments: --bogus"),
     (
@@ -421,7 +421,7 @@ CASES = [
     ),
     ("export_best", ["--experiment", "x", "--select-on", "train", "--out", "{in}/o"], {}, "invalid choice"),
     ("export_best", ["--experiment", "x", "--out", "{in}/o"], {}, "no MLflow store at"),
-    # ------------------------------------------------------------------ analysis.replay
+    # ------------------------------------------------------------------ raystudy replay
     ("replay", ["--experiment", "x"], {}, "the following arguments are required: --policy"),
     ("replay", ["--experiment", "x", "--policy", "asha"], {}, "--policy 'asha': unknown policy; valid: identity"),
     (
@@ -661,18 +661,18 @@ CASES += [
 ]
 
 MAINS = {
-    "grid": "raystudy.grid",
-    "search": "raystudy.search",
-    "finetune": "raystudy.finetune",
-    "probe": "raystudy.probe",
-    "prefetch": "raystudy.prefetch",
-    "components": "raystudy.components",
-    "datasets": "raystudy.datasets",
-    "report": "analysis.report",
-    "export_best": "analysis.export_best",
-    "replay": "analysis.replay",
-    "init": "raystudy.init",
-    "slurm": "raystudy.slurm",
+    "grid": "raystudy.commands.grid",
+    "search": "raystudy.commands.search",
+    "finetune": "raystudy.commands.finetune",
+    "probe": "raystudy.commands.probe",
+    "prefetch": "raystudy.commands.prefetch",
+    "components": "raystudy.commands.components",
+    "datasets": "raystudy.commands.data",
+    "report": "analysis.commands.report",
+    "export_best": "analysis.commands.export",
+    "replay": "analysis.commands.replay",
+    "init": "raystudy.commands.init",
+    "slurm": "raystudy.commands.slurm",
 }
 
 

@@ -118,9 +118,9 @@ def test_suite_cpu_names_each_kind_of_process():
     ):
         assert kind(label) == "Ray's servers and agents", label
     assert kind(f"python | {py} -m raystudy.grid --space space.yaml --address 10.0.0.1:6379") == "grid driver"
-    assert kind(f"python | {py} -m raystudy.search --space s.yaml") == "search driver"
-    assert kind(f"python | {py} -m raystudy.finetune --config c.yaml") == "other raystudy command"
-    assert kind(f"python | {py} -m analysis.report --experiment e") == "analysis command"
+    assert kind(f"python | {py} -m raystudy search --space s.yaml") == "search driver"
+    assert kind(f"python | {py} -m raystudy finetune --config c.yaml") == "other raystudy command"
+    assert kind(f"python | {py} -m raystudy report --experiment e") == "analysis command"
     assert kind(f"python | {py} -m mlflow server --host 127.0.0.1 --port 5000") == "MLflow server"
     assert kind(f"python | {py} -c import sys, ray") == "other Python (test helpers)"
     assert kind("sshd | sshd: root [priv]") == "ray up / SSH"
@@ -129,7 +129,7 @@ def test_suite_cpu_names_each_kind_of_process():
 
 @pytest.mark.slow
 def test_suite_cpu_counts_the_processes_a_test_starts():
-    # the probe's CLI test starts one `python -m raystudy.probe`: one process of that kind
+    # the probe's CLI test starts one `python -m raystudy probe`: one process of that kind
     p = subprocess.run(
         [
             sys.executable,

@@ -3,8 +3,9 @@ of ``bounds.BOUNDS``, and every list of seeds is checked by the one seed check."
 
 import pytest
 
-from raystudy import bounds, cli, search
+from raystudy import bounds
 from raystudy.bounds import BOUNDS
+from raystudy.commands import cli, search
 from raystudy.errors import ConfigError
 from raystudy.spaces import schema
 from raystudy.train import config

@@ -88,7 +88,7 @@ def test_grid_analysis_export_rerun(
 
     out = tmp_path / "analysis_out"
     p = subprocess.run(
-        [sys.executable, "-m", "analysis.report", "--experiment", "raystudy-e2e-vit_demo", "--out", str(out)],
+        [sys.executable, "-m", "raystudy", "report", "--experiment", "raystudy-e2e-vit_demo", "--out", str(out)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -116,7 +116,8 @@ def test_grid_analysis_export_rerun(
         [
             sys.executable,
             "-m",
-            "analysis.export_best",
+            "raystudy",
+            "export",
             "--experiment",
             "raystudy-e2e-vit_demo",
             "--per-dataset",
@@ -133,11 +134,11 @@ def test_grid_analysis_export_rerun(
     exported = sorted(best.rglob("*.yaml"))
     assert len(exported) == 6, exported  # 3 conditions x 2 datasets
     mha = next(f for f in exported if f.stem == "MHA")
-    assert mha.read_text().startswith("#") and "python -m raystudy.finetune --config" in mha.read_text()
+    assert mha.read_text().startswith("#") and "python -m raystudy finetune --config" in mha.read_text()
     cfg = yaml.safe_load(mha.read_text())
     assert cfg["condition"] == "MHA" and cfg["lr"] in (0.1, 0.3)
     p = subprocess.run(
-        [sys.executable, "-m", "raystudy.finetune", "--config", str(mha), "--quiet"],
+        [sys.executable, "-m", "raystudy", "finetune", "--config", str(mha), "--quiet"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

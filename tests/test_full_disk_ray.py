@@ -49,7 +49,7 @@ def test_finetune_on_a_full_disk_is_one_line(tmp_path, small_disk, demo_weights)
     import sys
 
     fill(small_disk)
-    cmd = [sys.executable, "-m", "raystudy.finetune", "--set", "steps=20", "--set", "eval_every=10"]
+    cmd = [sys.executable, "-m", "raystudy", "finetune", "--set", "steps=20", "--set", "eval_every=10"]
     cmd += ["--set", "warmup_steps=2"]
     cmd += ["--out", str(small_disk / "out"), "--tracking-uri", f"sqlite:///{small_disk / 'mlflow.db'}"]
     p = subprocess.run(cmd, cwd=tmp_path, env=driver_env(), capture_output=True, text=True, timeout=300)

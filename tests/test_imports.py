@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("raystudy", "analysis")
 
 # Layers, lowest first, each a package (every module under it) or a module. A module may import its
-# own layer or lower ones; the command lines sit above every library package.
+# own layer or lower ones; the analysis library sits above the whole of raystudy's library (which
+# imports no analysis), and the command lines above both.
 LAYERS = [
     # leaves: errors, paths, the bounds every layer checks, the packages themselves (analysis holds AnalysisError)
     ["raystudy", "raystudy.errors", "raystudy.paths", "raystudy.bounds", "analysis"],
@@ -31,23 +32,19 @@ LAYERS = [
     ["raystudy.spaces"],
     # the MLflow record: the store, the runs written, read back and shown
     ["raystudy.tracking"],
-    # the driver (Ray + driver-side MLflow) and its console, the analysis library, the flag toolkit
-    ["raystudy.driver", "raystudy.cli", "analysis"],
-    # command lines: argument parsing and one call into the layers below
-    [
-        "raystudy.grid",
-        "raystudy.search",
-        "raystudy.finetune",
-        "raystudy.probe",
-        "raystudy.prefetch",
-        "raystudy.init",
-        "raystudy.slurm",
-        "raystudy.components",
-        "raystudy.datasets",
-        "analysis.report",
-        "analysis.export_best",
-        "analysis.replay",
-    ],
+    # the driver (Ray + driver-side MLflow) and its console
+    ["raystudy.driver"],
+    # the analysis's pure statistics
+    ["analysis.stats"],
+    # the analysis library: load, tables, figures, intervals, the study, best configs, the replay
+    ["analysis"],
+    # the report's sections, each a function of the study
+    ["analysis.sections"],
+    # the report: every section into one folder (and MLflow)
+    ["analysis.reporting"],
+    # command lines: argument parsing and one call into the layers below (cli: the flag toolkit they
+    # share); raystudy.grid keeps `python -m raystudy.grid`
+    ["raystudy.commands", "analysis.commands", "raystudy.grid"],
     # the `raystudy` command: dispatches to the command lines by name, importing one when named
     ["raystudy.__main__"],
 ]
@@ -63,7 +60,14 @@ def layer_of(module: str) -> int:
     return max(found)[1] if found else -1
 
 
-CLIS = set(LAYERS[-2])
+COMMANDS = len(LAYERS) - 2  # the command lines' layer
+# In it but no command line: the packages, the flag toolkit, the shim of `python -m raystudy.grid`.
+NOT_COMMANDS = {"raystudy.commands", "analysis.commands", "raystudy.commands.cli", "raystudy.grid"}
+
+
+def is_command(module: str) -> bool:
+    """Whether ``module`` is a command line (a ``main`` a subcommand runs)."""
+    return layer_of(module) == COMMANDS and module not in NOT_COMMANDS
 
 
 def modules() -> dict[str, Path]:
@@ -132,9 +136,27 @@ def test_no_private_names_across_modules_and_no_cli_imports_another():
         for dep, name in imports(p):
             if name.startswith("_") and dep != m:
                 bad.append(f"{m} imports private {dep}.{name}")
-            if m in CLIS and dep in CLIS and dep != m:
+            if is_command(m) and is_command(dep) and dep != m:
                 bad.append(f"command line {m} imports command line {dep}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_import_goes_up_between_the_packages():
+    # raystudy's library is below the analysis (which reads its runs, spaces and configs); only a
+    # command line, above both, imports the two. Inside the analysis, the study and the library
+    # are below the report's sections, and the sections below the report that assembles them.
+    up = [
+        f"{m} imports {d}"
+        for m, deps in graph().items()
+        for d in deps
+        if (m.startswith("raystudy.") and layer_of(m) < COMMANDS and d.split(".")[0] == "analysis")
+        or (
+            layer_of(m) < layer_of("analysis.sections.trust")
+            and d.startswith(("analysis.sections", "analysis.reporting"))
+        )
+        or (layer_of(m) < COMMANDS and d.startswith(("raystudy.commands", "analysis.commands", "raystudy.grid")))
+    ]
+    assert not up, "\n".join(up)
 
 
 def test_spaces_know_nothing_of_ray_or_mlflow():
@@ -160,8 +182,9 @@ def test_importing_every_module_starts_nothing():
 
 def test_the_analysis_and_the_registries_load_without_torch():
     code = (
-        "import sys, analysis.report, analysis.export_best, raystudy.models.components, raystudy.models.registry; "
-        "analysis.report.paper_order(); print('torch' in sys.modules)"
+        "import sys, analysis.commands.report, analysis.commands.export, analysis.reporting; "
+        "import raystudy.models.components, raystudy.models.registry; "
+        "analysis.reporting.paper_order(); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -171,7 +194,7 @@ def test_a_driver_loads_no_torch(demo_weights):  # the file built: checking it i
     # The driver validates every trial's config (so do --dry-run and the bad-input checks) and
     # hands Tune the trainable: torch's import is seconds of CPU there, and only the trials use it.
     code = (
-        "import sys; from raystudy import search\n"
+        "import sys; from raystudy.commands import search\n"
         "from raystudy.data.registry import check_dataset\n"
         "from raystudy.spaces import grids\n"
         "from raystudy.train import pretrain\n"
@@ -191,7 +214,7 @@ def test_no_library_module_holds_a_command_line():
     # lines would be a second home for what a command does.
     bad = []
     for m, p in modules().items():
-        if layer_of(m) >= len(LAYERS) - 2 or m in ("raystudy.cli", "raystudy.errors"):
+        if layer_of(m) >= COMMANDS or m == "raystudy.errors":
             continue
         tree = ast.parse(p.read_text())
         for node in tree.body:

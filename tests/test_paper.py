@@ -93,7 +93,7 @@ MODEL_SIZE_DATASETS = ["domainnet_clipart"]
 
 
 def _dry(capsys, tmp_path, *argv):
-    from raystudy import grid
+    from raystudy.commands import grid
 
     code = grid.main([*argv, "--dry-run", "--tracking-uri", f"sqlite:///{tmp_path}/none.db"])
     out = capsys.readouterr()

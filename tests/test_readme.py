@@ -13,7 +13,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 def layout_tree(text: str) -> list[str]:
     """The dotted names of the tree under ``## Layout``, in its order: a root folder as its package,
-    an entry under it (``models/``, ``cli.py``) as ``raystudy.models``, ``raystudy.cli``."""
+    an entry under it (``models/``, ``grid.py``) as ``raystudy.models``, ``raystudy.grid``."""
     section = text.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
     block = section.split("```", 2)[1]
     names, root = [], None

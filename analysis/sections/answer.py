@@ -8,7 +8,7 @@ ROPE verdict from that interval against ±``--rope`` points: practically equival
 the best better (below), undecided (across the margin). The answer is the condition with the
 fewest trainable parameters among the best and those practically equivalent to it (the best
 itself where the runs logged no counts). Plasticity is shown where the runs probed it. Its
-config, as ``analysis.export_best`` would write it, goes beside report.md and is named in the
+config, as ``raystudy export`` would write it, goes beside report.md and is named in the
 paragraph. A per-dataset summary gets the ranking without intervals from seeds, counts or config.
 """
 
@@ -206,7 +206,7 @@ def winner_config(s: Study, pick: str) -> tuple[best_config.WinnerConfig | None,
     )
     return config, (
         f"The configuration that reruns it (one lr for every dataset, {row['lr']:g}, the best on average; seed "
-        f"{row['seed']}) is `{name}`, beside this report: `python -m raystudy.finetune --config {name}`."
+        f"{row['seed']}) is `{name}`, beside this report: `python -m raystudy finetune --config {name}`."
     )
 
 

@@ -12,38 +12,17 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from analysis import AnalysisError, bayes, figures, intervals, tables
 from analysis.output import Figure, Section, Table, section
+from analysis.scores import BOOTSTRAP_OVER, CD_CLIQUES, Options, scores_of  # noqa: F401 - the report's flags name them
 from analysis.stats import budget as stats
 from analysis.stats import variance
 
-BOOTSTRAP_OVER = ("datasets+seeds", "seeds")
-CD_CLIQUES = ("nemenyi", "wilcoxon")
 SINGLE = ("LN1", "MHA", "LN2", "FC1", "FC2")
-
-
-@dataclass(frozen=True)
-class Options:
-    """The flags of the report's trust sections.
-
-    ``rope``: half-width of the region of practical equivalence in accuracy points (percent);
-    ``reps``/``seed``: bootstrap replicates and seed (the Bayesian tests use the same seed);
-    ``over``: resample datasets and seeds, or seeds only (datasets fixed, rliable's default);
-    ``hierarchical``: run the hierarchical Bayesian test; ``cd_cliques``: where the bars of the
-    CD diagram come from.
-    """
-
-    rope: float = 0.5
-    reps: int = 2000
-    seed: int = 0
-    over: str = "datasets+seeds"
-    hierarchical: bool = True
-    cd_cliques: str = "nemenyi"
 
 
 def pair_list(order: list[str], reference: str | None) -> list[tuple[str, str]]:
@@ -53,15 +32,6 @@ def pair_list(order: list[str], reference: str | None) -> list[tuple[str, str]]:
     first = [(reference, c) for c in order if c != reference]
     rest = [(a, b) for a, b in itertools.combinations(order, 2) if reference not in (a, b)]
     return first + rest
-
-
-def scores_of(runs: pd.DataFrame | None, best: pd.DataFrame, table: pd.DataFrame, order: list[str]) -> np.ndarray:
-    """(K, D, S) test accuracies at the chosen lr; (K, D, 1) from a per-dataset summary."""
-    if runs is None:
-        return table[order].to_numpy(float).T[..., None]
-    sel = runs.merge(best[["dataset", "condition", "lr"]], on=["dataset", "condition", "lr"])
-    sel = sel[sel["status"] == "finished"]
-    return intervals.score_array(sel, order, list(table.index))[0]
 
 
 def _shape_note(scores: np.ndarray) -> str | None:

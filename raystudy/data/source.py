@@ -22,7 +22,7 @@ VAL_FRACTION = 0.2
 TEST_FRACTION = 0.2  # for datasets without an official test split
 
 TORCHVISION_WHERE = (
-    "prefetch it (python -m raystudy.prefetch --datasets NAME), pass download=true (--download) "
+    "prefetch it (python -m raystudy prefetch --datasets NAME), pass download=true (--download) "
     "to fetch it with torchvision, or place the files there"
 )
 
@@ -133,7 +133,7 @@ def download_failed(name: str, root: Path, e: OSError) -> DatasetUnavailable:
     why = getattr(inner, "strerror", None) or inner or e.strerror or e
     return DatasetUnavailable(
         f"dataset {name!r}: download failed ({why}); on a machine with network run "
-        f"python -m raystudy.prefetch --datasets {name} and copy the files under {root}"
+        f"python -m raystudy prefetch --datasets {name} and copy the files under {root}"
     )
 
 

@@ -7,13 +7,13 @@ import argparse
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from raystudy import cli
 from raystudy.data import userdata
 from raystudy.driver import lock
-from raystudy.errors import ConfigError
+from raystudy.errors import ConfigError, fail
 from raystudy.measure import costs
 from raystudy.models import components, registry
 from raystudy.spaces import adaptive, grids
@@ -27,7 +27,7 @@ def projection(policy, space, model: str, trials: list) -> str:
     estimate)."""
     view = [adaptive.trial_of(t.key, t.config) for t in trials]
     full = grids.gpu_hours(space, model, trials)
-    lines = [f"adaptive {policy.name} (replay a finished grid to measure it: python -m analysis.replay):"]
+    lines = [f"adaptive {policy.name} (replay a finished grid to measure it: python -m raystudy replay):"]
     ends = ((False, "from the grid's shape"),)
     if policy.race:
         ends = ((False, "every lr stays in the race"), (True, "one lr per cell is left at the first milestone"))
@@ -67,6 +67,8 @@ class Job:
     done: list
     notes: list = dataclasses.field(default_factory=list)  # what the check of your own data says
     rehearse: float | None = None  # a dress rehearsal's seconds per trial (``train.rehearsal``)
+    # The closing ranking of a runs table (the command's: the analysis's table); None: none shown.
+    ranking: Callable[[Any], Any] | None = None
 
 
 def rehearsal_line(job: Job) -> str:
@@ -162,7 +164,7 @@ def _run(job: Job) -> int:
     if len(job.done) == len(job.trials):  # nothing to run: the answer is in MLflow
         print(f"all {len(job.trials)} trials are already done (MLflow: {job.uri}); nothing to run")
         cl = connect.client(job.uri)
-        show_results(cl, cl.get_experiment_by_name(job.experiment).experiment_id, job.trials, job.model, job.uri)
+        show_results(cl, cl.get_experiment_by_name(job.experiment).experiment_id, job)
         return 0
     return drive(job)
 
@@ -260,11 +262,11 @@ def run_trials(job: Job, s, storage, label: str) -> int:
                 rehearse=job.rehearse,
             )
     except (ConfigError, registry.WeightsUnavailable) as e:
-        return cli.fail(e)
+        return fail(e)
     except KeyboardInterrupt:  # Ctrl-C: the first once Tune has stopped (tune_glue.Stopped), or a second
-        return stopped(uri, job.experiment, trials, job.model)
+        return stopped(job)
     if counts["unfinished"]:  # trials Tune left unfinished unasked: the rerun goes on with them too
-        return stopped(uri, job.experiment, trials, job.model)
+        return stopped(job)
     print(
         f"\ndone in {time.time() - s.started:.0f} s: {counts['finished']} finished, {counts['diverged']} diverged, "
         f"{counts['failed']} failed, {counts['unfinished']} unfinished"
@@ -274,7 +276,7 @@ def run_trials(job: Job, s, storage, label: str) -> int:
     )
     if job.policy is not None:
         print(judged_by_replay(job.policy.name))
-    show_results(connect.client(uri), counts["experiment_id"], trials, job.model, uri)
+    show_results(connect.client(uri), counts["experiment_id"], job)
     return 0 if counts["unfinished"] == 0 and counts["failed"] == 0 else 1
 
 
@@ -283,42 +285,36 @@ def judged_by_replay(policy: str) -> str:
     The trials it stopped never ran, so this grid cannot compare itself with the full one."""
     return (
         f"policy {policy}: its agreement with the full grid, against the reseeding floor, comes from a "
-        f"replay of a full grid: python -m analysis.replay --recording FILE --policy {policy} (docs/adaptive.md)"
+        f"replay of a full grid: python -m raystudy replay --recording FILE --policy {policy} (docs/adaptive.md)"
     )
 
 
-def stopped(uri: str, experiment: str, trials, model: str) -> int:
+def stopped(job: Job) -> int:
     """Ctrl-C: one line on where the grid stands and how to go on, and the ranking so far (none
     after a full disk: the ranking is written to MLflow too)."""
     from raystudy.driver import tune_glue
 
+    uri, experiment, trials = job.uri, job.experiment, job.trials
     known = query.known_statuses(uri, experiment)
     done = sum(known.get(t.key) in tags.TERMINAL for t in trials)
     print(f"\ngrid stopped: {done} of {len(trials)} trials done; run the same command to resume it", flush=True)
     if done and tune_glue.full_disk_said() is None:
         cl = connect.client(uri)
-        show_results(
-            cl,
-            cl.get_experiment_by_name(experiment).experiment_id,
-            trials,
-            model,
-            uri,
-            partial=done if done < len(trials) else None,
-        )
+        exp_id = cl.get_experiment_by_name(experiment).experiment_id
+        show_results(cl, exp_id, job, partial=done if done < len(trials) else None)
     return 130
 
 
-def show_results(cl, exp_id: str, trials, model: str, uri: str, partial: int | None = None) -> None:
-    """The ranking of the grid's conditions from MLflow; ``partial``: only that many trials are
-    done, and the ranking says so."""
+def show_results(cl, exp_id: str, job: Job, partial: int | None = None) -> None:
+    """The ranking of the grid's conditions from MLflow (``job.ranking``); ``partial``: only that
+    many trials are done, and the ranking says so."""
     import pandas as pd
 
-    from analysis import tables
-
+    uri, model, trials = job.uri, job.model, job.trials
     keys = {t.key for t in trials}
     found = query.find_runs(cl, exp_id, raystudy__role="trial")
     runs = pd.DataFrame([r for r in query.rows(found) if r["key"] in keys])
-    table = tables.closing_ranking(runs)
+    table = job.ranking(runs) if job.ranking is not None else pd.DataFrame()
     if not table.empty:
         parents = [
             r.data.tags.get("mlflow.parentRunId")
@@ -336,7 +332,7 @@ def show_results(cl, exp_id: str, trials, model: str, uri: str, partial: int | N
         )
         print(
             f"\n{head}(lr chosen on validation; test accuracy, mean over seeds then datasets; "
-            "average rank over datasets), as analysis.report computes it:"
+            "average rank over datasets), as raystudy report computes it:"
         )
         print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if registry.note(model):

@@ -10,8 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from raystudy import cli
-from raystudy.errors import ConfigError
+from raystudy.errors import ConfigError, fail
 from raystudy.models import registry
 from raystudy.spaces import grids, searches
 from raystudy.tracking import query, views
@@ -109,7 +108,7 @@ def _run_studies(job: Job, s, storage: Path, skey: str) -> int:
             ) as parent:
                 summary = [study(job, label, cond, storage, cl, exp_id, parent.run_id) for label, cond in job.studies]
     except (ConfigError, registry.WeightsUnavailable) as e:
-        return cli.fail(e)
+        return fail(e)
     except KeyboardInterrupt:  # Ctrl-C: Optuna's studies and MLflow keep what is done; the rerun goes on from there
         print("\nsearch stopped; run the same command to resume it", flush=True)
         return 130

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from raystudy import cli
 from raystudy.errors import ConfigError
 from raystudy.tracking import connect, query, record, tags
 
@@ -26,17 +25,9 @@ SQLITE_WHY = (
 
 
 def submission(args) -> tuple[list[str], dict[str, str]]:
-    """The sbatch command and the environment it passes to the job, every flag checked first."""
+    """The sbatch command and the environment it passes to the job, every flag checked first
+    (the program and the counts by the command, ``raystudy.commands.slurm``; the rest here)."""
     program = args.program or ["grid"]
-    if program[0] not in PROGRAMS:
-        raise ConfigError(f"the job's program {program[0]!r}: use grid or search, after -- (raystudy slurm -- grid)")
-    for flag, value in (
-        ("--nodes", args.nodes),
-        ("--cpus-per-node", args.cpus_per_node),
-        ("--gpus-per-node", args.gpus_per_node),
-        ("--stop-before", args.stop_before),
-    ):
-        cli.check_count(flag, value)
     shared = Path(args.shared).expanduser()
     if not shared.is_dir():
         raise ConfigError(f"--shared {args.shared}: no such folder; make it on a filesystem every node mounts")

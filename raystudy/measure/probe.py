@@ -1,7 +1,7 @@
 """The probe's library side: x and y loaded and checked against each other and the model, the
 measurement of a built model, and the tables it prints and writes.
 
-The command line (``raystudy.probe``) parses and checks the flags and builds the model; the rest
+The command line (``raystudy.commands.probe``) parses and checks the flags and builds the model; the rest
 is here. A component's plasticity over the model is the mean over its layers
 (``summary.layer_means``), ranked per mode. torch is imported where a function needs it, so that
 the command line's ``--help`` needs none.

@@ -7,7 +7,7 @@ head and the final norm (``HEAD``) train in every condition. ``partition`` check
 parameter of a model belongs to exactly one component, so a timm rename (``ls1``, ``reg_token``)
 fails loudly instead of silently freezing or training the wrong thing.
 
-    python -m raystudy.components --model vit_base_patch16_224   # counts per component/condition
+    python -m raystudy components --model vit_base_patch16_224   # counts per component/condition
 """
 
 from __future__ import annotations

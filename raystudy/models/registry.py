@@ -6,7 +6,7 @@ is ``raystudy.models.gpt2``).
 or a timm model saved for the hub, by source (``local-dir:FOLDER``, ``hf-hub:ORG/NAME``;
 ``raystudy.models.sources``). Weights come from timm's hub cache, a local file (read and mapped
 as timm maps it, ``raystudy.models.checkpoints``), the source's own, or, for a local model, the file its
-pretraining recipe builds once (``python -m raystudy.prefetch --models NAME``). With no
+pretraining recipe builds once (``python -m raystudy prefetch --models NAME``). With no
 network and no weights it raises ``WeightsUnavailable`` naming the command that gets them,
 instead of a stack trace from deep inside a download. Everything downstream asks this module
 about a model (input size, normalisation, the dataset its probes draw x from, its family's
@@ -205,13 +205,13 @@ def _built_weights(name: str, full: str) -> Path:
     if not weights.is_file():
         raise WeightsUnavailable(
             f"{full}'s pretrained weights are not built yet ({weights}); build them once "
-            f"with `python -m raystudy.prefetch --models {name}`, or pass --weights FILE"
+            f"with `python -m raystudy prefetch --models {name}`, or pass --weights FILE"
         )
     problem = built_weights_problem(weights)
     if problem is not None:  # a trial never builds: it says which file to replace
         raise WeightsUnavailable(
             f"{full}'s weights file {weights} is corrupt ({problem}); delete it and rebuild "
-            f"with `python -m raystudy.prefetch --models {name}`"
+            f"with `python -m raystudy prefetch --models {name}`"
         )
     return weights
 
@@ -240,7 +240,7 @@ def _create_timm(
     if not hub_reachable():
         raise WeightsUnavailable(
             f"no cached weights for {full} and the Hugging Face hub is unreachable; prefetch them "
-            f"on a machine with network: `python -m raystudy.prefetch --models {name}` (fills "
+            f"on a machine with network: `python -m raystudy prefetch --models {name}` (fills "
             f"{hub_cache_dir()}), or pass --weights FILE"
         )
     try:
@@ -249,7 +249,7 @@ def _create_timm(
         raise WeightsUnavailable(
             f"could not download weights for {full}: {type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}; prefetch with "
-            f"`python -m raystudy.prefetch --models {name}` or pass --weights FILE"
+            f"`python -m raystudy prefetch --models {name}` or pass --weights FILE"
         ) from None
 
 
@@ -288,7 +288,7 @@ def _create_gpt2(
         if not hub_reachable():
             raise WeightsUnavailable(
                 f"no cached weights for {full} ({repo}) and the Hugging Face hub is unreachable; "
-                f"prefetch them on a machine with network: `python -m raystudy.prefetch --model {name}` "
+                f"prefetch them on a machine with network: `python -m raystudy prefetch --model {name}` "
                 f"(fills {hub_cache_dir()}), or pass --weights FILE"
             ) from None
         try:

@@ -2,7 +2,7 @@
 
 A policy is a pure function of what has been seen of the grid's trials. ``decide(policy, trials,
 seen)`` returns the trials to stop and the step to stop them at; the live grid
-(``raystudy.driver.scheduler``) calls it on every evaluation, the replay (``analysis.replay``) once on a
+(``raystudy.driver.scheduler``) calls it on every evaluation, the replay (``analysis.replaying``) once on a
 finished grid's recorded curves: the same code, so the same data gives the same decisions.
 
 Shapes (plain Python, no pandas: the live scheduler calls this on every result):

@@ -344,7 +344,7 @@ def grid_values(where: str, value: Any) -> list:
         if len(value) == 1 and next(iter(value)) in SAMPLERS:
             raise ConfigError(
                 f"{where}: {next(iter(value))!r} is a sampling distribution; a grid takes "
-                "grid_search lists (sampled spaces run with python -m raystudy.search)"
+                "grid_search lists (sampled spaces run with python -m raystudy search)"
             )
         raise ConfigError(f"{where}: expected {{grid_search: [values]}} or a constant, got {value!r}")
     return [value]

@@ -1,2 +1,3 @@
 """The MLflow record of a study: its names (``tags``), the store (``connect``), the runs written
-(``record``), read back (``query``) and shown in the UI (``views``)."""
+(``record``; ``recorder``: a single finetuning run as it goes), read back (``query``) and shown in
+the UI (``views``)."""

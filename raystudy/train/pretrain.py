@@ -2,7 +2,7 @@
 
 A model in ``registry.LOCAL_MODELS`` with a ``pretrain`` recipe (the offline demo's backbone) gets
 its weights here, from data that ships offline, the way a hub checkpoint gets them from a
-download: ``python -m raystudy.prefetch --model NAME`` runs it, and every CLI runs it before
+download: ``python -m raystudy prefetch --model NAME`` runs it, and every CLI runs it before
 starting work, so trials only ever load a finished file.
 """
 

@@ -8,7 +8,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from analysis import AnalysisError, figures
-from analysis.report import analyse
+from analysis.reporting import analyse
 from analysis.stats import significance
 from analysis.synthetic import fake_runs
 

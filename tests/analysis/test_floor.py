@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import AnalysisError, agreement, floor, recordings, replay, synthetic
+from analysis import AnalysisError, agreement, floor, recordings, replaying, synthetic
+from analysis.commands import replay
 from analysis.stats import selection, significance
 from raystudy.spaces import adaptive
 from tests.analysis.commands.test_replay import grid_of
@@ -153,8 +154,8 @@ def test_a_recording_replays_as_its_store(tmp_path):
     again = recordings.load(path)
     assert again["trials"] == g["trials"] and again["seen"] == g["seen"]
     for name in adaptive.POLICIES:
-        a, b = replay.replay(g, adaptive.policy(name)), replay.replay(again, adaptive.policy(name))
-        assert a["decisions"] == b["decisions"] and replay.summary_line(a) == replay.summary_line(b)
+        a, b = replaying.replay(g, adaptive.policy(name)), replaying.replay(again, adaptive.policy(name))
+        assert a["decisions"] == b["decisions"] and replaying.summary_line(a) == replaying.summary_line(b)
     assert recordings.save(again, tmp_path / "h.csv.gz").read_bytes() == path.read_bytes()  # reproducible
 
 
@@ -186,11 +187,11 @@ def test_race_on_the_recorded_demo_grid_against_its_floor(capsys):
     assert path.stat().st_size < 100_000
     g = recordings.load(path)
     assert len(g["trials"]) == 300 and (g["runs"]["status"] == "finished").all()
-    f = floor.floor(replay.apply(g["runs"], {}), reps=40)
+    f = floor.floor(replaying.apply(g["runs"], {}), reps=40)
     assert f.cells == 28 and f.calls == 34 and f.bar("same_lr") < 28
-    ident = replay.replay(g, adaptive.policy("identity"), against=f)
+    ident = replaying.replay(g, adaptive.policy("identity"), against=f)
     assert ident["same_lr"] == 28 and ident["verdict"]["preserving"]
-    race = replay.replay(g, adaptive.policy("race"), against=f)
+    race = replaying.replay(g, adaptive.policy("race"), against=f)
     assert (round(100 * race["step_fraction"], 1), race["same_lr"], race["flips"]) == (44.1, 23, [])
     assert race["verdict"]["checks"][0].startswith("same lr 23 >= ")
     assert replay.main(["--recording", str(path), "--policy", "race", "--reps", "20"]) == 0
@@ -225,7 +226,7 @@ def test_the_benchmark_prints_the_table_from_a_clone():
 def test_the_two_seed_sets_compared_directly():
     """The seeds-0-2 and seeds-3-5 recordings of demo_adaptive: the floor's second measure, as
     docs/adaptive.md gives it."""
-    a, b = (replay.apply(recordings.load(RECORDINGS / f"{n}.csv.gz")["runs"], {}) for n in ("s012", "s345"))
+    a, b = (replaying.apply(recordings.load(RECORDINGS / f"{n}.csv.gz")["runs"], {}) for n in ("s012", "s345"))
     c = floor.across(a, b)
     assert (c["same_lr"], c["cells"], c["kendall_tau"], c["flips"]) == (22, 28, 1.0, ["t MHA vs LN2"])
-    assert replay.across_line(c).startswith("same lr in 22 of 28 cells; Kendall tau 1.000; top-1 linear_probe")
+    assert replaying.across_line(c).startswith("same lr in 22 of 28 cells; Kendall tau 1.000; top-1 linear_probe")

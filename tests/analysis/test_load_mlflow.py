@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import AnalysisError, export_best, load, report
+from analysis import AnalysisError, best_config, load, reporting
+from analysis.commands import export, report
 from analysis.stats import variance
 from raystudy.tracking import connect, record
 from raystudy.train.config import FinetuneConfig, load_config, trial_key, validate
@@ -234,8 +235,8 @@ def test_csv_path_gives_the_same_tables_as_mlflow(store, tmp_path):
     pd.DataFrame(rows).to_csv(csv, index=False)
     a, b = tmp_path / "mlflow", tmp_path / "csv"
     # tables only: test_report_from_mlflow_logs_to_the_grid_run draws these runs' figures
-    report.report_from_mlflow(EXPERIMENT, a, store["uri"], curves=False, log=False, draw_figures=False)
-    report.report_from_csv(csv, b, draw_figures=False)
+    reporting.report_from_mlflow(EXPERIMENT, a, store["uri"], curves=False, log=False, draw_figures=False)
+    reporting.report_from_csv(csv, b, draw_figures=False)
     for name in (
         "accuracy_val_selected.md",
         "accuracy_test_selected.csv",
@@ -260,7 +261,7 @@ def test_csv_path_gives_the_same_tables_as_mlflow(store, tmp_path):
     ],
 )
 def test_bad_experiments_exit_2_with_one_line(store, tmp_path, capsys, experiment, needle):
-    for main in (report.main, export_best.main):
+    for main in (report.main, export.main):
         assert main(["--experiment", experiment, "--tracking-uri", store["uri"], "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
@@ -271,9 +272,9 @@ def test_bad_experiments_exit_2_with_one_line(store, tmp_path, capsys, experimen
 def test_coerce_params_round_trips_every_config_key():
     cfg = FinetuneConfig(weights=None, data_root="/data", low_data=True, betas=(0.8, 0.99), lr=3e-3)
     params = {k: str(v) for k, v in cfg.to_dict().items()}  # what MLflow stores
-    assert export_best.coerce_params(params) == cfg.to_dict()
+    assert best_config.coerce_params(params) == cfg.to_dict()
     with pytest.raises(AnalysisError, match="'steps' must be an integer, got 1.5"):
-        export_best.coerce_params({"steps": "1.5"})
+        best_config.coerce_params({"steps": "1.5"})
 
 
 def test_run_config_from_params_when_there_is_no_config_artifact(store):
@@ -287,17 +288,15 @@ def test_run_config_from_params_when_there_is_no_config_artifact(store):
     rid = c.create_run(exp).info.run_id
     c.log_batch(rid, params=[Param(k, str(v)) for k, v in cfg.items()])
     assert load.read_artifact(rid, "config.yaml", store["uri"]) is None
-    assert export_best.run_config(rid, store["uri"]) == cfg
+    assert best_config.run_config(rid, store["uri"]) == cfg
     with_artifact = store["ids"][("digits", "MHA", 0.1, 0)]
-    assert export_best.run_config(with_artifact, store["uri"]) == trial_config("digits", "MHA", 0.1, 0)
+    assert best_config.run_config(with_artifact, store["uri"]) == trial_config("digits", "MHA", 0.1, 0)
 
 
 def test_export_per_dataset(store, tmp_path, capsys):
     out = tmp_path / "best"
     assert (
-        export_best.main(
-            ["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--per-dataset", "--out", str(out)]
-        )
+        export.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--per-dataset", "--out", str(out)])
         == 0
     )
     assert "warning" not in capsys.readouterr().err
@@ -305,14 +304,14 @@ def test_export_per_dataset(store, tmp_path, capsys):
     assert len(files) == len(DATASETS) * len(CONDITIONS)
     for f in files:
         text = f.read_text()
-        assert text.splitlines()[0] == f"# python -m raystudy.finetune --config {f}"
+        assert text.splitlines()[0] == f"# python -m raystudy finetune --config {f}"
         cfg = validate(load_config(f))
         # the winner: lr 0.1 (val) and seed 1 (the better seed), and otherwise the run's own config
         assert (cfg.lr, cfg.seed) == (0.1, 1), f
         assert cfg.to_dict() == trial_config(f.parent.name, f.stem, 0.1, 1)
     on_test = tmp_path / "best_test"
     assert (
-        export_best.main(
+        export.main(
             [
                 "--experiment",
                 EXPERIMENT,
@@ -332,10 +331,10 @@ def test_export_per_dataset(store, tmp_path, capsys):
 
 
 def test_export_over_all_datasets_and_rerun(store, tmp_path, capsys):
-    from raystudy import finetune
+    from raystudy.commands import finetune
 
     out = tmp_path / "best"
-    assert export_best.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--out", str(out)]) == 0
+    assert export.main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--out", str(out)]) == 0
     files = {p.stem: p for p in out.glob("*.yaml")}
     assert set(files) == set(CONDITIONS)
     text = files["FC1"].read_text()
@@ -366,7 +365,7 @@ def test_export_over_all_datasets_and_rerun(store, tmp_path, capsys):
 
 def test_export_bad_condition(store, tmp_path, capsys):
     assert (
-        export_best.main(
+        export.main(
             ["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--conditions", "LN2", "--out", str(tmp_path)]
         )
         == 2

@@ -119,7 +119,7 @@ def test_every_flag_has_help_and_list_flags_are_plural(command):
 
 
 def test_plural_list_flags_take_one_value_and_old_singular_spelling(capsys):
-    from raystudy import prefetch
+    from raystudy.commands import prefetch
 
     for flag in ("--models", "--model"):
         args = prefetch.build_parser().parse_args([flag, "vit_demo"])
@@ -131,7 +131,7 @@ def test_finetune_records_its_run_in_mlflow_and_saves_results(mlflow_uri, tmp_pa
     import torch
     from mlflow import MlflowClient
 
-    from raystudy import finetune
+    from raystudy.commands import finetune
     from raystudy.tracking import query
 
     work = tmp_path / "work"
@@ -187,7 +187,7 @@ def test_finetune_records_its_run_in_mlflow_and_saves_results(mlflow_uri, tmp_pa
 
 
 def test_finetune_no_mlflow_no_save_writes_nothing(tmp_path, monkeypatch, capsys):
-    from raystudy import finetune
+    from raystudy.commands import finetune
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -242,7 +242,7 @@ def test_download_without_network_is_one_line_exit_2(tmp_path):
 
 def test_probe_help_names_the_components_plasticity_probes():
     """probe spells its choices out so that --help needs no torch: they must stay plasticity's."""
-    from raystudy import probe
+    from raystudy.commands import probe
     from raystudy.measure import plasticity
 
     assert probe.COMPONENTS.split(",") == list(plasticity.PROBE_COMPONENTS)

@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from raystudy import finetune
+from raystudy.commands import finetune
 from tests.helpers import REPO
 
 QUICK = [
@@ -72,7 +72,7 @@ def test_run_writes_config_and_results_that_rerun(tmp_path, capsys):
 
 def test_cli_subprocess_exit_status():
     p = subprocess.run(
-        [sys.executable, "-m", "raystudy.finetune", "--optimizer", "adam"],
+        [sys.executable, "-m", "raystudy", "finetune", "--optimizer", "adam"],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,

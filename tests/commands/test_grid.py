@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from raystudy import grid
+from raystudy.commands import grid
 from raystudy.spaces import grids, schema
 from tests.helpers import class_folders
 
@@ -157,7 +157,7 @@ def test_dry_run_counts_what_mlflow_holds_and_a_finished_grid_answers_without_ra
 
     def grid_run(*extra):  # a fresh process: whether it imported Ray is its own
         code = (
-            "import sys; from raystudy import grid; rc = grid.main(sys.argv[1:]); "
+            "import sys; from raystudy.commands import grid; rc = grid.main(sys.argv[1:]); "
             "print('ray imported:', 'ray' in sys.modules, "
             "'; scipy.stats imported:', 'scipy.stats' in sys.modules); sys.exit(rc)"
         )

@@ -302,7 +302,8 @@ def test_grid_against_a_real_mlflow_server(work):
             [
                 sys.executable,
                 "-m",
-                "analysis.report",
+                "raystudy",
+                "report",
                 "--experiment",
                 "raystudy-t-vit_demo",
                 "--tracking-uri",

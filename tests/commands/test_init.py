@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from raystudy import init
+from raystudy.commands import init
 from raystudy.data import userdata
 from raystudy.spaces import grids, starter
 from tests.helpers import REPO, class_folders, experiment_runs
@@ -167,7 +167,7 @@ def test_an_image_broken_after_the_check_fails_its_trial_by_name_and_the_grid_go
 
 
 def test_grid_data_adds_your_images_to_a_space_with_the_protocol_scaled(tmp_path, capsys, monkeypatch):
-    from raystudy import grid
+    from raystudy.commands import grid
 
     image_folder(tmp_path / "photos")
     monkeypatch.chdir(tmp_path)

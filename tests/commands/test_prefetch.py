@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from raystudy import prefetch
+from raystudy.commands import prefetch
 from raystudy.data.registry import DATASETS
 from raystudy.data.source import DatasetUnavailable, Pool, Source
 from raystudy.models import registry

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from raystudy import probe
+from raystudy.commands import probe
 from raystudy.data.splits import build_splits
 from raystudy.measure import plasticity
 from raystudy.measure import probe as measured
@@ -131,7 +131,7 @@ def test_missing_dataset_mismatched_sources_and_unfit_weights_exit_2(tmp_path, c
 
 def test_cli_in_a_subprocess_refuses_an_unknown_mode():
     res = subprocess.run(
-        [sys.executable, "-m", "raystudy.probe", "--mode", "exact"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "raystudy", "probe", "--mode", "exact"], capture_output=True, text=True, timeout=120
     )
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == ["error: unknown mode 'exact'; valid: shared, in_situ, both"]
@@ -176,7 +176,7 @@ def test_table_aggregate_ranking_and_files(tmp_path):
 
 
 def test_the_probe_normalises_images_as_the_grid_does():
-    from raystudy import probe
+    from raystudy.commands import probe
     from raystudy.models import registry
 
     plan = probe.check_args(probe.build_parser().parse_args(["--model", "vit_demo"]))
@@ -188,7 +188,7 @@ def test_the_probe_normalises_images_as_the_grid_does():
         assert (tuple(plan["ic"]["mean"]), tuple(plan["ic"]["std"])) == registry.normalization(rgb, kind)
     assert registry.normalization(rgb, "imagenet") == (registry.IMAGENET_MEAN, registry.IMAGENET_STD)
     r = subprocess.run(
-        [sys.executable, "-m", "raystudy.probe", "--model", "vit_demo", "--normalization", "imagenet"],
+        [sys.executable, "-m", "raystudy", "probe", "--model", "vit_demo", "--normalization", "imagenet"],
         capture_output=True,
         text=True,
     )

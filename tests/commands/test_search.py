@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from raystudy import search
+from raystudy.commands import search
 from raystudy.driver import search_job
 from raystudy.spaces import schema, searches
 from raystudy.train.config import from_dict, validate
@@ -59,7 +59,7 @@ def test_trial_names_carry_condition_and_rounded_values(tmp_path):
 
 
 def test_dry_run_states_the_time_budget(capsys):
-    from raystudy import search
+    from raystudy.commands import search
 
     assert search.main(["--dry-run", "--time-budget", "600", "--conditions", "MHA,FC1"]) == 0
     assert "time budget: 600 s per study, at most 1200 s" in capsys.readouterr().out

@@ -57,7 +57,7 @@ def work(tmp_path, demo_weights, mlflow_uri, shared_ray):  # mlflow_uri: ./mlflo
 
 def cmd(tmp, ray):
     """The search's command line; ``ray``: the shared Ray's ``--address``."""
-    return [sys.executable, "-m", "raystudy.search", "--space", str(tmp / "s.yaml"), *ray, "--quiet"]
+    return [sys.executable, "-m", "raystudy", "search", "--space", str(tmp / "s.yaml"), *ray, "--quiet"]
 
 
 def runs(tmp):

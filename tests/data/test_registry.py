@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raystudy import datasets as data_command
+from raystudy.commands import data as data_command
 from raystudy.data import registry, sources
 from raystudy.data.registry import DATASETS, STUDY_DATASETS, check_dataset
 from raystudy.data.splits import build_splits

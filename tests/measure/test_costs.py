@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from raystudy import grid
+from raystudy.commands import grid
 from raystudy.measure import costs
 from raystudy.spaces import grids, schema
 

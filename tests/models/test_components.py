@@ -2,7 +2,7 @@ import pytest
 import timm
 import torch
 
-from raystudy import components as components_command
+from raystudy.commands import components as components_command
 from raystudy.models import components as C
 from tests.helpers import tiny_vit
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raystudy import components as components_command
+from raystudy.commands import components as components_command
 from raystudy.data.sources.tokens import TOKEN_LEN, rule_tokens
 from raystudy.data.splits import build_splits
 from raystudy.errors import ConfigError
@@ -233,7 +233,7 @@ def test_token_files_load_from_npy_and_pt(tmp_path):
 
 
 def test_probe_cli_on_a_supplied_token_file(tmp_path, capsys):
-    from raystudy import probe
+    from raystudy.commands import probe
 
     np.save(tmp_path / "x.npy", tokens(20, TOKEN_LEN, 5).numpy())
     rc = probe.main(
@@ -272,7 +272,7 @@ def test_probe_cli_on_a_supplied_token_file(tmp_path, capsys):
     ],
 )
 def test_probe_cli_refuses_tokens_that_do_not_fit(tmp_path, capsys, argv, msg):
-    from raystudy import probe
+    from raystudy.commands import probe
 
     np.save(tmp_path / "short.npy", tokens(4, 7, 0).numpy())
     argv = [str(tmp_path / "short.npy") if a == "SHORT" else a for a in argv]
@@ -332,7 +332,7 @@ def test_mha_condition_trains_only_gpt2_attention_and_the_head(fast_config):
 
 
 def test_finetune_cli_runs_a_gpt2_condition(tmp_path, capsys, monkeypatch):
-    from raystudy import finetune
+    from raystudy.commands import finetune
 
     monkeypatch.chdir(tmp_path)  # its run goes to the default store, ./mlflow.db: the test's own
     rc = finetune.main(
@@ -367,7 +367,7 @@ def test_finetune_cli_runs_a_gpt2_condition(tmp_path, capsys, monkeypatch):
 
 
 def test_prefetch_knows_gpt2s_hub_repo_and_that_gpt2_tiny_has_no_weights(tmp_path, monkeypatch, capsys):
-    from raystudy import prefetch
+    from raystudy.commands import prefetch
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache; main() sets both
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))

@@ -67,7 +67,7 @@ def test_offline_without_cache_says_how_to_prefetch(monkeypatch, tmp_path):
     with pytest.raises(registry.WeightsUnavailable) as e:
         registry.create_model("vit_base", 10)
     msg = str(e.value)
-    assert "python -m raystudy.prefetch --models vit_base" in msg and "--weights" in msg
+    assert "python -m raystudy prefetch --models vit_base" in msg and "--weights" in msg
 
 
 def test_hub_reachable_is_false_for_an_unresolvable_host():

@@ -35,7 +35,7 @@ SPACE = {
 
 
 def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(work):  # noqa: F811
-    from analysis import replay
+    from analysis import replaying
     from raystudy.spaces import adaptive
 
     tmp, ray = work
@@ -69,7 +69,7 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
     assert stopped.loc[~late, "metrics.test_acc"].isna().all() and (~late).sum() >= 1
 
     # the replay of the policy on what MLflow recorded decides exactly what the live grid did
-    grid = replay.recorded("raystudy-t-vit_demo", uri)
+    grid = replaying.recorded("raystudy-t-vit_demo", uri)
     decided = adaptive.decide(adaptive.policy("halving"), grid["trials"], grid["seen"])
     assert set(decided) == set(stopped["tags.raystudy.key"])
     halved = {k for k, s in decided.items() if s.rule.startswith("halving")}
@@ -89,9 +89,9 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
     )
 
     # and the analysis: stopped runs are counted, never averaged; the conclusions equal the replay's
-    r = replay.replay(grid, adaptive.policy("identity"))
+    r = replaying.replay(grid, adaptive.policy("identity"))
     assert r["stopped"] == n and (r["runs"]["status"] == "stopped").sum() == n
-    live = replay.conclusions(grid["runs"])
+    live = replaying.conclusions(grid["runs"])
     assert all(
         lr not in {t["lr"] for t in grid["trials"] if t["key"] in halved and (t["dataset"], t["condition"]) == cell}
         for cell, lr in live["chosen_lr"].items()

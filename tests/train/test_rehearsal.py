@@ -172,7 +172,7 @@ def test_a_rehearsal_records_in_its_own_experiment():
 def test_a_dry_run_of_a_rehearsal_says_so_first_and_last_and_prices_the_real_grid(
     tmp_path, mlflow_uri, capsys, monkeypatch
 ):
-    from raystudy import grid
+    from raystudy.commands import grid
 
     monkeypatch.chdir(tmp_path)
     assert grid.main(["--rehearse", "--dry-run", "--tracking-uri", mlflow_uri]) == 0

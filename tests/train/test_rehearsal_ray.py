@@ -81,7 +81,7 @@ def test_a_rehearsal_runs_the_grid_once_each_in_its_own_experiment_and_the_repor
     assert again.stdout.splitlines()[0] == line and again.stdout.strip().splitlines()[-1] == line
     assert len(search_runs(uri, EXPERIMENT).query("`tags.raystudy.role` == 'trial'")) == 10
 
-    from analysis import export_best, report
+    from analysis.commands import export, report
 
     capsys.readouterr()
     args = ["--experiment", EXPERIMENT, "--tracking-uri", uri, "--no-figures", "--bootstrap-reps", "100"]
@@ -89,7 +89,7 @@ def test_a_rehearsal_runs_the_grid_once_each_in_its_own_experiment_and_the_repor
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("REHEARSAL: the report of 10 synthetic run(s) of a dress rehearsal"), first
     assert (tmp_path / "report" / "report.md").read_text().startswith("**REHEARSAL:")
-    assert export_best.main(["--experiment", EXPERIMENT, "--tracking-uri", uri, "--out", str(tmp_path / "b")]) == 0
+    assert export.main(["--experiment", EXPERIMENT, "--tracking-uri", uri, "--out", str(tmp_path / "b")]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("REHEARSAL: the export of 10 synthetic run(s)")
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import AnalysisError, export_best
+from analysis import AnalysisError, best_config
+from analysis.commands import export
 
 
 def runs(rows):
@@ -30,21 +31,21 @@ def test_best_per_dataset_and_overall_choose_on_validation():
             ("r8", "a", "LN1", 0.1, 0, 0.3, 0.3, "finished"),
         ]
     )
-    per = export_best.best_per_dataset(df).set_index(["dataset", "condition"])
+    per = best_config.best_per_dataset(df).set_index(["dataset", "condition"])
     assert per.loc[("a", "MHA"), "lr"] == 0.1 and per.loc[("a", "MHA"), "seed"] == 1
     assert per.loc[("b", "MHA"), "lr"] == 0.3
     assert per.loc[("a", "LN1"), "lr"] == 0.1
-    over = export_best.best_overall(df[df["condition"] == "MHA"]).iloc[0]
+    over = best_config.best_overall(df[df["condition"] == "MHA"]).iloc[0]
     assert over["lr"] == 0.1 and over["datasets"] == ["a", "b"]
     assert over["mean"] == pytest.approx((0.61 + 0.40) / 2)
-    on_test = export_best.best_per_dataset(df, select_on="test").set_index(["dataset", "condition"])
+    on_test = best_config.best_per_dataset(df, select_on="test").set_index(["dataset", "condition"])
     assert on_test.loc[("a", "MHA"), "lr"] == 0.3
 
 
 def test_best_overall_refuses_an_lr_missing_on_a_dataset():
     df = runs([("r1", "a", "MHA", 0.1, 0, 0.7, 0.6, "finished"), ("r2", "b", "MHA", 0.3, 0, 0.7, 0.6, "finished")])
     with pytest.raises(AnalysisError, match="no lr has a finished run on all of a, b"):
-        export_best.best_overall(df)
+        best_config.best_overall(df)
 
 
 def test_header_names_the_rerun_command_and_why():
@@ -59,8 +60,8 @@ def test_header_names_the_rerun_command_and_why():
         "test_acc": 0.62,
         "run_id": "r2",
     }
-    text = export_best.header(Path("out/MHA.yaml"), row, "val", True, 100.0)
-    assert text.startswith("# python -m raystudy.finetune --config out/MHA.yaml\n")
+    text = best_config.header(Path("out/MHA.yaml"), row, "val", True, 100.0)
+    assert text.startswith("# python -m raystudy finetune --config out/MHA.yaml\n")
     assert "lr 0.1 chosen on validation accuracy (seed-mean test acc 61.00% over 2 seeds)" in text
     assert all(line.startswith("#") for line in text.splitlines())
 
@@ -80,8 +81,7 @@ def test_names_from_tags_never_leave_out(tmp_path, mlflow_uri):
         record.finish_trial(c, rid, {"status": "finished", "best_val_acc": 0.5, "test_acc": 0.5})
     out = tmp_path / "a" / "best"
     assert (
-        export_best.main(["--experiment", "planted", "--tracking-uri", mlflow_uri, "--per-dataset", "--out", str(out)])
-        == 0
+        export.main(["--experiment", "planted", "--tracking-uri", mlflow_uri, "--per-dataset", "--out", str(out)]) == 0
     )
     written = sorted((tmp_path / "a").rglob("*.yaml"))
     assert len(written) == 3

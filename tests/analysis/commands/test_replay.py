@@ -1,4 +1,4 @@
-"""Replaying a grid under a policy (analysis.replay): hand-worked on in-memory grids, and from a
+"""Replaying a grid under a policy (analysis.replaying, raystudy replay): hand-worked on in-memory grids, and from a
 real MLflow store written by raystudy's own tracking writer."""
 
 import math
@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import replay, report, synthetic
+from analysis import replaying, reporting, synthetic
+from analysis.commands import replay
 from analysis.sections import trust
 from raystudy.spaces import adaptive
 from raystudy.spaces.adaptive import Seen, Stop
@@ -53,10 +54,10 @@ def quick():
 
 
 def test_identity_replay_reproduces_the_full_report(study, tmp_path):
-    r = replay.replay(study, adaptive.policy("identity"))
+    r = replaying.replay(study, adaptive.policy("identity"))
     assert r["stopped"] == 0 and r["step_fraction"] == 1.0 and not r["flips"]
-    full = report.analyse(tmp_path / "full", runs=study["runs"], options=quick(), draw_figures=False)
-    again = report.analyse(
+    full = reporting.analyse(tmp_path / "full", runs=study["runs"], options=quick(), draw_figures=False)
+    again = reporting.analyse(
         tmp_path / "replayed", runs=r["runs"][study["runs"].columns], options=quick(), draw_figures=False
     )
     assert again.text == full.text
@@ -65,7 +66,7 @@ def test_identity_replay_reproduces_the_full_report(study, tmp_path):
 
 
 def test_halving_on_a_grid_whose_order_is_set_at_the_first_evaluation(study):
-    r = replay.replay(study, adaptive.policy("halving"))
+    r = replaying.replay(study, adaptive.policy("halving"))
     runs = r["runs"]
     # 6 datasets x 7 conditions x 4 lrs (synthetic: the linear probe too): 2 lrs dropped per
     # cell, for 3 seeds; diverged runs that end before the step they would stop at keep their status
@@ -77,7 +78,7 @@ def test_halving_on_a_grid_whose_order_is_set_at_the_first_evaluation(study):
     assert set(first["spent_steps"]) <= {25.0} and set(stopped[stopped["seed"] > 0]["spent_steps"]) == {0.0}
     # the curves keep the final order, so the two best lrs by seed 0's validation accuracy
     # survive: the lr stays the full grid's exactly where that lr is one of them
-    full = replay.conclusions(replay.apply(study["runs"], {}))["chosen_lr"]
+    full = replaying.conclusions(replaying.apply(study["runs"], {}))["chosen_lr"]
     seed0 = study["runs"][study["runs"]["seed"] == 0]
     expect = sum(
         1
@@ -90,14 +91,14 @@ def test_halving_on_a_grid_whose_order_is_set_at_the_first_evaluation(study):
 
 
 def test_race_keeps_the_full_grids_lr_exactly_where_that_lr_ran_every_seed(study):
-    r = replay.replay(study, adaptive.policy("race"))
+    r = replaying.replay(study, adaptive.policy("race"))
     runs = r["runs"]
     # an lr is in the choice with all its seeds or out with all of them: never half its seeds,
     # whose mean over fewer seeds could win the choice (a diverged seed ended on its own)
     for _, g in runs.groupby(["dataset", "condition", "optimizer", "lr"]):
         assert not ({"stopped"} <= set(g["status"]) and "finished" in set(g["status"])), g
     # the survivors' numbers are the full grid's: where its lr survives, the choice is the same
-    full = replay.conclusions(replay.apply(study["runs"], {}))["chosen_lr"]
+    full = replaying.conclusions(replaying.apply(study["runs"], {}))["chosen_lr"]
     kept = [
         (d, c)
         for (d, c), lr in full.items()
@@ -124,7 +125,7 @@ def test_apply_prices_what_runs_and_keeps_early_divergence():
             "wall_s": [50.0, 5.0, 50.0, 40.0],
         }
     )
-    out = replay.apply(runs, {"a": Stop(25, "halving@25"), "b": Stop(25, "halving@25"), "d": Stop(0, "seeds@2")})
+    out = replaying.apply(runs, {"a": Stop(25, "halving@25"), "b": Stop(25, "halving@25"), "d": Stop(0, "seeds@2")})
     assert list(out["status"]) == ["stopped", "diverged", "finished", "stopped"]
     assert list(out["spent_steps"]) == [25.0, 10.0, 100.0, 0.0]
     assert list(out["spent_s"]) == [12.5, 5.0, 50.0, 0.0]
@@ -143,7 +144,7 @@ def test_compare_names_changed_lrs_tau_and_flips():
         "mean": pd.Series({"FC1": 0.95, "MHA": 0.9, "LN1": 0.7}),
         "calls": {"friedman": False, "x": False},
     }
-    c = replay.compare(full, other)
+    c = replaying.compare(full, other)
     assert (c["cells"], c["same_lr"], c["lr_changed"]) == (2, 1, ["d/FC1: 0.3 -> 0.1"])
     assert c["kendall_tau"] == pytest.approx(1 / 3)  # one discordant pair of three
     assert (c["top1"], c["top1_replay"], c["same_top1"]) == ("MHA", "FC1", False)
@@ -159,9 +160,9 @@ def test_stopped_runs_are_left_out_of_means_and_counted(study, tmp_path):
     hit = cell & (runs["lr"] == best_lr)
     runs.loc[hit, "status"] = "stopped"
     runs.loc[hit, ["val_acc", "test_acc"]] = np.nan
-    c = replay.conclusions(runs)
+    c = replaying.conclusions(runs)
     assert c["chosen_lr"][("ds00", "MHA")] != best_lr
-    out = report.analyse(tmp_path, runs=runs[study["runs"].columns], options=quick(), draw_figures=False)
+    out = reporting.analyse(tmp_path, runs=runs[study["runs"].columns], options=quick(), draw_figures=False)
     assert f"{int(hit.sum())} stopped" in out.text.splitlines()[2]
 
 
@@ -222,11 +223,11 @@ def test_replay_from_an_mlflow_store(tmp_path, capsys):
                         },
                     )
                     final[(d, cond, lr, seed)] = val
-    grid = replay.recorded("rp", uri)
+    grid = replaying.recorded("rp", uri)
     assert len(grid["trials"]) == 32 and grid["runs"]["wall_s"].sum() == 32 * 20.0
     key = grid["runs"].set_index(["dataset", "condition", "lr", "seed"]).loc[("digits", "FC1", 0.03, 1), "key"]
     assert grid["seen"][key] == Seen(((25, 0.76 * 0.8), (50, 0.76 * 0.9), (75, 0.76 * 0.95), (100, 0.76)), True, 0.76)
-    h = replay.replay(grid, adaptive.policy("halving"))
+    h = replaying.replay(grid, adaptive.policy("halving"))
     # per cell: seed 0 runs 2 lrs x 100 steps + 2 x 25, seed 1 the 2 kept lrs only
     assert h["steps"] == 4 * (2 * 100 + 2 * 25 + 2 * 100) and h["stopped"] == 16
     assert h["same_lr"] == h["cells"] == 4 and h["same_top1"]

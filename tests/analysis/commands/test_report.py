@@ -1,4 +1,4 @@
-"""analysis.report over CSV input: per-run results and a per-dataset summary, good and bad."""
+"""The report (raystudy report) over CSV input: per-run results and a per-dataset summary, good and bad."""
 
 import io
 import math
@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from analysis import AnalysisError, load, report
+from analysis import AnalysisError, load, reporting
+from analysis.commands import export, report
 from analysis.stats import selection, significance
 
 # Per-run results as another codebase might publish them: no run_id, no model or optimizer.
@@ -167,8 +168,8 @@ def test_select_on_test_flag(runs_csv, tmp_path, capsys):
 
 def test_the_written_runs_csv_gives_the_same_tables(runs_csv, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
-    report.report_from_csv(runs_csv, first, reference="X", draw_figures=False)
-    report.report_from_csv(first / "runs.csv", second, reference="X", draw_figures=False)
+    reporting.report_from_csv(runs_csv, first, reference="X", draw_figures=False)
+    reporting.report_from_csv(first / "runs.csv", second, reference="X", draw_figures=False)
     for name in (
         "accuracy_val_selected.md",
         "accuracy_test_selected.csv",
@@ -216,8 +217,8 @@ def test_summary_and_runs_give_the_same_tests(runs_csv, tmp_path):
     best.rename(columns={"test_mean": "mean", "test_std": "std"})[["dataset", "condition", "mean", "std"]].to_csv(
         summary, index=False
     )
-    report.report_from_csv(runs_csv, tmp_path / "a", reference="X", draw_figures=False)
-    report.report_from_csv(summary, tmp_path / "b", reference="X", draw_figures=False)
+    reporting.report_from_csv(runs_csv, tmp_path / "a", reference="X", draw_figures=False)
+    reporting.report_from_csv(summary, tmp_path / "b", reference="X", draw_figures=False)
     for name in ("tests.csv", "posthoc.csv", "ranks.csv", "omnibus.csv"):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text(), name
     a = (tmp_path / "a" / "accuracy_val_selected.md").read_text()
@@ -230,7 +231,7 @@ def test_several_settings_get_one_folder_each(tmp_path):
     both["model"] = "vit_demo"
     p = tmp_path / "both.csv"
     both.to_csv(p, index=False)
-    r = report.report_from_csv(p, tmp_path / "out", reference="X", draw_figures=False)
+    r = reporting.report_from_csv(p, tmp_path / "out", reference="X", draw_figures=False)
     assert (tmp_path / "out" / "vit_demo_sgd" / "tests.csv").is_file()
     assert (tmp_path / "out" / "vit_demo_adamw" / "tests.csv").is_file()
     assert "raystudy analysis: vit_demo, adamw" in r.text and "vit_demo, sgd" in r.text
@@ -335,7 +336,7 @@ def test_bad_summary_and_missing_file(tmp_path, capsys):
 
 def test_cli_subprocess(tmp_path):
     p = subprocess.run(
-        [sys.executable, "-m", "analysis.report", "--csv", str(tmp_path / "nope.csv")],
+        [sys.executable, "-m", "raystudy", "report", "--csv", str(tmp_path / "nope.csv")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -352,9 +353,9 @@ def test_cli_subprocess(tmp_path):
     ],
 )
 def test_unusable_tracking_uri_exits_2(tmp_path, capsys, uri, needle):
-    from analysis import export_best
+    from analysis.commands import report
 
-    for main in (report.main, export_best.main):
+    for main in (report.main, export.main):
         assert main(["--experiment", "x", "--tracking-uri", uri, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err

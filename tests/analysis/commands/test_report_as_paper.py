@@ -1,4 +1,4 @@
-"""The report's paper mode (``analysis.report --as-paper``) against the reference code's
+"""The report's paper mode (``raystudy report --as-paper``) against the reference code's
 computations (github.com/ambroiseodt/vit-plasticity, commit 268c240), each written out here from
 that code with the file and line it comes from, on hand-built tables where the paper's way and
 raystudy's default give different numbers."""
@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from analysis import figures, report
+from analysis import figures, reporting
+from analysis.commands import report
 from analysis.sections import trust
 from analysis.stats import pooling
 
@@ -69,8 +70,8 @@ def test_the_adamw_ablation_in_paper_mode_is_the_references_lr_average(tmp_path)
     runs = _ablation_runs()
     p = tmp_path / "runs.csv"
     runs.to_csv(p, index=False)
-    report.report_from_csv(p, tmp_path / "raystudy", options=_quick(), draw_figures=False)
-    report.report_from_csv(p, tmp_path / "paper", options=_quick(), draw_figures=False, as_paper=True)
+    reporting.report_from_csv(p, tmp_path / "raystudy", options=_quick(), draw_figures=False)
+    reporting.report_from_csv(p, tmp_path / "paper", options=_quick(), draw_figures=False, as_paper=True)
     ours = pd.read_csv(tmp_path / "raystudy" / "optimizer_ablation_vit_base.csv", index_col=0)
     paper = pd.read_csv(tmp_path / "paper" / "optimizer_ablation_vit_base.csv", index_col=0)
     for optimizer in ("sgd", "adamw"):
@@ -143,7 +144,7 @@ def test_the_paper_modes_tests_run_on_the_printed_table(tmp_path):
     p = tmp_path / "runs.csv"
     runs.to_csv(p, index=False)
     for mode, kw in (("raystudy", {}), ("paper", {"as_paper": True})):
-        report.report_from_csv(p, tmp_path / mode, options=_quick(), draw_figures=False, **kw)
+        reporting.report_from_csv(p, tmp_path / mode, options=_quick(), draw_figures=False, **kw)
     paper = pd.read_csv(tmp_path / "paper" / "tests.csv").set_index("other")
     ours = pd.read_csv(tmp_path / "raystudy" / "tests.csv").set_index("other")
     for other, (t_p, w_p) in _reference_tests(printed).items():
@@ -247,7 +248,7 @@ def test_the_paper_mode_counts_a_diverged_runs_tested_best_checkpoint(tmp_path):
     paper = load.from_mlflow("toy", uri, diverged_tested=True)
     assert paper["test_acc"].notna().sum() == 4 and paper.attrs["diverged_tested"] == 1
     for mode, kw in (("raystudy", {}), ("paper", {"as_paper": True})):
-        report.report_from_mlflow(
+        reporting.report_from_mlflow(
             "toy", tmp_path / mode, uri, log=False, curves=False, select_on="test", draw_figures=False, **kw
         )
     ours = pd.read_csv(tmp_path / "raystudy" / "accuracy_test_selected.csv").set_index("condition")

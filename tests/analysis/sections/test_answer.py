@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import output, report, study, synthetic
+from analysis import output, reporting, study, synthetic
 from analysis.load import RUN_COLUMNS
 from analysis.sections import answer as answer_section
 from raystudy.train.config import load_config
@@ -77,7 +77,7 @@ def test_a_clear_winner_is_named_with_its_evidence_and_config(tmp_path):
     files = output.write(tmp_path, [sec], draw=False)
     cfg = load_config(tmp_path / "best_config" / "MHA.yaml")  # reruns as it is
     assert (cfg.condition, cfg.lr, cfg.model) == ("MHA", 0.01, "vit_demo")
-    assert (tmp_path / "best_config" / "MHA.yaml").read_text().startswith("# python -m raystudy.finetune --config")
+    assert (tmp_path / "best_config" / "MHA.yaml").read_text().startswith("# python -m raystudy finetune --config")
     table = pd.read_csv(tmp_path / "answer.csv").set_index("condition")
     assert list(table.index) == ["MHA", "FC1", "LN1"]
     assert list(table["verdict"]) == ["best", "MHA better", "MHA better"]
@@ -140,7 +140,7 @@ def test_a_per_dataset_summary_gets_the_ranking_without_a_config():
 @pytest.mark.parametrize("n_datasets", [1, 3])
 def test_the_report_opens_with_the_answer(tmp_path, n_datasets):
     runs = synthetic.fake_runs(n_datasets=n_datasets, conditions=("MHA", "FC1", "LN1"), lrs=(0.01, 0.03))
-    rep = report.analyse(tmp_path, runs=runs, draw_figures=False)
+    rep = reporting.analyse(tmp_path, runs=runs, draw_figures=False)
     headings = [line for line in rep.text.splitlines() if line.startswith("## ")]
     assert headings[0] == "## The answer: which parts to finetune"
     if n_datasets > 1:

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from analysis import AnalysisError, load, report, tables
+from analysis import AnalysisError, load, reporting, tables
+from analysis.commands import report
 from analysis.stats import selection, significance
 
 FIVE = ["LN1", "MHA", "LN2", "FC1", "FC2"]
@@ -191,7 +192,7 @@ def test_report_from_the_paper_shape(wide_csv, tmp_path, capsys):
 
 
 def test_without_the_flag_every_condition_is_compared(wide_csv, tmp_path):
-    report.report_from_csv(wide_csv, tmp_path / "all", options=_quick(), draw_figures=False)
+    reporting.report_from_csv(wide_csv, tmp_path / "all", options=_quick(), draw_figures=False)
     assert pd.read_csv(tmp_path / "all" / "omnibus.csv").set_index("test").loc["friedman", "k"] == 7
 
 
@@ -300,7 +301,7 @@ def test_optimizer_ablation_and_settings_tables(tmp_path, capsys):
     p = tmp_path / "runs.csv"
     df.to_csv(p, index=False)
     out = tmp_path / "out"
-    r = report.report_from_csv(p, out, reference="MHA", options=_quick())
+    r = reporting.report_from_csv(p, out, reference="MHA", options=_quick())
     ab = pd.read_csv(out / "optimizer_ablation_vit_a.csv", index_col=0)
     # MHA with SGD: (0.805 + 0.825) / 2 = 0.815; AdamW 0.05 higher
     assert ab.loc["MHA", "sgd"] == pytest.approx(0.815) and ab.loc["MHA", "adamw"] == pytest.approx(0.865)
@@ -320,7 +321,7 @@ def test_parameter_efficiency_from_runs(tmp_path):
     p = tmp_path / "runs.csv"
     _runs("sgd", "vit_a", 0.0).to_csv(p, index=False)
     out = tmp_path / "out"
-    r = report.report_from_csv(p, out, reference="MHA", options=_quick())
+    r = reporting.report_from_csv(p, out, reference="MHA", options=_quick())
     eff = pd.read_csv(out / "parameter_efficiency.csv", index_col=0)
     assert list(eff.index) == ["lora", "MHA", "full"]  # by count
     assert eff.loc["lora", "params"] == 300_000 + 769 * 55  # heads of 10 and 100 classes
@@ -331,7 +332,7 @@ def test_parameter_efficiency_from_runs(tmp_path):
     assert "trainable_params" in pd.read_csv(out / "runs.csv").columns  # kept for a rerun
     # without counts, one line and no table
     _runs("sgd", "vit_a", 0.0, params=False).drop(columns="trainable_params").to_csv(p, index=False)
-    r = report.report_from_csv(p, tmp_path / "none", reference="MHA", options=_quick())
+    r = reporting.report_from_csv(p, tmp_path / "none", reference="MHA", options=_quick())
     assert "Skipped: the runs have no trainable parameter counts (trainable_params)." in r.text
     assert not (tmp_path / "none" / "parameter_efficiency.csv").exists()
 
@@ -377,7 +378,7 @@ def test_the_papers_experiments_tables_compare_on_the_datasets_both_sides_ran(tm
     p = tmp_path / "runs.csv"
     pd.DataFrame(rows).to_csv(p, index=False)
     out = tmp_path / "out"
-    report.report_from_csv(p, out, reference="MHA", options=_quick(), draw_figures=False)
+    reporting.report_from_csv(p, out, reference="MHA", options=_quick(), draw_figures=False)
     ab = pd.read_csv(out / "optimizer_ablation_vit_base.csv", index_col=0)
     idx = [every.index(d) for d in adamw]  # the datasets both optimizers ran
     want_sgd = 0.5 + 0.01 * sum(idx) / len(idx) + 0.1 + 0.0005

@@ -357,7 +357,7 @@ def study_csv(tmp_path_factory):
 
 
 def test_report_writes_every_new_table_and_figure(study_csv, tmp_path, capsys):
-    from analysis import report
+    from analysis.commands import report
 
     out = tmp_path / "out"
     assert report.main(["--csv", str(study_csv), "--out", str(out), "--bootstrap-reps", "300"]) == 0
@@ -400,7 +400,7 @@ def test_report_writes_every_new_table_and_figure(study_csv, tmp_path, capsys):
 
 
 def test_report_flags(study_csv, tmp_path, capsys):
-    from analysis import report
+    from analysis.commands import report
 
     out = tmp_path / "out"
     assert (
@@ -437,7 +437,7 @@ def test_report_flags(study_csv, tmp_path, capsys):
 
 
 def test_report_degrades_on_one_dataset_and_one_seed(study_csv, tmp_path, capsys):
-    from analysis import report
+    from analysis.commands import report
 
     assert (
         report.main(
@@ -459,14 +459,14 @@ def test_report_degrades_on_one_dataset_and_one_seed(study_csv, tmp_path, capsys
 
 
 def test_report_condition_order_is_the_components_order():
-    from analysis import report
+    from analysis import reporting
     from raystudy.models.components import PAPER_CONDITIONS, STUDY_COMPONENTS
 
-    assert report.paper_order() == tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
+    assert reporting.paper_order() == tuple(dict.fromkeys(PAPER_CONDITIONS + STUDY_COMPONENTS + ("lora",)))
 
 
 def test_report_says_when_no_interval_can_be_estimated(study_csv, tmp_path, capsys):
-    from analysis import report
+    from analysis.commands import report
 
     runs = pd.read_csv(study_csv)
     one = tmp_path / "one_seed.csv"

@@ -1,8 +1,8 @@
 """Extended Optuna searches per component, with ASHA early stopping.
 
-    python -m raystudy.search --space optimiser --model vit_demo --dataset digits_c
-    python -m raystudy.search --space search_spaces/optuna/components.yaml --model vit_demo --dataset digits_c
-    python -m raystudy.search --space optimiser --model vit_base --dataset cifar100 --num-samples 64 \\
+    python -m raystudy search --space optimiser --model vit_demo --dataset digits_c
+    python -m raystudy search --space search_spaces/optuna/components.yaml --model vit_demo --dataset digits_c
+    python -m raystudy search --space optimiser --model vit_base --dataset cifar100 --num-samples 64 \\
         --time-budget 36000 --address auto
 
 For each condition of the space, Ray Tune's ``OptunaSearch`` (TPE, seeded) proposes configs from
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from raystudy import cli
 from raystudy.bounds import BOUNDS, SEED_END_TEXT, parse_seed_list
+from raystudy.commands import cli
 from raystudy.data import userdata
 from raystudy.driver import backlog, local_ray
 from raystudy.driver.search_job import Job, budget_line, check_samples, run
@@ -41,7 +41,7 @@ def parse_seeds(text: str) -> list[int]:
 
 def build_parser() -> cli.Parser:
     """The search's command line flags."""
-    ap = cli.Parser("python -m raystudy.search", __doc__)
+    ap = cli.Parser("raystudy search", __doc__)
     ap.add_argument("--space", default="optimiser", help="YAML file or name under search_spaces/optuna/")
     ap.add_argument("--model", help="model (default: the space's base model)")
     ap.add_argument("--dataset", help="dataset (default: the space's base dataset)")

@@ -1,6 +1,6 @@
 """``raystudy data``: the dataset registry, where its files live and their caches.
 
-python -m raystudy.datasets
+python -m raystudy data
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from raystudy.data.registry import DATASETS
 
 
 def build_parser():
-    """The argument parser of ``python -m raystudy.datasets``."""
+    """The argument parser of ``python -m raystudy data``."""
     from raystudy.errors import OneLineParser
 
     return OneLineParser(
-        prog="python -m raystudy.datasets",
+        prog="raystudy data",
         description="List the dataset registry, where its files live and their caches.",
     )
 

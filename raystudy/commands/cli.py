@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from raystudy.bounds import BOUNDS, Bound, is_seed, seed_error
-from raystudy.errors import ConfigError, OneLineParser
+from raystudy.errors import ConfigError, OneLineParser, fail  # noqa: F401 - the commands call cli.fail
 from raystudy.train.config import parse_value
 
 
@@ -32,12 +31,6 @@ class Parser(OneLineParser):
             formatter_class=argparse.RawDescriptionHelpFormatter,
             **kw,
         )
-
-
-def fail(e: Exception) -> int:
-    """Print a user error as one line; the exit status for bad input."""
-    print(f"error: {e}", file=sys.stderr)
-    return 2
 
 
 def parse_set(items: Iterable[str]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Export the best configuration of each condition as YAML that reruns as it is.
 
-    python -m analysis.export_best --experiment NAME [--tracking-uri URI] --out best/
-    python -m analysis.export_best --experiment NAME --per-dataset --select-on test --out best/
+    python -m raystudy export --experiment NAME [--tracking-uri URI] --out best/
+    python -m raystudy export --experiment NAME --per-dataset --select-on test --out best/
 
 Per dataset (``--per-dataset``): for each (dataset, condition), the lr with the best seed-mean
 accuracy (validation by default, test with ``--select-on test``) and, at that lr, the seed whose
@@ -14,7 +14,7 @@ Each file is the winning run's own config (its ``config.yaml`` artifact, or its 
 back into typed values), begins with the command that reruns it, and loads with
 ``raystudy.train.config.load_config``:
 
-    python -m raystudy.finetune --config best/MHA.yaml
+    python -m raystudy finetune --config best/MHA.yaml
 
 Bad input exits with status 2 and one line on stderr.
 """
@@ -22,71 +22,18 @@ Bad input exits with status 2 and one line on stderr.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-import pandas as pd
 
 from analysis import AnalysisError, load
-from analysis.best_config import (  # noqa: F401 - callers use them as export_best's
-    best_overall,
-    best_per_dataset,
-    coerce_params,
-    header,
-    run_config,
-    slug,
-)
-from analysis.best_config import write as write_config
+from analysis.best_config import check, export
 from analysis.stats import selection
-from raystudy.train.config import ConfigError, validate
-
-
-def export(
-    runs: pd.DataFrame,
-    out_dir: str | Path,
-    tracking_uri: str | None = None,
-    *,
-    per_dataset: bool = False,
-    select_on: str = "val",
-) -> list[Path]:
-    """Write the best config of each condition (per dataset or over all) as YAML files."""
-    out = Path(out_dir)
-    found = load.settings(runs)
-    written = []
-    scale = selection.display_scale(runs["test_acc"])
-    rehearsal = load.rehearsal_line(runs, "this config chosen among")
-    for s in found:
-        sub = runs[(runs[load.SETTING].astype(str) == list(s)).all(axis=1)]
-        base = out if len(found) == 1 else out / slug("_".join(s[:2]) + ("_low_data" if s[2] == "True" else ""))
-        chosen = best_per_dataset(sub, select_on) if per_dataset else best_overall(sub, select_on)
-        for row in chosen.to_dict("records"):
-            cfg = run_config(row["run_id"], tracking_uri)
-            path = (base / slug(row["dataset"]) if per_dataset else base) / f"{slug(row['condition'])}.yaml"
-            if out.resolve() not in path.resolve().parents:  # e.g. a symlink planted in out
-                raise AnalysisError(f"refusing to write {path}: it resolves outside --out {out}")
-            written.append(write_config(path, row, cfg, select_on, per_dataset, scale))
-            if rehearsal is not None:  # a file read on its own says it too
-                path.write_text(f"# {rehearsal}\n{path.read_text()}")
-    return written
-
-
-def check(paths: list[Path]) -> list[str]:
-    """Load and validate each written file; the one-line problems of those that fail here."""
-    from raystudy.train.config import load_config
-
-    problems = []
-    for p in paths:
-        try:
-            validate(load_config(p))
-        except ConfigError as e:
-            problems.append(f"{p}: {e}")
-    return problems
+from raystudy.errors import ConfigError
 
 
 def build_parser():
-    """The command line of ``python -m analysis.export_best``."""
-    from raystudy import cli
+    """The command line of ``python -m raystudy export``."""
+    from raystudy.commands import cli
 
-    ap = cli.Parser("python -m analysis.export_best", __doc__)
+    ap = cli.Parser("raystudy export", __doc__)
     ap.add_argument("--experiment", required=True, help="MLflow experiment name (or id)")
     ap.add_argument(
         "--tracking-uri",
@@ -108,7 +55,7 @@ def build_parser():
 def main(argv: list[str] | None = None) -> int:
     """Export the best config of each condition (or dataset and condition) as YAML; returns the
     exit status: 0, or 2 with one ``error:`` line on bad input."""
-    from raystudy import cli
+    from raystudy.commands import cli
 
     args = build_parser().parse_args(argv)
     from raystudy.tracking import connect
@@ -150,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     for problem in check(paths):
         print(f"warning: does not validate on this machine: {problem}", file=sys.stderr)
     print(
-        f"wrote {len(paths)} config(s); rerun one with: python -m raystudy.finetune --config "
+        f"wrote {len(paths)} config(s); rerun one with: python -m raystudy finetune --config "
         f"{paths[0] if paths else 'FILE'}"
     )
     return 0

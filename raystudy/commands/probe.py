@@ -1,11 +1,11 @@
 """Measure the plasticity of every component of every block of a ViT, with its theoretical bound.
 
-    python -m raystudy.probe                                  # the offline demo: vit_demo, digits_c
-    python -m raystudy.probe --mode in_situ --pairs 2048 --components MHA,FC1
-    python -m raystudy.probe --model vit_base --dataset cifar100 --pairs 12800 --batch-size 128 \\
+    python -m raystudy probe                                  # the offline demo: vit_demo, digits_c
+    python -m raystudy probe --mode in_situ --pairs 2048 --components MHA,FC1
+    python -m raystudy probe --model vit_base --dataset cifar100 --pairs 12800 --batch-size 128 \\
         --device cuda --num-workers 8                         # the paper's measurement
-    python -m raystudy.probe --dataset mine --data ./photos   # y from your own images, checked first
-    python -m raystudy.probe --model gpt2 --dataset tokens_rule --tokens x.npy --target-tokens y.npy \\
+    python -m raystudy probe --dataset mine --data ./photos   # y from your own images, checked first
+    python -m raystudy probe --model gpt2 --dataset tokens_rule --tokens x.npy --target-tokens y.npy \\
         --mode shared                                         # GPT-2 on token ids you supply
 
 x comes from the source (pretraining-like) dataset's test split (default: ``digits`` for the
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raystudy import cli
+from raystudy.commands import cli
 from raystudy.errors import ConfigError
 from raystudy.models.architectures import PROBE_COMPONENTS
 from raystudy.models.components import PAIRINGS
@@ -59,7 +59,7 @@ def with_interval(df):
 
 def build_parser() -> cli.Parser:
     """The command line's flags: model, datasets, pairs, modes, components, outputs."""
-    ap = cli.Parser("python -m raystudy.probe", __doc__)
+    ap = cli.Parser("raystudy probe", __doc__)
     ap.add_argument("--model", default="vit_demo", help="vit_demo, vit_base/large/huge or any timm ViT")
     ap.add_argument(
         "--dataset", help="downstream dataset: y from its test split (default: digits_c; tokens_rule for GPT-2)"

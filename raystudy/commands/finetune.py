@@ -1,11 +1,11 @@
 """Run one finetuning of one study condition end to end.
 
-    python -m raystudy.finetune                                  # the offline demo (MHA)
-    python -m raystudy.finetune --condition FC1 --lr 0.3 --seed 42
-    python -m raystudy.finetune --config examples/run.yaml --set steps=500 --out runs/one
-    python -m raystudy.finetune --model vit_base --dataset cifar100 --download --steps 10000 \\
+    python -m raystudy finetune                                  # the offline demo (MHA)
+    python -m raystudy finetune --condition FC1 --lr 0.3 --seed 42
+    python -m raystudy finetune --config examples/run.yaml --set steps=500 --out runs/one
+    python -m raystudy finetune --model vit_base --dataset cifar100 --download --steps 10000 \\
         --batch-size 512 --grad-accum 8 --lr 0.01 --warmup-steps 2000 --eval-every 500
-    python -m raystudy.finetune --dataset products --data ./photos   # your own images, checked first
+    python -m raystudy finetune --dataset products --data ./photos   # your own images, checked first
 
 The run is recorded in MLflow as a grid trial is (``--no-mlflow``: not at all), its results are
 saved under runs/finetune/<condition>-<dataset>-<optimizer>-lr<lr>-s<seed> (``--out``,
@@ -25,12 +25,13 @@ from typing import Any
 
 import yaml
 
-from raystudy import cli
+from raystudy.commands import cli
 from raystudy.data import userdata
 from raystudy.errors import ConfigError
 from raystudy.measure import summary
 from raystudy.models import components
-from raystudy.tracking import connect, record
+from raystudy.tracking import connect
+from raystudy.tracking.recorder import Recorder
 from raystudy.train.config import FinetuneConfig, limit_help, load_config, parse_value, validate
 
 # Flags for the keys people change most; any other key goes through --set key=value.
@@ -91,7 +92,7 @@ def printer(cfg: FinetuneConfig):
 
 def build_parser() -> cli.Parser:
     """The command line's flags: the config file, a flag per common config key, outputs, MLflow."""
-    ap = cli.Parser("python -m raystudy.finetune", __doc__)
+    ap = cli.Parser("raystudy finetune", __doc__)
     ap.add_argument("--config", help="YAML config file or bundled name (default: demo)")
     types_ = FinetuneConfig.__annotations__
     for key in FLAGS:  # typed by the config itself (config.parse_value), one parser for every flag
@@ -158,58 +159,6 @@ def plasticity_summary(results: dict[str, Any]) -> str | None:
             f"  {mode:<8} {c:<10}" + "".join(f"{v:>9.3g}" for v in row) for c, row in zip(df.index, df.to_numpy())
         ]
     return "\n".join(lines)
-
-
-class Recorder:
-    """The run in MLflow, recorded as the grid records a trial (``tracking``'s ``TrialRecord``):
-    config as params and ``config.yaml``, step metrics, final results, status tags.
-
-    The run opens at the first measurement: a run whose data or weights are missing leaves no
-    run (and no store) behind, as bad input writes nothing.
-    """
-
-    def __init__(self, uri: str, experiment: str, cfg: FinetuneConfig):
-        self.uri, self.experiment, self.config = uri, experiment, cfg.to_dict()
-        self.run_id: str | None = None
-        self.pending: list[dict[str, Any]] = []
-
-    def open(self) -> None:
-        """Find or create the run (once); its step metrics logged so far are not logged again."""
-        from raystudy.train.config import trial_key
-
-        if self.run_id is not None:
-            return
-        self.cl = connect.client(self.uri)
-        exp_id = connect.experiment_id(self.cl, self.experiment, connect.default_artifact_location(self.uri))
-        self.run_id = record.open_trial(
-            self.cl, exp_id, None, trial_key(self.config), self.config, extra_tags={"raystudy.source": "finetune"}
-        )
-        self.run = record.TrialRecord(self.cl, self.run_id)
-
-    def report(self, m: dict[str, Any]) -> None:
-        """Keep one report of the loop; written to MLflow at each evaluation."""
-        self.open()
-        self.pending.append(dict(m))
-        if "val_acc" in m:  # flush at evaluations: few writes, curves visible while it runs
-            self.flush()
-
-    def flush(self) -> None:
-        """Log the reports kept since the last write."""
-        self.run.log(self.pending)
-        self.pending = []
-
-    def finish(self, results: dict[str, Any]) -> None:
-        """Log the final results and close the run as finished (or diverged)."""
-        self.open()
-        self.flush()
-        self.run.end(results, final=True)  # engine.train's results are the run's final ones
-
-    def fail(self, error: str, status: str = "failed") -> None:
-        """Close the run as ``status`` (failed, with ``error``; or interrupted); no-op if none opened."""
-        if self.run_id is None:
-            return  # it failed before measuring anything: nothing was recorded
-        self.flush()
-        self.run.fail(error, status)
 
 
 def save(out: Path, cfg: FinetuneConfig, results: dict[str, Any]) -> list[Path]:

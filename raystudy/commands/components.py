@@ -1,6 +1,6 @@
 """``raystudy components``: parameter counts per component and per condition of a model.
 
-python -m raystudy.components --model vit_base --conditions MHA,FC1,full
+python -m raystudy components --model vit_base --conditions MHA,FC1,full
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def build_parser():
     from raystudy.errors import OneLineParser
 
     ap = OneLineParser(
-        prog="python -m raystudy.components",
+        prog="raystudy components",
         description=(
             "Print parameter counts per component and trainable counts per study condition "
             "for a model architecture (random init, no weights needed)."

@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from raystudy import cli
-from raystudy.driver.slurm_batch import submission
+from raystudy.commands import cli
+from raystudy.driver.slurm_batch import PROGRAMS, submission
 from raystudy.errors import ConfigError
 
 
@@ -60,10 +60,25 @@ def parse(argv: list[str] | None):
     return args
 
 
+def check_flags(args) -> None:
+    """The job's program and the counts, checked before ``submission`` checks the rest."""
+    program = args.program or ["grid"]
+    if program[0] not in PROGRAMS:
+        raise ConfigError(f"the job's program {program[0]!r}: use grid or search, after -- (raystudy slurm -- grid)")
+    for flag, value in (
+        ("--nodes", args.nodes),
+        ("--cpus-per-node", args.cpus_per_node),
+        ("--gpus-per-node", args.gpus_per_node),
+        ("--stop-before", args.stop_before),
+    ):
+        cli.check_count(flag, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Check the submission, then submit it; sbatch's exit status, 2 on bad input."""
     args = parse(argv)
     try:
+        check_flags(args)
         cmd, env = submission(args)
     except ConfigError as e:
         return cli.fail(e)

@@ -1,8 +1,8 @@
 """Fetch pretrained weights and datasets once, into the caches every trial reads, before any trial starts.
 
-    python -m raystudy.prefetch --models vit_base,vit_huge --datasets study    # weights + the 11 benchmarks
-    python -m raystudy.prefetch --models vit_huge --datasets cifar10,pets --data-root /shared/data
-    python -m raystudy.prefetch --models vit_huge --datasets study --check    # report only, never download
+    python -m raystudy prefetch --models vit_base,vit_huge --datasets study    # weights + the 11 benchmarks
+    python -m raystudy prefetch --models vit_huge --datasets cifar10,pets --data-root /shared/data
+    python -m raystudy prefetch --models vit_huge --datasets study --check    # report only, never download
 
 Weights go to the Hugging Face cache timm reads ($HF_HUB_CACHE, or --hf-cache), datasets under
 the data root ($RAYSTUDY_DATA, or --data-root): on a cluster, a folder the nodes share, or one
@@ -65,9 +65,9 @@ def parse_datasets(value: str | None) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The prefetch CLI's argument parser."""
-    from raystudy import cli
+    from raystudy.commands import cli
 
-    ap = cli.Parser("python -m raystudy.prefetch", __doc__)
+    ap = cli.Parser("raystudy prefetch", __doc__)
     ap.add_argument(
         "--models",
         "--model",
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Fetch what the flags name; returns 0 (all in place), 1 (something missing) or 2 (bad input)."""
-    from raystudy import cli
+    from raystudy.commands import cli
 
     args = build_parser().parse_args(argv)
     try:

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from raystudy import cli
 from raystudy.bounds import BOUNDS
+from raystudy.commands import cli
 from raystudy.data import userdata
 from raystudy.errors import ConfigError
 from raystudy.models import preflight, registry
