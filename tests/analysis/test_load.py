@@ -7,6 +7,7 @@ import pytest
 
 from analysis import AnalysisError, load
 from raystudy.tracking import query
+from tests.helpers import REPO as CHECKOUT
 
 PARAMS = {
     "model": "vit_demo",
@@ -172,9 +173,7 @@ def test_a_compressed_csv_is_read_as_the_csv_inside(tmp_path, suffix):
 
 
 def test_the_projects_own_recordings_are_read_as_runs():
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "recordings" / "s012.csv.gz"
+    path = CHECKOUT / "benchmarks" / "recordings" / "s012.csv.gz"
     kind, runs = load.read_csv(path)
     assert kind == "runs" and len(runs) == 300 and (runs["status"] == "finished").all()
 

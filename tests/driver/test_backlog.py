@@ -178,7 +178,7 @@ def test_a_bad_limit_is_one_line_exit_2_before_any_work(command, tmp_path, monke
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv(backlog.LIMIT_ENV, "soon")
-    assert importlib.import_module(f"raystudy.{command}").main([]) == 2
+    assert importlib.import_module(f"raystudy.commands.{command}").main([]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {backlog.LIMIT_ENV} must be a number of seconds > 0 (default 600), got 'soon'"]
     assert list(tmp_path.iterdir()) == []
