@@ -271,11 +271,16 @@ def _new_tuner(
     )
 
 
+TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes Ray sets aside for a multi-worker trial's own process
+
+
 def _resources(config):
     """A trial's Ray resources; a multi-worker trial only drives its TorchTrainer, whose workers hold the devices."""
     t = config["trial"]
     if t["workers"] > 1:
-        return tune.PlacementGroupFactory([{"CPU": 0.01}])
+        # No CPU for the trial itself: even 0.01 left a node whose CPUs equal a worker's one short
+        # (two 1-CPU hosts never held 2 x 1-CPU workers), and a head kept free of trials can run it.
+        return tune.PlacementGroupFactory([{"CPU": 0, "memory": TRIAL_DRIVER_MEMORY}])
     return tune.PlacementGroupFactory([{"CPU": t["cpu"], "GPU": t["gpu"]}])
 
 
