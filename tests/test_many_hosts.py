@@ -35,23 +35,43 @@ def _hosts_module():
     return module
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, demo_weights):
-    """Three hosts: Ray's head on h1 with no CPUs for trials, one CPU on each of h2 and h3."""
+def _three_hosts(tmp_path_factory, worker_env: str = ""):
+    """Three hosts: Ray's head on h1 with no CPUs for trials, one CPU on each of h2 and h3 (their
+    raylets started with ``worker_env``, ``NAME=VALUE ...``); (hosts, the drivers' environment)."""
     hosts = _hosts_module().Hosts(3, tmp_path_factory.mktemp("hosts"), keep=[REPO, sys.prefix]).up()
     env = driver_env(RAY_USAGE_STATS_ENABLED="0")
     try:
         head = "ray start --head --node-ip-address=10.77.0.1 --port=6379 --num-cpus=0"
         started = [hosts.sh(1, head, env=env, timeout=180)]
         for k in (2, 3):
-            join = (
-                f"ray start --address=10.77.0.1:6379 --node-ip-address=10.77.0.{k} --num-cpus=1 --disable-usage-stats"
-            )
+            join = f"{worker_env} ray start --address=10.77.0.1:6379 --node-ip-address=10.77.0.{k} --num-cpus=1"
             started.append(hosts.sh(k, join, env=env, timeout=180))
         assert all(p.returncode == 0 for p in started), [p.stderr[-2000:] for p in started]
-        yield hosts, env
-    finally:
+    except BaseException:
         hosts.down()
+        raise
+    return hosts, env
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, demo_weights):
+    """Three hosts, Ray on each (``_three_hosts``)."""
+    hosts, env = _three_hosts(tmp_path_factory)
+    yield hosts, env
+    hosts.down()
+
+
+def _grid(hosts, env, space: dict, folder: str, timeout: float = 300):
+    """The grid of ``space`` run on the head in ``folder`` of the shared folder, its checkpoints there
+    too; (the process, its trial runs, the checkpoints' folder)."""
+    work = hosts.shared / folder
+    work.mkdir()
+    (work / "space.yaml").write_text(yaml.safe_dump(space))
+    cmd = [sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", "--address", "10.77.0.1:6379"]
+    cmd += ["--storage", str(work / "checkpoints")]
+    p = hosts.run(1, cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    df = search_runs(f"sqlite:///{work}/mlflow.db", "raystudy-t-vit_demo")
+    return p, df[df["tags.raystudy.role"] == "trial"], work / "checkpoints"
 
 
 def test_a_trial_trains_across_two_hosts_and_is_recorded_once(cluster):
@@ -59,20 +79,33 @@ def test_a_trial_trains_across_two_hosts_and_is_recorded_once(cluster):
     # (over gloo it forms only on the hosts' addresses), and the trial's own process takes no CPU
     # (had it taken 0.01, neither host would hold a worker: the trial would wait forever)
     hosts, env = cluster
-    work = hosts.shared / "ddp"
-    work.mkdir()
     space = {**SPACE, "models": {"vit_demo": {"workers": 2, "cpu": 1}}}
-    (work / "space.yaml").write_text(yaml.safe_dump(space))
-    storage = hosts.shared / "checkpoints"
-    cmd = [sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", "--address", "10.77.0.1:6379"]
-    p = hosts.run(1, [*cmd, "--storage", str(storage)], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    p, df, storage = _grid(hosts, env, space, "ddp")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "(2 DDP workers)" in p.stdout and "1 finished" in p.stdout
-    df = search_runs(f"sqlite:///{work}/mlflow.db", "raystudy-t-vit_demo")
-    df = df[df["tags.raystudy.role"] == "trial"]
     assert len(df) == 1 and df.iloc[0]["tags.raystudy.status"] == "finished"
     workers = df.iloc[0]["tags.raystudy.worker"].split(",")
     assert sorted(w.split(":")[0] for w in workers) == ["10.77.0.2", "10.77.0.3"], workers
     # the checkpoint is in the folder every host shares, named by the trial key
     key = df.iloc[0]["tags.raystudy.key"]
     assert list(storage.glob(f"ddp-{key}/checkpoint_*/state.pt"))
+
+
+def test_a_failed_multi_worker_attempt_releases_its_workers_so_the_retry_runs(tmp_path_factory, demo_weights):
+    # The worker hosts' raylets tell gloo to use the loopback (a user's setting, which raystudy keeps):
+    # every attempt fails as its process group forms. The first attempt's workers must be released,
+    # or the retry waits for their resources forever; here both attempts run and fail, and the grid ends.
+    hosts, env = _three_hosts(tmp_path_factory, worker_env="GLOO_SOCKET_IFNAME=lo")
+    try:
+        space = {**SPACE, "models": {"vit_demo": {"workers": 2, "cpu": 1}}}
+        p, df, _ = _grid(hosts, env, space, "failing", timeout=400)
+        assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+        assert "0 finished, 0 diverged, 1 failed" in p.stdout
+        assert len(df) == 1 and df.iloc[0]["tags.raystudy.status"] == "failed"
+        assert df.iloc[0]["tags.raystudy.attempts"] == "2" and "Gloo" in df.iloc[0]["tags.raystudy.error"]
+        # nothing is left reserved once the grid has ended
+        free = "import ray; ray.init(address='10.77.0.1:6379'); print(ray.available_resources().get('CPU', 0))"
+        left = hosts.run(1, [sys.executable, "-c", free], env=env, capture_output=True, text=True, timeout=120)
+        assert float(left.stdout.strip().splitlines()[-1]) == 2.0, left.stdout + left.stderr[-2000:]
+    finally:
+        hosts.down()

@@ -48,14 +48,21 @@ def pin_collectives_to_node_address() -> str | None:
 
 def torch_config():
     """Ray Train's ``TorchConfig`` whose backend pins each worker's collectives to its node's Ray
-    address (``pin_collectives_to_node_address``) before the process group forms."""
+    address (``pin_collectives_to_node_address``) before the process group forms, and releases the
+    workers' placement group when the process group fails to form."""
     from ray.train.torch import TorchConfig
     from ray.train.torch.config import _TorchBackend  # the backend TorchConfig names; no public hook
 
     class _PinnedBackend(_TorchBackend):
         def on_start(self, worker_group, backend_config):
-            worker_group.execute(pin_collectives_to_node_address)
-            super().on_start(worker_group, backend_config)
+            try:
+                worker_group.execute(pin_collectives_to_node_address)
+                super().on_start(worker_group, backend_config)
+            except BaseException:
+                # Ray Train registers the group for cleanup only after this step, so a failure here
+                # left it reserved: the trial's retry then waited for those resources forever.
+                worker_group.get_worker_group_state().placement_group_handle.shutdown()
+                raise
 
     class _PinnedTorchConfig(TorchConfig):
         @property

@@ -150,7 +150,11 @@ def _workers_at() -> str:
     import torch.distributed as dist
 
     everyone: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, f"{ray.util.get_node_ip_address()}:{os.getpid()}")
+    # over gloo whatever the trial's backend: NCCL gathers objects through a CUDA device per rank
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    dist.all_gather_object(everyone, f"{ray.util.get_node_ip_address()}:{os.getpid()}", group=group)
+    if group is not None:
+        dist.destroy_process_group(group)
     return ",".join(map(str, everyone))
 
 
