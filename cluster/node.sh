@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What `ray up` runs on each node besides Ray itself (cluster.yaml, cluster.local.yaml):
 #
+#   bash cluster/node.sh ip                                    # head: the address Ray and MLflow bind there
 #   bash cluster/node.sh env RAY_PORT MLFLOW_PORT [HEAD_IP]   # every node: ~/raystudy.env, sourced by ~/.bashrc
 #   bash cluster/node.sh mlflow PORT STORE ARTIFACTS_DESTINATION [BACKUPS]   # head: (re)start MLflow
 #   bash cluster/node.sh stop-mlflow                           # head: stop it (and its snapshot loop)
@@ -35,7 +36,20 @@ shopt -s inherit_errexit   # a failure inside $(...) stops the script too
 state=${RAYSTUDY_STATE:-$HOME/raystudy-state}   # pid files, logs, credentials (and the stores on the head)
 
 node_ip() {  # the address Ray uses for this node (RAY_HEAD_IP on the workers)
-    python -c 'import ray.util; print(ray.util.get_node_ip_address())'
+    # On a head that `ray up` made, the head_ip of the cluster file (its copy on the head): Ray's own
+    # pick routes towards the internet, and a node with no default route (a private network) falls
+    # back to its host name's address, 127.0.1.1 on Debian, where no worker reaches it.
+    python - <<'PY'
+import os
+import yaml
+import ray.util
+try:
+    with open(os.path.expanduser("~/ray_bootstrap_config.yaml")) as f:
+        ip = (yaml.safe_load(f).get("provider") or {}).get("head_ip")
+except OSError:
+    ip = None
+print(ip or ray.util.get_node_ip_address())
+PY
 }
 
 random_secret() {
@@ -291,6 +305,9 @@ stop_own() {  # stop_own PIDFILE WHAT: the process group this script started, if
 }
 
 case "${1:-}" in
+ip)
+    node_ip
+    ;;
 env)
     ray_port=${2:?RAY_PORT}; mlflow_port=${3:?MLFLOW_PORT}; head=${4:-$(node_ip)}
     cat > ~/raystudy.env <<EOF
@@ -431,7 +448,7 @@ backup-loop)
     done
     ;;
 *)
-    sed -n '2,19p' "$0" >&2
+    sed -n '2,20p' "$0" >&2
     exit 2
     ;;
 esac

@@ -353,3 +353,13 @@ def mlflow_server(tmp: Path, port: int) -> subprocess.Popen:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+def hosts_module():
+    """cluster/hosts.py, the test-hosts harness (a script, not a package module), loaded by path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hosts", REPO / "cluster" / "hosts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

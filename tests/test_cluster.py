@@ -1,17 +1,18 @@
 """The cluster files: Ray's own autoscaler schema, the security promises, and `ray up` for real.
 
-The end-to-end tests bring cluster.local.yaml up against an SSH server on 127.0.0.1 that they
-start (Debian's openssh-server), run the demo grid on it with `ray exec`, read the runs back from
-the head's MLflow server, and take it down with `ray down`. This machine is shared with other Ray
-instances, and `ray down` runs a bare `ray stop` on the head: so the SSH user gets a HOME of its
-own and, first on its PATH, cluster/shared-host/ray, whose `stop` stops only this cluster's Ray.
+The end-to-end tests bring cluster.local.yaml up over three test hosts (cluster/hosts.py: each its
+own network, address, host name and /tmp, one shared folder), an SSH server on each that they
+start (Debian's openssh-server): `ray up` on the head, the demo grid run there with `ray exec`, its
+trials on the two worker hosts, the runs read back from the head's MLflow store, and `ray down`.
+The hosts share this machine's processes, and `ray down` runs a bare `ray stop` on each host: so
+each host's SSH user gets a HOME of its own and, first on its PATH, cluster/shared-host/ray, whose
+`stop` stops only that host's Ray.
 """
 
+import ast
 import getpass
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import experiment_runs, free_port, wait_for
+from tests.helpers import free_port, hosts_module, search_runs, wait_for
 
 # One xdist worker runs this file: its tests share one `ray up` cluster and sshd.
 pytestmark = pytest.mark.xdist_group("cluster")
@@ -259,157 +260,186 @@ def exports(path: Path) -> dict[str, str]:
 
 
 MISSING = [t for t in ("/usr/sbin/sshd", "ssh", "ssh-keygen", "rsync", "nc") if shutil.which(t) is None]
+HEAD, WORKERS = 1, (2, 3)
+
+# What answers() does, run on a host: the status, or "None".
+_ANSWERS = """
+import sys, urllib.request, urllib.error
+req = urllib.request.Request(sys.argv[1], headers={"Host": sys.argv[2]} if sys.argv[2] else {})
+try:
+    with urllib.request.urlopen(req, timeout=2) as r: print(r.status)
+except urllib.error.HTTPError as e: print(e.code)
+except OSError: print(None)
+"""
 
 
-class LocalCluster:
-    """cluster.local.yaml brought up on 127.0.0.1 through an SSH server of its own."""
+class HostsCluster:
+    """cluster.local.yaml brought up over three test hosts (cluster/hosts.py), as a user brings it up
+    over three machines: an SSH server on each, the head at 10.77.0.1 with no CPUs for trials, two
+    1-CPU workers at 10.77.0.2-3; `ray up` run on the head. Each host's user has a home of its own
+    (``homes/hK``) and, first on its PATH, cluster/shared-host/ray: the hosts share this machine's
+    processes, and Ray's own `ray stop` stops every Ray on it."""
 
     def __init__(self, work: Path, demo_weights: Path):
-        self.work, self.name = work, f"raystudy-test-{os.getpid()}"
-        self.home, self.ray_tmp = work / "home", tempfile.mkdtemp(prefix="rsc", dir="/tmp")  # short: Ray's sockets
-        self.storage = work / "storage"
-        self.ports = {k: free_port() for k in ("ssh", "ray", "dashboard", "mlflow", "client", "agent", "metrics")}
-        self.user, self.key = getpass.getuser(), work / "id_ed25519"
-        self.sshd = None
+        self.name = f"raystudy-test-{os.getpid()}"
+        self.hosts = hosts_module().Hosts(3, work / "hosts", keep=[REPO, Path(sys.prefix)])
+        self.work = self.hosts.root  # every host sees it: the keys, the SSH servers' files, the HOMEs
+        self.homes = self.hosts.root / "homes"
+        self.home = self.homes / f"h{HEAD}"
+        self.storage = self.hosts.shared / "storage"  # every host mounts it at the same path
+        self.ports = {"ssh": 22, "ray": 6379, "dashboard": 8265, "mlflow": 5000}  # each host has its own
+        self.ray_tmp = f"/tmp/rsc{os.getpid()}"  # + "-hK": the processes of each host's Ray name it
+        self.user, self.key = getpass.getuser(), self.work / "id_ed25519"
+        self.weights = demo_weights
+        self.sshd: dict[int, subprocess.Popen] = {}
         self.downed = False
-        self.home.mkdir()
+
+    def up_hosts(self):
+        self.hosts.up()
         self.storage.mkdir()
-        # The demo's weights, prefetched (they take a minute to build): the file and its manifest,
-        # without which the head takes the file for a damaged one and builds it again.
-        from raystudy.models import registry
+        self.homes.mkdir()
+        # Each host's user its own home, as on separate machines: its passwd entry names it (ssh
+        # expands ~ from there, as in the head's `-i ~/ray_bootstrap_key.pem` to reach a worker).
+        entries = Path("/etc/passwd").read_text().splitlines()
+        for k in (HEAD, *WORKERS):
+            home = self.homes / f"h{k}"
+            home.mkdir()
+            passwd = self.work / f"passwd.h{k}"
+            fields = [line.split(":") for line in entries]
+            for f in fields:
+                if f[0] == self.user:
+                    f[5] = str(home)
+            passwd.write_text("".join(":".join(f) + "\n" for f in fields))
+            p = self.hosts.sh(k, f"mount --bind {passwd} /etc/passwd")
+            assert p.returncode == 0, p.stderr
 
-        cache = self.home / ".cache" / "raystudy"
-        cache.mkdir(parents=True)
-        for f in (demo_weights, registry.weights_manifest(demo_weights)):
-            shutil.copy(f, cache / f.name)
-
-    # -- the SSH server and the user's environment
+    # -- an SSH server on each host, every session with its host's HOME
     def start_sshd(self):
         w = self.work
         for f in (self.key, w / "host_key"):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(f)], check=True)
         (w / "authorized_keys").write_text((w / "id_ed25519.pub").read_text())
-        session = w / "session.sh"  # ForceCommand: every SSH command runs with this cluster's HOME
+        session = w / "session.sh"  # ForceCommand: a command runs in bash, which reads ~/.bashrc
         session.write_text(
-            f'#!/bin/bash\nexport HOME={self.home}\ncd "$HOME"\n'
+            '#!/bin/bash\ncd "$HOME"\n'
             'if [ -n "$SSH_ORIGINAL_COMMAND" ]; then exec /bin/bash -c "$SSH_ORIGINAL_COMMAND"; '
             "else exec /bin/bash -l; fi\n"
         )
         session.chmod(0o755)
-        (w / "sshd_config").write_text(
-            "\n".join(
-                [
-                    f"Port {self.ports['ssh']}",
-                    "ListenAddress 127.0.0.1",
-                    f"HostKey {w / 'host_key'}",
-                    f"PidFile {w / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {w / 'authorized_keys'}",
-                    "StrictModes no",  # the keys live under /tmp
-                    "PubkeyAuthentication yes",
-                    "PasswordAuthentication no",
-                    "KbdInteractiveAuthentication no",
-                    "PermitRootLogin prohibit-password",
-                    "UsePAM no",
-                    "AllowTcpForwarding yes",
-                    "X11Forwarding no",
-                    "PrintMotd no",
-                    f"ForceCommand {session}",
-                    "",
-                ]
+        os.makedirs("/run/sshd", exist_ok=True)  # its privilege-separation directory
+        for k in (HEAD, *WORKERS):
+            config = w / f"sshd_config.h{k}"
+            config.write_text(
+                "\n".join(
+                    [
+                        f"ListenAddress {self.hosts.address(k)}",
+                        f"HostKey {w / 'host_key'}",
+                        f"PidFile {w / f'sshd.h{k}.pid'}",
+                        f"AuthorizedKeysFile {w / 'authorized_keys'}",
+                        "StrictModes no",  # the keys live under /tmp
+                        "PubkeyAuthentication yes",
+                        "PasswordAuthentication no",
+                        "KbdInteractiveAuthentication no",
+                        "PermitRootLogin prohibit-password",
+                        "UsePAM no",
+                        "AllowTcpForwarding yes",
+                        "X11Forwarding no",
+                        "PrintMotd no",
+                        f"ForceCommand {session}",
+                        "",
+                    ]
+                )
             )
-        )
-        if os.geteuid() == 0:
-            os.makedirs("/run/sshd", exist_ok=True)  # its privilege-separation directory
-        log = open(w / "sshd.log", "w")
-        self.sshd = subprocess.Popen(
-            ["/usr/sbin/sshd", "-D", "-e", "-f", str(w / "sshd_config")],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+            log = open(w / f"sshd.h{k}.log", "w")
+            self.sshd[k] = self.hosts.popen(
+                k, ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+            )
+        for k in self.sshd:
+            probe = f"import socket; socket.create_connection(('{self.hosts.address(k)}', 22), timeout=1).close()"
+            wait_for(
+                lambda k=k, probe=probe: (
+                    self.sshd[k].poll() is None
+                    and self.hosts.run(HEAD, [sys.executable, "-c", probe], capture_output=True).returncode == 0
+                ),
+                timeout=30,
+                what=f"sshd on h{k}",
+            )
 
-        def listening():
-            if self.sshd.poll() is not None:
-                pytest.skip(f"cannot run an SSH server here: sshd exited: {(w / 'sshd.log').read_text()[-500:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.ports["ssh"]), timeout=1).close()
-                return True
-            except OSError:
-                return False
-
-        wait_for(listening, timeout=20, what="sshd")
-
+    # -- each host's user: a HOME, a Python environment, the demo's weights
     def write_user_env(self):
-        # Its own Python environment (this one's packages, visible through --system-site-packages),
-        # so the setup command's `pip install -e` installs the synced tree there and not over this
-        # checkout's install, which the tests running next to this one use.
-        # Without a pip of its own: `python -m pip` is this one's, with this one's setuptools.
-        venv = self.home / "venv"
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
-        # When this Python is itself a venv, the new one's "system" packages are the base Python's:
-        # add this one's site-packages (.pth files included) after the new venv's own.
         import site
 
-        own = subprocess.run(
-            [str(venv / "bin" / "python"), "-c", "import sys; print('\\n'.join(sys.path))"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-        extra = [d for d in site.getsitepackages() if d not in own]
-        if extra:
-            new_site = next(d for d in own if d.startswith(str(venv)) and d.endswith("site-packages"))
-            (Path(new_site) / "zz_test_python.pth").write_text(
-                "".join(f"import site; site.addsitedir({d!r})\n" for d in extra)
+        for k in (HEAD, *WORKERS):
+            home = self.homes / f"h{k}"  # made by up_hosts
+            # The demo's weights, prefetched (a minute to build): the file and its manifest, without
+            # which a host takes the file for a damaged one and builds it again.
+            from raystudy.models import registry
+
+            cache = home / ".cache" / "raystudy"
+            cache.mkdir(parents=True)
+            for f in (self.weights, registry.weights_manifest(self.weights)):
+                shutil.copy(f, cache / f.name)
+            # Its own Python environment (this one's packages, visible through --system-site-packages,
+            # without a pip of its own), so that the setup command's `pip install -e` installs the
+            # synced tree there and not over this checkout's install, which other tests use.
+            venv = home / "venv"
+            subprocess.run(
+                [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
             )
-        p = self.ports
-        start_args = (
-            f"--num-cpus=2 --ray-client-server-port={p['client']} "
-            f"--dashboard-agent-listen-port={p['agent']} --metrics-export-port={p['metrics']}"
-        )
-        (self.home / ".bashrc").write_text(
-            "\n".join(
-                [
-                    f"export PATH={WRAPPER.parent}:{self.home / 'venv' / 'bin'}:$PATH",
-                    f"export RAYSTUDY_RAY_TEMP_DIR={self.ray_tmp}",
-                    f'export RAYSTUDY_RAY_START_ARGS="{start_args}"',
-                    "export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0",
-                    "",
-                ]
+            own = subprocess.run(
+                [str(venv / "bin" / "python"), "-c", "import sys; print('\\n'.join(sys.path))"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            extra = [d for d in site.getsitepackages() if d not in own]
+            if extra:  # this Python is a venv itself: the new one's "system" packages are the base's
+                new_site = next(d for d in own if d.startswith(str(venv)) and d.endswith("site-packages"))
+                (Path(new_site) / "zz_test_python.pth").write_text(
+                    "".join(f"import site; site.addsitedir({d!r})\n" for d in extra)
+                )
+            cpus = 0 if k == HEAD else 1  # the head runs the driver and MLflow, the workers the trials
+            (home / ".bashrc").write_text(
+                "\n".join(
+                    [
+                        f"export PATH={WRAPPER.parent}:{venv / 'bin'}:$PATH",
+                        f"export RAYSTUDY_RAY_TEMP_DIR={self.ray_tmp}-h{k}",
+                        f'export RAYSTUDY_RAY_START_ARGS="--num-cpus={cpus}"',
+                        "export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0",
+                        "",
+                    ]
+                )
             )
-        )
 
     def write_config(self) -> Path:
-        """cluster.local.yaml with this machine filled in; what the test adapts is listed here."""
+        """cluster.local.yaml with these hosts filled in; what the test adapts is listed here."""
         cfg = load("cluster.local.yaml")
         cfg["cluster_name"] = self.name
-        cfg["provider"].update(head_ip="127.0.0.1", worker_ips=[])
-        cfg["auth"] = {
-            "ssh_user": self.user,
-            "ssh_private_key": str(self.key),
-            "ssh_proxy_command": f"nc 127.0.0.1 {self.ports['ssh']}",
-        }  # Ray has no SSH-port option
+        cfg["provider"].update(head_ip=self.hosts.address(HEAD), worker_ips=[self.hosts.address(k) for k in WORKERS])
+        cfg["auth"] = {"ssh_user": self.user, "ssh_private_key": str(self.key)}
         install = "pip install -q -e ~/raystudy-src"
         assert any(install in c for c in cfg["setup_commands"])
         cfg["setup_commands"] = [
             c.replace(install, "pip install -q --no-deps --no-build-isolation -e ~/raystudy-src")
             for c in cfg["setup_commands"]
         ]  # offline: the venv already has the dependencies
-        for default, port in (("6379", "ray"), ("8265", "dashboard"), ("5000", "mlflow")):
-            assert default in " ".join(cfg["head_start_ray_commands"]), default
-            for k in ("head_start_ray_commands", "worker_start_ray_commands", "worker_setup_commands"):
-                cfg[k] = [c.replace(default, str(self.ports[port])) for c in cfg[k]]
         path = self.work / "cluster.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         self.config = path
         return path
 
-    # -- Ray's CLI, run from the repository root as the README says
+    # -- Ray's CLI, run on the head from the repository root as the README says
     def ray(self, *args, timeout=300) -> subprocess.CompletedProcess:
         env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
         exe = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
-        return subprocess.run([exe, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        return self.hosts.run(HEAD, [exe, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+    def answers(self, k: int, url: str, host: str = "") -> int | None:
+        """``answers(url)`` asked from host ``k``."""
+        p = self.hosts.run(k, [sys.executable, "-c", _ANSWERS, url, host], capture_output=True, text=True, timeout=60)
+        out = p.stdout.strip()
+        return int(out) if out.isdigit() else None
 
     def head_env(self) -> dict[str, str]:
         return exports(self.home / "raystudy.env")
@@ -418,48 +448,23 @@ class LocalCluster:
         """The tracking server's user and password, as the head made them (raystudy.env sources them)."""
         return exports(self.home / "raystudy-state" / "mlflow-credentials")
 
-    # -- teardown: everything this cluster started, and nothing else
-    def cleanup(self):
-        if self.sshd is not None and not self.downed:
-            self.ray("down", "-y", str(self.config), timeout=120)
-        env = {**os.environ, "HOME": str(self.home), "RAYSTUDY_RAY_TEMP_DIR": self.ray_tmp}
-        subprocess.run(
-            ["bash", str(REPO / "cluster" / "node.sh"), "stop-mlflow"], env=env, capture_output=True, timeout=60
-        )
-        subprocess.run([sys.executable, str(WRAPPER), "stop"], env=env, capture_output=True, timeout=60)
-        self.close_ssh()
-        from ray.autoscaler._private.local.config import get_lock_path, get_state_path
-
-        for f in (get_lock_path(self.name), get_state_path(self.name)):
-            Path(f).unlink(missing_ok=True)
-        shutil.rmtree(self.ray_tmp, ignore_errors=True)
-
-    def close_ssh(self):
-        """Close Ray's SSH control connection (it lingers ~10 s), then stop sshd and its sessions."""
-        import hashlib
-
+    def ray_processes(self, k: int) -> list[str]:
+        """The names of the Ray processes running on host ``k``."""
         import psutil
 
-        h = lambda s: hashlib.sha256(s.encode()).hexdigest()[:10]  # noqa: E731 - Ray's control path
-        control = Path(f"/tmp/ray_ssh_{h(getpass.getuser())}/{h(self.name)}")
-        for sock in control.glob("*") if control.is_dir() else ():
-            subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=10)
-        shutil.rmtree(control, ignore_errors=True)
-        try:
-            control.parent.rmdir()  # Ray's per-user folder, if no other cluster uses it
-        except OSError:
-            pass
-        if self.sshd is None:
-            return
-        try:
-            sessions = psutil.Process(self.sshd.pid).children(recursive=True)
-        except psutil.Error:
-            sessions = []
-        self.sshd.send_signal(signal.SIGTERM)
-        self.sshd.wait(timeout=10)
-        _, alive = psutil.wait_procs(sessions, timeout=15)
-        for q in alive:
-            q.kill()
+        names = []
+        for pid in self.hosts.pids(k):
+            try:
+                names.append(psutil.Process(pid).name())
+            except psutil.Error:
+                pass
+        return [n for n in names if n in ("raylet", "gcs_server")]
+
+    # -- teardown: everything this cluster started is on its hosts
+    def cleanup(self):
+        if self.sshd and hasattr(self, "config") and not self.downed:
+            self.ray("down", "-y", str(self.config), timeout=120)
+        self.hosts.down()
 
 
 RAYLET_SLOW = "The current node timed out during startup"
@@ -469,11 +474,14 @@ RAYLET_SLOW = "The current node timed out during startup"
 def cluster(demo_weights, tmp_path_factory):
     if MISSING:
         pytest.skip(
-            f"`ray up` against 127.0.0.1 needs {', '.join(MISSING)}: apt-get install -y "
+            f"`ray up` over test hosts needs {', '.join(MISSING)}: apt-get install -y "
             "openssh-server rsync netcat-openbsd (.ci/run installs them)"
         )
-    c = LocalCluster(tmp_path_factory.mktemp("cluster"), Path(demo_weights))
+    if os.geteuid() != 0:
+        pytest.skip("test hosts need root (network namespaces)")
+    c = HostsCluster(tmp_path_factory.mktemp("cluster"), Path(demo_weights))
     try:
+        c.up_hosts()
         c.start_sshd()
         c.write_user_env()
         c.write_config()
@@ -484,30 +492,55 @@ def cluster(demo_weights, tmp_path_factory):
             # loaded 2-core machine can miss; the head's start commands begin with `ray stop`.
             print(f"ray up: {RAYLET_SLOW!r}; once more", flush=True)
             p = c.ray("up", "-y", "--no-config-cache", str(c.config), timeout=600)
-        c.up_seconds = time.time() - t0
         assert p.returncode == 0, f"ray up failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
         c.up_output = p.stdout + p.stderr
+        # `ray up` returns once the head is up; Ray's autoscaler then sets up and starts each worker
+        wait_for(lambda: len(_alive_nodes(c)) == 3, timeout=300, what="both worker hosts to join the head's Ray")
+        c.up_seconds = time.time() - t0
         yield c
     finally:
         c.cleanup()
+
+
+def _alive_nodes(cluster) -> list[tuple[str, float]]:
+    """(address, CPUs) of every node alive in the head's Ray, asked on the head."""
+    code = (
+        "import ray; ray.init(address='auto', logging_level='ERROR'); "
+        "print(sorted((n['NodeManagerAddress'], n['Resources'].get('CPU', 0.0)) for n in ray.nodes() if n['Alive']))"
+    )
+    p = cluster.ray("exec", str(cluster.config), f'python -c "{code}"', timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return ast.literal_eval(p.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 def test_ray_up_starts_ray_and_mlflow_on_the_head_and_tells_every_node(cluster):
     env = cluster.head_env()
     ip = env["RAYSTUDY_HEAD_IP"]
+    assert ip == "10.77.0.1"
     assert env["RAY_ADDRESS"] == f"{ip}:{cluster.ports['ray']}"
     assert env["MLFLOW_TRACKING_URI"] == f"http://{ip}:{cluster.ports['mlflow']}"
-    assert answers(env["MLFLOW_TRACKING_URI"] + "/health") == 200
     assert "MLflow tracking server: http://" in cluster.up_output
-    # what the README's tunnel command reads: the head's public and private addresses
+    # every worker host joined the head's Ray at its own address, with its own CPU for trials
+    assert _alive_nodes(cluster) == [("10.77.0.1", 0.0), ("10.77.0.2", 1.0), ("10.77.0.3", 1.0)]
+    # every host was told where the head and its tracking server are, and reaches the server
+    for k in WORKERS:
+        worker_env = exports(cluster.homes / f"h{k}" / "raystudy.env")
+        assert {worker_env[n] for n in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")} == {
+            env["RAY_ADDRESS"],
+            env["MLFLOW_TRACKING_URI"],
+        }
+        assert cluster.answers(k, env["MLFLOW_TRACKING_URI"] + "/health") == 200
+    # what the README's tunnel command reads: the head's address
     p = cluster.ray("get-head-ip", str(cluster.config))
-    assert p.stdout.strip().splitlines()[-1] == "127.0.0.1", p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-1] == ip, p.stdout + p.stderr
     # and on the head, the server's own database, where a driver reads what is done in one query
     p = cluster.ray("exec", str(cluster.config), "echo $MLFLOW_TRACKING_URI $RAYSTUDY_TRACKING_STORE")
     store = f"sqlite:///{cluster.home}/raystudy-state/mlflow.db"
     assert p.stdout.strip().splitlines()[-1] == f"{env['MLFLOW_TRACKING_URI']} {store}", p.stdout + p.stderr
-    # the project was installed from the synced tree, at the commit being run
+    # the project was installed from the synced tree on every host
+    for k in (HEAD, *WORKERS):
+        assert (cluster.homes / f"h{k}" / "raystudy-src" / "raystudy" / "__init__.py").exists()
     p = cluster.ray("exec", str(cluster.config), "python -c 'import raystudy; print(raystudy.__file__)'")
     assert f"{cluster.home}/raystudy-src/raystudy/__init__.py" in p.stdout, p.stdout + p.stderr
 
@@ -516,31 +549,25 @@ def test_ray_up_starts_ray_and_mlflow_on_the_head_and_tells_every_node(cluster):
 def test_mlflow_and_the_dashboard_are_reachable_only_as_the_config_promises(cluster):
     env = cluster.head_env()
     ip, mport, dport = env["RAYSTUDY_HEAD_IP"], cluster.ports["mlflow"], cluster.ports["dashboard"]
-    assert answers(f"http://127.0.0.1:{dport}/") == 200  # the dashboard: loopback only
+    assert cluster.answers(HEAD, f"http://127.0.0.1:{dport}/") == 200  # the dashboard: the head's loopback only
+    assert cluster.answers(HEAD, f"http://{ip}:{dport}/") is None
+    assert cluster.answers(2, f"http://{ip}:{dport}/") is None
+    # MLflow: on the cluster's private address only, where the workers reach it
+    assert cluster.answers(HEAD, f"http://127.0.0.1:{mport}/health") is None
+    assert cluster.answers(2, f"http://{ip}:{mport}/health") == 200
     # a request naming another host is refused (DNS rebinding)
-    assert (
-        answers(
-            f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1", host="mlflow.example.com"
-        )
-        == 403
-    )
-    if ip.startswith("127."):
-        pytest.skip(
-            f"this machine's only address is {ip}: private-address binding and the SSH tunnel "
-            "cannot be told apart from loopback here"
-        )
-    assert answers(f"http://{ip}:{dport}/") is None  # not on the cluster address
-    assert answers(f"http://127.0.0.1:{mport}/health") is None  # MLflow: the cluster address only
-    # from a laptop: an SSH tunnel to the head's private address
-    local = free_port()
-    tunnel = subprocess.Popen(
+    search = f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1"
+    assert cluster.answers(2, search, host="mlflow.example.com") == 403
+    # from a machine that can only SSH to the head (the README's tunnel): a forward to the head's
+    # private address, asked on that machine's loopback
+    local = 15000
+    tunnel = cluster.hosts.popen(
+        3,
         [
             "ssh",
             "-N",
             "-i",
             str(cluster.key),
-            "-o",
-            f"ProxyCommand=nc 127.0.0.1 {cluster.ports['ssh']}",
             "-o",
             "StrictHostKeyChecking=no",
             "-o",
@@ -549,14 +576,16 @@ def test_mlflow_and_the_dashboard_are_reachable_only_as_the_config_promises(clus
             "ExitOnForwardFailure=yes",
             "-L",
             f"{local}:{ip}:{mport}",
-            f"{cluster.user}@127.0.0.1",
+            f"{cluster.user}@{ip}",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
     try:
         wait_for(
-            lambda: answers(f"http://localhost:{local}/health") == 200, timeout=30, what="MLflow through the SSH tunnel"
+            lambda: cluster.answers(3, f"http://localhost:{local}/health") == 200,
+            timeout=30,
+            what="MLflow through the SSH tunnel",
         )
     finally:
         tunnel.terminate()
@@ -564,10 +593,9 @@ def test_mlflow_and_the_dashboard_are_reachable_only_as_the_config_promises(clus
 
 
 @pytest.mark.slow
-def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster, monkeypatch):
-    from mlflow import MlflowClient
-
-    # As the README submits it: on the head, where RAY_ADDRESS and MLFLOW_TRACKING_URI are set.
+def test_the_demo_grid_runs_on_both_worker_hosts_and_lands_once_in_the_heads_mlflow(cluster):
+    # As the README submits it: on the head, where RAY_ADDRESS and MLFLOW_TRACKING_URI are set;
+    # checkpoints in the folder every host mounts.
     grid = (
         "python -m raystudy.grid --space demo --datasets digits_c --conditions MHA,LN1 --set steps=40 "
         "--set warmup_steps=4 --set eval_every=20 --set log_every=10 --set batch_size=32 "
@@ -585,28 +613,26 @@ def test_the_demo_grid_runs_on_the_cluster_and_lands_in_the_heads_mlflow(cluster
     cluster.grid_seconds = time.time() - t0
 
     uri = cluster.head_env()["MLFLOW_TRACKING_URI"]
-    assert answers(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1") == 401  # credentials required
-    for k, v in cluster.credentials().items():  # as a user who read them on the head
-        monkeypatch.setenv(k, v)
-    runs = experiment_runs(MlflowClient(uri), "raystudy-demo-vit_demo", "tags.`raystudy.role` = 'trial'")
-    assert len(runs) == 8 and {r.data.tags["raystudy.status"] for r in runs} == {"finished"}
-    assert {r.data.params["condition"] for r in runs} == {"MHA", "LN1"}
-    assert all(0 <= r.data.metrics["test_acc"] <= 1 for r in runs)
+    assert cluster.answers(2, f"{uri}/api/2.0/mlflow/experiments/search?max_results=1") == 401  # credentials
+    # what the server stored, read from its database on the head
+    df = search_runs(f"sqlite:///{cluster.home}/raystudy-state/mlflow.db", "raystudy-demo-vit_demo")
+    df = df[df["tags.raystudy.role"] == "trial"]
+    assert len(df) == 8 and set(df["tags.raystudy.status"]) == {"finished"}
+    assert len(set(df["tags.raystudy.key"])) == 8  # each trial once
+    assert set(df["params.condition"]) == {"MHA", "LN1"}
+    assert ((df["metrics.test_acc"] >= 0) & (df["metrics.test_acc"] <= 1)).all()
+    # the trials ran on both worker hosts, and none on the head (it has no CPU for them)
+    assert {w.split(":")[0] for w in df["tags.raystudy.worker"]} == {"10.77.0.2", "10.77.0.3"}
     assert not (cluster.home / "mlflow.db").exists()  # everything went to the server
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     if sha.returncode == 0:  # the synced tree carries .git: runs are tagged with the commit being run
-        assert {r.data.tags.get("mlflow.source.git.commit") for r in runs} == {sha.stdout.strip()}
+        assert set(df["tags.mlflow.source.git.commit"]) == {sha.stdout.strip()}
     assert list((cluster.storage / "ray").iterdir())  # Tune's experiment under the storage path given
 
 
 @pytest.mark.slow
-def test_ray_down_stops_this_cluster_and_only_it(cluster):
-    import psutil
-
-    def ours():
-        return [q for q in psutil.process_iter(["cmdline"]) if cluster.ray_tmp in " ".join(q.info["cmdline"] or ())]
-
-    assert ours(), "the cluster is not running"
+def test_ray_down_stops_this_cluster_on_every_host(cluster):
+    assert all(cluster.ray_processes(k) for k in (HEAD, *WORKERS)), "the cluster is not running"
     p = cluster.ray(
         "exec", str(cluster.config), "bash ~/raystudy-src/cluster/node.sh stop-mlflow"
     )  # as the README says
@@ -615,7 +641,14 @@ def test_ray_down_stops_this_cluster_and_only_it(cluster):
     p = cluster.ray("down", "-y", str(cluster.config), timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     cluster.downed = True
-    wait_for(lambda: not ours(), timeout=30, what="this cluster's Ray processes to stop")
+    wait_for(lambda: not cluster.ray_processes(HEAD), timeout=30, what="the head's Ray processes to stop")
+    # `ray down` of a local cluster runs `ray stop` on the head only; a worker's raylet ends itself
+    # once its head has been gone for a minute (Ray's gcs_rpc_server_reconnect_timeout_s)
+    wait_for(
+        lambda: not any(cluster.ray_processes(k) for k in WORKERS),
+        timeout=150,
+        what="the worker hosts' Ray processes to stop",
+    )
 
 
 def _grants(policy: dict, action: str, arn: str) -> bool:
