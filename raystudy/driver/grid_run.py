@@ -18,6 +18,7 @@ from raystudy.driver import (
     recovered,
     scheduler,
     session,
+    shared,
     tune_glue,
 )
 from raystudy.driver.lock import grid_lock, grid_name
@@ -90,10 +91,12 @@ def run_grid(trials: list[Trial], *, label: str, experiment: str, role: str = "g
 
 def preflight(trials: list[Trial], s: Settings) -> None:
     """Before anything runs or is recorded: raises ``ConfigError`` (one line) where a trial cannot
-    be placed on the connected Ray's nodes (``placement``)."""
+    be placed on the connected Ray's nodes (``placement``), or where the storage, a local path, is
+    not the same folder on every node that may run a trial (``shared``)."""
     c = placement.cluster()
     shapes = [placement.of_trial(t.as_dict(), rehearse=bool(s.rehearse)) for t in trials]
     placement.check(shapes, c)
+    shared.check(s.storage, c, shapes)
 
 
 def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent) -> dict[str, Any]:
