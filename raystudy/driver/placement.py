@@ -10,12 +10,14 @@ The rule on an autoscaling cluster: the nodes counted are those up now and, wher
 autoscaling config is on the driver's machine (``ray up`` writes it on the head as
 ``~/ray_bootstrap_config.yaml``, where the grid runs), as many of each worker node type as it may
 add (its ``max_workers``, and the cluster's). A trial none of these can hold is refused. Where a
-node type the autoscaler may add does not list its resources, what it holds is not known: the
-driver then says in one line that the trials may wait for it, and refuses nothing.
+node type the autoscaler may add does not list its resources, or the driver runs off the head of
+a cluster whose autoscaler reports node types of its config, what they hold is not known: the
+driver then says in one line that the trials may wait for the autoscaler, and refuses nothing.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,6 +31,10 @@ from raystudy.errors import ConfigError
 TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes Ray sets aside for a multi-worker trial's own process
 BOOTSTRAP = Path.home() / "ray_bootstrap_config.yaml"  # what ``ray up`` leaves on the head
 SHOWN = ("CPU", "GPU", "memory")  # resources a trial asks for, in the order they are shown
+
+
+class Refused(ConfigError):
+    """A grid refused before it starts: a trial the cluster cannot hold, storage not every node sees."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,29 @@ def autoscaling(config: dict[str, Any] | None) -> tuple[list[tuple[str, dict[str
     return addable, unknown
 
 
+def autoscaler_types(status: str | bytes | None) -> list[str]:
+    """The node types an autoscaler reports in Ray's ``__autoscaling_status`` (``status``, its JSON):
+    those of a cluster config; none where the cluster has no autoscaler of its own (Ray's read-only
+    stand-in names each node ``node_<id>``)."""
+    try:
+        report = json.loads(status)["autoscaler_report"]
+    except (TypeError, ValueError, KeyError):
+        return []
+    names = {*(report.get("active_nodes") or {}), *(report.get("idle_nodes") or {})}
+    names |= {*(report.get("pending_launches") or {}), *(p[1] for p in report.get("pending_nodes") or [])}
+    return sorted(n for n in names if not str(n).startswith("node_"))
+
+
+def _autoscaling_status() -> bytes | None:
+    try:
+        from ray._private import ray_constants
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        return _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+    except Exception:  # noqa: BLE001 - no status: no autoscaler known
+        return None
+
+
 def _bootstrap() -> dict[str, Any] | None:
     try:
         return yaml.safe_load(BOOTSTRAP.read_text())
@@ -155,7 +184,10 @@ def cluster() -> Cluster:
     import ray
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
-    addable, unknown = autoscaling(_bootstrap())
+    config = _bootstrap()
+    addable, unknown = autoscaling(config)
+    if config is None:  # not on the head: an autoscaler there may add nodes of types unknown here
+        unknown = autoscaler_types(_autoscaling_status())
     nodes = [(n["NodeManagerAddress"], dict(n["Resources"])) for n in alive]
     return Cluster(nodes, addable, unknown, [n["NodeID"] for n in alive])
 
@@ -202,7 +234,7 @@ def problem(s: Shape, c: Cluster, where: str = "") -> str | None:
 
 
 def check(shapes: Iterable[Shape], c: Cluster | None = None, log=print) -> None:
-    """Raise ``ConfigError`` (one line) for the first of ``shapes`` that the cluster ``c`` (default:
+    """Raise ``Refused`` (one line) for the first of ``shapes`` that the cluster ``c`` (default:
     the connected Ray's, ``cluster``) cannot hold. Where the autoscaler may add nodes of unknown
     resources, one line says the trials may wait for them instead."""
     c = cluster() if c is None else c
@@ -216,8 +248,8 @@ def check(shapes: Iterable[Shape], c: Cluster | None = None, log=print) -> None:
             continue
         if c.unknown:
             log(
-                f"note: no node up now holds a trial ({s.describe()}); the trials wait for the autoscaler "
-                f"to add one ({', '.join(c.unknown)}: resources not in {BOOTSTRAP})"
+                f"note: no node up now holds a trial ({s.describe()}); the trials wait for the autoscaler to add "
+                f"one (node types {', '.join(c.unknown)}, whose resources the driver cannot read here)"
             )
             return
-        raise ConfigError(why)
+        raise Refused(why)

@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from raystudy.driver import placement
-from raystudy.errors import ConfigError
 
 ANSWER_S = 120.0  # how long a node's look may take (a task on a busy node waits for a worker)
 
@@ -64,7 +63,7 @@ def _in_order(address: str) -> tuple:
 
 
 def check(storage, c: placement.Cluster, shapes: Iterable[placement.Shape]) -> None:
-    """Raise ``ConfigError`` (one line) where ``storage``, a local path, is not seen by every node
+    """Raise ``placement.Refused`` (one line) where ``storage``, a local path, is not seen by every node
     of ``c`` that may run a trial; a URI (``s3://...``) is every node's."""
     if "://" in str(storage):
         return
@@ -74,7 +73,7 @@ def check(storage, c: placement.Cluster, shapes: Iterable[placement.Shape]) -> N
         import ray
 
         here = ray.util.get_node_ip_address()
-        raise ConfigError(
+        raise placement.Refused(
             f"the checkpoint storage {path} is not shared by every node that runs trials: "
             f"{', '.join(lost)} do not see a file the driver wrote there on {here}; "
             "give --storage a folder every node mounts at the same path, or s3://BUCKET/PATH"

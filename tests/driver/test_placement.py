@@ -80,6 +80,17 @@ def test_an_autoscaler_node_type_that_holds_the_trial_is_not_refused_and_one_of_
     assert len(said) == 1 and "wait for the autoscaler" in said[0] and "gpu_x" in said[0]
 
 
+def test_off_the_head_an_autoscaler_of_a_cluster_config_is_known_by_its_node_types():
+    import json
+
+    report = {"active_nodes": {"head": 1}, "idle_nodes": {}, "pending_launches": {"gpu_8x": 1}, "pending_nodes": []}
+    assert placement.autoscaler_types(json.dumps({"autoscaler_report": report})) == ["gpu_8x", "head"]
+    # `ray start` without a cluster config: Ray's read-only stand-in, a type per node
+    readonly = {"active_nodes": {"node_ab12": 1}, "pending_nodes": [["10.0.0.2", "node_cd34", "setting-up"]]}
+    assert placement.autoscaler_types(json.dumps({"autoscaler_report": readonly})) == []
+    assert placement.autoscaler_types(None) == [] and placement.autoscaler_types("{}") == []
+
+
 def test_the_nodes_that_run_trials_exclude_a_head_of_no_cpus():
     c = nodes((0, 0), (1, 0), (1, 0))
     assert placement.hosts(c, [placement.shape(2, 1, 0)]) == [1, 2]
@@ -104,10 +115,13 @@ def test_the_grid_refuses_a_trial_its_local_ray_cannot_hold_before_anything_runs
     }
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     cmd = [sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", "--num-cpus", "1", "--ray-temp-dir", ray_tmp]
-    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=driver_env())
+    snapped = tmp_path / "snapshot-taken"  # a grid refused before it starts takes no snapshot of the store
+    env = driver_env(RAYSTUDY_SNAPSHOT_CMD=f"touch {snapped}")
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "{CPU: 2} on one node" in errors[0] and "{CPU: 1} on 127.0.0.1" in errors[0], errors
     # nothing recorded: no trial ran, no parent run was made
     db = tmp_path / "mlflow.db"
     assert not db.exists() or search_runs(f"sqlite:///{db}", "raystudy-t-vit_demo").empty
+    assert not snapped.exists()
