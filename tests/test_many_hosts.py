@@ -111,6 +111,19 @@ def test_checkpoint_storage_in_one_hosts_own_tmp_is_refused_naming_the_hosts_tha
     assert left.returncode == 0 and ".raystudy-shared" not in left.stdout, left.stdout + left.stderr
 
 
+def test_a_trial_whose_workers_no_host_holds_is_refused_naming_what_the_hosts_have(cluster):
+    # 2 workers of 2 CPUs on hosts of 1 CPU each: before, Tune waited for them forever, silently
+    hosts, env = cluster
+    space = {**SPACE, "models": {"vit_demo": {"workers": 2, "cpu": 2}}}
+    p, df, _ = _grid(hosts, env, space, "too-big", timeout=180)
+    assert p.returncode == 2, p.stdout[-3000:] + p.stderr[-3000:]
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, p.stderr[-3000:]
+    assert "2 workers of {CPU: 2} each" in errors[0]
+    assert "{CPU: 0} on 10.77.0.1; {CPU: 1} on 10.77.0.2, 10.77.0.3" in errors[0]
+    assert df is None or df.empty
+
+
 def test_a_failed_multi_worker_attempt_releases_its_workers_so_the_retry_runs(tmp_path_factory, demo_weights):
     # The worker hosts' raylets tell gloo to use the loopback (a user's setting, which raystudy keeps):
     # every attempt fails as its process group forms. The first attempt's workers must be released,

@@ -183,13 +183,19 @@ def cluster() -> Cluster:
     """The connected Ray's alive nodes, and what its autoscaler may add (``autoscaling``)."""
     import ray
 
-    alive = [n for n in ray.nodes() if n.get("Alive")]
+    alive = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: in_order(n["NodeManagerAddress"]))
     config = _bootstrap()
     addable, unknown = autoscaling(config)
     if config is None:  # not on the head: an autoscaler there may add nodes of types unknown here
         unknown = autoscaler_types(_autoscaling_status())
     nodes = [(n["NodeManagerAddress"], dict(n["Resources"])) for n in alive]
     return Cluster(nodes, addable, unknown, [n["NodeID"] for n in alive])
+
+
+def in_order(address: str) -> tuple:
+    """IPv4 addresses in their numeric order (10.0.0.2 before 10.0.0.10), others after, by name."""
+    parts = address.split(".")
+    return (0, *map(int, parts)) if all(p.isdigit() for p in parts) else (1, address)
 
 
 def hosts(c: Cluster, shapes: Iterable[Shape]) -> list[int]:

@@ -51,15 +51,9 @@ def missing(path: Path, c: placement.Cluster, shapes: Iterable[placement.Shape])
                     seen.add(refs[ref])
             except Exception:  # noqa: BLE001 - a node that cannot answer does not see it either
                 pass
-        return sorted((c.nodes[i][0] for i in others if i not in seen), key=_in_order)
+        return sorted((c.nodes[i][0] for i in others if i not in seen), key=placement.in_order)
     finally:
         marker.unlink(missing_ok=True)
-
-
-def _in_order(address: str) -> tuple:
-    """IPv4 addresses in their numeric order (10.0.0.2 before 10.0.0.10), others after, by name."""
-    parts = address.split(".")
-    return (0, *map(int, parts)) if all(p.isdigit() for p in parts) else (1, address)
 
 
 def check(storage, c: placement.Cluster, shapes: Iterable[placement.Shape]) -> None:
