@@ -125,3 +125,48 @@ def test_the_grid_refuses_a_trial_its_local_ray_cannot_hold_before_anything_runs
     db = tmp_path / "mlflow.db"
     assert not db.exists() or search_runs(f"sqlite:///{db}", "raystudy-t-vit_demo").empty
     assert not snapped.exists()
+
+
+@pytest.mark.slow  # about 20 s: a Ray start, as the grid's test above; the same check
+def test_a_search_refuses_a_trial_its_local_ray_cannot_hold_before_anything_runs(tmp_path, demo_weights, ray_tmp):
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.helpers import driver_env
+
+    space = {
+        "study": "ts",
+        "base": {
+            "model": "vit_demo",
+            "dataset": "digits_c",
+            "steps": 4,
+            "warmup_steps": 1,
+            "eval_every": 2,
+            "batch_size": 8,
+        },
+        "conditions": ["MHA"],
+        "params": {"lr": {"loguniform": [1.0e-3, 0.5]}},
+        "budget": {"num_samples": 2},
+        "test_seeds": [100],
+        "models": {"vit_demo": {"cpu": 2}},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(space))
+    cmd = [
+        sys.executable,
+        "-m",
+        "raystudy",
+        "search",
+        "--space",
+        "s.yaml",
+        "--num-cpus",
+        "1",
+        "--ray-temp-dir",
+        ray_tmp,
+    ]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=driver_env())
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "{CPU: 2} on one node" in errors[0] and "{CPU: 1} on 127.0.0.1" in errors[0], errors
+    assert not (tmp_path / "runs" / "search" / "optuna").exists()  # no study begun
