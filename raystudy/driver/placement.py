@@ -201,7 +201,7 @@ def in_order(address: str) -> tuple:
 def hosts(c: Cluster, shapes: Iterable[Shape]) -> list[int]:
     """The indices of ``c``'s nodes up now that can run a trial's process: a single-process trial,
     or a worker of a multi-worker one (its own process asks only memory; a node of no CPU runs it)."""
-    bundles = [s.worker or s.own for s in shapes]
+    bundles = list({tuple(sorted(b.items())): b for b in (s.worker or s.own for s in shapes)}.values())
     return [i for i, (_, res) in enumerate(c.nodes) if any(count(b, res) > 0 for b in bundles)]
 
 
