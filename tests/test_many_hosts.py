@@ -61,16 +61,19 @@ def cluster(tmp_path_factory, demo_weights):
     hosts.down()
 
 
-def _grid(hosts, env, space: dict, folder: str, timeout: float = 300):
+def _grid(hosts, env, space: dict, folder: str, timeout: float = 300, storage: str | None = None):
     """The grid of ``space`` run on the head in ``folder`` of the shared folder, its checkpoints there
-    too; (the process, its trial runs, the checkpoints' folder)."""
+    too (or in ``storage``); (the process, its trial runs, the checkpoints' folder)."""
     work = hosts.shared / folder
     work.mkdir()
     (work / "space.yaml").write_text(yaml.safe_dump(space))
     cmd = [sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", "--address", "10.77.0.1:6379"]
-    cmd += ["--storage", str(work / "checkpoints")]
+    cmd += ["--storage", storage or str(work / "checkpoints")]
     p = hosts.run(1, cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
-    df = search_runs(f"sqlite:///{work}/mlflow.db", "raystudy-t-vit_demo")
+    db = work / "mlflow.db"
+    if not db.exists():  # refused before anything was recorded
+        return p, None, work / "checkpoints"
+    df = search_runs(f"sqlite:///{db}", "raystudy-t-vit_demo")
     return p, df[df["tags.raystudy.role"] == "trial"], work / "checkpoints"
 
 
@@ -89,6 +92,36 @@ def test_a_trial_trains_across_two_hosts_and_is_recorded_once(cluster):
     # the checkpoint is in the folder every host shares, named by the trial key
     key = df.iloc[0]["tags.raystudy.key"]
     assert list(storage.glob(f"ddp-{key}/checkpoint_*/state.pt"))
+
+
+def test_checkpoint_storage_in_one_hosts_own_tmp_is_refused_naming_the_hosts_that_do_not_see_it(cluster):
+    # each host has its own /tmp: checkpoints written there on h2 would never be found on h3 (a
+    # retry) nor by the driver on h1. The shared folder passes (the test above uses it).
+    hosts, env = cluster
+    space = {**SPACE, "models": {"vit_demo": {"workers": 2, "cpu": 1}}}
+    p, df, _ = _grid(hosts, env, space, "own-tmp", timeout=180, storage="/tmp/raystudy-own")
+    assert p.returncode == 2, p.stdout[-3000:] + p.stderr[-3000:]
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, p.stderr[-3000:]
+    assert "/tmp/raystudy-own is not shared by every node" in errors[0]
+    assert "10.77.0.2, 10.77.0.3 do not see" in errors[0] and "on 10.77.0.1" in errors[0]
+    assert df is None or df.empty  # nothing ran, nothing recorded
+    # the driver's file is gone again from its host's /tmp
+    left = hosts.sh(1, "ls -A /tmp/raystudy-own", env=env)
+    assert left.returncode == 0 and ".raystudy-shared" not in left.stdout, left.stdout + left.stderr
+
+
+def test_a_trial_whose_workers_no_host_holds_is_refused_naming_what_the_hosts_have(cluster):
+    # 2 workers of 2 CPUs on hosts of 1 CPU each: before, Tune waited for them forever, silently
+    hosts, env = cluster
+    space = {**SPACE, "models": {"vit_demo": {"workers": 2, "cpu": 2}}}
+    p, df, _ = _grid(hosts, env, space, "too-big", timeout=180)
+    assert p.returncode == 2, p.stdout[-3000:] + p.stderr[-3000:]
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, p.stderr[-3000:]
+    assert "2 workers of {CPU: 2} each" in errors[0]
+    assert "{CPU: 0} on 10.77.0.1; {CPU: 1} on 10.77.0.2, 10.77.0.3" in errors[0]
+    assert df is None or df.empty
 
 
 def test_a_failed_multi_worker_attempt_releases_its_workers_so_the_retry_runs(tmp_path_factory, demo_weights):

@@ -8,6 +8,12 @@ that did not finish:
 
     [1000/2000] 50% done, 3 did not finish (2 failed, 1 diverged)  | 7 running, 993 pending, ETA 2 h 04 min
 
+Trials that wait for resources the cluster does not have free, while none of the grid's trials
+runs, are said in a line of their own after ``WAIT_S`` (and again each ``STATUS_EVERY_S`` while
+they wait, or when what they wait for changes):
+
+    3 trials waiting for resources: each needs 2 x {CPU: 1}; free: {CPU: 0} on 2 nodes
+
 Tune's own output (a configuration and a result table per trial, a live table of truncated
 dicts) is off by default; ``ConsoleTrials`` prints these lines from the driver instead. The
 formatting and the ETA are pure functions of what the driver measured.
@@ -15,6 +21,7 @@ formatting and the ETA are pure functions of what the driver measured.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -22,6 +29,7 @@ from typing import Any
 
 from ray import tune
 
+from raystudy.driver import placement
 from raystudy.models import components
 
 # Config keys shown in a trial's line only when the grid varies them (condition, dataset, lr and
@@ -36,6 +44,10 @@ EVERY_TRIAL_UP_TO = 200
 # frequent enough to watch; and at least every 5 minutes, for a grid whose 1% takes hours.
 STATUS_PERCENT = 1
 STATUS_EVERY_S = 300.0
+# A trial pending (or a multi-worker trial whose workers are not placed) this long waits for resources
+# (RAYSTUDY_WAIT_S, seconds); the driver looks at most every WAIT_CHECK_S.
+WAIT_S = float(os.environ.get("RAYSTUDY_WAIT_S", "60"))
+WAIT_CHECK_S = min(10.0, WAIT_S)
 
 
 def seconds(s: float) -> str:
@@ -135,6 +147,33 @@ def status_line(
     return f"{head}  | {tail}"
 
 
+def waiting_line(n: int, needs: Iterable[str], free: dict[str, float], nodes: int) -> str:
+    """The line of ``n`` trials waiting for resources: what each needs (``placement.Shape.describe``)
+    and what the cluster's ``nodes`` have free in all, of what they ask."""
+    needs = list(dict.fromkeys(needs))
+    keys = [k for k in placement.SHOWN if any(f"{k}: " in need for need in needs)] or ["CPU"]
+    trials = "1 trial" if n == 1 else f"{n} trials"
+    return (
+        f"{trials} waiting for resources: {'each needs ' if n > 1 else 'it needs '}{' or '.join(needs)}; "
+        f"free: {placement.resources_text(free, keys)} on {nodes} node{'s' if nodes != 1 else ''}"
+    )
+
+
+def ray_state() -> tuple[list[dict[str, float]], list[list[dict[str, float]]]]:
+    """The connected Ray's free resources per node, and the bundles of its placement groups that
+    wait to be placed."""
+    import ray
+    from ray._private import state
+
+    free = [dict(r) for r in state.available_resources_per_node().values()]
+    pending = [
+        list(g["bundles"].values())
+        for g in ray.util.placement_group_table().values()
+        if g.get("state") in ("PENDING", "RESCHEDULING")
+    ]
+    return free, pending
+
+
 def error_line(text: str, limit: int = 160) -> str:
     """The last line of a trial's error (a traceback's exception line, its class without its
     module), shortened."""
@@ -166,6 +205,7 @@ class ConsoleTrials(tune.Callback):
         log: Callable[[str], None] = print,
         clock: Callable[[], float] = time.time,
         every_trial: bool | None = None,
+        state: Callable[[], tuple[list, list]] = ray_state,
     ):
         self.total, self.done_keys, self.shown, self.quiet = total, set(done_keys), tuple(shown), quiet
         self.log, self.clock = log, clock
@@ -177,9 +217,13 @@ class ConsoleTrials(tune.Callback):
         self.problems = {"failed": 0, "diverged": 0, "stopped": 0}
         self.last_status: float | None = None  # when the last status line was printed; None: none yet
         self.first_end: float | None = None  # when this session's first trial ended
+        self.state = state  # the cluster's free resources and unplaced groups (``ray_state``)
+        self.pending_since: dict[str, float] = {}  # trial id -> when first seen PENDING
+        self.last_wait_check: float | None = None
+        self.said_waiting: tuple[str, float] | None = None  # the waiting line last said, and when
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state; a resume gets a new one
-        return {**self.__dict__, "log": print, "clock": time.time}
+        return {**self.__dict__, "log": print, "clock": time.time, "state": ray_state}
 
     def _running(self, trials, trial) -> list:
         return [t for t in trials if t is not trial and t.status == "RUNNING"]
@@ -188,6 +232,58 @@ class ConsoleTrials(tune.Callback):
         """Notes when ``trial`` started, and how many trials run at once."""
         self.started.setdefault(trial.trial_id, self.clock())
         self.slots = max(self.slots, len(self._running(trials, trial)) + 1)
+
+    def on_step_end(self, iteration, trials, **info):
+        """Every ``WAIT_CHECK_S``: the line of the trials waiting for resources (``waiting``), if any."""
+        now = self.clock()
+        for t in trials:
+            if t.status == "PENDING":
+                self.pending_since.setdefault(t.trial_id, now)
+            else:
+                self.pending_since.pop(t.trial_id, None)
+        if self.last_wait_check is not None and now - self.last_wait_check < WAIT_CHECK_S:
+            return
+        self.last_wait_check = now
+        line = self.waiting(trials, now)
+        if line is None:
+            self.said_waiting = None
+            return
+        said = self.said_waiting
+        if said is None or said[0] != line or now - said[1] >= STATUS_EVERY_S:
+            self.said_waiting = (line, now)
+            self.log(line)
+
+    def waiting(self, trials, now: float) -> str | None:
+        """The line of the trials waiting for resources, or None: trials pending over ``WAIT_S``
+        that the free resources cannot hold, and multi-worker trials running that long without a
+        result whose workers' group is not placed, while none of the grid's trials makes progress."""
+        long_pending = [t for t in trials if now - self.pending_since.get(t.trial_id, now) >= WAIT_S]
+        running = [t for t in trials if t.status == "RUNNING"]
+        unplaced = [
+            t
+            for t in running
+            if not t.last_result and _shape(t).worker and now - self.started.get(t.trial_id, now) >= WAIT_S
+        ]
+        if not long_pending and not unplaced:
+            return None
+        if len(unplaced) < len(running):  # a trial runs: the others wait for it, as a grid does
+            return None
+        free, groups = self.state()
+        # a running trial waits for its workers only while a group of its workers' bundles is unplaced
+        sizes = [len(g) for g in groups]
+        waiting = []
+        for t in unplaced:
+            if _shape(t).workers in sizes:
+                sizes.remove(_shape(t).workers)
+                waiting.append(t)
+        waiting += [t for t in long_pending if not placement.fits(_shape(t), free)]
+        if not waiting:
+            return None
+        total: dict[str, float] = {}
+        for node in free:
+            for k, v in node.items():
+                total[k] = total.get(k, 0.0) + v
+        return waiting_line(len(waiting), [_shape(t).describe() for t in waiting], total, len(free))
 
     def _step(self) -> int:
         return self.done * 100 // (STATUS_PERCENT * max(self.total, 1))
@@ -245,6 +341,11 @@ class ConsoleTrials(tune.Callback):
             return
         what = describe(trial.config["trial"]["finetune"], self.shown)
         self.log(f"retrying {what}: {error_line(error)}")
+
+
+def _shape(trial) -> placement.Shape:
+    """What a Tune trial of the grid asks of Ray (a rehearsal's trial: one CPU)."""
+    return placement.of_trial(trial.config["trial"], rehearse="rehearse_s" in trial.config)
 
 
 def _error_text(trial) -> str:

@@ -203,7 +203,7 @@ def _storage(flag: str | None):
 def drive(job: Job) -> int:
     """Run the grid's unfinished trials on Ray (``run_trials``); then, on a cluster, a snapshot of
     MLflow's store (``driver.snapshot``), however the grid ended once it had started; the exit status."""
-    from raystudy.driver import session, snapshot
+    from raystudy.driver import placement, session, snapshot
 
     storage = _storage(job.args.storage)
     # A rehearsal's Tune folder and lock are its own: it never resumes, or blocks, the real grid.
@@ -220,16 +220,20 @@ def drive(job: Job) -> int:
         weights_log=lambda line: print(line, flush=True),
         weights=job.rehearse is None,
     )
+    started = True
     try:
         return run_trials(job, s, storage, label)
+    except placement.Refused as e:  # what the nodes cannot hold or see: nothing ran
+        started = False
+        return fail(e)
     finally:
-        if s.started is not None:  # it held the grid's lock: a grid refused before it started wrote nothing
+        if s.started is not None and started:  # it held the lock: a grid refused before it started wrote nothing
             snapshot.take()
 
 
 def run_trials(job: Job, s, storage, label: str) -> int:
     """The grid's unfinished trials run in the session ``s``; its summary and ranking, the exit status."""
-    from raystudy.driver import grid_run
+    from raystudy.driver import grid_run, placement
 
     args, trials, uri = job.args, job.trials, job.uri
     try:  # one driver per grid: a second one refuses before starting anything
@@ -261,6 +265,8 @@ def run_trials(job: Job, s, storage, label: str) -> int:
                 policy=job.policy,
                 rehearse=job.rehearse,
             )
+    except placement.Refused:  # ``drive`` says it, and takes no snapshot
+        raise
     except (ConfigError, registry.WeightsUnavailable) as e:
         return fail(e)
     except KeyboardInterrupt:  # Ctrl-C: the first once Tune has stopped (tune_glue.Stopped), or a second

@@ -9,7 +9,18 @@ from typing import Any
 
 from ray import tune
 
-from raystudy.driver import backlog, checkpoints, console, records, recovered, scheduler, session, tune_glue
+from raystudy.driver import (
+    backlog,
+    checkpoints,
+    console,
+    placement,
+    records,
+    recovered,
+    scheduler,
+    session,
+    shared,
+    tune_glue,
+)
 from raystudy.driver.lock import grid_lock, grid_name
 from raystudy.spaces import adaptive, schema
 from raystudy.spaces.grids import Trial, grid_key
@@ -57,6 +68,7 @@ def run_grid(trials: list[Trial], *, label: str, experiment: str, role: str = "g
     ``trials_per_run`` trials runs as Tune runs of that many, one after another (``parts``).
     """
     s = Settings(**settings)
+    preflight(trials, s)
     with grid_lock(s.storage, grid_name(trials, label)):
         cl, exp_id = session.experiment(s.tracking_uri, experiment)
         with session.parent_run(
@@ -75,6 +87,16 @@ def run_grid(trials: list[Trial], *, label: str, experiment: str, role: str = "g
             counts = _drive(trials, label, s, cl, exp_id, parent)
     counts.update(experiment_id=exp_id, parent_run_id=parent.run_id)
     return counts
+
+
+def preflight(trials: list[Trial], s: Settings) -> None:
+    """Before anything runs or is recorded: raises ``ConfigError`` (one line) where a trial cannot
+    be placed on the connected Ray's nodes (``placement``), or where the storage, a local path, is
+    not the same folder on every node that may run a trial (``shared``)."""
+    c = placement.cluster()
+    shapes = [placement.of_trial(t.as_dict(), rehearse=bool(s.rehearse)) for t in trials]
+    placement.check(shapes, c)
+    shared.check(s.storage, c, shapes)
 
 
 def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent) -> dict[str, Any]:
@@ -271,17 +293,15 @@ def _new_tuner(
     )
 
 
-TRIAL_DRIVER_MEMORY = 256 * 1024**2  # bytes Ray sets aside for a multi-worker trial's own process
+TRIAL_DRIVER_MEMORY = placement.TRIAL_DRIVER_MEMORY  # bytes set aside for a multi-worker trial's process
 
 
 def _resources(config):
     """A trial's Ray resources; a multi-worker trial only drives its TorchTrainer, whose workers hold the devices."""
-    t = config["trial"]
-    if t["workers"] > 1:
-        # No CPU for the trial itself: even 0.01 left a node whose CPUs equal a worker's one short
-        # (two 1-CPU hosts never held 2 x 1-CPU workers), and a head kept free of trials can run it.
-        return tune.PlacementGroupFactory([{"CPU": 0, "memory": TRIAL_DRIVER_MEMORY}])
-    return tune.PlacementGroupFactory([{"CPU": t["cpu"], "GPU": t["gpu"]}])
+    # A multi-worker trial's own process takes no CPU: even 0.01 left a node whose CPUs equal a
+    # worker's one short (two 1-CPU hosts never held 2 x 1-CPU workers), and a head kept free of
+    # trials can run it.
+    return tune.PlacementGroupFactory([placement.of_trial(config["trial"]).own])
 
 
 def concurrency(cap: int | None, workers: int, gpu: float) -> int | None:

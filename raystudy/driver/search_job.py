@@ -62,7 +62,7 @@ def run(job: Job) -> int:
     """Every study of the search on Ray (``driver.session``), then the best config per condition;
     then, on a cluster, a snapshot of MLflow's store (``driver.snapshot``), however the search
     ended once it had started; the exit status."""
-    from raystudy.driver import session, snapshot
+    from raystudy.driver import placement, session, snapshot
 
     args = job.args
     storage = Path(args.storage or "runs/search").resolve()
@@ -83,20 +83,29 @@ def run(job: Job) -> int:
         num_cpus=args.num_cpus,
         temp_dir=args.ray_temp_dir,
     )
+    started = True
     try:
         return _run_studies(job, s, storage, skey)
+    except placement.Refused as e:  # what the nodes cannot hold or see: nothing ran
+        started = False
+        return fail(e)
     finally:
-        if s.started is not None:  # it held the search's lock: a search refused before it started wrote nothing
+        if s.started is not None and started:  # it held the lock: a search refused before it started wrote nothing
             snapshot.take(what="search")
 
 
 def _run_studies(job: Job, s, storage: Path, skey: str) -> int:
     """The search's studies in the session ``s`` (one driver per search: a second one refuses
     before starting anything), their summary; the exit status."""
-    from raystudy.driver import session
+    from raystudy.driver import placement, session, shared
 
     try:
         with s:
+            # before anything runs or is recorded: a trial the nodes cannot hold, storage they do not share
+            shapes = [placement.shape(1, job.resources["cpu"], job.resources["gpu"])]
+            c = placement.cluster()
+            placement.check(shapes, c)
+            shared.check(storage, c, shapes)
             cl, exp_id = session.experiment(job.uri, job.experiment)
             with session.parent_run(
                 cl,
@@ -107,6 +116,8 @@ def _run_studies(job: Job, s, storage: Path, skey: str) -> int:
                 role="search",
             ) as parent:
                 summary = [study(job, label, cond, storage, cl, exp_id, parent.run_id) for label, cond in job.studies]
+    except placement.Refused:  # ``run`` says it, and takes no snapshot
+        raise
     except (ConfigError, registry.WeightsUnavailable) as e:
         return fail(e)
     except KeyboardInterrupt:  # Ctrl-C: Optuna's studies and MLflow keep what is done; the rerun goes on from there

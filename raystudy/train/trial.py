@@ -158,6 +158,18 @@ def _workers_at() -> str:
     return ",".join(map(str, everyone))
 
 
+# How a multi-worker trial's DDP workers are placed (Ray Train's default): soft, each worker on one
+# node, the workers on as many nodes as it takes. The driver's placement check reads it.
+WORKER_PLACEMENT = "PACK"
+
+
+def worker_bundle(trial: dict[str, Any]) -> dict[str, float]:
+    """One DDP worker's Ray resources: its ``cpu`` CPUs, and a whole GPU where the trial asks for GPUs."""
+    if trial.get("gpu", 0) > 0:
+        return {"CPU": float(trial["cpu"]), "GPU": 1.0}
+    return {"CPU": float(trial["cpu"])}
+
+
 def _run_ddp(trial: dict[str, Any], tune_config: dict[str, Any]) -> None:
     """Launch a TorchTrainer from inside the Tune trial; its reports become the trial's.
 
@@ -171,7 +183,6 @@ def _run_ddp(trial: dict[str, Any], tune_config: dict[str, Any]) -> None:
     from raystudy.train import network
 
     use_gpu = trial.get("gpu", 0) > 0
-    per_worker = {"GPU": 1, "CPU": trial["cpu"]} if use_gpu else {"CPU": trial["cpu"]}
     trainer = TorchTrainer(
         _ddp_loop,
         train_loop_config={
@@ -179,7 +190,10 @@ def _run_ddp(trial: dict[str, Any], tune_config: dict[str, Any]) -> None:
             "checkpoint_every_s": tune_config.get("checkpoint_every_s", 0),
         },
         scaling_config=ray.train.ScalingConfig(
-            num_workers=trial["workers"], use_gpu=use_gpu, resources_per_worker=per_worker
+            num_workers=trial["workers"],
+            use_gpu=use_gpu,
+            resources_per_worker=worker_bundle(trial),
+            placement_strategy=WORKER_PLACEMENT,
         ),
         run_config=ray.train.RunConfig(
             name=f"ddp-{trial['key']}",

@@ -476,3 +476,41 @@ def test_a_second_driver_refuses_and_an_interrupted_driver_leaves_no_run_running
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
     parent = df[df["tags.raystudy.role"] == "grid"].iloc[0]
     assert parent["tags.raystudy.status"] == "interrupted"
+
+
+# Holds every CPU of the Ray at argv[1] in a placement group until stdin closes: another job's trials.
+_HOG = """
+import sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+pg = ray.util.placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
+ray.get(pg.ready())
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_trial_waiting_for_resources_another_job_holds_is_said_then_runs_when_they_free(work):
+    tmp, ray = work
+    hog = subprocess.Popen(
+        [sys.executable, "-c", _HOG, ray[1]],
+        env=driver_env(),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert hog.stdout.readline().strip() == "held"
+        space = {**SPACE, "grid": {"condition": "MHA", "lr": 0.1, "seed": 0}}
+        log = tmp / "grid.log"
+        with open(log, "w") as out:
+            p = start(grid_cmd(write_space(tmp, space), ray), tmp, stdout=out, env=driver_env(RAYSTUDY_WAIT_S="3"))
+        said = wait_for(lambda: "waiting for resources" in log.read_text(), p, timeout=120)
+        assert said, log.read_text()[-3000:]
+        line = next(ln for ln in log.read_text().splitlines() if "waiting for resources" in ln)
+        assert line == "1 trial waiting for resources: it needs {CPU: 1}; free: {CPU: 0} on 1 node"
+        hog.stdin.close()  # the other job ends: the trial runs
+        assert p.wait(timeout=300) == 0, log.read_text()[-3000:]
+        assert "1 finished" in log.read_text()
+    finally:
+        kill_group(hog)

@@ -261,3 +261,70 @@ def test_a_resumed_large_grid_counts_on_from_what_mlflow_holds():
     out, _ = _simulate(cb, 20, 2, lambda i: 10.0)
     assert out[0][1].startswith("[ 501/1000] 50% done  | 1 running, 498 pending")
     assert [int(line[1:5]) for _, line in out] == [501, 510, 520]
+
+
+def _waiting_trial(i, status="PENDING", workers=1, cpu=1.0, result=None):
+    t = _trial(i, f"w{i}", status=status, result=result)
+    t.config["trial"].update(workers=workers, cpu=cpu, gpu=0.0)
+    return t
+
+
+def test_waiting_line_says_how_many_wait_what_each_needs_and_what_is_free():
+    line = console.waiting_line(3, ["2 x {CPU: 1}"] * 3, {"CPU": 0.0, "GPU": 0.0, "memory": 2.0**33}, nodes=2)
+    assert line == "3 trials waiting for resources: each needs 2 x {CPU: 1}; free: {CPU: 0} on 2 nodes"
+    one = console.waiting_line(1, ["{CPU: 1, GPU: 1}"], {"CPU": 4.0}, nodes=1)
+    assert one == "1 trial waiting for resources: it needs {CPU: 1, GPU: 1}; free: {CPU: 4, GPU: 0} on 1 node"
+
+
+def test_trials_pending_past_the_wait_with_nothing_free_are_said_once_then_each_status_interval():
+    now, out = [0.0], []
+    free = [{"CPU": 0.0, "memory": 1e9}, {"CPU": 0.0, "memory": 1e9}]
+    cb = console.ConsoleTrials(3, (), log=out.append, clock=lambda: now[0], state=lambda: (free, []))
+    trials = [_waiting_trial(i) for i in range(3)]
+    for t in range(0, int(console.WAIT_S), 5):  # pending, not yet for long: nothing said
+        now[0] = float(t)
+        cb.on_step_end(0, trials)
+    assert out == []
+    now[0] = console.WAIT_S + 1
+    cb.on_step_end(0, trials)
+    assert out == ["3 trials waiting for resources: each needs {CPU: 1}; free: {CPU: 0} on 2 nodes"]
+    now[0] += console.WAIT_CHECK_S
+    cb.on_step_end(0, trials)
+    assert len(out) == 1  # the same wait: not said again before the status interval
+    now[0] += console.STATUS_EVERY_S
+    cb.on_step_end(0, trials)
+    assert len(out) == 2
+    # room on a node: the trials are about to start, not waiting
+    free[0] = {"CPU": 1.0, "memory": 1e9}
+    now[0] += console.STATUS_EVERY_S
+    cb.on_step_end(0, trials)
+    assert len(out) == 2
+
+
+def test_a_running_trial_is_what_the_others_wait_for_not_the_cluster():
+    now, out = [0.0], []
+    cb = console.ConsoleTrials(3, (), log=out.append, clock=lambda: now[0], state=lambda: ([{"CPU": 0.0}], []))
+    busy = _waiting_trial(0, status="RUNNING", result={"step": 10})
+    trials = [busy, _waiting_trial(1), _waiting_trial(2)]
+    cb.on_trial_start(0, trials, busy)
+    for t in range(0, 200, 10):
+        now[0] = float(t)
+        cb.on_step_end(0, trials)
+    assert out == []
+
+
+def test_a_multi_worker_trial_whose_workers_are_not_placed_is_waiting_for_them():
+    # its own process runs (Tune says RUNNING), its TorchTrainer's group of 2 x {CPU: 1} is unplaced
+    now, out = [0.0], []
+    groups = [[{"CPU": 1.0}, {"CPU": 1.0}]]
+    state = lambda: ([{"CPU": 0.0}, {"CPU": 1.0}], groups)  # noqa: E731
+    cb = console.ConsoleTrials(2, (), log=out.append, clock=lambda: now[0], state=state)
+    t = _waiting_trial(0, status="RUNNING", workers=2)
+    cb.on_trial_start(0, [t], t)
+    now[0] = console.WAIT_S + 1
+    cb.on_step_end(0, [t])
+    assert out == ["1 trial waiting for resources: it needs 2 x {CPU: 1}; free: {CPU: 1} on 2 nodes"]
+    groups.clear()  # its workers placed: loading, not waiting
+    now[0] += console.STATUS_EVERY_S
+    cb.on_step_end(0, [t])
+    assert len(out) == 1
