@@ -4,14 +4,14 @@ each as a user starts it, the grid run on the head."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import subprocess
 import sys
 
 import pytest
 import yaml
 
-from tests.helpers import REPO, driver_env, search_runs
+from tests.helpers import REPO, driver_env, hosts_module, search_runs, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,22 +28,17 @@ SPACE = {
 }
 
 
-def _hosts_module():
-    spec = importlib.util.spec_from_file_location("hosts", REPO / "cluster" / "hosts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _three_hosts(tmp_path_factory, worker_env: str = ""):
-    """Three hosts: Ray's head on h1 with no CPUs for trials, one CPU on each of h2 and h3 (their
-    raylets started with ``worker_env``, ``NAME=VALUE ...``); (hosts, the drivers' environment)."""
-    hosts = _hosts_module().Hosts(3, tmp_path_factory.mktemp("hosts"), keep=[REPO, sys.prefix]).up()
+def _ray_hosts(tmp_path_factory, workers: int = 2, worker_env: str = ""):
+    """Hosts h1..h(1 + workers): Ray's head on h1 with no CPUs for trials, one CPU on each worker
+    host (their raylets started with ``worker_env``, ``NAME=VALUE ...``); (hosts, the drivers'
+    environment)."""
+    n = 1 + workers
+    hosts = hosts_module().Hosts(n, tmp_path_factory.mktemp("hosts"), keep=[REPO, sys.prefix]).up()
     env = driver_env(RAY_USAGE_STATS_ENABLED="0")
     try:
         head = "ray start --head --node-ip-address=10.77.0.1 --port=6379 --num-cpus=0"
         started = [hosts.sh(1, head, env=env, timeout=180)]
-        for k in (2, 3):
+        for k in range(2, n + 1):
             join = f"{worker_env} ray start --address=10.77.0.1:6379 --node-ip-address=10.77.0.{k} --num-cpus=1"
             started.append(hosts.sh(k, join, env=env, timeout=180))
         assert all(p.returncode == 0 for p in started), [p.stderr[-2000:] for p in started]
@@ -55,8 +50,8 @@ def _three_hosts(tmp_path_factory, worker_env: str = ""):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, demo_weights):
-    """Three hosts, Ray on each (``_three_hosts``)."""
-    hosts, env = _three_hosts(tmp_path_factory)
+    """Three hosts, Ray on each (``_ray_hosts``)."""
+    hosts, env = _ray_hosts(tmp_path_factory)
     yield hosts, env
     hosts.down()
 
@@ -128,7 +123,7 @@ def test_a_failed_multi_worker_attempt_releases_its_workers_so_the_retry_runs(tm
     # The worker hosts' raylets tell gloo to use the loopback (a user's setting, which raystudy keeps):
     # every attempt fails as its process group forms. The first attempt's workers must be released,
     # or the retry waits for their resources forever; here both attempts run and fail, and the grid ends.
-    hosts, env = _three_hosts(tmp_path_factory, worker_env="GLOO_SOCKET_IFNAME=lo")
+    hosts, env = _ray_hosts(tmp_path_factory, worker_env="GLOO_SOCKET_IFNAME=lo")
     try:
         space = {**SPACE, "models": {"vit_demo": {"workers": 2, "cpu": 1}}}
         p, df, _ = _grid(hosts, env, space, "failing", timeout=400)
@@ -140,5 +135,78 @@ def test_a_failed_multi_worker_attempt_releases_its_workers_so_the_retry_runs(tm
         free = "import ray; ray.init(address='10.77.0.1:6379'); print(ray.available_resources().get('CPU', 0))"
         left = hosts.run(1, [sys.executable, "-c", free], env=env, capture_output=True, text=True, timeout=120)
         assert float(left.stdout.strip().splitlines()[-1]) == 2.0, left.stdout + left.stderr[-2000:]
+    finally:
+        hosts.down()
+
+
+def _running_ddp_workers(hosts, k: int) -> int:
+    """How many of a trial's DDP workers (Ray Train's worker actors) run on host ``k``."""
+    import psutil
+
+    found = 0
+    for pid in hosts.pids(k):
+        try:
+            found += "RayTrainWorker" in " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            pass
+    return found
+
+
+def _registered_checkpoint(storage) -> bool:
+    """Whether Ray Train's snapshot of a DDP trial's checkpoints under ``storage`` names one."""
+    import json
+
+    for snapshot in storage.glob("ddp-*/checkpoint_manager_snapshot.json"):
+        try:
+            if json.loads(snapshot.read_text()).get("latest_checkpoint_result"):
+                return True
+        except ValueError:  # being written
+            pass
+    return False
+
+
+def test_a_worker_host_lost_mid_trial_and_the_trial_resumes_on_another_pair_of_hosts(tmp_path_factory, demo_weights):
+    # Three 1-CPU worker hosts; the 2-worker trial takes two of them. Once it has saved a checkpoint
+    # (in the shared folder), one of its hosts is lost: every process there killed, as a machine
+    # that dies. The trial is retried on the two hosts left, from that checkpoint, and recorded once.
+    hosts, env = _ray_hosts(tmp_path_factory, workers=3)
+    try:
+        base = {**SPACE["base"], "steps": 400, "eval_every": 20}
+        space = {**SPACE, "base": base, "models": {"vit_demo": {"workers": 2, "cpu": 1}}}
+        work = hosts.shared / "lost"
+        work.mkdir()
+        (work / "space.yaml").write_text(yaml.safe_dump(space))
+        cmd = [sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", "--address", "10.77.0.1:6379"]
+        cmd += ["--storage", str(work / "checkpoints")]
+        grid = hosts.popen(1, cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            # a checkpoint Ray Train has registered (its snapshot names it): what a retry resumes from
+            wait_for(lambda: _registered_checkpoint(work / "checkpoints"), grid, timeout=300)
+            lost = next(k for k in (2, 3, 4) if _running_ddp_workers(hosts, k))
+            hosts.kill(lost)
+            out, _ = grid.communicate(timeout=400)
+        finally:
+            if grid.poll() is None:
+                grid.kill()
+                grid.wait()
+        assert grid.returncode == 0, out[-4000:]
+        assert "1 finished" in out, out[-3000:]
+        df = search_runs(f"sqlite:///{work / 'mlflow.db'}", "raystudy-t-vit_demo")
+        df = df[df["tags.raystudy.role"] == "trial"]
+        assert len(df) == 1 and df.iloc[0]["tags.raystudy.status"] == "finished"
+        run = df.iloc[0]
+        assert run["tags.raystudy.attempts"] == "2"
+        assert int(run["tags.raystudy.resumed_from"]) > 0  # from the checkpoint, not from step 0
+        survivors = sorted(f"10.77.0.{k}" for k in (2, 3, 4) if k != lost)
+        assert sorted(w.split(":")[0] for w in run["tags.raystudy.worker"].split(",")) == survivors
+        # no metric step recorded twice across the two attempts
+        import sqlite3
+
+        with sqlite3.connect(work / "mlflow.db") as db:
+            twice = db.execute(
+                "SELECT key, step, COUNT(*) FROM metrics WHERE run_uuid = ? GROUP BY key, step HAVING COUNT(*) > 1",
+                (run["run_id"],),
+            ).fetchall()
+        assert twice == []
     finally:
         hosts.down()

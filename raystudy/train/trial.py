@@ -139,7 +139,8 @@ def _ddp_loop(loop_config: dict[str, Any]) -> None:
         float(loop_config.get("checkpoint_every_s", 0)),
         _save_state,
     )
-    reporter.final(engine.train(plan, report=reporter, resume=resume))
+    results = engine.train(plan, report=reporter, resume=resume)
+    reporter.final({**results, "resumed_from": resume["step"] if resume else 0})
 
 
 def _workers_at() -> str:
