@@ -4,10 +4,12 @@ stopped job's runs."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from raystudy.errors import ConfigError
@@ -40,6 +42,7 @@ def submission(args) -> tuple[list[str], dict[str, str]]:
             "no SLURM here: sbatch is not on the PATH; run raystudy slurm on the cluster's login node "
             "(module load slurm), or raystudy grid for a Ray of your own"
         )
+    check_server_packages(store)
     check_gpus(args.partition, args.gpus_per_node)
     (shared / "logs").mkdir(exist_ok=True)
     cmd = ["sbatch", "--parsable", f"--job-name={args.job_name}", f"--nodes={args.nodes}", "--ntasks-per-node=1"]
@@ -52,6 +55,30 @@ def submission(args) -> tuple[list[str], dict[str, str]]:
     src = str(JOB_SH.parent.parent.parent)
     env = {"RAYSTUDY_SHARED": str(shared), "RAYSTUDY_SRC": src, "RAYSTUDY_SLURM_STORE": store}
     return cmd, env
+
+
+# What the job's own tracking server imports (cluster/node.sh: MLflow's basic-auth app; PostgreSQL's
+# driver): the `cluster` extra. Missing, the job would fail seconds after it starts.
+SERVER_PACKAGES = {"flask_wtf": "Flask-WTF (MLflow's basic-auth app)", "psycopg2": "psycopg2 (PostgreSQL's driver)"}
+
+
+def check_server_packages(store: str) -> None:
+    """The packages the job's tracking server needs, importable here (the job runs this environment):
+    none for a server of yours (http(s)://), Flask-WTF for the job's own, and psycopg2 on PostgreSQL."""
+    if store.startswith(("http://", "https://")):
+        return
+    needed = ["flask_wtf"] + (["psycopg2"] if store.startswith("postgres") else [])
+    missing = []
+    for name in needed:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(SERVER_PACKAGES[name])
+    if missing:
+        raise ConfigError(
+            f"the job's MLflow server needs {' and '.join(missing)}, not installed in this environment "
+            f"({sys.executable}): pip install -e \".[cluster]\" (or --store http(s)://... a tracking server of yours)"
+        )
 
 
 def check_store(store: str, shared: Path) -> str:
