@@ -77,7 +77,7 @@ def check_server_packages(store: str) -> None:
     if missing:
         raise ConfigError(
             f"the job's MLflow server needs {' and '.join(missing)}, not installed in this environment "
-            f"({sys.executable}): pip install -e \".[cluster]\" (or --store http(s)://... a tracking server of yours)"
+            f'({sys.executable}): pip install -e ".[cluster]" (or --store http(s)://... a tracking server of yours)'
         )
 
 
