@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # A one-node SLURM on this machine, for the tests (.ci/run starts it) and for trying cluster/slurm/job.sh:
 #
-#   bash cluster/slurm/local.sh start DIR   # munged (if none answers), slurmctld and slurmd; prints SLURM_CONF=...
-#   bash cluster/slurm/local.sh stop DIR    # the daemons this script started from DIR, by their pid files
+#   eval "$(bash cluster/slurm/local.sh start DIR)"   # munged, slurmctld and slurmd; prints export SLURM_CONF=...
+#   bash cluster/slurm/local.sh stop DIR               # the daemons this script started from DIR, by their pid files
 #
 # Debian's slurm-wlm and munge (apt-get install slurm-wlm munge), run as root: no systemd and no
 # cgroups (proctrack/linuxproc, task/none), one partition `debug` holding this host with all its CPUs.
-# Everything but munge's socket lives in DIR: the configuration, state, spool, logs and pid files, so
-# the machine's /etc/slurm is never touched; commands find the cluster through SLURM_CONF=DIR/slurm.conf.
-# A start over a running one (the same DIR) leaves it as it is.
+# Everything lives in DIR: the configuration, state, spool, logs, pid files, and a munged of its own
+# (its key, and its socket, which slurm.conf names), so the machine's /etc/slurm and /etc/munge are
+# never touched and a stop leaves no daemon behind; commands find the cluster through
+# SLURM_CONF=DIR/slurm.conf (without it they look for a configuration server in DNS, and fail).
+# A start over a running one (the same DIR) leaves it as it is. DIR and the folders above it must be
+# open to all (munged refuses a socket others cannot reach): /tmp/raystudy-slurm, not under a 700 folder.
 set -euo pipefail
 shopt -s inherit_errexit   # a failure inside $(...) stops the script too
 
@@ -16,27 +19,30 @@ dir=${2:?DIR}
 mkdir -p "$dir"
 dir=$(readlink -f "$dir")
 conf=$dir/slurm.conf
+munge_dir=$dir/munge   # munged's socket and pid file (mode 755); its key, log and seed in munge/key (700)
+socket=$munge_dir/munge.socket
 
 answers() {  # the controller knows this host, and it is idle or busy (not down)
     SLURM_CONF=$conf timeout 10 sinfo -h -o %T 2> /dev/null | grep -Eq '^(idle|mixed|allocated|completing)'
 }
 
 munge_up() {
-    munge -n 2> /dev/null | unmunge > /dev/null 2>&1
+    munge -S "$socket" -n 2> /dev/null | unmunge -S "$socket" > /dev/null 2>&1
 }
 
-start_munge() {
-    munge_up && return 0
-    if [ ! -s /etc/munge/munge.key ]; then
-        mkdir -p /etc/munge
-        (umask 077 && dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none)
+start_munge() {  # DIR's own munged, as root (slurmd runs as root too)
+    if [ -n "$(own_pid "$munge_dir/munged.pid" munged)" ] && munge_up; then return 0; fi
+    mkdir -p "$munge_dir/key"
+    chmod 755 "$munge_dir" && chmod 700 "$munge_dir/key"
+    if [ ! -s "$munge_dir/key/munge.key" ]; then
+        (umask 077 && dd if=/dev/urandom of="$munge_dir/key/munge.key" bs=1024 count=1 status=none)
     fi
-    chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
-    mkdir -p /run/munge /var/log/munge /var/lib/munge
-    chown munge:munge /run/munge /var/log/munge /var/lib/munge
-    runuser -u munge -- munged
+    rm -f "$socket" "$socket.lock"
+    munged --socket="$socket" --pid-file="$munge_dir/munged.pid" --key-file="$munge_dir/key/munge.key" \
+        --log-file="$munge_dir/key/munged.log" --seed-file="$munge_dir/key/munged.seed" \
+        || { tail -n 3 "$munge_dir/key/munged.log" >&2; exit 1; }
     for _ in $(seq 20); do munge_up && return 0; sleep 0.5; done
-    echo "error: munged did not start (see /var/log/munge/munged.log)" >&2
+    echo "error: munged did not start (see $munge_dir/key/munged.log)" >&2
     exit 1
 }
 
@@ -54,6 +60,7 @@ SlurmUser=root
 SlurmctldPort=${RAYSTUDY_SLURMCTLD_PORT:-6917}
 SlurmdPort=${RAYSTUDY_SLURMD_PORT:-6918}
 AuthType=auth/munge
+AuthInfo=socket=$socket
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -96,19 +103,20 @@ start)
             exit 2
         fi
     done
-    start_munge
-    if [ -n "$(own_pid "$dir/slurmctld.pid" slurmctld)" ] && [ -n "$(own_pid "$dir/slurmd.pid" slurmd)" ] && answers; then
-        echo "SLURM_CONF=$conf"
+    if [ -n "$(own_pid "$munge_dir/munged.pid" munged)" ] && [ -n "$(own_pid "$dir/slurmctld.pid" slurmctld)" ] \
+        && [ -n "$(own_pid "$dir/slurmd.pid" slurmd)" ] && answers; then
+        echo "export SLURM_CONF=$conf"
         exit 0
     fi
     bash "$0" stop "$dir" > /dev/null
+    start_munge
     write_conf
     # -c: a clean start, no jobs kept from an earlier one in this DIR
     SLURM_CONF=$conf /usr/sbin/slurmctld -c -f "$conf"
     SLURM_CONF=$conf /usr/sbin/slurmd -f "$conf"
     for _ in $(seq 60); do
         if answers; then
-            echo "SLURM_CONF=$conf"
+            echo "export SLURM_CONF=$conf"
             exit 0
         fi
         sleep 0.5
@@ -118,8 +126,8 @@ start)
     exit 1
     ;;
 stop)
-    for name in slurmd slurmctld; do
-        pid=$(own_pid "$dir/$name.pid" "$name")
+    for name in slurmd slurmctld munge/munged; do
+        pid=$(own_pid "$dir/$name.pid" "${name#*/}")
         [ -n "$pid" ] || continue
         kill -TERM "$pid" 2> /dev/null || true
         for _ in $(seq 40); do kill -0 "$pid" 2> /dev/null || break; sleep 0.25; done
@@ -127,7 +135,7 @@ stop)
     done
     ;;
 *)
-    sed -n '2,9p' "$0" >&2
+    sed -n '2,13p' "$0" >&2
     exit 2
     ;;
 esac

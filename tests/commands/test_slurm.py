@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -40,14 +41,52 @@ def space(conditions, steps: int) -> dict:
     }
 
 
+def have_slurm() -> bool:
+    return shutil.which("sbatch") is not None and Path("/usr/sbin/slurmctld").exists() and os.getuid() == 0
+
+
+def test_local_sh_prints_an_export_and_its_stop_leaves_no_daemon_of_its_own():
+    """``local.sh start DIR`` prints one line a shell can eval (before: ``SLURM_CONF=...``, which
+    left squeue failing on a DNS lookup), and ``stop DIR`` stops every daemon it started, munged
+    included (before: munged ran on). A SLURM of its own, on other ports than the tests' one."""
+    if not have_slurm():
+        pytest.skip("no SLURM here (as root: apt-get install slurm-wlm munge)")
+    folder = Path(tempfile.mkdtemp(prefix="rs-local-", dir="/tmp"))
+    folder.chmod(0o755)  # munged's socket is under it: open to all, as /tmp/raystudy-slurm is
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env.update(RAYSTUDY_SLURMCTLD_PORT="6937", RAYSTUDY_SLURMD_PORT="6938")
+    pidfiles = [folder / "munge" / "munged.pid", folder / "slurmctld.pid", folder / "slurmd.pid"]
+    try:
+        p = subprocess.run(["bash", str(LOCAL_SH), "start", str(folder)], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.splitlines() == [f"export SLURM_CONF={folder}/slurm.conf"], p.stdout
+        q = subprocess.run(
+            ["bash", "-c", 'eval "$1" && squeue -h && sinfo -h -o %T', "-", p.stdout],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert q.returncode == 0 and q.stdout.split() == ["idle"], q.stdout + q.stderr
+        pids = [int(f.read_text()) for f in pidfiles]
+        assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+        p = subprocess.run(["bash", str(LOCAL_SH), "stop", str(folder)], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+    finally:
+        subprocess.run(["bash", str(LOCAL_SH), "stop", str(folder)], env=env, capture_output=True, timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def slurm():
     """The environment that reaches the machine's one-node SLURM, started if it is not running."""
-    if shutil.which("sbatch") is None or not Path("/usr/sbin/slurmctld").exists() or os.getuid() != 0:
+    if not have_slurm():
         pytest.skip("no SLURM here (as root: apt-get install slurm-wlm munge; .ci/run installs it)")
     p = subprocess.run(["bash", str(LOCAL_SH), "start", SLURM_DIR], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
-    conf = re.search(r"SLURM_CONF=(\S+)", p.stdout).group(1)
+    conf = re.fullmatch(r"export SLURM_CONF=(\S+)\n", p.stdout).group(1)
     return driver_env(SLURM_CONF=conf, PYTHONPATH=str(REPO), RAYSTUDY_RAY_DASHBOARD="false")
 
 
