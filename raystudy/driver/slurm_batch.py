@@ -44,6 +44,7 @@ def submission(args) -> tuple[list[str], dict[str, str]]:
         )
     check_server_packages(store)
     check_gpus(args.partition, args.gpus_per_node)
+    check_nodes(args.partition, args.nodes)
     (shared / "logs").mkdir(exist_ok=True)
     cmd = ["sbatch", "--parsable", f"--job-name={args.job_name}", f"--nodes={args.nodes}", "--ntasks-per-node=1"]
     cmd += [f"--time={args.time}", f"--signal=B:USR1@{args.stop_before}", "--requeue", "--open-mode=append"]
@@ -143,6 +144,31 @@ def check_gpus(partition: str | None, gpus: int) -> None:
             f"--gpus-per-node {gpus}: the nodes of partition {name} have "
             + (f"at most {most} GPUs" if most else "no GPUs")
             + f" (sinfo: {found[0][1].strip()}); ask for {most} or fewer, or another partition"
+        )
+
+
+def check_nodes(partition: str | None, nodes: int) -> None:
+    """More nodes than the partition has, as ``sinfo`` says, is refused (sbatch refuses it in words of
+    its own, "Requested node configuration is not available", after the logs folder is made)."""
+    if nodes <= 1:
+        return
+    p = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P"], capture_output=True, text=True)
+    if p.returncode != 0:
+        return  # sinfo cannot say: sbatch will
+    rows = [line.split() for line in p.stdout.splitlines() if len(line.split()) == 2]
+    if partition is None:
+        found = {node for node, name in rows if name.endswith("*")}
+        partition = next((name.rstrip("*") for _, name in rows if name.endswith("*")), None)
+    else:
+        found = {node for node, name in rows if name.rstrip("*") == partition}
+    if partition is None or not found:
+        names = ", ".join(sorted({name.rstrip("*") for _, name in rows}))
+        raise ConfigError(f"--partition {partition}: no such partition; sinfo knows {names}")
+    if nodes > len(found):
+        have = f"{len(found)} node" + ("s" if len(found) > 1 else "")
+        raise ConfigError(
+            f"--nodes {nodes}: partition {partition} has {have} (sinfo: {', '.join(sorted(found))}); "
+            f"ask for {len(found)} or fewer, or another partition"
         )
 
 

@@ -317,9 +317,13 @@ def test_scancel_mid_grid_stops_cleanly_and_resubmitting_completes_it(study, slu
     [
         (["--gpus-per-node", "1"], "--gpus-per-node 1: the nodes of partition debug have no GPUs"),
         (["--partition", "nope", "--gpus-per-node", "1"], "--partition nope: no such partition"),
+        # before: sbatch's "Requested node configuration is not available", exit 1, the logs folder made
+        (["--nodes", "3"], "--nodes 3: partition debug has 1 node (sinfo: "),
+        (["--partition", "debug", "--nodes", "2"], "--nodes 2: partition debug has 1 node"),
+        (["--partition", "nope", "--nodes", "2"], "--partition nope: no such partition"),
     ],
 )
-def test_more_gpus_than_sinfo_says_is_refused_before_submitting(slurm, tmp_path, flags, needle):
+def test_more_gpus_or_nodes_than_sinfo_says_is_refused_before_submitting(slurm, tmp_path, flags, needle):
     (tmp_path / "shared").mkdir()
     before = queued(slurm)
     cmd = [sys.executable, "-m", "raystudy", "slurm", "--shared", str(tmp_path / "shared"), *flags, "--", "grid"]
