@@ -148,8 +148,8 @@ def check_gpus(partition: str | None, gpus: int) -> None:
 
 
 def check_nodes(partition: str | None, nodes: int) -> None:
-    """More nodes than the partition has, as ``sinfo`` says, is refused (sbatch refuses it in words of
-    its own, "Requested node configuration is not available", after the logs folder is made)."""
+    """More nodes than the partition has, as ``sinfo`` says, is refused (sbatch takes such a job, and
+    it waits for ever: "PartitionConfig", "PartitionNodeLimit" in squeue)."""
     if nodes <= 1:
         return
     p = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P"], capture_output=True, text=True)
