@@ -107,7 +107,9 @@ http://* | https://*)
     if [ -s "$shared/secrets/mlflow-credentials" ]; then cp -p "$shared/secrets/mlflow-credentials" "$state/"; fi
     if [ -s "$shared/secrets/pgpass" ]; then cp -p "$shared/secrets/pgpass" "$state/"; fi
     mlflow_up=1
-    RAYSTUDY_STATE=$state bash "$node_sh" mlflow "$mlflow_port" "$store" "$shared/mlflow-artifacts" "$shared/mlflow-backups"
+    # the log names the credentials' copy that persists (the job's folder goes when it ends), and the login node
+    RAYSTUDY_STATE=$state RAYSTUDY_CREDENTIALS_AT=$shared/secrets/mlflow-credentials RAYSTUDY_LOGIN_AT="<login node>" \
+        bash "$node_sh" mlflow "$mlflow_port" "$store" "$shared/mlflow-artifacts" "$shared/mlflow-backups"
     [ -s "$shared/secrets/mlflow-credentials" ] || cp -p "$state/mlflow-credentials" "$shared/secrets/"
     # shellcheck disable=SC1091
     . "$state/mlflow-credentials"
