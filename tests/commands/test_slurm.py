@@ -183,6 +183,21 @@ def assert_once_finished(folder: Path, n: int) -> None:
             assert steps and len(steps) == len(set(steps)), (key, steps)
 
 
+# What a job's log showed besides the grid's console: bash's word on the Ray head it killed at the
+# end ("slurm_script: line 88: N Killed ray start ..."), and on scancel the grid aborted by Ray's
+# SIGTERM handler (its stack, "Aborted", exit 134), Tune's warning of each slow result.
+NOISE = ("slurm_script: line", "Killed", "Aborted", "SIGTERM received", "exited 134", "performance bottleneck")
+
+
+def assert_reads_clean(text: str, stops: list[str]) -> None:
+    """The log as the grid's console, plus the job's lines: no noise, and each stop said once, in
+    order, with its cause (``stops``: each stop line's start)."""
+    noise = [line for line in text.splitlines() if any(n in line for n in NOISE)]
+    assert not noise, noise
+    said = [line.split("] ", 1)[1] for line in text.splitlines() if "] stopped" in line]
+    assert len(said) == len(stops) and all(s.startswith(w) for s, w in zip(said, stops)), said
+
+
 def answers(url: str, auth: tuple[str, str] | None) -> int:
     """The HTTP status of a tracking server's experiment search, with ``auth`` or none."""
     import base64
@@ -267,6 +282,9 @@ def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm
         text = log(f, j)
         assert credentials(f)[1] not in text
         assert "done in" in text and "2 finished, 0 diverged, 0 failed" in text
+        # the credentials' path that outlives the job (before: /tmp/rsJOBID/state/..., removed at its end)
+        assert f"Its user and password: {f / 'shared' / 'secrets' / 'mlflow-credentials'} " in text, text[:2000]
+        assert_reads_clean(text, [])
         assert_once_finished(f, 2)
         assert not Path(f"/tmp/rs{j}").exists()
 
@@ -282,6 +300,9 @@ def test_time_limit_mid_grid_stops_requeues_and_the_next_job_completes(study, sl
     text = log(folder, job)
     assert (state, restarts) == ("COMPLETED", 1), text[-4000:]
     assert "stopped: time limit" in text and "requeueing job" in text
+    assert_reads_clean(
+        text, [f"stopped: time limit near (SLURM's notice, --stop-before); trials remain: requeueing job {job}"]
+    )
     first, rest = text.split("requeueing job", 1)
     # a first run stopped before its grid recorded anything leaves an empty store, which is never
     # snapshotted (its snapshot would be what the next run restores): the next run starts it anew
@@ -304,6 +325,9 @@ def test_scancel_mid_grid_stops_cleanly_and_resubmitting_completes_it(study, slu
     assert wait_job(slurm, job)[0] == "CANCELLED"
     text = log(folder, job)
     assert "stopped: scancel" in text and "requeueing" not in text, text[-3000:]
+    # the grid stopped by the job (before: aborted by Ray's SIGTERM handler, its stack, exit 134)
+    assert "exited" not in text, text[-3000:]
+    assert_reads_clean(text, ["stopped: scancel; the same raystudy slurm command resumes the study"])
     _, runs, _ = recorded(folder)
     assert not [r for r in runs if r.info.status == "RUNNING"]
     again = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
@@ -312,12 +336,29 @@ def test_scancel_mid_grid_stops_cleanly_and_resubmitting_completes_it(study, slu
     assert_once_finished(folder, 2)
 
 
+def test_a_requeue_by_slurm_mid_grid_is_said_as_one_and_the_job_completes(study, slurm):
+    """``scontrol requeue`` mid-grid (an administrator's, or a preemption's): on SLURM's TERM the job
+    stops the grid, the log says a requeue (before: "stopped: scancel"), SLURM runs the job again
+    and it finishes the grid: every trial once, finished."""
+    folder, jobs = study
+    job = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
+    wait_log(folder, job, r"running 2 of 2 trials")
+    time.sleep(8)
+    subprocess.run(["scontrol", "requeue", job], env=slurm, timeout=30, check=True)
+    state, restarts = wait_job(slurm, job, timeout=600)  # its 24-hour limit kept: no notice
+    text = log(folder, job)
+    assert (state, restarts) == ("COMPLETED", 1), text[-4000:]
+    assert "scancel" not in text and "requeueing job" not in text, text[-4000:]
+    assert_reads_clean(text, [f"stopped: requeued by SLURM (scontrol requeue, or a preemption); job {job} runs again"])
+    assert_once_finished(folder, 2)
+
+
 @pytest.mark.parametrize(
     "flags,needle",
     [
         (["--gpus-per-node", "1"], "--gpus-per-node 1: the nodes of partition debug have no GPUs"),
         (["--partition", "nope", "--gpus-per-node", "1"], "--partition nope: no such partition"),
-        # before: sbatch's "Requested node configuration is not available", exit 1, the logs folder made
+        # before: sbatch took it, and it waited for ever (PartitionConfig, PartitionNodeLimit)
         (["--nodes", "3"], "--nodes 3: partition debug has 1 node (sinfo: "),
         (["--partition", "debug", "--nodes", "2"], "--nodes 2: partition debug has 1 node"),
         (["--partition", "nope", "--nodes", "2"], "--partition nope: no such partition"),
@@ -336,3 +377,4 @@ def test_more_gpus_or_nodes_than_sinfo_says_is_refused_before_submitting(slurm, 
 
 def queued(env) -> str:
     return subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout
+
