@@ -377,4 +377,3 @@ def test_more_gpus_or_nodes_than_sinfo_says_is_refused_before_submitting(slurm, 
 
 def queued(env) -> str:
     return subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout
-
