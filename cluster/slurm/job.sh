@@ -159,7 +159,7 @@ done
 nodes=${SLURM_JOB_NUM_NODES:-1}
 if [ "$nodes" -gt 1 ]; then
     # one Ray node per other host of the allocation, joined to the head (started first)
-    srun --overlap --nodes=$((nodes - 1)) --ntasks=$((nodes - 1)) --exclude="$(hostname -s)" \
+    srun --overlap --nodes=$((nodes - 1)) --ntasks=$((nodes - 1)) --exclude="${SLURMD_NODENAME:-$(hostname -s)}" \
         bash -c 'g=0; [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && g=$(tr "," "\n" <<< "$CUDA_VISIBLE_DEVICES" | grep -c .);
         exec ray start --block --address="$0" --num-gpus="$g" --num-cpus="${SLURM_CPUS_ON_NODE:-$(nproc)}" "${@:1}"' \
         "$RAY_ADDRESS" "${ray_args[@]:2}" > "$tmp/ray-workers.log" 2>&1 &

@@ -2,6 +2,7 @@
 # A one-node SLURM on this machine, for the tests (.ci/run starts it) and for trying cluster/slurm/job.sh:
 #
 #   eval "$(bash cluster/slurm/local.sh start DIR)"   # munged, slurmctld and slurmd; prints export SLURM_CONF=...
+#   bash cluster/slurm/local.sh node DIR               # on another host of DIR's cluster (below): its slurmd
 #   bash cluster/slurm/local.sh stop DIR               # the daemons this script started from DIR, by their pid files
 #
 # Debian's slurm-wlm and munge (apt-get install slurm-wlm munge), run as root: no systemd and no
@@ -12,6 +13,9 @@
 # SLURM_CONF=DIR/slurm.conf (without it they look for a configuration server in DNS, and fail).
 # A start over a running one (the same DIR) leaves it as it is. DIR and the folders above it must be
 # open to all (munged refuses a socket others cannot reach): /tmp/raystudy-slurm, not under a 700 folder.
+# Several hosts sharing DIR (cluster/hosts.py's): RAYSTUDY_SLURM_NODES="h1=10.77.0.1 h2=10.77.0.2" at
+# start (the first one runs slurmctld and munged), RAYSTUDY_SLURM_CPUS each one's CPUs (default: all);
+# NODE:HOST=ADDR names a node otherwise than its host, as some clusters do (n1:h1=10.77.0.1).
 set -euo pipefail
 shopt -s inherit_errexit   # a failure inside $(...) stops the script too
 
@@ -46,16 +50,32 @@ start_munge() {  # DIR's own munged, as root (slurmd runs as root too)
     exit 1
 }
 
-write_conf() {
-    local host cpus mem
-    host=$(hostname -s)
-    cpus=$(nproc)
+node_lines() {  # NodeName=... for each node of RAYSTUDY_SLURM_NODES (NAME[:HOST][=ADDR]; default: this host)
+    local cpus mem spec name line
+    cpus=${RAYSTUDY_SLURM_CPUS:-$(nproc)}
     mem=$(awk '/MemTotal/ { print int($2 / 1024 * 0.8) }' /proc/meminfo)
+    for spec in ${RAYSTUDY_SLURM_NODES:-$(hostname -s)}; do
+        name=${spec%%=*}
+        line="NodeName=${name%%:*}"
+        if [[ "$name" == *:* ]]; then line+=" NodeHostname=${name#*:}"; fi
+        if [[ "$spec" == *=* ]]; then line+=" NodeAddr=${spec#*=}"; fi
+        echo "$line CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+    done
+}
+
+write_conf() {
+    local host first ctl
+    host=$(hostname -s)
+    first=${RAYSTUDY_SLURM_NODES:-$host}
+    first=${first%% *}
+    ctl=${first%%=*}
+    ctl=${ctl#*:}   # the controller's host
+    if [[ "$first" == *=* ]]; then ctl="$ctl(${first#*=})"; fi
     mkdir -p "$dir/state" "$dir/spool" "$dir/log"
     cat > "$conf" <<EOF
-# written by cluster/slurm/local.sh: a one-node SLURM on $host
+# written by cluster/slurm/local.sh: a SLURM of its own, its controller on $host
 ClusterName=raystudy
-SlurmctldHost=$host
+SlurmctldHost=$ctl
 SlurmUser=root
 SlurmctldPort=${RAYSTUDY_SLURMCTLD_PORT:-6917}
 SlurmdPort=${RAYSTUDY_SLURMD_PORT:-6918}
@@ -74,12 +94,12 @@ KillWait=60
 MinJobAge=600
 SchedulerParameters=bf_interval=1,sched_min_interval=100000
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool/%h
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd-%h.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
-NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
+SlurmdLogFile=$dir/log/slurmd-%h.log
+$(node_lines)
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
 }
@@ -104,7 +124,7 @@ start)
         fi
     done
     if [ -n "$(own_pid "$munge_dir/munged.pid" munged)" ] && [ -n "$(own_pid "$dir/slurmctld.pid" slurmctld)" ] \
-        && [ -n "$(own_pid "$dir/slurmd.pid" slurmd)" ] && answers; then
+        && [ -n "$(own_pid "$dir/slurmd-$(hostname -s).pid" slurmd)" ] && answers; then
         echo "export SLURM_CONF=$conf"
         exit 0
     fi
@@ -122,12 +142,20 @@ start)
         sleep 0.5
     done
     echo "error: SLURM did not come up; last lines of $dir/log:" >&2
-    tail -n 5 "$dir/log/slurmctld.log" "$dir/log/slurmd.log" >&2 || true
+    tail -n 5 "$dir/log/slurmctld.log" "$dir/log/slurmd-$(hostname -s).log" >&2 || true
     exit 1
     ;;
+node)
+    [ -s "$conf" ] || { echo "error: no $conf: local.sh start DIR on the first host first" >&2; exit 2; }
+    if [ -z "$(own_pid "$dir/slurmd-$(hostname -s).pid" slurmd)" ]; then SLURM_CONF=$conf /usr/sbin/slurmd -f "$conf"; fi
+    echo "export SLURM_CONF=$conf"
+    ;;
 stop)
-    for name in slurmd slurmctld munge/munged; do
-        pid=$(own_pid "$dir/$name.pid" "${name#*/}")
+    names=()
+    # slurmd.pid: a slurmd an earlier local.sh started (one node, before the file took the host's name)
+    for f in "$dir"/slurmd.pid "$dir"/slurmd-*.pid; do [ -e "$f" ] && names+=("$(basename "$f" .pid)"); done
+    for name in "${names[@]}" slurmctld munge/munged; do
+        pid=$(own_pid "$dir/$name.pid" "$(basename "${name%%-*}")")
         [ -n "$pid" ] || continue
         kill -TERM "$pid" 2> /dev/null || true
         for _ in $(seq 40); do kill -0 "$pid" 2> /dev/null || break; sleep 0.25; done
@@ -135,7 +163,7 @@ stop)
     done
     ;;
 *)
-    sed -n '2,13p' "$0" >&2
+    sed -n '2,16p' "$0" >&2
     exit 2
     ;;
 esac

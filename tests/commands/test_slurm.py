@@ -11,6 +11,7 @@ import gzip
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,11 @@ def test_local_sh_prints_an_export_and_its_stop_leaves_no_daemon_of_its_own():
     folder.chmod(0o755)  # munged's socket is under it: open to all, as /tmp/raystudy-slurm is
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     env.update(RAYSTUDY_SLURMCTLD_PORT="6937", RAYSTUDY_SLURMD_PORT="6938")
-    pidfiles = [folder / "munge" / "munged.pid", folder / "slurmctld.pid", folder / "slurmd.pid"]
+    pidfiles = [
+        folder / "munge" / "munged.pid",
+        folder / "slurmctld.pid",
+        folder / f"slurmd-{socket.gethostname().split('.')[0]}.pid",
+    ]
     try:
         p = subprocess.run(["bash", str(LOCAL_SH), "start", str(folder)], env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stdout + p.stderr
@@ -377,3 +382,83 @@ def test_more_gpus_or_nodes_than_sinfo_says_is_refused_before_submitting(slurm, 
 
 def queued(env) -> str:
     return subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout
+
+
+def _hosts_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hosts", REPO / "cluster" / "hosts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CGROUPS = """
+if grep -q ' /sys/fs/cgroup cgroup2 ' /proc/1/mounts; then mount -t cgroup2 none /sys/fs/cgroup; else
+    mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup
+    awk '$2 ~ "^/sys/fs/cgroup/" && $3 == "cgroup" { print $2, $4 }' /proc/1/mounts | while read -r dir opts; do
+        case "$opts" in *name=*) opts="none,$opts" ;; esac
+        mkdir -p "$dir" && mount -t cgroup -o "$opts" cgroup "$dir"
+    done
+fi
+"""
+
+
+def test_a_two_node_job_on_two_hosts_runs_trials_on_both(tmp_path, demo_weights):
+    """Two namespaced hosts (cluster/hosts.py): slurmctld and a slurmd on h1, a slurmd on h2, one CPU
+    each, SLURM's nodes named n1 and n2; ``raystudy slurm --nodes 2``: the job's Ray head on h1, a Ray
+    node on h2 by ``srun``, and its two trials run one on each host (before: ``srun
+    --exclude=$(hostname -s)``, "Invalid node name specified", and the trials both on h1)."""
+    if not have_slurm():
+        pytest.skip("no SLURM here (as root: apt-get install slurm-wlm munge)")
+    hosts_py = _hosts_module()
+    if hosts_py.missing_tools():
+        pytest.skip(f"no {hosts_py.missing_tools()}")
+    folder = Path(tempfile.mkdtemp(prefix="rs-slurm2-", dir="/tmp"))
+    folder.chmod(0o755)  # munged's socket is under it: open to all
+    hosts = hosts_py.Hosts(2, tmp_path / "hosts", keep=[REPO, Path(sys.prefix), folder])
+    env = driver_env(
+        PYTHONPATH=str(REPO),
+        RAYSTUDY_RAY_DASHBOARD="false",
+        RAYSTUDY_SLURM_NODES="n1:h1=10.77.0.1 n2:h2=10.77.0.2",  # node names that are not host names
+        RAYSTUDY_SLURM_CPUS="1",
+        SLURM_CONF=str(folder / "slurm.conf"),
+    )
+    try:
+        hosts.up()
+        for k in (1, 2):
+            # a default route, as a node has: Ray finds its address by it; and the machine's cgroup
+            # hierarchies (v1 here), which slurmd requires and `ip netns exec`'s fresh /sys lacks
+            p = hosts.sh(k, "ip route add default dev eth0 && " + CGROUPS)
+            assert p.returncode == 0, p.stderr
+        p = hosts.run(1, ["bash", str(LOCAL_SH), "start", str(folder)], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        p = hosts.run(2, ["bash", str(LOCAL_SH), "node", str(folder)], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            idle = hosts.sh(1, "sinfo -h -N -o '%N %T'", env=env).stdout.split("\n")
+            if sorted(line.strip() for line in idle if line.strip()) == ["n1 idle", "n2 idle"]:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"nodes not idle: {idle}")
+        study = hosts.shared / "study"
+        (study / "shared").mkdir(parents=True)
+        spec = space(["MHA", "LN2"], 60)
+        spec["tune"]["max_concurrent"] = 2
+        (study / "space.yaml").write_text(yaml.safe_dump(spec))
+        cmd = [sys.executable, "-m", "raystudy", "slurm", "--shared", str(study / "shared"), "--nodes", "2"]
+        cmd += ["--cpus-per-node", "1", "--wait", "--", "grid", "--space", str(study / "space.yaml"), "--quiet"]
+        p = hosts.run(1, cmd, cwd=study, env=env, capture_output=True, text=True, timeout=600)
+        text = log(study, re.search(r"submitted job (\d+)", p.stdout).group(1)) if "submitted job" in p.stdout else ""
+        assert p.returncode == 0, p.stdout + p.stderr + text[-4000:]
+        assert "(2 nodes, 1 CPUs" in text and "2 finished, 0 diverged, 0 failed" in text, text[-4000:]
+        assert_reads_clean(text, [])
+        _, _, trials = recorded(study)
+        where = sorted(r.data.tags["raystudy.worker"].split(":")[0] for r in trials)
+        assert where == ["10.77.0.1", "10.77.0.2"], where
+    finally:
+        subprocess.run(["bash", str(LOCAL_SH), "stop", str(folder)], capture_output=True, timeout=120)
+        hosts.down()
+        shutil.rmtree(folder, ignore_errors=True)
