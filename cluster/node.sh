@@ -392,8 +392,9 @@ mlflow)
     for _ in $(seq 120); do
         if python -c "import urllib.request as u; u.urlopen('http://$ip:$port/health', timeout=2)" 2>/dev/null; then
             echo "MLflow tracking server: http://$ip:$port (store $store, artifacts $artifacts)"
-            echo "Its user and password: $state/mlflow-credentials on the head (docs/cluster.md)"
-            echo "From a laptop: ssh -N -L $port:$ip:$port <user>@<head> then open http://localhost:$port"
+            # RAYSTUDY_CREDENTIALS_AT: where they persist when $state does not (a SLURM job's copy)
+            echo "Its user and password: ${RAYSTUDY_CREDENTIALS_AT:-$state/mlflow-credentials on the head} (docs/cluster.md)"
+            echo "From a laptop: ssh -N -L $port:$ip:$port <user>@${RAYSTUDY_LOGIN_AT:-<head>} then open http://localhost:$port"
             if [ -n "$backups" ]; then
                 setsid bash -c 'echo $$ > "$0"; exec "$@"' "$state/backups.pid" \
                     bash "$(readlink -f "$0")" backup-loop > /dev/null 2>&1 < /dev/null &

@@ -823,6 +823,44 @@ def test_slurm_without_sbatch_on_the_path_is_refused(tmp_path):
     assert sorted(q.name for q in tmp_path.iterdir()) == ["s"] and not list((tmp_path / "s").iterdir())
 
 
+def test_slurm_without_the_cluster_extra_is_refused_before_submitting(tmp_path):
+    """`pip install -e .` without the `cluster` extra: no Flask-WTF, which the job's MLflow server
+    (the basic-auth app) imports; refused in one line naming the extra, sbatch never called (before,
+    the job was accepted and failed seconds after it started)."""
+    (tmp_path / "s").mkdir()
+    bin_, hidden = tmp_path / "bin", tmp_path / "hidden"
+    bin_.mkdir()
+    hidden.mkdir()
+    (bin_ / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path}/sbatch-called\necho 1\n")
+    (bin_ / "sbatch").chmod(0o755)
+    (hidden / "flask_wtf.py").write_text("raise ImportError(\"No module named 'flask_wtf'\")\n")
+    env = driver_env(PYTHONPATH=f"{hidden}:{REPO}", PATH=f"{bin_}:{os.path.dirname(sys.executable)}")
+    p = subprocess.run(
+        [sys.executable, "-m", "raystudy", "slurm", "--shared", str(tmp_path / "s"), "--", "grid"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+    assert lines[0].startswith("error: the job's MLflow server needs Flask-WTF"), lines
+    assert 'pip install -e ".[cluster]"' in lines[0], lines
+    assert not (tmp_path / "sbatch-called").exists() and not list((tmp_path / "s").iterdir())
+    # a tracking server of yours: the job starts none, and nothing is asked of this environment
+    p = subprocess.run(
+        [sys.executable, "-m", "raystudy", "slurm", "--shared", str(tmp_path / "s"), "--store", "http://h:5000"]
+        + ["--dry-run", "--", "grid"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0 and "dry run: nothing submitted" in p.stdout, p.stderr[-2000:]
+
+
 def test_a_700000_trial_dry_run_answers_in_seconds(tmp_path):
     space = grid_space(
         grid={

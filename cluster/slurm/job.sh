@@ -10,8 +10,11 @@
 # ARGS` with RAY_ADDRESS and MLFLOW_TRACKING_URI set, so the grid joins the job's Ray and server.
 # Ports and the node-local folder come from the job id: two jobs on one node never meet.
 # USR1 (sent before the time limit: --signal=B:USR1@SECONDS) stops the grid as a Ctrl-C does and,
-# trials remaining, requeues the job, which resumes with the same command; TERM (scancel) stops
-# it the same way without a requeue.
+# trials remaining, requeues the job, which resumes with the same command. TERM (scancel, or SLURM's
+# own requeue: scontrol requeue, a preemption) reaches every process of the job, Ray's and MLflow's
+# too: the grid is stopped at once, the job closes the runs it left RUNNING and snapshots the store;
+# SLURM requeues it, or (scancel) the same command resumes it later.
+# The log reads as the grid's console does: the stop said once, with its cause and what comes next.
 #
 # ---- fill in (or give them to `raystudy slurm` as flags; sbatch's own flags override these) ----
 #SBATCH --job-name=raystudy
@@ -65,6 +68,9 @@ if [ ! -s "$shared/secrets/ray-token" ]; then
     (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' > "$shared/secrets/ray-token")
 fi
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$shared/secrets/ray-token
+# Tune warns of each result that took it over 0.5 s to process ("may be a performance bottleneck"):
+# on a busy node, with the tracking server a network hop away, that is a line every few results.
+export TUNE_WARN_THRESHOLD_S=${TUNE_WARN_THRESHOLD_S:-30}
 
 ip=$(python3 -c 'import ray.util; print(ray.util.get_node_ip_address())')
 ray_pid= mlflow_up= grid= stop_by=
@@ -85,6 +91,11 @@ stop_ray() {  # never `ray stop`: it stops every Ray of this user on the node, o
     # shellcheck disable=SC2086
     if [ -n "$pids" ]; then kill -KILL $pids 2> /dev/null || true; fi
 }
+term_cause() {  # why SLURM sent TERM: its requeue counts one restart more than this run's, scancel none
+    local n
+    n=$(scontrol -o show job "$job" 2> /dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2) || true
+    if [ -n "$n" ] && [ "$n" -gt "${SLURM_RESTART_COUNT:-0}" ]; then echo "requeue"; else echo "scancel"; fi
+}
 cleanup() {
     trap - EXIT
     if [ -n "$grid" ] && kill -0 "$grid" 2> /dev/null; then kill -KILL "$grid" 2> /dev/null || true; fi
@@ -93,7 +104,7 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
-trap 'exit 143' TERM   # scancel while the job starts: what it started so far is stopped
+trap 'say "stopped while starting: $(term_cause)"; exit 143' TERM   # what it started so far is stopped
 trap 'stop_by="time limit"' USR1   # the limit's notice while the job starts: no grid, a requeue
 
 case "$store" in
@@ -107,7 +118,9 @@ http://* | https://*)
     if [ -s "$shared/secrets/mlflow-credentials" ]; then cp -p "$shared/secrets/mlflow-credentials" "$state/"; fi
     if [ -s "$shared/secrets/pgpass" ]; then cp -p "$shared/secrets/pgpass" "$state/"; fi
     mlflow_up=1
-    RAYSTUDY_STATE=$state bash "$node_sh" mlflow "$mlflow_port" "$store" "$shared/mlflow-artifacts" "$shared/mlflow-backups"
+    # the log names the credentials' copy that persists (the job's folder goes when it ends), and the login node
+    RAYSTUDY_STATE=$state RAYSTUDY_CREDENTIALS_AT=$shared/secrets/mlflow-credentials RAYSTUDY_LOGIN_AT="<login node>" \
+        bash "$node_sh" mlflow "$mlflow_port" "$store" "$shared/mlflow-artifacts" "$shared/mlflow-backups"
     [ -s "$shared/secrets/mlflow-credentials" ] || cp -p "$state/mlflow-credentials" "$shared/secrets/"
     # shellcheck disable=SC1091
     . "$state/mlflow-credentials"
@@ -132,6 +145,7 @@ ray start --head --block --node-ip-address="$ip" --port="$ray_port" --ray-client
     --include-dashboard="${RAYSTUDY_RAY_DASHBOARD:-true}" --dashboard-host=127.0.0.1 --dashboard-port=$((base + 3)) \
     "${ray_args[@]}" > "$tmp/ray-head.log" 2>&1 &
 ray_pid=$!
+disown "$ray_pid"   # stopped by stop_ray, by pid: bash would log its KILL ("line N: PID Killed ray start ...")
 export RAY_ADDRESS=$ip:$ray_port
 for _ in $(seq 120); do
     if ray status --address "$RAY_ADDRESS" > /dev/null 2>&1; then break; fi
@@ -145,17 +159,20 @@ done
 nodes=${SLURM_JOB_NUM_NODES:-1}
 if [ "$nodes" -gt 1 ]; then
     # one Ray node per other host of the allocation, joined to the head (started first)
-    srun --overlap --nodes=$((nodes - 1)) --ntasks=$((nodes - 1)) --exclude="$(hostname -s)" \
+    srun --overlap --nodes=$((nodes - 1)) --ntasks=$((nodes - 1)) --exclude="${SLURMD_NODENAME:-$(hostname -s)}" \
         bash -c 'g=0; [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && g=$(tr "," "\n" <<< "$CUDA_VISIBLE_DEVICES" | grep -c .);
         exec ray start --block --address="$0" --num-gpus="$g" --num-cpus="${SLURM_CPUS_ON_NODE:-$(nproc)}" "${@:1}"' \
         "$RAY_ADDRESS" "${ray_args[@]:2}" > "$tmp/ray-workers.log" 2>&1 &
+    disown $!
 fi
 say "job $job (run ${SLURM_RESTART_COUNT:-0}) on $(hostname -s): Ray $RAY_ADDRESS ($nodes nodes, $cpus CPUs and $gpus GPUs on this one), MLflow $MLFLOW_TRACKING_URI"
 
 args=("$@")
 if [[ " ${args[*]} " != *" --storage"* ]]; then args+=(--storage "$shared/ray"); fi
 # Job control: the grid in a process group of its own, and SIGINT reaches it (a non-interactive
-# shell would start it with SIGINT ignored). TERM ignored: scancel's reaches it through the trap.
+# shell would start it with SIGINT ignored). TERM ignored (the grid keeps it so once Ray is up,
+# raystudy.driver.local_ray; Ray's handler would print a stack and abort it): scancel's is the trap's.
+# The waits' stderr dropped: bash would log the grid's KILL there ("line N: PID Killed ...").
 rc=130
 if [ -z "$stop_by" ]; then
     set -m
@@ -163,17 +180,19 @@ if [ -z "$stop_by" ]; then
     grid=$!
     set +m
     trap 'stop_by=${stop_by:-time limit}; kill -INT "$grid" 2> /dev/null || true' USR1
-    trap 'stop_by=scancel; kill -INT "$grid" 2> /dev/null || true' TERM
+    trap 'stop_by=$(term_cause); kill -KILL "$grid" 2> /dev/null || true' TERM
     rc=0
-    wait "$grid" || rc=$?
+    wait "$grid" 2> /dev/null || rc=$?
     while kill -0 "$grid" 2> /dev/null; do
         rc=0
-        wait "$grid" || rc=$?
+        wait "$grid" 2> /dev/null || rc=$?
     done
     grid=
 fi
-say "raystudy ${args[0]} exited $rc${stop_by:+ (stopped: $stop_by)}"
-if [ -n "$mlflow_up" ] && { [ "$stop_by" = scancel ] || ! [[ "$rc" =~ ^(0|1|2|130)$ ]]; }; then
+# the grid's exit said where no stop says it: stopped before the time limit it exits 130, and
+# scancel's or SLURM's requeue kills it
+if [ -z "$stop_by" ] || { [ "$stop_by" = "time limit" ] && [ "$rc" != 130 ]; }; then say "raystudy ${args[0]} exited $rc"; fi
+if [ -n "$mlflow_up" ] && { [[ "$stop_by" =~ ^(scancel|requeue)$ ]] || ! [[ "$rc" =~ ^(0|1|2|130)$ ]]; }; then
     # scancel's TERM reached every process (the grid's Ray aborts it, MLflow's server stops): the
     # runs it left RUNNING are closed in the store itself and a snapshot taken, before SLURM's KILL.
     python3 -c 'import sys; from raystudy.driver import slurm_batch; slurm_batch.close_running(sys.argv[1])' "$(cat "$state/mlflow-store")" \
@@ -181,9 +200,15 @@ if [ -n "$mlflow_up" ] && { [ "$stop_by" = scancel ] || ! [[ "$rc" =~ ^(0|1|2|13
     RAYSTUDY_STATE=$state bash "$node_sh" snapshot || true
 fi
 cleanup
-if [ "$rc" = 130 ] && [ "$stop_by" = "time limit" ]; then
-    say "trials remain: requeueing job $job, which resumes the study"
-    scontrol requeue "$job"
-    exit 0
-fi
+case "$stop_by" in
+"time limit")
+    if [ "$rc" = 130 ]; then
+        say "stopped: time limit near (SLURM's notice, --stop-before); trials remain: requeueing job $job, which resumes the study"
+        scontrol requeue "$job"
+        exit 0
+    fi
+    say "stopped: time limit near (SLURM's notice), as the grid ended: nothing to resume" ;;
+scancel) say "stopped: scancel; the same raystudy slurm command resumes the study" ;;
+requeue) say "stopped: requeued by SLURM (scontrol requeue, or a preemption); job $job runs again and resumes the study" ;;
+esac
 exit "$rc"

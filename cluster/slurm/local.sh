@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # A one-node SLURM on this machine, for the tests (.ci/run starts it) and for trying cluster/slurm/job.sh:
 #
-#   bash cluster/slurm/local.sh start DIR   # munged (if none answers), slurmctld and slurmd; prints SLURM_CONF=...
-#   bash cluster/slurm/local.sh stop DIR    # the daemons this script started from DIR, by their pid files
+#   eval "$(bash cluster/slurm/local.sh start DIR)"   # munged, slurmctld and slurmd; prints export SLURM_CONF=...
+#   bash cluster/slurm/local.sh node DIR               # on another host of DIR's cluster (below): its slurmd
+#   bash cluster/slurm/local.sh stop DIR               # the daemons this script started from DIR, by their pid files
 #
 # Debian's slurm-wlm and munge (apt-get install slurm-wlm munge), run as root: no systemd and no
 # cgroups (proctrack/linuxproc, task/none), one partition `debug` holding this host with all its CPUs.
-# Everything but munge's socket lives in DIR: the configuration, state, spool, logs and pid files, so
-# the machine's /etc/slurm is never touched; commands find the cluster through SLURM_CONF=DIR/slurm.conf.
-# A start over a running one (the same DIR) leaves it as it is.
+# Everything lives in DIR: the configuration, state, spool, logs, pid files, and a munged of its own
+# (its key, and its socket, which slurm.conf names), so the machine's /etc/slurm and /etc/munge are
+# never touched and a stop leaves no daemon behind; commands find the cluster through
+# SLURM_CONF=DIR/slurm.conf (without it they look for a configuration server in DNS, and fail).
+# A start over a running one (the same DIR) leaves it as it is. DIR and the folders above it must be
+# open to all (munged refuses a socket others cannot reach): /tmp/raystudy-slurm, not under a 700 folder.
+# Several hosts sharing DIR (cluster/hosts.py's): RAYSTUDY_SLURM_NODES="h1=10.77.0.1 h2=10.77.0.2" at
+# start (the first one runs slurmctld and munged), RAYSTUDY_SLURM_CPUS each one's CPUs (default: all);
+# NODE:HOST=ADDR names a node otherwise than its host, as some clusters do (n1:h1=10.77.0.1).
 set -euo pipefail
 shopt -s inherit_errexit   # a failure inside $(...) stops the script too
 
@@ -16,44 +23,64 @@ dir=${2:?DIR}
 mkdir -p "$dir"
 dir=$(readlink -f "$dir")
 conf=$dir/slurm.conf
+munge_dir=$dir/munge   # munged's socket and pid file (mode 755); its key, log and seed in munge/key (700)
+socket=$munge_dir/munge.socket
 
 answers() {  # the controller knows this host, and it is idle or busy (not down)
     SLURM_CONF=$conf timeout 10 sinfo -h -o %T 2> /dev/null | grep -Eq '^(idle|mixed|allocated|completing)'
 }
 
 munge_up() {
-    munge -n 2> /dev/null | unmunge > /dev/null 2>&1
+    munge -S "$socket" -n 2> /dev/null | unmunge -S "$socket" > /dev/null 2>&1
 }
 
-start_munge() {
-    munge_up && return 0
-    if [ ! -s /etc/munge/munge.key ]; then
-        mkdir -p /etc/munge
-        (umask 077 && dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none)
+start_munge() {  # DIR's own munged, as root (slurmd runs as root too)
+    if [ -n "$(own_pid "$munge_dir/munged.pid" munged)" ] && munge_up; then return 0; fi
+    mkdir -p "$munge_dir/key"
+    chmod 755 "$munge_dir" && chmod 700 "$munge_dir/key"
+    if [ ! -s "$munge_dir/key/munge.key" ]; then
+        (umask 077 && dd if=/dev/urandom of="$munge_dir/key/munge.key" bs=1024 count=1 status=none)
     fi
-    chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
-    mkdir -p /run/munge /var/log/munge /var/lib/munge
-    chown munge:munge /run/munge /var/log/munge /var/lib/munge
-    runuser -u munge -- munged
+    rm -f "$socket" "$socket.lock"
+    munged --socket="$socket" --pid-file="$munge_dir/munged.pid" --key-file="$munge_dir/key/munge.key" \
+        --log-file="$munge_dir/key/munged.log" --seed-file="$munge_dir/key/munged.seed" \
+        || { tail -n 3 "$munge_dir/key/munged.log" >&2; exit 1; }
     for _ in $(seq 20); do munge_up && return 0; sleep 0.5; done
-    echo "error: munged did not start (see /var/log/munge/munged.log)" >&2
+    echo "error: munged did not start (see $munge_dir/key/munged.log)" >&2
     exit 1
 }
 
-write_conf() {
-    local host cpus mem
-    host=$(hostname -s)
-    cpus=$(nproc)
+node_lines() {  # NodeName=... for each node of RAYSTUDY_SLURM_NODES (NAME[:HOST][=ADDR]; default: this host)
+    local cpus mem spec name line
+    cpus=${RAYSTUDY_SLURM_CPUS:-$(nproc)}
     mem=$(awk '/MemTotal/ { print int($2 / 1024 * 0.8) }' /proc/meminfo)
+    for spec in ${RAYSTUDY_SLURM_NODES:-$(hostname -s)}; do
+        name=${spec%%=*}
+        line="NodeName=${name%%:*}"
+        if [[ "$name" == *:* ]]; then line+=" NodeHostname=${name#*:}"; fi
+        if [[ "$spec" == *=* ]]; then line+=" NodeAddr=${spec#*=}"; fi
+        echo "$line CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+    done
+}
+
+write_conf() {
+    local host first ctl
+    host=$(hostname -s)
+    first=${RAYSTUDY_SLURM_NODES:-$host}
+    first=${first%% *}
+    ctl=${first%%=*}
+    ctl=${ctl#*:}   # the controller's host
+    if [[ "$first" == *=* ]]; then ctl="$ctl(${first#*=})"; fi
     mkdir -p "$dir/state" "$dir/spool" "$dir/log"
     cat > "$conf" <<EOF
-# written by cluster/slurm/local.sh: a one-node SLURM on $host
+# written by cluster/slurm/local.sh: a SLURM of its own, its controller on $host
 ClusterName=raystudy
-SlurmctldHost=$host
+SlurmctldHost=$ctl
 SlurmUser=root
 SlurmctldPort=${RAYSTUDY_SLURMCTLD_PORT:-6917}
 SlurmdPort=${RAYSTUDY_SLURMD_PORT:-6918}
 AuthType=auth/munge
+AuthInfo=socket=$socket
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -67,12 +94,12 @@ KillWait=60
 MinJobAge=600
 SchedulerParameters=bf_interval=1,sched_min_interval=100000
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool/%h
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd-%h.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
-NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
+SlurmdLogFile=$dir/log/slurmd-%h.log
+$(node_lines)
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
 }
@@ -96,30 +123,39 @@ start)
             exit 2
         fi
     done
-    start_munge
-    if [ -n "$(own_pid "$dir/slurmctld.pid" slurmctld)" ] && [ -n "$(own_pid "$dir/slurmd.pid" slurmd)" ] && answers; then
-        echo "SLURM_CONF=$conf"
+    if [ -n "$(own_pid "$munge_dir/munged.pid" munged)" ] && [ -n "$(own_pid "$dir/slurmctld.pid" slurmctld)" ] \
+        && [ -n "$(own_pid "$dir/slurmd-$(hostname -s).pid" slurmd)" ] && answers; then
+        echo "export SLURM_CONF=$conf"
         exit 0
     fi
     bash "$0" stop "$dir" > /dev/null
+    start_munge
     write_conf
     # -c: a clean start, no jobs kept from an earlier one in this DIR
     SLURM_CONF=$conf /usr/sbin/slurmctld -c -f "$conf"
     SLURM_CONF=$conf /usr/sbin/slurmd -f "$conf"
     for _ in $(seq 60); do
         if answers; then
-            echo "SLURM_CONF=$conf"
+            echo "export SLURM_CONF=$conf"
             exit 0
         fi
         sleep 0.5
     done
     echo "error: SLURM did not come up; last lines of $dir/log:" >&2
-    tail -n 5 "$dir/log/slurmctld.log" "$dir/log/slurmd.log" >&2 || true
+    tail -n 5 "$dir/log/slurmctld.log" "$dir/log/slurmd-$(hostname -s).log" >&2 || true
     exit 1
     ;;
+node)
+    [ -s "$conf" ] || { echo "error: no $conf: local.sh start DIR on the first host first" >&2; exit 2; }
+    if [ -z "$(own_pid "$dir/slurmd-$(hostname -s).pid" slurmd)" ]; then SLURM_CONF=$conf /usr/sbin/slurmd -f "$conf"; fi
+    echo "export SLURM_CONF=$conf"
+    ;;
 stop)
-    for name in slurmd slurmctld; do
-        pid=$(own_pid "$dir/$name.pid" "$name")
+    names=()
+    # slurmd.pid: a slurmd an earlier local.sh started (one node, before the file took the host's name)
+    for f in "$dir"/slurmd.pid "$dir"/slurmd-*.pid; do [ -e "$f" ] && names+=("$(basename "$f" .pid)"); done
+    for name in "${names[@]}" slurmctld munge/munged; do
+        pid=$(own_pid "$dir/$name.pid" "$(basename "${name%%-*}")")
         [ -n "$pid" ] || continue
         kill -TERM "$pid" 2> /dev/null || true
         for _ in $(seq 40); do kill -0 "$pid" 2> /dev/null || break; sleep 0.25; done
@@ -127,7 +163,7 @@ stop)
     done
     ;;
 *)
-    sed -n '2,9p' "$0" >&2
+    sed -n '2,16p' "$0" >&2
     exit 2
     ;;
 esac

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 from pathlib import Path
 
 from raystudy.errors import ConfigError
@@ -38,6 +40,27 @@ def start_ray(address: str | None, num_cpus: int | None, temp_dir: str | None, d
 
     # Each evaluation checkpoints; Tune then snapshots often and warns about it at length.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    with term_kept():
+        _start_ray(ray, address, num_cpus, temp_dir, dashboard)
+
+
+class term_kept:
+    """SIGTERM as the driver was started with it, once Ray is up, where that was to ignore it.
+    ``ray.init`` installs its own handlers (Python's exit, then Abseil's, which prints a stack and
+    aborts the driver); a SLURM job's grid ignores TERM, as scancel sends it to every process of the
+    job, and its job stops it with SIGINT instead, as a Ctrl-C does (cluster/slurm/job.sh)."""
+
+    def __enter__(self):
+        main = threading.current_thread() is threading.main_thread()
+        self.ignored = main and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        return self
+
+    def __exit__(self, *exc):
+        if self.ignored:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _start_ray(ray, address: str | None, num_cpus: int | None, temp_dir: str | None, dashboard: bool) -> None:
     if address in (None, "", "local"):
         loopback_only()
         ray.init(

@@ -4,10 +4,12 @@ stopped job's runs."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from raystudy.errors import ConfigError
@@ -40,7 +42,9 @@ def submission(args) -> tuple[list[str], dict[str, str]]:
             "no SLURM here: sbatch is not on the PATH; run raystudy slurm on the cluster's login node "
             "(module load slurm), or raystudy grid for a Ray of your own"
         )
+    check_server_packages(store)
     check_gpus(args.partition, args.gpus_per_node)
+    check_nodes(args.partition, args.nodes)
     (shared / "logs").mkdir(exist_ok=True)
     cmd = ["sbatch", "--parsable", f"--job-name={args.job_name}", f"--nodes={args.nodes}", "--ntasks-per-node=1"]
     cmd += [f"--time={args.time}", f"--signal=B:USR1@{args.stop_before}", "--requeue", "--open-mode=append"]
@@ -52,6 +56,30 @@ def submission(args) -> tuple[list[str], dict[str, str]]:
     src = str(JOB_SH.parent.parent.parent)
     env = {"RAYSTUDY_SHARED": str(shared), "RAYSTUDY_SRC": src, "RAYSTUDY_SLURM_STORE": store}
     return cmd, env
+
+
+# What the job's own tracking server imports (cluster/node.sh: MLflow's basic-auth app; PostgreSQL's
+# driver): the `cluster` extra. Missing, the job would fail seconds after it starts.
+SERVER_PACKAGES = {"flask_wtf": "Flask-WTF (MLflow's basic-auth app)", "psycopg2": "psycopg2 (PostgreSQL's driver)"}
+
+
+def check_server_packages(store: str) -> None:
+    """The packages the job's tracking server needs, importable here (the job runs this environment):
+    none for a server of yours (http(s)://), Flask-WTF for the job's own, and psycopg2 on PostgreSQL."""
+    if store.startswith(("http://", "https://")):
+        return
+    needed = ["flask_wtf"] + (["psycopg2"] if store.startswith("postgres") else [])
+    missing = []
+    for name in needed:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(SERVER_PACKAGES[name])
+    if missing:
+        raise ConfigError(
+            f"the job's MLflow server needs {' and '.join(missing)}, not installed in this environment "
+            f'({sys.executable}): pip install -e ".[cluster]" (or --store http(s)://... a tracking server of yours)'
+        )
 
 
 def check_store(store: str, shared: Path) -> str:
@@ -116,6 +144,31 @@ def check_gpus(partition: str | None, gpus: int) -> None:
             f"--gpus-per-node {gpus}: the nodes of partition {name} have "
             + (f"at most {most} GPUs" if most else "no GPUs")
             + f" (sinfo: {found[0][1].strip()}); ask for {most} or fewer, or another partition"
+        )
+
+
+def check_nodes(partition: str | None, nodes: int) -> None:
+    """More nodes than the partition has, as ``sinfo`` says, is refused (sbatch takes such a job, and
+    it waits for ever: "PartitionConfig", "PartitionNodeLimit" in squeue)."""
+    if nodes <= 1:
+        return
+    p = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P"], capture_output=True, text=True)
+    if p.returncode != 0:
+        return  # sinfo cannot say: sbatch will
+    rows = [line.split() for line in p.stdout.splitlines() if len(line.split()) == 2]
+    if partition is None:
+        found = {node for node, name in rows if name.endswith("*")}
+        partition = next((name.rstrip("*") for _, name in rows if name.endswith("*")), None)
+    else:
+        found = {node for node, name in rows if name.rstrip("*") == partition}
+    if partition is None or not found:
+        names = ", ".join(sorted({name.rstrip("*") for _, name in rows}))
+        raise ConfigError(f"--partition {partition}: no such partition; sinfo knows {names}")
+    if nodes > len(found):
+        have = f"{len(found)} node" + ("s" if len(found) > 1 else "")
+        raise ConfigError(
+            f"--nodes {nodes}: partition {partition} has {have} (sinfo: {', '.join(sorted(found))}); "
+            f"ask for {len(found)} or fewer, or another partition"
         )
 
 

@@ -11,8 +11,10 @@ import gzip
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -40,14 +42,56 @@ def space(conditions, steps: int) -> dict:
     }
 
 
+def have_slurm() -> bool:
+    return shutil.which("sbatch") is not None and Path("/usr/sbin/slurmctld").exists() and os.getuid() == 0
+
+
+def test_local_sh_prints_an_export_and_its_stop_leaves_no_daemon_of_its_own():
+    """``local.sh start DIR`` prints one line a shell can eval (before: ``SLURM_CONF=...``, which
+    left squeue failing on a DNS lookup), and ``stop DIR`` stops every daemon it started, munged
+    included (before: munged ran on). A SLURM of its own, on other ports than the tests' one."""
+    if not have_slurm():
+        pytest.skip("no SLURM here (as root: apt-get install slurm-wlm munge)")
+    folder = Path(tempfile.mkdtemp(prefix="rs-local-", dir="/tmp"))
+    folder.chmod(0o755)  # munged's socket is under it: open to all, as /tmp/raystudy-slurm is
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env.update(RAYSTUDY_SLURMCTLD_PORT="6937", RAYSTUDY_SLURMD_PORT="6938")
+    pidfiles = [
+        folder / "munge" / "munged.pid",
+        folder / "slurmctld.pid",
+        folder / f"slurmd-{socket.gethostname().split('.')[0]}.pid",
+    ]
+    try:
+        p = subprocess.run(["bash", str(LOCAL_SH), "start", str(folder)], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.splitlines() == [f"export SLURM_CONF={folder}/slurm.conf"], p.stdout
+        q = subprocess.run(
+            ["bash", "-c", 'eval "$1" && squeue -h && sinfo -h -o %T', "-", p.stdout],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert q.returncode == 0 and q.stdout.split() == ["idle"], q.stdout + q.stderr
+        pids = [int(f.read_text()) for f in pidfiles]
+        assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+        p = subprocess.run(["bash", str(LOCAL_SH), "stop", str(folder)], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+    finally:
+        subprocess.run(["bash", str(LOCAL_SH), "stop", str(folder)], env=env, capture_output=True, timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def slurm():
     """The environment that reaches the machine's one-node SLURM, started if it is not running."""
-    if shutil.which("sbatch") is None or not Path("/usr/sbin/slurmctld").exists() or os.getuid() != 0:
+    if not have_slurm():
         pytest.skip("no SLURM here (as root: apt-get install slurm-wlm munge; .ci/run installs it)")
     p = subprocess.run(["bash", str(LOCAL_SH), "start", SLURM_DIR], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
-    conf = re.search(r"SLURM_CONF=(\S+)", p.stdout).group(1)
+    conf = re.fullmatch(r"export SLURM_CONF=(\S+)\n", p.stdout).group(1)
     return driver_env(SLURM_CONF=conf, PYTHONPATH=str(REPO), RAYSTUDY_RAY_DASHBOARD="false")
 
 
@@ -144,6 +188,21 @@ def assert_once_finished(folder: Path, n: int) -> None:
             assert steps and len(steps) == len(set(steps)), (key, steps)
 
 
+# What a job's log showed besides the grid's console: bash's word on the Ray head it killed at the
+# end ("slurm_script: line 88: N Killed ray start ..."), and on scancel the grid aborted by Ray's
+# SIGTERM handler (its stack, "Aborted", exit 134), Tune's warning of each slow result.
+NOISE = ("slurm_script: line", "Killed", "Aborted", "SIGTERM received", "exited 134", "performance bottleneck")
+
+
+def assert_reads_clean(text: str, stops: list[str]) -> None:
+    """The log as the grid's console, plus the job's lines: no noise, and each stop said once, in
+    order, with its cause (``stops``: each stop line's start)."""
+    noise = [line for line in text.splitlines() if any(n in line for n in NOISE)]
+    assert not noise, noise
+    said = [line.split("] ", 1)[1] for line in text.splitlines() if "] stopped" in line]
+    assert len(said) == len(stops) and all(s.startswith(w) for s, w in zip(said, stops)), said
+
+
 def answers(url: str, auth: tuple[str, str] | None) -> int:
     """The HTTP status of a tracking server's experiment search, with ``auth`` or none."""
     import base64
@@ -228,6 +287,9 @@ def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm
         text = log(f, j)
         assert credentials(f)[1] not in text
         assert "done in" in text and "2 finished, 0 diverged, 0 failed" in text
+        # the credentials' path that outlives the job (before: /tmp/rsJOBID/state/..., removed at its end)
+        assert f"Its user and password: {f / 'shared' / 'secrets' / 'mlflow-credentials'} " in text, text[:2000]
+        assert_reads_clean(text, [])
         assert_once_finished(f, 2)
         assert not Path(f"/tmp/rs{j}").exists()
 
@@ -243,6 +305,9 @@ def test_time_limit_mid_grid_stops_requeues_and_the_next_job_completes(study, sl
     text = log(folder, job)
     assert (state, restarts) == ("COMPLETED", 1), text[-4000:]
     assert "stopped: time limit" in text and "requeueing job" in text
+    assert_reads_clean(
+        text, [f"stopped: time limit near (SLURM's notice, --stop-before); trials remain: requeueing job {job}"]
+    )
     first, rest = text.split("requeueing job", 1)
     # a first run stopped before its grid recorded anything leaves an empty store, which is never
     # snapshotted (its snapshot would be what the next run restores): the next run starts it anew
@@ -265,6 +330,9 @@ def test_scancel_mid_grid_stops_cleanly_and_resubmitting_completes_it(study, slu
     assert wait_job(slurm, job)[0] == "CANCELLED"
     text = log(folder, job)
     assert "stopped: scancel" in text and "requeueing" not in text, text[-3000:]
+    # the grid stopped by the job (before: aborted by Ray's SIGTERM handler, its stack, exit 134)
+    assert "exited" not in text, text[-3000:]
+    assert_reads_clean(text, ["stopped: scancel; the same raystudy slurm command resumes the study"])
     _, runs, _ = recorded(folder)
     assert not [r for r in runs if r.info.status == "RUNNING"]
     again = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
@@ -273,14 +341,35 @@ def test_scancel_mid_grid_stops_cleanly_and_resubmitting_completes_it(study, slu
     assert_once_finished(folder, 2)
 
 
+def test_a_requeue_by_slurm_mid_grid_is_said_as_one_and_the_job_completes(study, slurm):
+    """``scontrol requeue`` mid-grid (an administrator's, or a preemption's): on SLURM's TERM the job
+    stops the grid, the log says a requeue (before: "stopped: scancel"), SLURM runs the job again
+    and it finishes the grid: every trial once, finished."""
+    folder, jobs = study
+    job = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
+    wait_log(folder, job, r"running 2 of 2 trials")
+    time.sleep(8)
+    subprocess.run(["scontrol", "requeue", job], env=slurm, timeout=30, check=True)
+    state, restarts = wait_job(slurm, job, timeout=600)  # its 24-hour limit kept: no notice
+    text = log(folder, job)
+    assert (state, restarts) == ("COMPLETED", 1), text[-4000:]
+    assert "scancel" not in text and "requeueing job" not in text, text[-4000:]
+    assert_reads_clean(text, [f"stopped: requeued by SLURM (scontrol requeue, or a preemption); job {job} runs again"])
+    assert_once_finished(folder, 2)
+
+
 @pytest.mark.parametrize(
     "flags,needle",
     [
         (["--gpus-per-node", "1"], "--gpus-per-node 1: the nodes of partition debug have no GPUs"),
         (["--partition", "nope", "--gpus-per-node", "1"], "--partition nope: no such partition"),
+        # before: sbatch took it, and it waited for ever (PartitionConfig, PartitionNodeLimit)
+        (["--nodes", "3"], "--nodes 3: partition debug has 1 node (sinfo: "),
+        (["--partition", "debug", "--nodes", "2"], "--nodes 2: partition debug has 1 node"),
+        (["--partition", "nope", "--nodes", "2"], "--partition nope: no such partition"),
     ],
 )
-def test_more_gpus_than_sinfo_says_is_refused_before_submitting(slurm, tmp_path, flags, needle):
+def test_more_gpus_or_nodes_than_sinfo_says_is_refused_before_submitting(slurm, tmp_path, flags, needle):
     (tmp_path / "shared").mkdir()
     before = queued(slurm)
     cmd = [sys.executable, "-m", "raystudy", "slurm", "--shared", str(tmp_path / "shared"), *flags, "--", "grid"]
@@ -293,3 +382,83 @@ def test_more_gpus_than_sinfo_says_is_refused_before_submitting(slurm, tmp_path,
 
 def queued(env) -> str:
     return subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout
+
+
+def _hosts_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hosts", REPO / "cluster" / "hosts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CGROUPS = """
+if grep -q ' /sys/fs/cgroup cgroup2 ' /proc/1/mounts; then mount -t cgroup2 none /sys/fs/cgroup; else
+    mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup
+    awk '$2 ~ "^/sys/fs/cgroup/" && $3 == "cgroup" { print $2, $4 }' /proc/1/mounts | while read -r dir opts; do
+        case "$opts" in *name=*) opts="none,$opts" ;; esac
+        mkdir -p "$dir" && mount -t cgroup -o "$opts" cgroup "$dir"
+    done
+fi
+"""
+
+
+def test_a_two_node_job_on_two_hosts_runs_trials_on_both(tmp_path, demo_weights):
+    """Two namespaced hosts (cluster/hosts.py): slurmctld and a slurmd on h1, a slurmd on h2, one CPU
+    each, SLURM's nodes named n1 and n2; ``raystudy slurm --nodes 2``: the job's Ray head on h1, a Ray
+    node on h2 by ``srun``, and its two trials run one on each host (before: ``srun
+    --exclude=$(hostname -s)``, "Invalid node name specified", and the trials both on h1)."""
+    if not have_slurm():
+        pytest.skip("no SLURM here (as root: apt-get install slurm-wlm munge)")
+    hosts_py = _hosts_module()
+    if hosts_py.missing_tools():
+        pytest.skip(f"no {hosts_py.missing_tools()}")
+    folder = Path(tempfile.mkdtemp(prefix="rs-slurm2-", dir="/tmp"))
+    folder.chmod(0o755)  # munged's socket is under it: open to all
+    hosts = hosts_py.Hosts(2, tmp_path / "hosts", keep=[REPO, Path(sys.prefix), folder])
+    env = driver_env(
+        PYTHONPATH=str(REPO),
+        RAYSTUDY_RAY_DASHBOARD="false",
+        RAYSTUDY_SLURM_NODES="n1:h1=10.77.0.1 n2:h2=10.77.0.2",  # node names that are not host names
+        RAYSTUDY_SLURM_CPUS="1",
+        SLURM_CONF=str(folder / "slurm.conf"),
+    )
+    try:
+        hosts.up()
+        for k in (1, 2):
+            # a default route, as a node has: Ray finds its address by it; and the machine's cgroup
+            # hierarchies (v1 here), which slurmd requires and `ip netns exec`'s fresh /sys lacks
+            p = hosts.sh(k, "ip route add default dev eth0 && " + CGROUPS)
+            assert p.returncode == 0, p.stderr
+        p = hosts.run(1, ["bash", str(LOCAL_SH), "start", str(folder)], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        p = hosts.run(2, ["bash", str(LOCAL_SH), "node", str(folder)], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            idle = hosts.sh(1, "sinfo -h -N -o '%N %T'", env=env).stdout.split("\n")
+            if sorted(line.strip() for line in idle if line.strip()) == ["n1 idle", "n2 idle"]:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"nodes not idle: {idle}")
+        study = hosts.shared / "study"
+        (study / "shared").mkdir(parents=True)
+        spec = space(["MHA", "LN2"], 60)
+        spec["tune"]["max_concurrent"] = 2
+        (study / "space.yaml").write_text(yaml.safe_dump(spec))
+        cmd = [sys.executable, "-m", "raystudy", "slurm", "--shared", str(study / "shared"), "--nodes", "2"]
+        cmd += ["--cpus-per-node", "1", "--wait", "--", "grid", "--space", str(study / "space.yaml"), "--quiet"]
+        p = hosts.run(1, cmd, cwd=study, env=env, capture_output=True, text=True, timeout=600)
+        text = log(study, re.search(r"submitted job (\d+)", p.stdout).group(1)) if "submitted job" in p.stdout else ""
+        assert p.returncode == 0, p.stdout + p.stderr + text[-4000:]
+        assert "(2 nodes, 1 CPUs" in text and "2 finished, 0 diverged, 0 failed" in text, text[-4000:]
+        assert_reads_clean(text, [])
+        _, _, trials = recorded(study)
+        where = sorted(r.data.tags["raystudy.worker"].split(":")[0] for r in trials)
+        assert where == ["10.77.0.1", "10.77.0.2"], where
+    finally:
+        subprocess.run(["bash", str(LOCAL_SH), "stop", str(folder)], capture_output=True, timeout=120)
+        hosts.down()
+        shutil.rmtree(folder, ignore_errors=True)

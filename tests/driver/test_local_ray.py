@@ -59,3 +59,21 @@ def test_an_address_that_cannot_be_joined_is_refused_before_ray_starts(address, 
     with pytest.raises(ConfigError, match=needle):
         local_ray.check_address(address)
     local_ray.check_address("auto")  # Ray finds it itself
+
+
+@pytest.mark.parametrize("before", ["ignored", "default"])
+def test_sigterm_stays_ignored_across_ray_init_where_it_was(before):
+    """A driver started with SIGTERM ignored (a SLURM job's grid: scancel's TERM reaches every
+    process, and the job stops the grid itself) keeps ignoring it after ``ray.init``, which sets
+    handlers of its own (Abseil's printed a stack and aborted the grid); any other is Ray's."""
+    import signal
+
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if before == "ignored" else signal.SIG_DFL)
+        with local_ray.term_kept():
+            signal.signal(signal.SIGTERM, lambda *_: None)  # as ray.init does
+        after = signal.getsignal(signal.SIGTERM)
+        assert (after == signal.SIG_IGN) == (before == "ignored"), after
+    finally:
+        signal.signal(signal.SIGTERM, saved)
