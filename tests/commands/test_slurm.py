@@ -404,11 +404,11 @@ fi
 """
 
 
-def test_a_two_node_job_on_two_hosts_runs_trials_on_both(tmp_path, demo_weights):
+def test_a_two_node_job_on_two_hosts_trains_each_trial_across_both(tmp_path, demo_weights):
     """Two namespaced hosts (cluster/hosts.py): slurmctld and a slurmd on h1, a slurmd on h2, one CPU
     each, SLURM's nodes named n1 and n2; ``raystudy slurm --nodes 2``: the job's Ray head on h1, a Ray
-    node on h2 by ``srun``, and its two trials run one on each host (before: ``srun
-    --exclude=$(hostname -s)``, "Invalid node name specified", and the trials both on h1)."""
+    node on h2 by ``srun``, and each of its two trials trains with 2 DDP workers, one on each host
+    (before: ``srun --exclude=$(hostname -s)``, "Invalid node name specified", and no Ray on h2)."""
     if not have_slurm():
         pytest.skip("no SLURM here (as root: apt-get install slurm-wlm munge)")
     hosts_py = _hosts_module()
@@ -445,8 +445,7 @@ def test_a_two_node_job_on_two_hosts_runs_trials_on_both(tmp_path, demo_weights)
             raise AssertionError(f"nodes not idle: {idle}")
         study = hosts.shared / "study"
         (study / "shared").mkdir(parents=True)
-        spec = space(["MHA", "LN2"], 60)
-        spec["tune"]["max_concurrent"] = 2
+        spec = {**space(["MHA", "LN2"], 60), "models": {"vit_demo": {"workers": 2, "cpu": 1}}}
         (study / "space.yaml").write_text(yaml.safe_dump(spec))
         cmd = [sys.executable, "-m", "raystudy", "slurm", "--shared", str(study / "shared"), "--nodes", "2"]
         cmd += ["--cpus-per-node", "1", "--wait", "--", "grid", "--space", str(study / "space.yaml"), "--quiet"]
@@ -454,10 +453,13 @@ def test_a_two_node_job_on_two_hosts_runs_trials_on_both(tmp_path, demo_weights)
         text = log(study, re.search(r"submitted job (\d+)", p.stdout).group(1)) if "submitted job" in p.stdout else ""
         assert p.returncode == 0, p.stdout + p.stderr + text[-4000:]
         assert "(2 nodes, 1 CPUs" in text and "2 finished, 0 diverged, 0 failed" in text, text[-4000:]
+        assert "(2 DDP workers)" in text, text[-4000:]
         assert_reads_clean(text, [])
+        assert_once_finished(study, 2)
         _, _, trials = recorded(study)
-        where = sorted(r.data.tags["raystudy.worker"].split(":")[0] for r in trials)
-        assert where == ["10.77.0.1", "10.77.0.2"], where
+        for r in trials:  # ip:pid of each DDP worker, in rank order
+            where = sorted(w.split(":")[0] for w in r.data.tags["raystudy.worker"].split(","))
+            assert where == ["10.77.0.1", "10.77.0.2"], where
     finally:
         subprocess.run(["bash", str(LOCAL_SH), "stop", str(folder)], capture_output=True, timeout=120)
         hosts.down()
