@@ -4,6 +4,7 @@ process on it killed), and what the study recorded checked afterwards.
 
     python benchmarks/host_faults.py --fault cut --seconds 60    # cut h2 off for 60 s, then heal
     python benchmarks/host_faults.py --fault lost                # kill everything on h2
+    python benchmarks/host_faults.py --fault slurm-head          # a SLURM job's head node lost
 
 Root only (network namespaces, cluster/hosts.py). The head (h1) has no CPUs for trials, each
 worker host one; the grid runs on the head with its store and checkpoints in the hosts' shared
@@ -12,6 +13,13 @@ each was recorded exactly once and finished, metric steps recorded twice, runs l
 retried, the seconds from the fault's end (the heal, or the kill) to the next trial finished, and
 the grid's wall time. The same command a second time over the same folder would resume it; here
 one run must complete the study.
+
+``slurm-head``: three hosts, each a 1-CPU SLURM node (n1 on h1, which also runs slurmctld, n2, n3);
+`raystudy slurm --nodes 2` with n1 drained, so the job's head (its Ray head, MLflow, the grid) is
+on n2 and a Ray node on n3. Once a trial has finished, every process on h2 is killed. n1 is
+resumed; the controller takes n2 for down (``RAYSTUDY_SLURMD_TIMEOUT``, 20 s here) and requeues
+the job (``--requeue``), whose next run, on n1 and n3, restores the store from the shared folder's
+newest snapshot and completes the study. Checked in the snapshot it ends with.
 """
 
 from __future__ import annotations
@@ -82,9 +90,120 @@ def store_facts(db: Path) -> dict:
     }
 
 
+def report(fault: str, flags: str, t0: float, healed: float, facts: dict, expected: int, rc: int) -> bool:
+    """Print the figures as a table row, with the command; whether the study is exactly once."""
+    after = [e for e in facts["ends"] if e > healed]
+    recover = f"{after[0] - healed:.1f}" if after else "none"
+    once = facts["runs"] == facts["keys"] == expected and facts["finished"] == expected
+    print(f"# python benchmarks/host_faults.py {flags}")
+    print(f"# {date.today()}, exit {rc}, the fault's end {healed - t0:.0f} s in")
+    print("| fault | trials | exactly once | steps twice | RUNNING | retried | s to the next finish | wall s |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    print(
+        f"| {fault} | {facts['finished']}/{expected} finished, {facts['runs']} runs | {'yes' if once else 'NO'} "
+        f"| {facts['twice']} | {facts['running']} | {facts['retried']} | {recover} | {time.time() - t0:.0f} |"
+    )
+    return once and rc == 0 and not facts["twice"] and not facts["running"]
+
+
+def slurm_head(hosts, args) -> int:
+    """The ``slurm-head`` fault (the module's doc); the exit status."""
+    import gzip
+    import re
+
+    folder = Path(tempfile.mkdtemp(prefix="rs-slurm3-", dir="/tmp"))
+    folder.chmod(0o755)  # munged's socket is under it: open to all
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAYSTUDY_RAY_DASHBOARD": "false",
+        "PYTHONPATH": str(ROOT),
+        "RAYSTUDY_SLURM_NODES": "n1:h1=10.77.0.1 n2:h2=10.77.0.2 n3:h3=10.77.0.3",
+        "RAYSTUDY_SLURM_CPUS": "1",
+        "RAYSTUDY_SLURMD_TIMEOUT": "20",
+        "SLURM_CONF": str(folder / "slurm.conf"),
+    }
+    for k in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+        env.pop(k, None)
+    local_sh = str(ROOT / "cluster" / "slurm" / "local.sh")
+
+    def on(k, *argv, timeout=120):
+        return hosts.run(k, list(argv), env=env, capture_output=True, text=True, timeout=timeout)
+
+    def job_state(job):
+        fields = dict(f.split("=", 1) for f in on(1, "scontrol", "-o", "show", "job", job).stdout.split() if "=" in f)
+        return fields.get("JobState", "UNKNOWN"), int(fields.get("Restarts", 0)), fields.get("Reason", "")
+
+    try:
+        for k in (1, 2, 3):
+            hosts.as_node(k)
+        p = on(1, "bash", local_sh, "start", str(folder))
+        assert p.returncode == 0, p.stdout + p.stderr
+        for k in (2, 3):
+            p = on(k, "bash", local_sh, "node", str(folder))
+            assert p.returncode == 0, p.stdout + p.stderr
+        end = time.monotonic() + 60
+        while sorted(on(1, "sinfo", "-h", "-N", "-o", "%N %T").stdout.split("\n")) != [
+            "",
+            "n1 idle",
+            "n2 idle",
+            "n3 idle",
+        ]:
+            assert time.monotonic() < end, on(1, "sinfo", "-N").stdout
+            time.sleep(1)
+        on(1, "scontrol", "update", "nodename=n1", "state=drain", "reason=the job's head goes elsewhere")
+        study = hosts.shared / "study"
+        (study / "shared").mkdir(parents=True)
+        (study / "space.yaml").write_text(yaml.safe_dump({**space(args.steps), "tune": {"max_failures": 2}}))
+        cmd = [sys.executable, "-m", "raystudy", "slurm", "--shared", str(study / "shared"), "--nodes", "2"]
+        cmd += ["--cpus-per-node", "1", "--", "grid", "--space", str(study / "space.yaml")]
+        p = hosts.run(1, cmd, cwd=study, env=env, capture_output=True, text=True, timeout=120)
+        job = re.search(r"submitted job (\d+)", p.stdout).group(1)
+
+        def job_log():
+            found = list((study / "shared" / "logs").glob(f"*-{job}.out"))
+            return found[0].read_text() if found else ""
+
+        t0 = time.time()
+        while not re.search(r"^\[\s*\d+/8\] .* val ", job_log(), re.M):  # a trial's line: it finished
+            state = job_state(job)[0]
+            assert state in ("PENDING", "RUNNING", "CONFIGURING"), (state, job_log()[-3000:])
+            assert time.time() - t0 < 900, job_log()[-3000:]
+            time.sleep(1)
+        assert "on h2:" in job_log(), job_log()[-3000:]  # the head where we meant it
+        hosts.kill(2)
+        killed = time.time()
+        on(1, "scontrol", "update", "nodename=n1", "state=resume")
+        pushed = 0
+        while True:
+            state, restarts, reason = job_state(job)
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+                break
+            if state == "PENDING" and restarts > pushed and reason == "BeginTime":
+                pushed = restarts  # SLURM holds a requeued job two minutes: it may start now
+                on(1, "scontrol", "update", f"jobid={job}", "StartTime=now+5")
+            assert time.time() - killed < 1200, (state, job_log()[-3000:])
+            time.sleep(2)
+        text = job_log()
+        print(text[-2500:])
+        newest = sorted((study / "shared" / "mlflow-backups").glob("mlflow-*.sqlite.gz"))[-1]
+        db = folder / "restored.db"
+        db.write_bytes(gzip.decompress(newest.read_bytes()))
+        facts = store_facts(db)
+        rc = 0 if state == "COMPLETED" and restarts >= 1 else 1
+        print(f"# the job: {state} after {restarts} requeue(s)")
+        ok = report("a SLURM job's head node (h2) lost", "--fault slurm-head", t0, killed, facts, 8, rc)
+        return 0 if ok else 1
+    finally:
+        hosts.run(1, ["bash", local_sh, "stop", str(folder)], env=env, capture_output=True, timeout=120)
+        for k in (3, 2):
+            hosts.run(k, ["bash", local_sh, "stop", str(folder)], env=env, capture_output=True, timeout=120)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fault", choices=["cut", "lost"], default="cut")
+    ap.add_argument("--fault", choices=["cut", "lost", "slurm-head"], default="cut")
     ap.add_argument("--seconds", type=float, default=60, help="how long a cut lasts (default 60)")
     ap.add_argument("--steps", type=int, default=200, help="each trial's steps (default 200)")
     ap.add_argument("--dir", type=Path, default=None, help="the hosts' folder (default: a new one under /tmp)")
@@ -101,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     pretrain.ensure_weights("vit_demo")  # before the clock: a first use builds them
     root = args.dir or Path(tempfile.mkdtemp(prefix="host-faults-", dir="/tmp"))
     hosts = hosts_py.Hosts(3, root, keep=[ROOT, Path(sys.prefix)]).up()
+    if args.fault == "slurm-head":
+        try:
+            return slurm_head(hosts, args)
+        finally:
+            hosts.down()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -123,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"the grid ended before the fault (exit {grid.returncode}): {work / 'grid.log'}")
                 return 1
             time.sleep(1)
-        fault_at = time.time()
         if args.fault == "cut":
             hosts.cut(2)
             time.sleep(args.seconds)
@@ -132,23 +255,10 @@ def main(argv: list[str] | None = None) -> int:
             hosts.kill(2)
         healed = time.time()
         grid.wait(timeout=1800)
-        wall = time.time() - t0
-        facts = store_facts(db)
-        after = [e for e in facts["ends"] if e > healed]
-        recover = f"{after[0] - healed:.1f}" if after else "none"
-        expected = 8
-        once = facts["runs"] == facts["keys"] == expected and facts["finished"] == expected
         what = f"h2 cut off for {args.seconds:.0f} s" if args.fault == "cut" else "h2 lost (every process killed)"
         flags = f"--fault {args.fault} --seconds {args.seconds:g} --steps {args.steps}"
-        print(f"# python benchmarks/host_faults.py {flags}")
-        print(f"# {date.today()}, grid exit {grid.returncode}, the fault {fault_at - t0:.0f} s into it")
-        print("| fault | trials | exactly once | steps twice | RUNNING | retried | s to the next finish | wall s |")
-        print("|---|---:|---|---:|---:|---:|---:|---:|")
-        print(
-            f"| {what} | {facts['finished']}/{expected} finished, {facts['runs']} runs | {'yes' if once else 'NO'} "
-            f"| {facts['twice']} | {facts['running']} | {facts['retried']} | {recover} | {wall:.0f} |"
-        )
-        return 0 if once and grid.returncode == 0 and not facts["twice"] and not facts["running"] else 1
+        ok = report(what, flags, t0, healed, store_facts(db), 8, grid.returncode)
+        return 0 if ok else 1
     finally:
         hosts.down()
 

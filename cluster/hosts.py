@@ -92,6 +92,18 @@ exec sleep infinity
 """
 
 
+# The machine's cgroup hierarchies mounted again in a host's own /sys: cgroup v2's one, or v1's each.
+_CGROUPS = """
+if grep -q ' /sys/fs/cgroup cgroup2 ' /proc/1/mounts; then mount -t cgroup2 none /sys/fs/cgroup; else
+    mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup
+    awk '$2 ~ "^/sys/fs/cgroup/" && $3 == "cgroup" { print $2, $4 }' /proc/1/mounts | while read -r dir opts; do
+        case "$opts" in *name=*) opts="none,$opts" ;; esac
+        mkdir -p "$dir" && mount -t cgroup -o "$opts" cgroup "$dir"
+    done
+fi
+"""
+
+
 class Hosts:
     """N hosts ``h1..hN`` at ``10.77.0.1..N`` on one switch, with ``shared`` the same folder on each.
 
@@ -238,6 +250,14 @@ class Hosts:
         """Run a shell script on host ``k``; its output as text."""
         kw.setdefault("capture_output", True)
         return self.run(k, ["sh", "-c", script], text=True, timeout=timeout, **kw)
+
+    def as_node(self, k: int) -> None:
+        """What a real node has and host ``k`` lacks, for daemons that need it: a default route (Ray
+        finds its own address by one) and the machine's cgroup hierarchies (slurmd will not start
+        without them; ``ip netns exec`` gives the host a /sys of its own, which has none)."""
+        p = self.sh(k, "ip route add default dev eth0 && " + _CGROUPS)
+        if p.returncode != 0:
+            raise HostsError(f"host {self.name(k)}: {p.stderr.strip()}")
 
     def cut(self, k: int) -> None:
         """Take host ``k`` off the network: its port on the switch goes down, both ways."""

@@ -16,6 +16,7 @@
 # Several hosts sharing DIR (cluster/hosts.py's): RAYSTUDY_SLURM_NODES="h1=10.77.0.1 h2=10.77.0.2" at
 # start (the first one runs slurmctld and munged), RAYSTUDY_SLURM_CPUS each one's CPUs (default: all);
 # NODE:HOST=ADDR names a node otherwise than its host, as some clusters do (n1:h1=10.77.0.1).
+# RAYSTUDY_SLURMD_TIMEOUT: seconds before the controller takes a silent node for down (SLURM's 300).
 set -euo pipefail
 shopt -s inherit_errexit   # a failure inside $(...) stops the script too
 
@@ -89,6 +90,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
 ReturnToService=2
+SlurmdTimeout=${RAYSTUDY_SLURMD_TIMEOUT:-300}
 JobRequeue=1
 KillWait=60
 MinJobAge=600
@@ -163,7 +165,7 @@ stop)
     done
     ;;
 *)
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,19p' "$0" >&2
     exit 2
     ;;
 esac

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, driver_env, experiment_runs
+from tests.helpers import REPO, driver_env, experiment_runs, hosts_module
 
 LOCAL_SH = REPO / "cluster" / "slurm" / "local.sh"
 SLURM_DIR = os.environ.get("RAYSTUDY_SLURM_DIR", "/tmp/raystudy-slurm")
@@ -384,26 +384,6 @@ def queued(env) -> str:
     return subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout
 
 
-def _hosts_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("hosts", REPO / "cluster" / "hosts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CGROUPS = """
-if grep -q ' /sys/fs/cgroup cgroup2 ' /proc/1/mounts; then mount -t cgroup2 none /sys/fs/cgroup; else
-    mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup
-    awk '$2 ~ "^/sys/fs/cgroup/" && $3 == "cgroup" { print $2, $4 }' /proc/1/mounts | while read -r dir opts; do
-        case "$opts" in *name=*) opts="none,$opts" ;; esac
-        mkdir -p "$dir" && mount -t cgroup -o "$opts" cgroup "$dir"
-    done
-fi
-"""
-
-
 def test_a_two_node_job_on_two_hosts_trains_each_trial_across_both(tmp_path, demo_weights):
     """Two namespaced hosts (cluster/hosts.py): slurmctld and a slurmd on h1, a slurmd on h2, one CPU
     each, SLURM's nodes named n1 and n2; ``raystudy slurm --nodes 2``: the job's Ray head on h1, a Ray
@@ -411,7 +391,7 @@ def test_a_two_node_job_on_two_hosts_trains_each_trial_across_both(tmp_path, dem
     (before: ``srun --exclude=$(hostname -s)``, "Invalid node name specified", and no Ray on h2)."""
     if not have_slurm():
         pytest.skip("no SLURM here (as root: apt-get install slurm-wlm munge)")
-    hosts_py = _hosts_module()
+    hosts_py = hosts_module()
     if hosts_py.missing_tools():
         pytest.skip(f"no {hosts_py.missing_tools()}")
     folder = Path(tempfile.mkdtemp(prefix="rs-slurm2-", dir="/tmp"))
@@ -427,10 +407,7 @@ def test_a_two_node_job_on_two_hosts_trains_each_trial_across_both(tmp_path, dem
     try:
         hosts.up()
         for k in (1, 2):
-            # a default route, as a node has: Ray finds its address by it; and the machine's cgroup
-            # hierarchies (v1 here), which slurmd requires and `ip netns exec`'s fresh /sys lacks
-            p = hosts.sh(k, "ip route add default dev eth0 && " + CGROUPS)
-            assert p.returncode == 0, p.stderr
+            hosts.as_node(k)  # a default route (Ray's own address) and cgroups (slurmd)
         p = hosts.run(1, ["bash", str(LOCAL_SH), "start", str(folder)], env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stdout + p.stderr
         p = hosts.run(2, ["bash", str(LOCAL_SH), "node", str(folder)], env=env, capture_output=True, text=True)
