@@ -111,8 +111,10 @@ def slurm_head(hosts, args) -> int:
     import gzip
     import re
 
-    folder = Path(tempfile.mkdtemp(prefix="rs-slurm3-", dir="/tmp"))
-    folder.chmod(0o755)  # munged's socket is under it: open to all
+    folder = hosts.root / "slurm"  # on every host; munged's socket is under it: open to all
+    folder.mkdir()
+    for f in (hosts.root, folder):
+        f.chmod(0o755)
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
@@ -174,6 +176,7 @@ def slurm_head(hosts, args) -> int:
         assert "on h2:" in job_log(), job_log()[-3000:]  # the head where we meant it
         hosts.kill(2)
         killed = time.time()
+        ended_before = len(re.findall(r"^\[\s*\d+/8\] .* val ", job_log(), re.M))
         on(1, "scontrol", "update", "nodename=n1", "state=resume")
         pushed = 0
         while True:
@@ -192,7 +195,9 @@ def slurm_head(hosts, args) -> int:
         db.write_bytes(gzip.decompress(newest.read_bytes()))
         facts = store_facts(db)
         rc = 0 if state == "COMPLETED" and restarts >= 1 else 1
-        print(f"# the job: {state} after {restarts} requeue(s)")
+        redone = re.findall(r"\((\d+) were already done\)", text)
+        print(f"# the job: {state} after {restarts} requeue(s); {ended_before} trial(s) had finished before the loss, ")
+        print(f"# of which the requeued run found {redone[-1] if redone else '?'} done (the rest trained again)")
         ok = report("a SLURM job's head node (h2) lost", "--fault slurm-head", t0, killed, facts, 8, rc)
         return 0 if ok else 1
     finally:
