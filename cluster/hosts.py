@@ -115,7 +115,8 @@ class Hosts:
         if not 1 <= n <= 20:
             raise HostsError(f"hosts: n must be 1..20, got {n}")
         self.n, self.root = n, Path(root).resolve()
-        self.tag = tag or f"rsh{os.getpid()}"
+        # several sets at once in one process (a module's hosts and a test's own): a suffix apart
+        self.tag = tag or f"rsh{os.getpid()}-{os.urandom(3).hex()}"
         self.shared = self.root / "shared"
         self.keep = [Path(p).resolve() for p in (keep or [])]
         self.init_pids: dict[int, list[int]] = {}
