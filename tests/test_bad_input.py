@@ -805,10 +805,8 @@ def test_bad_input_as_a_user_types_it(cli, argv, needle, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_slurm_without_sbatch_on_the_path_is_refused(tmp_path):
-    """`raystudy slurm` where there is no SLURM (no sbatch on the PATH): one line, exit 2."""
-    (tmp_path / "s").mkdir()
-    env = driver_env(PYTHONPATH=str(REPO), PATH=os.path.dirname(sys.executable))
+def _slurm_refused(tmp_path, env) -> list[str]:
+    """`raystudy slurm --shared tmp_path/s -- grid` run in ``env``, refused: its one stderr line."""
     p = subprocess.run(
         [sys.executable, "-m", "raystudy", "slurm", "--shared", str(tmp_path / "s"), "--", "grid"],
         cwd=tmp_path,
@@ -819,6 +817,14 @@ def test_slurm_without_sbatch_on_the_path_is_refused(tmp_path):
     )
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+    return lines
+
+
+def test_slurm_without_sbatch_on_the_path_is_refused(tmp_path):
+    """`raystudy slurm` where there is no SLURM (no sbatch on the PATH): one line, exit 2."""
+    (tmp_path / "s").mkdir()
+    env = driver_env(PYTHONPATH=str(REPO), PATH=os.path.dirname(sys.executable))
+    lines = _slurm_refused(tmp_path, env)
     assert lines[0].startswith("error: no SLURM here: sbatch is not on the PATH"), lines
     assert sorted(q.name for q in tmp_path.iterdir()) == ["s"] and not list((tmp_path / "s").iterdir())
 
@@ -835,16 +841,7 @@ def test_slurm_without_the_cluster_extra_is_refused_before_submitting(tmp_path):
     (bin_ / "sbatch").chmod(0o755)
     (hidden / "flask_wtf.py").write_text("raise ImportError(\"No module named 'flask_wtf'\")\n")
     env = driver_env(PYTHONPATH=f"{hidden}:{REPO}", PATH=f"{bin_}:{os.path.dirname(sys.executable)}")
-    p = subprocess.run(
-        [sys.executable, "-m", "raystudy", "slurm", "--shared", str(tmp_path / "s"), "--", "grid"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+    lines = _slurm_refused(tmp_path, env)
     assert lines[0].startswith("error: the job's MLflow server needs Flask-WTF"), lines
     assert 'pip install -e ".[cluster]"' in lines[0], lines
     assert not (tmp_path / "sbatch-called").exists() and not list((tmp_path / "s").iterdir())
