@@ -93,10 +93,7 @@ def preflight(trials: list[Trial], s: Settings) -> None:
     """Before anything runs or is recorded: raises ``ConfigError`` (one line) where a trial cannot
     be placed on the connected Ray's nodes (``placement``), or where the storage, a local path, is
     not the same folder on every node that may run a trial (``shared``)."""
-    c = placement.cluster()
-    shapes = [placement.of_trial(t.as_dict(), rehearse=bool(s.rehearse)) for t in trials]
-    placement.check(shapes, c)
-    shared.check(s.storage, c, shapes)
+    shared.preflight(s.storage, [placement.of_trial(t.as_dict(), rehearse=bool(s.rehearse)) for t in trials])
 
 
 def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent) -> dict[str, Any]:
@@ -291,9 +288,6 @@ def _new_tuner(
             checkpoint_config=kept,
         ),
     )
-
-
-TRIAL_DRIVER_MEMORY = placement.TRIAL_DRIVER_MEMORY  # bytes set aside for a multi-worker trial's process
 
 
 def _resources(config):

@@ -102,10 +102,7 @@ def _run_studies(job: Job, s, storage: Path, skey: str) -> int:
     try:
         with s:
             # before anything runs or is recorded: a trial the nodes cannot hold, storage they do not share
-            shapes = [placement.shape(1, job.resources["cpu"], job.resources["gpu"])]
-            c = placement.cluster()
-            placement.check(shapes, c)
-            shared.check(storage, c, shapes)
+            shared.preflight(storage, [placement.shape(1, job.resources["cpu"], job.resources["gpu"])])
             cl, exp_id = session.experiment(job.uri, job.experiment)
             with session.parent_run(
                 cl,

@@ -56,6 +56,16 @@ def missing(path: Path, c: placement.Cluster, shapes: Iterable[placement.Shape])
         marker.unlink(missing_ok=True)
 
 
+def preflight(storage, shapes: Iterable[placement.Shape]) -> None:
+    """Before anything runs or is recorded: raise ``placement.Refused`` (one line) where a trial of
+    ``shapes`` cannot be placed on the connected Ray's nodes, or where ``storage`` is not the same
+    folder on every node that may run one (``check``)."""
+    shapes = list(shapes)
+    c = placement.cluster()
+    placement.check(shapes, c)
+    check(storage, c, shapes)
+
+
 def check(storage, c: placement.Cluster, shapes: Iterable[placement.Shape]) -> None:
     """Raise ``placement.Refused`` (one line) where ``storage``, a local path, is not seen by every node
     of ``c`` that may run a trial; a URI (``s3://...``) is every node's."""
