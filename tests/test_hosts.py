@@ -33,6 +33,8 @@ def load_hosts():
 
 
 hosts_mod = load_hosts()
+# the checkout and its Python, when they live under /tmp (a clone there): each host has a /tmp of its own
+KEEP = [REPO, Path(sys.prefix)]
 
 SERVE = (
     "import socket,sys;s=socket.socket();s.bind(('0.0.0.0',7000));s.listen();print('up',flush=True);"
@@ -66,7 +68,7 @@ def test_the_tools_are_here_as_root():
 
 
 def test_hosts_have_their_own_address_name_and_tmp_and_share_one_folder(tmp_path):
-    with hosts_mod.Hosts(3, tmp_path / "hosts") as hosts:
+    with hosts_mod.Hosts(3, tmp_path / "hosts", keep=KEEP) as hosts:
         for k in (1, 2, 3):
             out = hosts.sh(k, f"hostname; hostname -I; echo {k} > /tmp/mine; echo {k} > {hosts.shared}/from{k}")
             assert out.returncode == 0, out.stderr
@@ -90,7 +92,7 @@ def test_hosts_have_their_own_address_name_and_tmp_and_share_one_folder(tmp_path
 
 
 def test_a_cut_host_reaches_nothing_until_healed(tmp_path):
-    with hosts_mod.Hosts(2, tmp_path / "hosts") as hosts:
+    with hosts_mod.Hosts(2, tmp_path / "hosts", keep=KEEP) as hosts:
         server = serve(hosts, 1)
         hosts.cut(2)
         t0 = time.monotonic()
@@ -103,7 +105,7 @@ def test_a_cut_host_reaches_nothing_until_healed(tmp_path):
 
 
 def test_killing_a_host_ends_every_process_there_and_nothing_elsewhere(tmp_path):
-    with hosts_mod.Hosts(2, tmp_path / "hosts") as hosts:
+    with hosts_mod.Hosts(2, tmp_path / "hosts", keep=KEEP) as hosts:
         # a daemon that detaches from the command that started it, as `ray start` leaves a raylet
         hosts.sh(2, "setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo $! > /tmp/daemon")
         on1 = hosts.popen(1, ["sleep", "300"])
