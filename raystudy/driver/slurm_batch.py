@@ -43,8 +43,8 @@ def submission(args) -> tuple[list[str], dict[str, str]]:
             "(module load slurm), or raystudy grid for a Ray of your own"
         )
     check_server_packages(store)
-    check_gpus(args.partition, args.gpus_per_node)
-    check_nodes(args.partition, args.nodes)
+    if args.nodes > 1 or args.gpus_per_node:
+        check_partition(args.partition, args.nodes, args.gpus_per_node, sinfo_nodes())
     (shared / "logs").mkdir(exist_ok=True)
     cmd = ["sbatch", "--parsable", f"--job-name={args.job_name}", f"--nodes={args.nodes}", "--ntasks-per-node=1"]
     cmd += [f"--time={args.time}", f"--signal=B:USR1@{args.stop_before}", "--requeue", "--open-mode=append"]
@@ -123,51 +123,43 @@ def filesystem(path: Path) -> str:
     return kind
 
 
-def check_gpus(partition: str | None, gpus: int) -> None:
-    """More GPUs per node than the partition's nodes have, as ``sinfo`` says, is refused."""
-    if not gpus:
-        return
-    p = subprocess.run(["sinfo", "-h", "-o", "%P %G"], capture_output=True, text=True)
-    if p.returncode != 0:
-        return  # sinfo cannot say: sbatch will
-    rows = [line.split(None, 1) for line in p.stdout.splitlines() if line.strip()]
-    found = [(name.rstrip("*"), gres) for name, gres in rows if (partition or "") == name.rstrip("*")]
+def sinfo_nodes() -> str | None:
+    """``sinfo``'s line per node and partition (``NODE PARTITION GRES``), or None where it cannot say."""
+    p = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P %G"], capture_output=True, text=True)
+    return p.stdout if p.returncode == 0 else None
+
+
+def partition_nodes(sinfo: str, partition: str | None) -> tuple[str, dict[str, str]]:
+    """(the partition's name, {node: its GRES}) from ``sinfo_nodes``' lines: ``partition``, or the
+    default one (``*``) where it is None; a partition sinfo does not know is refused."""
+    rows = [line.split(None, 2) for line in sinfo.splitlines() if len(line.split(None, 2)) == 3]
     if partition is None:
-        found = [(name.rstrip("*"), gres) for name, gres in rows if name.endswith("*")]
-    if not found:
-        names = ", ".join(sorted({name.rstrip("*") for name, _ in rows}))
+        partition = next((name.rstrip("*") for _, name, _ in rows if name.endswith("*")), None)
+    found = {node: gres.strip() for node, name, gres in rows if name.rstrip("*") == partition}
+    if partition is None or not found:
+        names = ", ".join(sorted({name.rstrip("*") for _, name, _ in rows}))
         raise ConfigError(f"--partition {partition}: no such partition; sinfo knows {names}")
-    most = max(gpu_count(gres) for _, gres in found)
+    return partition, found
+
+
+def check_partition(partition: str | None, nodes: int, gpus: int, sinfo: str | None) -> None:
+    """More nodes, or more GPUs per node, than the partition has, as ``sinfo`` says, is refused
+    (sbatch takes such a job, and it waits for ever: "PartitionConfig", "PartitionNodeLimit" in
+    squeue). Where sinfo cannot say, sbatch will."""
+    if sinfo is None or (nodes <= 1 and not gpus):
+        return
+    name, found = partition_nodes(sinfo, partition)
+    most, node = max((gpu_count(gres), node) for node, gres in found.items())
     if gpus > most:
-        name = found[0][0]
         raise ConfigError(
             f"--gpus-per-node {gpus}: the nodes of partition {name} have "
             + (f"at most {most} GPUs" if most else "no GPUs")
-            + f" (sinfo: {found[0][1].strip()}); ask for {most} or fewer, or another partition"
+            + f" (sinfo: {found[node]}); ask for {most} or fewer, or another partition"
         )
-
-
-def check_nodes(partition: str | None, nodes: int) -> None:
-    """More nodes than the partition has, as ``sinfo`` says, is refused (sbatch takes such a job, and
-    it waits for ever: "PartitionConfig", "PartitionNodeLimit" in squeue)."""
-    if nodes <= 1:
-        return
-    p = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P"], capture_output=True, text=True)
-    if p.returncode != 0:
-        return  # sinfo cannot say: sbatch will
-    rows = [line.split() for line in p.stdout.splitlines() if len(line.split()) == 2]
-    if partition is None:
-        found = {node for node, name in rows if name.endswith("*")}
-        partition = next((name.rstrip("*") for _, name in rows if name.endswith("*")), None)
-    else:
-        found = {node for node, name in rows if name.rstrip("*") == partition}
-    if partition is None or not found:
-        names = ", ".join(sorted({name.rstrip("*") for _, name in rows}))
-        raise ConfigError(f"--partition {partition}: no such partition; sinfo knows {names}")
     if nodes > len(found):
         have = f"{len(found)} node" + ("s" if len(found) > 1 else "")
         raise ConfigError(
-            f"--nodes {nodes}: partition {partition} has {have} (sinfo: {', '.join(sorted(found))}); "
+            f"--nodes {nodes}: partition {name} has {have} (sinfo: {', '.join(sorted(found))}); "
             f"ask for {len(found)} or fewer, or another partition"
         )
 
