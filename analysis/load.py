@@ -132,7 +132,7 @@ def from_mlflow(experiment: str, tracking_uri: str | None = None, *, diverged_te
     """
     c = client(tracking_uri)
     exp_id = experiment_id(experiment, tracking_uri)
-    found = query.find_runs(c, exp_id, raystudy__role="trial")
+    found = query.trial_runs(c, exp_id)
     if not found:
         raise AnalysisError(
             f"experiment {experiment!r} has no trial runs (runs tagged raystudy.role=trial); has the grid started?"
@@ -152,7 +152,7 @@ def from_mlflow(experiment: str, tracking_uri: str | None = None, *, diverged_te
         experiment_id=exp_id,
         tracking_uri=tracking_uri,
         replaced=replaced,
-        rehearsal=sum(r.data.tags.get(tags.REHEARSAL) == "1" for r in found),
+        rehearsal=sum(r.tags.get(tags.REHEARSAL) == "1" for r in found),
     )
     return runs
 

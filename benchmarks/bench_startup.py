@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE = {
     "worker": """
 import ray.tune, torch, timm
-from raystudy import engine, plasticity
+from raystudy.train import engine, trial
+from raystudy.measure import plasticity
 from timm.models.vision_transformer import VisionTransformer
 torch.manual_seed(0)
 vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=10).eval()

@@ -38,8 +38,9 @@ def test_report_benchmark_runs_at_toy_size(tmp_path):
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     lines = {line.split()[0]: line for line in p.stdout.splitlines() if line.strip()}
-    assert {"load", "stats", "figures", "analysis", "total"} <= set(lines)
+    assert {"load", "search", "stats", "figures", "analysis", "total"} <= set(lines)
     assert "128 runs from MLflow" in lines["load"]  # 1 model x 2 optimizers x 2 x 8 conditions x 2 x 2
+    assert "the same table" in lines["search"]  # the benchmark asserts both loads give one frame
     assert "of 2 studies" in lines["stats"]  # one per optimizer
 
 

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from tests.commands.test_grid_ray import SPACE, grid_cmd, write_space
@@ -255,8 +256,12 @@ def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experimen
     assert query.statuses(cl, exp_id) == want
     monkeypatch.setenv(query.STORE_ENV, (server.state / "mlflow-store").read_text().strip())
     monkeypatch.setenv("PGPASSFILE", str(server.state / "pgpass"))
+    searched = pd.DataFrame(query.rows(query.find_runs(cl, exp_id, raystudy__role="trial")))
     monkeypatch.setattr(query, "searched_statuses", None)  # from here on, SQL alone answers
     assert query.statuses(cl, exp_id) == want and query.known_statuses(server.uri, exp) == want
+    # and so are the trial runs the report reads, whole
+    monkeypatch.setattr(query, "find_runs", None)
+    pd.testing.assert_frame_equal(pd.DataFrame(query.rows(query.trial_runs(cl, exp_id))), searched)
 
 
 def test_postgres_started_again_on_another_port_while_it_runs_says_so_in_one_line(server):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from raystudy.tracking.connect import client, sqlite_path
@@ -30,16 +31,26 @@ def statuses(cl, exp_id: str) -> dict[str, str]:
     """The raystudy status of every trial key of ``exp_id``, in one query (terminal ones win): on a
     database store, or a tracking server whose database this process reaches (``STORE_ENV``), one
     SQL query over the tags (``_sql_statuses``); else MLflow's search."""
-    store = _store_of(cl.tracking_uri)
     found = None
-    if store == cl.tracking_uri:
-        found = _sql_statuses(store, "r.experiment_id = CAST(:v AS INTEGER)", v=exp_id)
-    elif store is not None:  # the server's own database: the same experiment there, by id and name
-        name = cl.get_experiment(exp_id).name
-        where = "r.experiment_id = CAST(:v AS INTEGER) AND e.name = :name"
-        if _sql(store, _EXPERIMENT_SQL, v=exp_id) == [(name,)]:
-            found = _sql_statuses(store, where, v=exp_id, name=name)
+    at = _database_of(cl, exp_id)
+    if at is not None:
+        store, where, params = at
+        found = _sql_statuses(store, where, **params)
     return found if found is not None else searched_statuses(cl, exp_id)
+
+
+def _database_of(cl, exp_id: str) -> tuple[str, str, dict[str, str]] | None:
+    """(the database, the SQL condition on ``r`` and ``e`` that picks ``exp_id`` there, its
+    parameters) where ``cl``'s runs can be read with SQL (``_store_of``), else None. Behind a
+    tracking server, the same experiment there by id and name, or None."""
+    store = _store_of(cl.tracking_uri)
+    if store == cl.tracking_uri:
+        return store, "r.experiment_id = CAST(:v AS INTEGER)", {"v": exp_id}
+    if store is not None:
+        name = cl.get_experiment(exp_id).name
+        if _sql(store, _EXPERIMENT_SQL, v=exp_id) == [(name,)]:
+            return store, "r.experiment_id = CAST(:v AS INTEGER) AND e.name = :name", {"v": exp_id, "name": name}
+    return None
 
 
 def searched_statuses(cl, exp_id: str) -> dict[str, str]:
@@ -115,6 +126,77 @@ ORDER BY r.start_time ASC, r.run_uuid ASC
 
 _EXPERIMENT_SQL = "SELECT name FROM experiments WHERE experiment_id = CAST(:v AS INTEGER)"
 
+# The live trial runs of one experiment (``{where}``), and each one's MLflow status and start time,
+# tags, params and latest metrics (``latest_metrics``: a key's value at its highest step, as
+# MLflow's own search gives it; a NaN is kept as 0 with ``is_nan`` set).
+_TRIALS_SQL = f"""
+SELECT r.run_uuid FROM runs r
+JOIN experiments e ON e.experiment_id = r.experiment_id
+JOIN tags role ON role.run_uuid = r.run_uuid AND role.key = '{ROLE}' AND role.value = 'trial'
+WHERE {{where}} AND r.lifecycle_stage = 'active'
+"""
+_RUNS_SQL = (
+    "SELECT run_uuid, status, start_time FROM runs WHERE run_uuid IN ({trials}) ORDER BY start_time ASC, run_uuid ASC"
+)
+_TAGS_SQL = "SELECT run_uuid, key, value FROM tags WHERE run_uuid IN ({trials})"
+_PARAMS_SQL = "SELECT run_uuid, key, value FROM params WHERE run_uuid IN ({trials})"
+_METRICS_SQL = "SELECT run_uuid, key, value, is_nan FROM latest_metrics WHERE run_uuid IN ({trials})"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One run as the analysis reads it: its id, MLflow's status and start time (ms; 0 if none),
+    its tags, params and latest metrics."""
+
+    run_id: str
+    status: str
+    start_time: int
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: dict[str, float]
+
+    @classmethod
+    def of(cls, run) -> Recorded:
+        """The record of an MLflow ``Run``."""
+        i, d = run.info, run.data
+        return cls(i.run_id, i.status, i.start_time or 0, dict(d.tags), dict(d.params), dict(d.metrics))
+
+
+def trial_runs(cl, exp_id: str) -> list[Recorded]:
+    """Every live trial run of ``exp_id``, oldest first: on a database store, or a tracking
+    server whose database this process reaches (``STORE_ENV``), read with SQL in one transaction
+    (``_sql_trial_runs``); else through MLflow's search, which builds every run's entities (half a
+    minute at 10,000 runs)."""
+    at = _database_of(cl, exp_id)
+    found = _sql_trial_runs(*at) if at is not None else None
+    if found is None:
+        found = [Recorded.of(r) for r in find_runs(cl, exp_id, raystudy__role="trial")]
+    return found
+
+
+def _sql_trial_runs(store: str, where: str, params: dict[str, str]) -> list[Recorded] | None:
+    """``trial_runs`` of the experiment ``where`` names in the database ``store``; None where
+    ``_sql_reads`` answers None."""
+    trials = _TRIALS_SQL.format(where=where)
+    reads = [q.format(trials=trials) for q in (_RUNS_SQL, _TAGS_SQL, _PARAMS_SQL, _METRICS_SQL)]
+    found = _sql_reads(store, reads, **params)
+    if found is None:
+        return None
+    runs, tag_rows, param_rows, metric_rows = found
+    tags: dict[str, dict[str, str]] = {run_id: {} for run_id, _, _ in runs}
+    params_of: dict[str, dict[str, str]] = {run_id: {} for run_id, _, _ in runs}
+    metrics: dict[str, dict[str, float]] = {run_id: {} for run_id, _, _ in runs}
+    for run_id, key, value in tag_rows:
+        tags.setdefault(run_id, {})[key] = value
+    for run_id, key, value in param_rows:
+        params_of.setdefault(run_id, {})[key] = value
+    for run_id, key, value, is_nan in metric_rows:
+        metrics.setdefault(run_id, {})[key] = math.nan if is_nan else float(value)
+    return [
+        Recorded(run_id, status, start or 0, tags[run_id], params_of[run_id], metrics[run_id])
+        for run_id, status, start in runs
+    ]
+
 
 def _sql_statuses(uri: str, where: str, **params) -> dict[str, str] | None:
     """``statuses`` of the experiment ``where`` names (its ``:name``s are ``params``) in a database
@@ -127,6 +209,12 @@ def _sql(uri: str, sql: str, **params) -> list[tuple] | None:
     """The rows of ``sql`` on the database store ``uri``, read with SQLAlchemy (a SQLite file
     opened read only); None for a store of another kind, or a schema the query does not know
     (another MLflow's), or a database that cannot be reached."""
+    found = _sql_reads(uri, [sql], **params)
+    return None if found is None else found[0]
+
+
+def _sql_reads(uri: str, statements: list[str], **params) -> list[list[tuple]] | None:
+    """The rows of each of ``statements``, read in one transaction (``_sql``)."""
     if not _is_database(uri):
         return None
     import sqlalchemy
@@ -142,7 +230,7 @@ def _sql(uri: str, sql: str, **params) -> list[tuple] | None:
         engine = sqlalchemy.create_engine(uri, poolclass=sqlalchemy.pool.NullPool)
     try:
         with engine.connect() as con:
-            return [tuple(r) for r in con.execute(sqlalchemy.text(sql), params).fetchall()]
+            return [[tuple(r) for r in con.execute(sqlalchemy.text(sql), params).fetchall()] for sql in statements]
     except sqlalchemy.exc.DBAPIError:
         return None
     finally:
@@ -308,11 +396,10 @@ def val_curve(cl, run_id: str) -> list[tuple[int, float]]:
 
 
 def rows(runs) -> list[dict[str, Any]]:
-    """The rows of MLflow ``Run`` objects, with their start times (for deduplication)."""
-    return [
-        {
-            **run_row(r.info.run_id, r.info.status, r.data.tags, r.data.params, r.data.metrics),
-            "start_time": r.info.start_time or 0,
-        }
-        for r in runs
-    ]
+    """The rows of runs (``Recorded``, or MLflow ``Run`` objects), with their start times (for
+    deduplication)."""
+    out = []
+    for r in runs:
+        r = r if isinstance(r, Recorded) else Recorded.of(r)
+        out.append({**run_row(r.run_id, r.status, r.tags, r.params, r.metrics), "start_time": r.start_time})
+    return out
