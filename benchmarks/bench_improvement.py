@@ -11,7 +11,9 @@ U from ranks a sort of 2S. Both must give the same numbers bit for bit; this che
 on a synthetic study of the rehearsal's shape (4 datasets, 7 conditions, 2 lrs, S seeds: 14 runs
 a seed and dataset) with each method. ``--store S`` writes such a study into an MLflow SQLite
 store (``bench_report.build_store``: runs as the grid writes them) and times the report as a user
-runs it, ``python -m raystudy report --no-figures``, a process of its own: load and statistics.
+runs it, ``python -m raystudy report --no-figures``, a process of its own: load and statistics,
+once reading the runs with SQL and once through MLflow's search, and compares the two reports'
+files byte for byte.
 """
 
 from __future__ import annotations
@@ -52,7 +54,24 @@ def report_seconds(seeds: int) -> tuple[float, int]:
         return time.perf_counter() - t, len(runs)
 
 
-def report_process(seeds: int) -> tuple[float, int]:
+# The report as a user runs it, in a process of its own; with ``search`` its trial runs read through
+# MLflow's search (bench_report.by_search), as from a store SQL cannot reach.
+REPORT = """
+import sys
+sys.path.insert(0, {bench!r})
+from bench_report import by_search
+from analysis.commands import report
+if {search}:
+    with by_search():
+        sys.exit(report.main(sys.argv[1:]))
+sys.exit(report.main(sys.argv[1:]))
+"""
+
+
+def report_process(seeds: int) -> tuple[float, float, int, int, int]:
+    """(seconds of the report reading the runs with SQL, with MLflow's search, runs, files that
+    differ byte for byte between the two reports, files)."""
+    import filecmp
     import subprocess
 
     from bench_report import EXPERIMENT, build_store
@@ -60,11 +79,19 @@ def report_process(seeds: int) -> tuple[float, int]:
     runs = study(seeds)
     with tempfile.TemporaryDirectory() as tmp:
         uri, _ = build_store(Path(tmp), runs)
-        cmd = [sys.executable, "-m", "raystudy", "report", "--experiment", EXPERIMENT, "--tracking-uri", uri]
-        cmd += ["--no-figures", "--out", str(Path(tmp) / "report")]
-        t = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-        return time.perf_counter() - t, len(runs)
+        seconds = []
+        for search in (False, True):
+            code = REPORT.format(bench=str(ROOT / "benchmarks"), search=search)
+            cmd = [sys.executable, "-c", code, "--experiment", EXPERIMENT, "--tracking-uri", uri]
+            cmd += ["--no-figures", "--out", str(Path(tmp) / f"report-{search}")]
+            t = time.perf_counter()
+            subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+            seconds.append(time.perf_counter() - t)
+        a, b = Path(tmp) / "report-False", Path(tmp) / "report-True"
+        names = sorted(str(f.relative_to(a)) for f in a.rglob("*") if f.is_file())
+        assert names == sorted(str(f.relative_to(b)) for f in b.rglob("*") if f.is_file())
+        _, differ, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+        return seconds[0], seconds[1], len(runs), len(differ) + len(errors), len(names)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,8 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{ranked:.1f} s from ranks, {paired:.1f} s by pairs ({paired / ranked:.1f}x)"
         )
     if args.store:
-        seconds, n = report_process(args.store)
-        print(f"the report (--no-figures, a process) on a store of {n} runs ({args.store} seeds): {seconds:.1f} s")
+        sql, searched, n, differ, files = report_process(args.store)
+        print(
+            f"the report (--no-figures, a process) on a store of {n} runs ({args.store} seeds): {sql:.1f} s "
+            f"reading the runs with SQL, {searched:.1f} s through MLflow's search ({sql / searched:.2f}x); "
+            f"{files - differ} of {files} files the same byte for byte"
+        )
     return 0
 
 

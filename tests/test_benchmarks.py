@@ -2,6 +2,7 @@
 
 import glob
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,8 @@ def test_improvement_benchmark_checks_both_counts_and_times_the_report_with_each
     assert [r[0] for r in rows] == ["3", "12"] and all(r[-1].endswith("x") for r in rows)
     assert "the report's statistics at 2 seeds (112 runs):" in p.stdout and "by pairs" in p.stdout
     assert "the report (--no-figures, a process) on a store of 112 runs (2 seeds):" in p.stdout
+    same = re.search(r"(\d+) of (\d+) files the same byte for byte", p.stdout)  # read with SQL, and by search
+    assert same and same.group(1) == same.group(2) and int(same.group(2)) > 10, p.stdout[-2000:]
 
 
 @pytest.mark.slow
