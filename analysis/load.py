@@ -220,12 +220,16 @@ def step_metrics(runs: pd.DataFrame, keys: Iterable[str], tracking_uri: str | No
     component a single-component condition trains. Keys a run did not log give no rows.
     """
     c = client(tracking_uri)
+    wanted = [(run.run_id, t, t.format(condition=run.condition)) for run in runs.itertuples() for t in keys]
+    # on a database store, a query per 500 runs; else MLflow's call per run and key
+    found = query.metric_histories(c, [w[0] for w in wanted], [w[2] for w in wanted])
     rows = []
-    for run in runs.itertuples():
-        for template in keys:
-            key = template.format(condition=run.condition)
-            for m in c.get_metric_history(run.run_id, key):
-                rows.append((run.run_id, template, m.step, m.value))
+    for run_id, template, key in wanted:
+        if found is None:
+            points = [(m.step, m.value) for m in c.get_metric_history(run_id, key)]
+        else:
+            points = found.get((run_id, key), [])
+        rows += [(run_id, template, step, value) for step, value in points]
     return pd.DataFrame(rows, columns=["run_id", "key", "step", "value"])
 
 

@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         sql, searched, n, differ, files = report_process(args.store)
         print(
             f"the report (--no-figures, a process) on a store of {n} runs ({args.store} seeds): {sql:.1f} s "
-            f"reading the runs with SQL, {searched:.1f} s through MLflow's search ({sql / searched:.2f}x); "
+            f"reading the runs and curves with SQL, {searched:.1f} s through MLflow's search and calls "
+            f"({sql / searched:.2f}x); "
             f"{files - differ} of {files} files the same byte for byte"
         )
     return 0

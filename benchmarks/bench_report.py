@@ -164,15 +164,17 @@ def timed_figures(acc: list):
 
 @contextlib.contextmanager
 def by_search():
-    """The trial runs read through MLflow's search instead of SQL, as from a store SQL cannot reach."""
+    """The trial runs read through MLflow's search, and their curves by MLflow's call per run and
+    key, instead of SQL: as from a store SQL cannot reach."""
     from raystudy.tracking import query
 
-    original = query._database_of
+    originals = query._database_of, query.metric_histories
     query._database_of = lambda cl, exp_id: None
+    query.metric_histories = lambda cl, run_ids, keys: None
     try:
         yield
     finally:
-        query._database_of = original
+        query._database_of, query.metric_histories = originals
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -262,6 +262,10 @@ def test_three_grids_at_once_each_record_every_trial_once_in_their_own_experimen
     # and so are the trial runs the report reads, whole
     monkeypatch.setattr(query, "find_runs", None)
     pd.testing.assert_frame_equal(pd.DataFrame(query.rows(query.trial_runs(cl, exp_id))), searched)
+    # and their curves, in the order MLflow's call per run and key gives them
+    ids, keys = list(searched["run_id"]), ["loss", "val_acc"]
+    curves = {(r, k): [(m.step, m.value) for m in cl.get_metric_history(r, k)] for r in ids for k in keys}
+    assert query.metric_histories(cl, ids, keys) == {rk: points for rk, points in curves.items() if points}
 
 
 def test_postgres_started_again_on_another_port_while_it_runs_says_so_in_one_line(server):

@@ -159,3 +159,42 @@ def test_a_schema_the_sql_does_not_know_reads_the_trial_runs_by_mlflows_search(t
     monkeypatch.setattr(query, "_METRICS_SQL", "SELECT a, b, c, d FROM metrics_of_another_mlflow")
     assert query._sql_trial_runs(*query._database_of(cl, a)) is None
     assert len(query.trial_runs(cl, a)) == 7
+
+
+def test_metric_histories_read_with_sql_are_mlflows_point_for_point(tmp_path, monkeypatch):
+    from mlflow.entities import Metric
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cl, a = _runs_store(uri)
+    runs = [r.info.run_id for r in cl.search_runs([a])]
+    # out of order, a step logged twice, NaN and inf, keys another run lacks
+    points = [(0, 0.1, 5), (20, 0.3, 1), (10, float("nan"), 3), (10, 0.2, 4), (30, float("inf"), 2)]
+    cl.log_batch(runs[0], metrics=[Metric("val_acc", v, t, s) for s, v, t in points])
+    cl.log_batch(runs[1], metrics=[Metric("grad_norm/MHA", 1.0 + s, 7, s) for s in range(3)])
+    keys = ["val_acc", "grad_norm/MHA", "loss", "never"]
+    monkeypatch.setattr(query, "_CHUNK", 2)  # several chunks of runs
+    found = query.metric_histories(cl, runs, keys)
+    want = {}
+    for run in runs:
+        for key in keys:
+            history = [(m.step, m.value) for m in cl.get_metric_history(run, key)]
+            if history:
+                want[(run, key)] = history
+    assert repr(sorted(found.items())) == repr(sorted(want.items()))
+    assert [s for s, _ in found[(runs[0], "val_acc")]][:3] == [20, 30, 10]  # by timestamp, as MLflow orders
+    assert query.metric_histories(cl, [], keys) == {}
+
+
+def test_the_curves_table_is_the_same_read_either_way(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from analysis import load
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _runs_store(uri)
+    runs = load.from_mlflow("a", uri)
+    keys = ["val_acc", "grad_norm/{condition}", "loss"]
+    by_sql = load.step_metrics(runs, keys, uri)
+    assert len(by_sql) >= 3 and set(by_sql["key"]) <= set(keys)
+    monkeypatch.setattr(query, "metric_histories", lambda cl, ids, keys: None)  # MLflow's call per run and key
+    pd.testing.assert_frame_equal(by_sql, load.step_metrics(runs, keys, uri))
