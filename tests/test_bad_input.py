@@ -183,6 +183,8 @@ CASES = [
     ("search", ["--time-budget", "nan", "--dry-run"], {}, "--time-budget must be a finite number > 0"),
     ("search", ["--time-budget", "-5", "--dry-run"], {}, "--time-budget must be a finite number > 0"),
     ("search", ["--time-budget", "0", "--dry-run"], {}, "--time-budget must be a finite number > 0"),
+    ("search", ["--rehearse", "0", "--dry-run"], {}, "--rehearse must be a finite number > 0"),
+    ("search", ["--rehearse", "soon"], {}, "--rehearse takes seconds, a number > 0 and <= 3,600, got 'soon'"),
     ("search", ["--test-seeds", "1,x", "--dry-run"], {}, "--test-seeds"),
     ("search", ["--test-seeds", ",", "--dry-run"], {}, "--test-seeds"),
     ("search", ["--set", "lr=nan", "--dry-run"], {}, "'lr' must be a finite number"),

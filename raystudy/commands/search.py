@@ -4,12 +4,17 @@
     python -m raystudy search --space search_spaces/optuna/components.yaml --model vit_demo --dataset digits_c
     python -m raystudy search --space optimiser --model vit_base --dataset cifar100 --num-samples 64 \\
         --time-budget 36000 --address auto
+    python -m raystudy search --space optimiser --conditions MHA --num-samples 2000 --rehearse 1 --num-cpus 16
 
 For each condition of the space, Ray Tune's ``OptunaSearch`` (TPE, seeded) proposes configs from
 the YAML space, ASHA stops weak trials early on validation accuracy, and every trial is an MLflow
 run (exactly once, as in the grid). The Optuna study is persisted (SQLite under the storage
 path), so an interrupted search resumes with its history. The best config of each condition is
 chosen on validation accuracy and re-evaluated on test with fresh seeds.
+
+``--rehearse`` runs the same driver (Ray, Tune, Optuna and its storage, ASHA, MLflow) over
+synthetic trials whose plateau is a known function of the sampled config (``train.rehearsal``):
+it says how far the best config found is from the known optimum.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from raystudy.errors import ConfigError
 from raystudy.models import preflight, registry, sources
 from raystudy.spaces import schema, searches
 from raystudy.tracking import connect
+from raystudy.train import rehearsal
 from raystudy.train.config import FinetuneConfig, from_dict, validate
 
 
@@ -65,6 +71,17 @@ def build_parser() -> cli.Parser:
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base config key")
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/search, with the Optuna study")
+    ap.add_argument(
+        "--rehearse",
+        nargs="?",
+        const=str(rehearsal.DEFAULT_S),
+        metavar="SECONDS",
+        help="a dress rehearsal: the same search and driver (Ray, Tune, Optuna, ASHA, MLflow), each trial "
+        "reporting synthetic numbers for about SECONDS "
+        f"(default {rehearsal.DEFAULT_S:g}; {cli.bound('--rehearse')}) without model or data, its score a known "
+        "function of the sampled config whose optimum the summary compares with the best found; "
+        f"recorded in the experiment <experiment>{rehearsal.SUFFIX}",
+    )
     ap.add_argument("--dry-run", action="store_true", help="validate the space and stop")
     ap.add_argument("--quiet", action="store_true", help="less Ray progress output")
     return ap
@@ -80,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if job is None else run(job)
 
 
-def _base(args, space: searches.SearchSpace) -> tuple[dict, str, str, list[str]]:
+def _base(args, space: searches.SearchSpace, rehearse: bool) -> tuple[dict, str, str, list[str]]:
     """The search's base config with ``--set``, ``--model``, ``--dataset`` and ``--data`` on top,
-    its model, dataset and conditions, each checked (your own data cheaply: it exists)."""
+    its model, dataset and conditions, each checked (your own data cheaply: it exists; the
+    weights unless a rehearsal, which loads none)."""
     from raystudy.data.registry import dataset_info
 
     base = {**space.base, **cli.parse_set(args.set or [])}
@@ -98,7 +116,8 @@ def _base(args, space: searches.SearchSpace) -> tuple[dict, str, str, list[str]]
     dataset = base.get("dataset", FinetuneConfig.dataset)
     registry.check_model(model)
     dataset_info(dataset, base.get("data", ""))
-    preflight.check(model, base.get("weights"), skip_registered=args.dry_run)
+    if not rehearse:
+        preflight.check(model, base.get("weights"), skip_registered=args.dry_run)
     conditions = list(space.conditions)
     if args.conditions:
         if space.searches_components:
@@ -112,14 +131,17 @@ def prepare(args) -> Job | None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rehearse = cli.parse_seconds("--rehearse", args.rehearse)
     space = searches.load_search(args.space)
-    base, model, dataset, conditions = _base(args, space)
+    base, model, dataset, conditions = _base(args, space, rehearse is not None)
     studies = space.studies(conditions)
     validate(from_dict(base))
     mopts = schema.model_options(space.models, model)
     if mopts["workers"] > 1:
         raise ConfigError("searches run single-worker trials; use the grid for DDP models")
     resources = {"gpu": float(mopts["gpu"]), "cpu": float(mopts["cpu"]), "workers": 1}
+    if rehearse is not None:  # a rehearsal's trial sleeps on one CPU whatever the model would ask
+        resources = {"gpu": 0.0, "cpu": 1.0, "workers": 1}
     cli.check_count("--num-samples", args.num_samples)
     cli.check_seconds("--time-budget", args.time_budget)
     cli.check_count("--num-cpus", args.num_cpus)
@@ -133,14 +155,25 @@ def prepare(args) -> Job | None:
     uri = args.tracking_uri or connect.default_uri()
     connect.check_uri(uri)  # before any summary line: a refusal is its one line
     low = base.get("low_data") and base.get("low_data_split", "vtab1k") == "vtab1k"
-    notes = cli.check_data([base.get("data", "")], vtab1k=[base.get("data", "")] if low else [])
+    notes = (
+        []
+        if rehearse is not None
+        else cli.check_data([base.get("data", "")], vtab1k=[base.get("data", "")] if low else [])
+    )
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
     experiment = args.experiment or f"raystudy-{space.study}-{sources.short(registry.resolve_name(model))}"
+    if rehearse is not None:
+        experiment = rehearsal.experiment_name(experiment)
     print(
         f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
         f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}"
     )
     print(budget_line(time_budget, len(studies), num_samples))
+    if rehearse is not None:
+        print(
+            f"rehearsal: synthetic trials (about {rehearse:g} s each on one CPU), no model or data; "
+            f"recorded in experiment {experiment!r}"
+        )
     for note in notes:
         print(note)
     if args.dry_run:
@@ -162,6 +195,7 @@ def prepare(args) -> Job | None:
         tuning,
         uri,
         experiment,
+        rehearse,
     )
 
 

@@ -3,6 +3,7 @@ configs, ASHA stops weak trials early, ``records.MlflowTrials`` records each tri
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -113,11 +114,14 @@ def search_condition(
     resources: dict[str, Any],
     tuning: dict[str, Any],
     verbose: int,
+    rehearse: float | None = None,
 ) -> dict[str, Any]:
     """One Optuna study (``label``: a condition, or ``components`` when the condition itself is
-    searched); returns the best finished trial's config and score (``best_of``). Raises
-    ``tune_glue.Stopped`` if the user stopped it before its budget."""
-    study_name = f"{space.study}-{model}-{dataset}-{label}"
+    searched); returns the best finished trial's config and score (``best_of``), and for a
+    rehearsal (``rehearse``: seconds a trial) how near the known optimum it came (``found``).
+    Raises ``tune_glue.Stopped`` if the user stopped it before its budget."""
+    # a rehearsal's study is its own: it never resumes, or feeds its history to, the real one
+    study_name = f"{space.study}-{model}-{dataset}-{label}" + ("-rehearsal" if rehearse else "")
     cl = connect.client(tracking_uri)
     ostore = optuna_storage(storage / "optuna")
     told = record_told(ostore, study_name, Sampler(space, condition, base, resources), (cl, exp_id, parent), storage)
@@ -142,6 +146,7 @@ def search_condition(
             tuning,
             verbose,
             (tracking_uri, exp_id, parent),
+            rehearse,
         )
 
         def close():  # every trial of this session has ended, or the driver is going down: none stays RUNNING
@@ -153,7 +158,10 @@ def search_condition(
 
         if tune_glue.fit(tuner, verbose, close) and completed_trials(ostore, study_name) < num_samples:
             raise tune_glue.Stopped(f"study {study_name!r} stopped before its budget")
-    return best_of(cl, exp_id, study_name)
+    best = best_of(cl, exp_id, study_name)
+    if rehearse and "config" in best:
+        best["found"] = found(ostore, study_name, Sampler(space, condition, base, resources), best["key"])
+    return best
 
 
 def _tuner(
@@ -168,12 +176,16 @@ def _tuner(
     tuning: dict[str, Any],
     verbose: int,
     mlflow: tuple[str, str, str],
+    rehearse: float | None = None,
 ):
-    """The Tuner of one study's session: ``num_samples`` trials from ``searcher`` under ASHA."""
+    """The Tuner of one study's session: ``num_samples`` trials from ``searcher`` under ASHA; a
+    rehearsal's trials are ``train.rehearsal``'s, on one CPU, scored on the space's landscape."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
     from raystudy.driver import checkpoints, records
+    from raystudy.spaces import searches
+    from raystudy.train import rehearsal
     from raystudy.train.trial import run_trial
 
     steps = int(base.get("steps", FinetuneConfig.steps))
@@ -187,13 +199,20 @@ def _tuner(
         reduction_factor=space.reduction_factor,
     )
     kept, pruner = checkpoints.keep_checkpoints()
+    trainable = tune.with_resources(run_trial, {"cpu": resources["cpu"], "gpu": resources["gpu"]})
+    fixed = {
+        "storage_path": str(storage),
+        "threads": int(tuning["threads_per_trial"]),
+        "checkpoint_every_s": float(tuning["checkpoint_every_s"]),
+    }
+    run_tags = {"raystudy.search": study_name}
+    if rehearse:
+        trainable = tune.with_resources(rehearsal.rehearse_trial, tune.PlacementGroupFactory([{"CPU": 1}]))
+        fixed.update(rehearse_s=rehearse, rehearse_landscape=searches.landscape(space))
+        run_tags[tracking.REHEARSAL] = "1"
     return tune.Tuner(
-        tune.with_resources(run_trial, {"cpu": resources["cpu"], "gpu": resources["gpu"]}),
-        param_space={
-            "storage_path": str(storage),
-            "threads": int(tuning["threads_per_trial"]),
-            "checkpoint_every_s": float(tuning["checkpoint_every_s"]),
-        },
+        trainable,
+        param_space=fixed,
         tune_config=tune.TuneConfig(
             search_alg=searcher,
             scheduler=asha,
@@ -209,7 +228,7 @@ def _tuner(
             # the ledger first: a result is on storage before the searcher or MLflow hear of it
             callbacks=[
                 records.ResultLedger(ledger(storage, study_name)),
-                records.MlflowTrials(*mlflow, {"raystudy.search": study_name}),
+                records.MlflowTrials(*mlflow, run_tags),
                 pruner,
             ],
             failure_config=tune.FailureConfig(max_failures=int(tuning["max_failures"])),
@@ -235,7 +254,33 @@ def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
         best = max(finished, key=lambda r: r.data.metrics["best_val_acc"])
         out.update(
             best_run=best.info.run_id,
+            key=best.data.tags.get(tracking.KEY),
             val_acc=best.data.metrics["best_val_acc"],
             config=query.run_config(best.data.params),
         )
     return out
+
+
+def found(storage, study_name: str, sampler: Sampler, chosen_key: str | None) -> dict[str, Any]:
+    """How near a rehearsal study came to its landscape's known optimum: the true plateau
+    (``rehearsal.landscape_score``) of the config the search chose (its run's key: ``chosen_key``),
+    and the best true plateau among every trial it ran to the end, against the optimum's."""
+    import optuna
+
+    from raystudy.spaces import searches
+    from raystudy.train import rehearsal
+
+    land = searches.landscape(sampler.space)
+    told = optuna.load_study(study_name=study_name, storage=storage).get_trials(
+        deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)
+    )
+    scores = {}
+    for t in told:
+        trial = sampler(optuna.trial.FixedTrial(t.params))["trial"]
+        scores[trial["key"]] = rehearsal.landscape_score(land, trial["sampled"])
+    return {
+        "optimum": rehearsal.TOP,
+        "chosen": scores.get(chosen_key, math.nan),
+        "closest": max(scores.values(), default=math.nan),
+        "told": len(told),
+    }

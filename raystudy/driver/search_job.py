@@ -46,6 +46,7 @@ class Job:
     tuning: dict[str, Any]
     uri: str
     experiment: str
+    rehearse: float | None = None  # a dress rehearsal's seconds per trial (``train.rehearsal``)
 
 
 def check_samples(space: searches.SearchSpace, studies: list, base: dict[str, Any], resources: dict[str, Any]) -> None:
@@ -73,6 +74,8 @@ def run(job: Job) -> int:
             "dataset": job.dataset,
             "base": job.base,
             "conditions": job.conditions,
+            # a rehearsal's lock and Tune folders are its own (a real search's key is as it was)
+            **({"rehearsal": True} if job.rehearse else {}),
         }
     )
     s = session.Session(
@@ -82,6 +85,7 @@ def run(job: Job) -> int:
         address=args.address,
         num_cpus=args.num_cpus,
         temp_dir=args.ray_temp_dir,
+        weights=job.rehearse is None,
     )
     started = True
     try:
@@ -148,6 +152,7 @@ def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str
         resources=job.resources,
         tuning=tuning,
         verbose=0 if job.args.quiet else 1,
+        rehearse=job.rehearse,
     )
     if "config" not in best:
         print(f"[{label}] no trial finished: nothing to evaluate on test")
@@ -169,6 +174,7 @@ def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str
         checkpoint_every_s=float(tuning["checkpoint_every_s"]),
         verbose=0,
         role="search-test",
+        rehearse=job.rehearse,
     )
     keys = {t.key for t in trials}
     rows = [
@@ -204,3 +210,15 @@ def print_summary(summary: list[dict[str, Any]]) -> None:
             f"({s['test_runs']} seeds)  [{knobs}]  trials: {s['finished']} finished, "
             f"{s['stopped']} stopped early by ASHA"
         )
+        if "found" in s:
+            print("    " + found_line(s["found"]))
+
+
+def found_line(f: dict[str, Any]) -> str:
+    """A rehearsal study against its known optimum: the chosen config's true plateau, the best
+    any finished trial had, and how far each is below the optimum (the regret)."""
+    return (
+        f"rehearsal: known optimum {f['optimum']:.3f}; chosen config {f['chosen']:.3f} "
+        f"(regret {f['optimum'] - f['chosen']:.3f}); closest of {f['told']} trials {f['closest']:.3f} "
+        f"(regret {f['optimum'] - f['closest']:.3f})"
+    )

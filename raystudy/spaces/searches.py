@@ -3,6 +3,7 @@ its samples become."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +101,41 @@ class Sampler:
                 continue  # inactive: its condition does not hold
             values[p.name] = suggest(ot_trial, p)
         trial = make_trial(self.base, self.condition, values, self.resources).as_dict()
-        return {"trial": {**trial, "name": search_trial_name(trial["finetune"]["condition"], values)}}
+        name = search_trial_name(trial["finetune"]["condition"], values)
+        return {"trial": {**trial, "name": name, "sampled": values}}
+
+
+# Where a landscape's optimum sits on each number's (log) range: off the middle and the edges,
+# where neither a sampler's first draws nor its bias toward a range's centre would find it.
+OPTIMUM_AT = 0.3
+
+
+def landscape(space: SearchSpace) -> dict[str, dict[str, Any]]:
+    """A rehearsal's known optimum over ``space``'s params (``train.rehearsal.landscape_score``
+    scores a config on it): a number's at ``OPTIMUM_AT`` of its (log) range, a choice's last
+    value, a subset's first two components; each with what the score needs to measure a
+    distance from it."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in space.params:
+        d = DISTS[p.kind]
+        if p.kind == "subset_of":
+            out[p.name] = {"kind": "subset", "best": list(p.args[:2]), "of": list(p.args)}
+        elif not d.bounds:
+            out[p.name] = {"kind": "choice", "best": p.args[-1]}
+        else:
+            low, high = p.args[0], p.args[1] - 1 if d.integer else p.args[1]
+            if d.log:
+                best = math.exp(math.log(low) + OPTIMUM_AT * (math.log(high) - math.log(low)))
+            else:
+                best = low + OPTIMUM_AT * (high - low)
+            out[p.name] = {
+                "kind": "number",
+                "best": round(best) if d.integer else best,
+                "low": low,
+                "high": high,
+                "log": d.log,
+            }
+    return out
 
 
 # Short names of sampled keys in a search trial's name; the rest keep their own.

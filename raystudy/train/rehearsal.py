@@ -9,6 +9,10 @@ callbacks, checkpoints, recovery, an adaptive policy) with ``rehearse_trial`` in
 seeded by the trial's key, so a rerun reports the same ones. It sleeps through about SECONDS in
 all and imports neither torch nor timm: a rehearsal of a grid of thousands of trials costs its
 driver's work, not the trials'.
+
+A search's rehearsal (``raystudy search --rehearse``) draws each trial's plateau from a
+*landscape* instead (``landscape_score``): a known function of the sampled config with a known
+optimum, so that a rehearsal search can be checked for finding it.
 """
 
 from __future__ import annotations
@@ -61,6 +65,34 @@ def schedule(cfg: FinetuneConfig, start: int = 0) -> Iterator[tuple[int, bool, b
             yield done, logs, ev
 
 
+# ---------------------------------------------------------------- a search's landscape
+
+TOP = 0.95  # the plateau at a landscape's optimum
+DEPTH = 0.6  # how far below it the plateau falls at the farthest config
+
+
+def landscape_score(landscape: dict[str, dict[str, Any]], values: dict[str, Any]) -> float:
+    """The plateau of the config whose sampled ``values`` (param name: value) a search drew, on
+    ``landscape`` (param name: where its optimum is, ``spaces.searches.landscape``): ``TOP`` at
+    the optimum, less ``DEPTH`` times the mean squared distance from it over the params sampled
+    (a conditional param left out counts nothing). A number's distance is on its (log) range
+    scaled to [0, 1], a choice's 0 or 1, a subset's the share of components it gets wrong."""
+    d2 = []
+    for name, spec in landscape.items():
+        if name not in values:
+            continue
+        v, best = values[name], spec["best"]
+        if spec["kind"] == "number":
+            f = math.log if spec["log"] else float
+            lo, hi = f(spec["low"]), f(spec["high"])
+            d2.append(((f(v) - f(best)) / (hi - lo)) ** 2 if hi > lo else 0.0)
+        elif spec["kind"] == "subset":
+            d2.append(len(set(v) ^ set(best)) / max(1, len(spec["of"])))
+        else:
+            d2.append(0.0 if v == best else 1.0)
+    return TOP - DEPTH * (sum(d2) / len(d2) if d2 else 0.0)
+
+
 # ---------------------------------------------------------------- the synthetic curve
 
 
@@ -72,13 +104,17 @@ def _rng(key: str, *salt: Any) -> random.Random:
 
 class Curve:
     """A trial's synthetic learning curve: accuracy rising to a plateau, loss falling, a little
-    noise at each step; every value a function of the trial's key and the step alone."""
+    noise at each step; every value a function of the trial's key and the step alone.
+    ``plateau``: a search's known one (``landscape_score``), reached at the same pace by every
+    config, so that the best validation accuracy ranks configs as their plateaus do."""
 
-    def __init__(self, key: str, cfg: FinetuneConfig):
+    def __init__(self, key: str, cfg: FinetuneConfig, plateau: float | None = None):
         r = _rng(key)
         self.key, self.cfg = key, cfg
         self.plateau = 0.55 + 0.4 * r.random()  # validation accuracy it rises to
         self.rate = 3.0 + 5.0 * r.random()  # how many plateau-widths of the run it takes to rise
+        if plateau is not None:
+            self.plateau, self.rate = plateau, 6.0
         self.loss0 = 1.5 + r.random()
         self.groups = sorted(components.trainable_components(cfg.condition))
 
@@ -120,10 +156,12 @@ class Curve:
         }
 
 
-def reports(key: str, cfg: FinetuneConfig, start: int = 0) -> Iterator[tuple[dict[str, Any], bool]]:
+def reports(
+    key: str, cfg: FinetuneConfig, start: int = 0, plateau: float | None = None
+) -> Iterator[tuple[dict[str, Any], bool]]:
     """(metrics, evaluation) in the order the real trial hands them to its reporter after step
     ``start``: a step's measurements, then its evaluation (which a checkpoint may go with)."""
-    curve = Curve(key, cfg)
+    curve = Curve(key, cfg, plateau)
     best = -1.0
     for s in range(1, start + 1):  # the best so far, as a resumed trial's checkpoint holds it
         if evaluates(s, cfg):
@@ -137,9 +175,9 @@ def reports(key: str, cfg: FinetuneConfig, start: int = 0) -> Iterator[tuple[dic
             yield {"step": step, "val_acc": acc, "val_loss": loss, "best_val_acc": best}, True
 
 
-def final_results(key: str, cfg: FinetuneConfig) -> dict[str, Any]:
+def final_results(key: str, cfg: FinetuneConfig, plateau: float | None = None) -> dict[str, Any]:
     """The final results the trial reports: the same whether it ran straight or resumed."""
-    curve = Curve(key, cfg)
+    curve = Curve(key, cfg, plateau)
     best = {"val_acc": -1.0, "step": -1}
     last_loss = math.nan
     for step, logs, ev in schedule(cfg):
@@ -175,12 +213,15 @@ def run(
     every_s: float = 0.0,
     start: int = 0,
     sleep: Callable[[float], None] = time.sleep,
+    landscape: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One rehearsal trial from step ``start``: each report at its share of ``seconds`` (the
-    steps left take the time left), then the final one; returns the final results."""
+    steps left take the time left), then the final one; returns the final results. A search's
+    trial (``landscape`` given) rises to its config's plateau on it."""
     cfg = from_dict(trial["finetune"])
+    plateau = None if landscape is None else landscape_score(landscape, trial["sampled"])
     t0 = time.monotonic()
-    points = list(reports(trial["key"], cfg, start))
+    points = list(reports(trial["key"], cfg, start, plateau))
     reporter = Reporter(report_fn, checkpoint_cls, every_s, _save_state)
     span = max(1, cfg.steps - start)
     left = seconds * span / max(1, cfg.steps) if points else seconds
@@ -192,14 +233,15 @@ def run(
         reporter(metrics, {"step": metrics["step"], "best": max(reporter.best, metrics["val_acc"])} if ev else None)
     if not points and (wait := t0 + left - time.monotonic()) > 0:  # the linear probe: one fit, no steps
         sleep(wait)
-    results = {**final_results(trial["key"], cfg), "wall_s": time.monotonic() - t0, "resumed_from": start}
+    results = {**final_results(trial["key"], cfg, plateau), "wall_s": time.monotonic() - t0, "resumed_from": start}
     reporter.final(results)
     return results
 
 
 def rehearse_trial(tune_config: dict[str, Any]) -> None:
     """The Tune trainable of a rehearsal: ``run_trial``'s config (``trial``, ``checkpoint_every_s``)
-    and ``rehearse_s``, the seconds it lasts; resumes from its own checkpoint after a retry."""
+    and ``rehearse_s``, the seconds it lasts (and a search's ``rehearse_landscape``); resumes from
+    its own checkpoint after a retry."""
     from ray import tune
 
     start = _resume_step(tune.get_checkpoint())
@@ -210,6 +252,7 @@ def rehearse_trial(tune_config: dict[str, Any]) -> None:
         tune.Checkpoint,
         float(tune_config.get("checkpoint_every_s", 0)),
         start,
+        landscape=tune_config.get("rehearse_landscape"),
     )
 
 

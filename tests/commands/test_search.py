@@ -58,6 +58,46 @@ def test_trial_names_carry_condition_and_rounded_values(tmp_path):
         assert len(trial["name"]) < 60
 
 
+def test_a_rehearsals_optimum_sits_where_the_landscape_says_and_trials_carry_what_was_sampled(tmp_path):
+    import math
+
+    from raystudy.train import rehearsal
+
+    land = searches.landscape(searches.load_search("optimiser"))
+    # 0.3 of each (log) range: lr on [1e-4, 1], weight decay on [1e-6, 1e-1], warmup on randint [0, 100)
+    assert land["lr"] == {"kind": "number", "best": pytest.approx(10**-2.8), "low": 1e-4, "high": 1.0, "log": True}
+    assert land["weight_decay"]["best"] == pytest.approx(10**-4.5)
+    assert land["warmup_steps"] == {"kind": "number", "best": 30, "low": 0, "high": 99, "log": False}
+    assert land["momentum"]["best"] == pytest.approx(0.8 + 0.3 * 0.19)
+    assert land["optimizer"] == {"kind": "choice", "best": "adamw"} and land["batch_size"]["best"] == 128
+    comp = searches.landscape(searches.load_search("components"))["components"]
+    assert comp == {"kind": "subset", "best": ["LN1", "MHA"], "of": ["LN1", "MHA", "LN2", "FC1", "FC2"]}
+
+    space = searches.load_search(write(tmp_path, GOOD))
+    land = searches.landscape(space)
+    for t, trial in sample(space, n=20):
+        assert trial["sampled"] == t.params  # this space's values are Optuna's params, by name
+        assert ("momentum" in trial["sampled"]) == (trial["finetune"]["optimizer"] == "sgd")
+        assert 0.95 - 0.6 < rehearsal.landscape_score(land, trial["sampled"]) < 0.95
+    best = {k: v["best"] for k, v in land.items() if k != "beta2"}
+    assert rehearsal.landscape_score(land, best) == pytest.approx(0.95) and math.isclose(best["warmup_steps"], 3)
+
+
+def test_a_rehearsal_search_says_so_and_takes_one_cpu_a_trial_whatever_the_model_asks(capsys, tmp_path, monkeypatch):
+    from raystudy.commands import search
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--model", "vit_base", "--conditions", "MHA", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
+    real = search.prepare(search.build_parser().parse_args(argv))
+    assert real.rehearse is None and real.resources == {"gpu": 1.0, "cpu": 8.0, "workers": 1}
+    job = search.prepare(search.build_parser().parse_args([*argv, "--rehearse", "0.5"]))
+    assert job.rehearse == 0.5 and job.resources == {"gpu": 0.0, "cpu": 1.0, "workers": 1}
+    out = capsys.readouterr().out
+    assert "rehearsal: synthetic trials (about 0.5 s each on one CPU), no model or data" in out
+    assert "recorded in experiment 'raystudy-search-optimiser-vit_base_patch16_224-rehearsal'" in out
+    assert list(tmp_path.iterdir()) == []  # nothing recorded before the run
+
+
 def test_dry_run_states_the_time_budget(capsys):
     from raystudy.commands import search
 

@@ -64,12 +64,10 @@ def runs(tmp):
     return search_runs(f"sqlite:///{tmp}/mlflow.db", "raystudy-ts-vit_demo")
 
 
-def optuna_trials(tmp):
+def optuna_trials(tmp, name="ts-vit_demo-digits_c-MHA"):
     import optuna
 
-    study = optuna.load_study(
-        study_name="ts-vit_demo-digits_c-MHA", storage=f"sqlite:///{tmp}/runs/search/optuna/optuna.db"
-    )
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp}/runs/search/optuna/optuna.db")
     return study.get_trials(deepcopy=False)
 
 
@@ -179,3 +177,44 @@ def test_an_interrupted_search_leaves_no_run_running(work):
         assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
         parent = df[df["tags.raystudy.role"] == "search"].iloc[0]
         assert parent["tags.raystudy.status"] == "interrupted"
+
+
+def test_a_rehearsal_search_records_each_trial_once_and_says_how_near_the_known_optimum_it_came(work):
+    # The same driver over synthetic trials scored on a known landscape (``--rehearse``): its own
+    # experiment and Optuna study, each trial once, and a closing line whose numbers this test
+    # works out again from what MLflow and Optuna hold.
+    import re
+
+    from raystudy.spaces import searches
+    from raystudy.train import rehearsal
+
+    tmp, ray = work
+    space = {**SPACE, "budget": {"num_samples": 12}, "tune": {"checkpoint_every_s": 0}}
+    (tmp / "s.yaml").write_text(yaml.safe_dump(space))
+    p = subprocess.run(
+        [*cmd(tmp, ray), "--rehearse", "0.2"], cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    df = search_runs(f"sqlite:///{tmp}/mlflow.db", "raystudy-ts-vit_demo-rehearsal")
+    name = "ts-vit_demo-digits_c-MHA-rehearsal"
+    trials = df[df["tags.raystudy.search"] == name]
+    assert len(trials) == 12 and trials["tags.raystudy.key"].is_unique
+    assert (trials["tags.raystudy.rehearsal"] == "1").all() and (trials["status"] == "FINISHED").all()
+    study = optuna_trials(tmp, name)
+    assert len([t for t in study if t.state.name == "COMPLETE"]) == 12
+    with pytest.raises(KeyError):  # the real study is not touched
+        optuna_trials(tmp)
+
+    found = re.search(
+        r"rehearsal: known optimum ([\d.]+); chosen config ([\d.]+) .* closest of (\d+) trials ([\d.]+)", p.stdout
+    )
+    assert found, p.stdout[-3000:]
+    optimum, chosen, told, closest = float(found[1]), float(found[2]), int(found[3]), float(found[4])
+    land = searches.landscape(searches.load_search(str(tmp / "s.yaml")))
+    true = [rehearsal.landscape_score(land, t.params) for t in study if t.state.name == "COMPLETE"]
+    assert optimum == 0.95 and told == 12 and closest == round(max(true), 3)
+    # the chosen config: the finished trial with the best validation accuracy, scored on the landscape
+    best = trials[trials["tags.raystudy.status"] == "finished"].sort_values("metrics.best_val_acc").iloc[-1]
+    params = {t.params["lr"]: t.params for t in study if t.state.name == "COMPLETE"}
+    assert chosen == round(rehearsal.landscape_score(land, params[float(best["params.lr"])]), 3)
+    assert chosen <= closest <= optimum

@@ -54,7 +54,7 @@ class Checkpoint:
         return folder()
 
 
-def collect(t, seconds=0.0, every_s=0.0, start=0):
+def collect(t, seconds=0.0, every_s=0.0, start=0, landscape=None):
     out = []
     rehearsal.run(
         t,
@@ -64,8 +64,20 @@ def collect(t, seconds=0.0, every_s=0.0, start=0):
         every_s,
         start,
         sleep=lambda s: None,
+        landscape=landscape,
     )
     return out
+
+
+# A search's landscape, by hand: the optimum at lr 1e-2 on [1e-4, 1] (log), warmup 30 on [0, 100],
+# adamw, and the components MHA and FC1 of five.
+LAND = {
+    "lr": {"kind": "number", "best": 1e-2, "low": 1e-4, "high": 1.0, "log": True},
+    "warmup_steps": {"kind": "number", "best": 30, "low": 0, "high": 100, "log": False},
+    "optimizer": {"kind": "choice", "best": "adamw"},
+    "components": {"kind": "subset", "best": ["MHA", "FC1"], "of": ["LN1", "MHA", "LN2", "FC1", "FC2"]},
+}
+AT_BEST = {"lr": 1e-2, "warmup_steps": 30, "optimizer": "adamw", "components": ["FC1", "MHA"]}
 
 
 def test_the_schedule_and_names_are_the_real_trials(fast_config):
@@ -104,6 +116,38 @@ def test_the_lr_and_evaluation_rules_are_the_engines(fast_config):
     for every, last in ((4, True), (4, False), (20, False), (3, True)):
         cfg = fast_config(steps=10, eval_every=every, eval_last=last)
         assert [rehearsal.evaluates(s, cfg) for s in range(1, 11)] == [engine.evaluates(s, cfg) for s in range(1, 11)]
+
+
+def test_a_landscape_scores_its_optimum_top_and_less_by_the_mean_squared_distance_from_it():
+    score = functools.partial(rehearsal.landscape_score, LAND)
+    assert score(AT_BEST) == pytest.approx(0.95)
+    # lr 1e-4: two decades of four off, 0.5 of the range: 0.25 squared, a quarter of it over four params
+    assert score({**AT_BEST, "lr": 1e-4}) == pytest.approx(0.95 - 0.6 * 0.25 / 4)
+    assert score({**AT_BEST, "warmup_steps": 80}) == pytest.approx(0.95 - 0.6 * 0.25 / 4)  # 50 of 100
+    assert score({**AT_BEST, "optimizer": "sgd"}) == pytest.approx(0.95 - 0.6 * 1 / 4)
+    assert score({**AT_BEST, "components": ["MHA", "LN1"]}) == pytest.approx(0.95 - 0.6 * 0.4 / 4)  # 2 of 5 wrong
+    # a conditional param not sampled counts nothing: the mean is over the three sampled
+    no_opt = {k: v for k, v in AT_BEST.items() if k != "optimizer"}
+    assert score({**no_opt, "lr": 1e-4}) == pytest.approx(0.95 - 0.6 * 0.25 / 3)
+    worst = {"lr": 1.0, "warmup_steps": 100, "optimizer": "sgd", "components": ["LN1", "LN2", "FC2"]}
+    assert score(worst) == pytest.approx(0.95 - 0.6 * (0.5**2 + 0.7**2 + 1 + 1) / 4)
+
+
+def test_a_search_trial_rises_to_its_configs_plateau_so_the_nearer_config_scores_higher(trial):
+    land = {k: v for k, v in LAND.items() if k in ("lr", "optimizer")}
+    near = {**trial("near", steps=60, eval_every=10), "sampled": {"lr": 2e-2, "optimizer": "adamw"}}
+    far = {**trial("far", steps=60, eval_every=10), "sampled": {"lr": 0.5, "optimizer": "sgd"}}
+    finals = {}
+    for t in (near, far):
+        plateau = rehearsal.landscape_score(land, t["sampled"])
+        out = collect(t, landscape=land)
+        finals[t["key"]] = out[-1][0]["best_val_acc"]
+        # at the pace every search config shares the last evaluation is within its noise of the plateau
+        assert abs(finals[t["key"]] - plateau) < 0.015, (finals, plateau)
+        assert out[-1][0]["score"] == finals[t["key"]]
+    assert finals["near"] > finals["far"] + 0.3
+    # without a landscape the same key draws its own plateau (the grid's rehearsal), as before
+    assert collect(near)[-1][0]["best_val_acc"] != finals["near"]
 
 
 def test_a_trial_key_always_draws_the_same_curve_and_another_key_another(trial):
