@@ -301,3 +301,26 @@ def test_scale_benchmark_runs_at_toy_size(tmp_path):
         "SIGKILLed at" in p.stdout
         and "13 trial runs, 13 keys, 13 finished, 0 RUNNING, 0 metric steps twice" in p.stdout
     )
+
+
+@pytest.mark.slow
+def test_search_benchmark_runs_both_searches_and_a_killed_one_at_toy_size(tmp_path):
+    """raystudy's rehearsal search and Optuna alone over the same 20 trials, side by side, then
+    raystudy's search SIGKILLed at half-way and run again: each trial once."""
+    out = tmp_path / "search.json"
+    cmd = [sys.executable, "benchmarks/bench_search.py", "--trials", "20", "--seconds", "0.2", "--concurrency", "4"]
+    p = subprocess.run(
+        [*cmd, "--kill-at", "0.5", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    row = json.loads(out.read_text())
+    rs, op, k = row["raystudy"], row["optuna"], row["killed"]
+    assert set(rs["cpu"]) == set(op["cpu"]) == {"4", "10", "20"}  # the marks of 20 trials
+    assert all(v > 0 for v in [*rs["cpu"].values(), *op["cpu"].values()]), (rs["cpu"], op["cpu"])
+    assert rs["wall"] > 20 * 0.2 / 4 and rs["peak_kb"] > 0 and rs["optuna_mb"] > 0 and rs["mlflow_mb"] > 0
+    assert rs["found"].startswith("rehearsal: known optimum 0.950; chosen config"), rs["found"]
+    assert "growth from 4 to 20 trials: raystudy" in p.stdout
+    # killed once 10 of 20 were COMPLETE: the budget COMPLETE once, each ended in one run, none RUNNING
+    assert k["killed_at"] >= 10 and k["complete"] == 20 and k["ended"] == 20, k
+    assert k["runs"] == k["keys"] == 20 + k["interrupted"] and k["running"] == k["steps_twice"] == 0, k
+    assert "exactly once: yes" in p.stdout

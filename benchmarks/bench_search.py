@@ -1,0 +1,377 @@
+"""The extended searches at scale: raystudy's rehearsal search against Optuna alone, side by side
+in one run, and a rehearsal search killed and resumed.
+
+    python benchmarks/bench_search.py --trials 2000                       # minutes on 2 cores
+    python benchmarks/bench_search.py --trials 2000 --kill-at 0.5         # and a SIGKILL at half-way
+    python benchmarks/bench_search.py --trials 24 --seconds 0.2 --concurrency 4 --kill-at 0.5   # toy size (the test's)
+
+Both variants draw from the same space (``search_spaces/optuna/optimiser.yaml``'s parameters, one
+condition, MHA) with the same sampler (``TPESampler(seed=0)``, as ``raystudy search`` makes it) into
+an Optuna storage of the same kind (SQLite), and score each config on the same known landscape
+(``spaces.searches.landscape``):
+
+    raystudy     ``python -m raystudy search --rehearse SECONDS``: Ray Tune's ``OptunaSearch``, ASHA,
+                 MLflow (SQLite), each trial ``train.rehearsal``'s synthetic one on a Ray of
+                 ``--concurrency`` logical CPUs that outlives the driver (as a cluster's does)
+    optuna       ``study.ask()``, the landscape's score, ``study.tell()``: one process, no Ray, no
+                 trial time, no MLflow: what the sampler and its storage cost alone
+
+Printed for each: the driver's CPU seconds a trial (raystudy: the driver process alone, where Tune
+and the sampler run; optuna: the process) over the trials before each mark (the last tenth of the
+trials up to it), and the growth from the first mark to the last, with the ratio of the two
+growths; raystudy's wall seconds a trial at each mark, its RSS then (peak, VmHWM), the sizes of the
+Optuna storage and the MLflow store; and how near each search came to the known optimum.
+
+``--kill-at F`` adds raystudy's search once more in a fresh folder, its driver SIGKILLed once F of
+the trials are COMPLETE in Optuna's storage and the same command run again to the end. Printed:
+trials COMPLETE in Optuna (the budget, not more), MLflow's runs of the study (each key once),
+those ended, interrupted (a killed trial's run: its config is not sampled again) and RUNNING, every
+COMPLETE trial's run ended (none lost), metric steps logged twice, and the seconds the rerun took
+to its first new trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+STUDY = "bench"  # the search file's study: its Optuna study is bench-vit_demo-digits_c-MHA-rehearsal
+OPTUNA_NAME = f"{STUDY}-vit_demo-digits_c-MHA-rehearsal"
+EXPERIMENT = f"raystudy-{STUDY}-vit_demo-rehearsal"
+# The Ray a benchmark holds and the drivers that join it: no token to hand between them.
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+# A Ray that outlives the drivers joining it: started, its address printed, shut down when stdin closes.
+HOLD_RAY = """
+import sys, ray
+ray.init(num_cpus=int(sys.argv[1]), _temp_dir=sys.argv[2], include_dashboard=False, log_to_driver=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()
+"""
+
+
+def space_file(n: int, folder: Path) -> Path:
+    """The optimiser space on MHA alone, ``n`` trials, a short schedule (6 evaluations) that ASHA
+    can cut at its first rung."""
+    raw = yaml.safe_load((ROOT / "search_spaces" / "optuna" / "optimiser.yaml").read_text())
+    raw.update(
+        study=STUDY,
+        conditions=["MHA"],
+        budget={"num_samples": n},
+        scheduler={"grace_period": 20, "reduction_factor": 3},
+        test_seeds=[100],
+        tune={"max_failures": 1, "threads_per_trial": 1, "checkpoint_every_s": 0},
+    )
+    raw["base"].update(steps=120, eval_every=20, log_every=20)
+    path = folder / "space.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def marks(n: int) -> list[int]:
+    """Trial counts at which costs are read: 1,000 and every 1,000 past it where ``n`` reaches
+    2,000, else tenths of ``n`` (the first, the middle, the last)."""
+    if n >= 2000:
+        return [m for m in range(1000, n + 1, 1000)] + ([n] if n % 1000 else [])
+    return sorted({max(1, n // 5), n // 2, n})
+
+
+def window(n: int) -> int:
+    """The trials each mark's cost is the mean over: the tenth of the trials before it."""
+    return max(2, min(n // 10, 500))
+
+
+def _sql(db: Path, query: str, *args):
+    if not db.is_file():
+        return None
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as c:
+        return c.execute(query, args).fetchall()
+
+
+def complete_times(optuna_db: Path, study: str) -> list[float]:
+    """The wall-clock times (epoch seconds) at which the study's trials became COMPLETE, in order."""
+    rows = _sql(
+        optuna_db,
+        "select t.datetime_complete from trials t join studies s on s.study_id = t.study_id "
+        "where s.study_name = ? and t.state = 'COMPLETE' order by t.datetime_complete",
+        study,
+    )
+    return [datetime.fromisoformat(r[0]).timestamp() for r in rows or []]
+
+
+def _complete(optuna_db: Path) -> int:
+    rows = _sql(optuna_db, "select count(*) from trials where state = 'COMPLETE'")
+    return rows[0][0] if rows else 0
+
+
+def per_trial(samples: list[tuple[float, float]], done_at: list[float], n: int) -> dict[int, float]:
+    """Seconds of the sampled quantity a trial at each mark: ``samples`` are (time, cumulative value)
+    pairs, ``done_at`` the time each trial ended; over the ``window`` of trials before the mark."""
+
+    def value_at(t: float) -> float:
+        before = [v for s, v in samples if s <= t]
+        return before[-1] if before else samples[0][1]
+
+    w, out = window(n), {}
+    for m in marks(n):
+        if m <= len(done_at) and m - w >= 1:
+            out[m] = (value_at(done_at[m - 1]) - value_at(done_at[m - w - 1])) / w
+    return out
+
+
+def rss_kb(pid: int, field: str) -> int:
+    """``VmRSS`` or ``VmHWM`` (the peak) of ``pid`` in kB, from /proc."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def search_cmd(space: Path, work: Path, address: str, args) -> list[str]:
+    return [
+        sys.executable, "-m", "raystudy", "search", "--space", str(space), "--rehearse", str(args.seconds),
+        "--storage", str(work / "runs"), "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}",
+        "--address", address, "--quiet",
+    ]  # fmt: skip
+
+
+class HeldRay:
+    """``with HeldRay(cpus, folder) as address``: a local Ray of its own that outlives its drivers."""
+
+    def __init__(self, cpus: int, folder: Path):
+        self.cpus, self.folder = cpus, folder
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD_RAY, str(self.cpus), str(self.folder)],
+            text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, env=ENV,
+        )  # fmt: skip
+        return self.proc.stdout.readline().strip()
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+
+
+def run_raystudy(space: Path, work: Path, address: str, n: int, args, kill_at: float | None = None) -> dict:
+    """raystudy's rehearsal search, its driver's CPU and RSS sampled twice a second; SIGKILLed
+    once ``kill_at`` of the ``n`` trials are COMPLETE (then the caller starts it again)."""
+    import psutil
+
+    db = work / "runs" / "optuna" / "optuna.db"
+    log = (work / "driver.log").open("a")
+    t0, start = time.perf_counter(), time.time()
+    proc = subprocess.Popen(
+        search_cmd(space, work, address, args), cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT
+    )
+    me, cpu, peak, samples, first_new = psutil.Process(proc.pid), 0.0, 0, [], None
+    already = _complete(db)
+    while proc.poll() is None:
+        try:
+            c = me.cpu_times()
+            cpu = c.user + c.system
+            peak = max(peak, rss_kb(proc.pid, "VmHWM"))
+        except psutil.Error:
+            pass
+        samples.append((time.time(), cpu))
+        done = _complete(db)
+        if first_new is None and done > already:
+            first_new = time.perf_counter() - t0
+        if kill_at is not None and done >= kill_at * n:
+            proc.kill()
+            proc.wait()
+            log.close()
+            return {"killed_at": done}
+        time.sleep(0.5)
+    log.close()
+    if proc.returncode != 0:
+        sys.exit(f"bench_search: the search exited {proc.returncode}; see {work / 'driver.log'}")
+    text = (work / "driver.log").read_text()
+    found = [line.strip() for line in text.splitlines() if "rehearsal: known optimum" in line]
+    done_at = complete_times(db, OPTUNA_NAME)
+    return {
+        "wall": time.perf_counter() - t0,
+        "cpu": per_trial(samples, done_at, n),
+        "wall_per": per_trial([(s, s - start) for s, _ in samples], done_at, n),
+        "peak_kb": peak,
+        "optuna_mb": db.stat().st_size / 1e6,
+        "mlflow_mb": (work / "mlflow.db").stat().st_size / 1e6,
+        "found": found[-1] if found else "(no line)",
+        "first_new_s": first_new,
+    }
+
+
+def run_optuna(space_path: Path, work: Path, n: int) -> dict:
+    """Optuna alone: the same sampler, storage kind, space and landscape; ask, score, tell."""
+    import optuna
+
+    from raystudy.spaces import searches
+    from raystudy.train import rehearsal
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = searches.load_search(str(space_path))
+    sampler = searches.Sampler(space, "MHA", space.base, {"gpu": 0, "cpu": 1, "workers": 1})
+    land = searches.landscape(space)
+    (work / "optuna").mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(
+        study_name=OPTUNA_NAME,
+        storage=optuna.storages.RDBStorage(f"sqlite:///{work / 'optuna' / 'optuna.db'}"),
+        sampler=optuna.samplers.TPESampler(seed=space.seed),
+        direction="maximize",
+    )
+    samples, done_at, t0 = [], [], time.perf_counter()
+    for _ in range(n):
+        t = study.ask()
+        study.tell(t, rehearsal.landscape_score(land, sampler(t)["trial"]["sampled"]))
+        now = time.process_time()
+        samples.append((len(done_at), now))
+        done_at.append(len(done_at))  # the trial's index stands for its time: one process, in order
+    best = rehearsal.landscape_score(
+        land, sampler(optuna.trial.FixedTrial(study.best_trial.params))["trial"]["sampled"]
+    )
+    return {
+        "wall": time.perf_counter() - t0,
+        "cpu": per_trial(samples, done_at, n),
+        "optuna_mb": (work / "optuna" / "optuna.db").stat().st_size / 1e6,
+        "found": f"best trial {best:.3f}, known optimum {rehearsal.TOP:.3f} (regret {rehearsal.TOP - best:.3f})",
+    }
+
+
+def killed_and_resumed(space: Path, work: Path, n: int, args) -> dict:
+    """raystudy's search SIGKILLed at ``--kill-at`` and run again to the end; what the stores then hold."""
+    with HeldRay(args.concurrency, work / "ray") as address:
+        first = run_raystudy(space, work, address, n, args, kill_at=args.kill_at)
+        second = run_raystudy(space, work, address, n, args)
+    optuna_db, mlflow_db = work / "runs" / "optuna" / "optuna.db", work / "mlflow.db"
+    complete = _sql(
+        optuna_db,
+        "select count(*) from trials t join studies s using (study_id) where s.study_name = ? and state = 'COMPLETE'",
+        OPTUNA_NAME,
+    )[0][0]
+    trials = f"(select run_uuid from tags where key = 'raystudy.search' and value = '{OPTUNA_NAME}')"
+    status = dict(
+        _sql(
+            mlflow_db,
+            f"select value, count(*) from tags where key = 'raystudy.status' and run_uuid in {trials} group by value",
+        )
+    )
+    runs = _sql(mlflow_db, f"select count(*) from runs where run_uuid in {trials}")[0][0]
+    keys = _sql(
+        mlflow_db, f"select count(distinct value) from tags where key = 'raystudy.key' and run_uuid in {trials}"
+    )[0][0]
+    dupes = "select count(*) from (select 1 from metrics group by run_uuid, key, step having count(*) > 1)"
+    return {
+        "killed_at": first["killed_at"],
+        "complete": complete,
+        "runs": runs,
+        "keys": keys,
+        "ended": sum(v for k, v in status.items() if k in ("finished", "stopped", "diverged", "failed")),
+        "interrupted": status.get("interrupted", 0),
+        "running": _sql(mlflow_db, f"select count(*) from runs where status = 'RUNNING' and run_uuid in {trials}")[0][
+            0
+        ],
+        "steps_twice": _sql(mlflow_db, dupes)[0][0],
+        "first_new_s": second["first_new_s"],
+        "found": second["found"],
+    }
+
+
+def show(n: int, rs: dict | None, op: dict | None, args) -> None:
+    when = time.strftime("%Y-%m-%d")
+    print(f"\n## {n:,} trials ({args.seconds:g} s rehearsal trials, {args.concurrency} at once; {when})")
+    for name, r in (("raystudy", rs), ("optuna", op)):
+        if r is None:
+            continue
+        cpu = ", ".join(f"{m:,}: {v * 1000:.1f}" for m, v in r["cpu"].items())
+        print(f"{name:<9} wall {r['wall']:.1f} s; CPU ms a trial at {cpu}; optuna.db {r['optuna_mb']:.1f} MB")
+        if name == "raystudy":
+            wall = ", ".join(f"{m:,}: {v:.3f}" for m, v in r["wall_per"].items())
+            print(f"          wall s a trial at {wall} (the trials alone: {args.seconds / args.concurrency:.3f})")
+            print(f"          driver peak RSS (VmHWM) {r['peak_kb'] / 1024:.0f} MB; mlflow.db {r['mlflow_mb']:.1f} MB")
+        print(f"          {r['found']}")
+    if rs and op and len(rs["cpu"]) > 1 and len(op["cpu"]) > 1:
+        (a, ra), (b, rb) = list(rs["cpu"].items())[0], list(rs["cpu"].items())[-1]
+        oa, ob = op["cpu"][a], op["cpu"][b]
+        grow, ogrow = rb - ra, ob - oa
+        ratio = grow / ogrow if ogrow > 0 else float("inf")
+        print(
+            f"growth from {a:,} to {b:,} trials: raystudy {grow * 1000:+.1f} ms a trial, optuna alone "
+            f"{ogrow * 1000:+.1f} ms a trial; ratio {ratio:.2f} (target <= 1.5)"
+        )
+
+
+def show_killed(k: dict, n: int) -> None:
+    lost = k["complete"] - k["ended"]
+    print(
+        f"killed at {k['killed_at']:,} of {n:,} COMPLETE, run again: {k['complete']:,} COMPLETE in Optuna; "
+        f"MLflow {k['runs']:,} runs, {k['keys']:,} keys, {k['ended']:,} ended, {k['interrupted']} interrupted, "
+        f"{k['running']} RUNNING; COMPLETE without an ended run: {max(lost, 0)}; steps twice {k['steps_twice']}; "
+        f"first new trial {k['first_new_s'] or float('nan'):.1f} s after the restart"
+    )
+    once = k["complete"] == n and k["keys"] == k["runs"] and k["ended"] == n and k["running"] == 0
+    print(f"exactly once: {'yes' if once and not k['steps_twice'] else 'NO'}; {k['found']}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--trials", type=int, default=2000, help="trials of the search (default 2,000)")
+    ap.add_argument("--seconds", type=float, default=1.0, help="seconds of one rehearsal trial (default 1)")
+    ap.add_argument("--concurrency", type=int, default=16, help="logical CPUs of the Ray: trials at once")
+    ap.add_argument("--variants", default="raystudy,optuna", help="which side-by-side runs (default both; '' none)")
+    ap.add_argument("--kill-at", type=float, help="also a search SIGKILLed at this fraction done, then resumed")
+    ap.add_argument("--keep", help="keep the work folders here")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    bad = [v for v in variants if v not in ("raystudy", "optuna")]
+    if args.trials < 10 or bad or not 0 < args.seconds <= 60 or args.concurrency < 1:
+        print(
+            "error: --trials >= 10, --variants from raystudy,optuna, 0 < --seconds <= 60, --concurrency >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    if args.kill_at is not None and not 0 < args.kill_at < 1:
+        print(f"error: --kill-at {args.kill_at:g}: a fraction of the trials, > 0 and < 1", file=sys.stderr)
+        return 2
+    base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_search-"))
+    base.mkdir(parents=True, exist_ok=True)
+    space = space_file(args.trials, base)
+    print(f"bench_search: {' '.join(sys.argv)}; work in {base}", flush=True)
+    rs = op = None
+    if "raystudy" in variants:
+        with HeldRay(args.concurrency, base / "ray") as address:
+            (base / "raystudy").mkdir()
+            rs = run_raystudy(space, base / "raystudy", address, args.trials, args)
+    if "optuna" in variants:
+        op = run_optuna(space, base / "optuna", args.trials)
+    show(args.trials, rs, op, args)
+    killed = None
+    if args.kill_at is not None:
+        (base / "killed").mkdir()
+        killed = killed_and_resumed(space, base / "killed", args.trials, args)
+        show_killed(killed, args.trials)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"n": args.trials, "raystudy": rs, "optuna": op, "killed": killed}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
