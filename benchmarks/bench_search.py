@@ -96,8 +96,11 @@ def window(n: int) -> int:
 def _sql(db: Path, query: str, *args):
     if not db.is_file():
         return None
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as c:
-        return c.execute(query, args).fetchall()
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as c:
+            return c.execute(query, args).fetchall()
+    except sqlite3.OperationalError:  # created, its tables not yet
+        return None
 
 
 def complete_times(optuna_db: Path, study: str) -> list[float]:
@@ -174,14 +177,44 @@ class HeldRay:
 def run_raystudy(space: Path, work: Path, address: str, n: int, args, kill_at: float | None = None) -> dict:
     """raystudy's rehearsal search, its driver's CPU and RSS sampled twice a second; SIGKILLed
     once ``kill_at`` of the ``n`` trials are COMPLETE (then the caller starts it again)."""
+    log = (work / "driver.log").open("a")
+    t0, start = time.perf_counter(), time.time()
+    cmd = search_cmd(space, work, address, args)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        watched = _watch(proc, work, n, kill_at, t0)
+    finally:
+        if proc.poll() is None:  # the benchmark failed: its driver goes with it
+            proc.kill()
+            proc.wait()
+        log.close()
+    if kill_at is not None:
+        return watched
+    if proc.returncode != 0:
+        sys.exit(f"bench_search: the search exited {proc.returncode}; see {work / 'driver.log'}")
+    db = work / "runs" / "optuna" / "optuna.db"
+    text = (work / "driver.log").read_text()
+    found = [line.strip() for line in text.splitlines() if "rehearsal: known optimum" in line]
+    done_at = complete_times(db, OPTUNA_NAME)
+    samples = watched["samples"]
+    return {
+        "wall": time.perf_counter() - t0,
+        "cpu": per_trial(samples, done_at, n),
+        "wall_per": per_trial([(s, s - start) for s, _ in samples], done_at, n),
+        "peak_kb": watched["peak_kb"],
+        "optuna_mb": db.stat().st_size / 1e6,
+        "mlflow_mb": (work / "mlflow.db").stat().st_size / 1e6,
+        "found": found[-1] if found else "(no line)",
+        "first_new_s": watched["first_new_s"],
+    }
+
+
+def _watch(proc, work: Path, n: int, kill_at: float | None, t0: float) -> dict:
+    """``run_raystudy``'s watch of its driver ``proc`` (CPU, peak RSS, the first trial it completed),
+    to its end, or SIGKILLed once ``kill_at`` of the ``n`` trials are COMPLETE."""
     import psutil
 
     db = work / "runs" / "optuna" / "optuna.db"
-    log = (work / "driver.log").open("a")
-    t0, start = time.perf_counter(), time.time()
-    proc = subprocess.Popen(
-        search_cmd(space, work, address, args), cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT
-    )
     me, cpu, peak, samples, first_new = psutil.Process(proc.pid), 0.0, 0, [], None
     already = _complete(db)
     while proc.poll() is None:
@@ -198,25 +231,9 @@ def run_raystudy(space: Path, work: Path, address: str, n: int, args, kill_at: f
         if kill_at is not None and done >= kill_at * n:
             proc.kill()
             proc.wait()
-            log.close()
             return {"killed_at": done}
         time.sleep(0.5)
-    log.close()
-    if proc.returncode != 0:
-        sys.exit(f"bench_search: the search exited {proc.returncode}; see {work / 'driver.log'}")
-    text = (work / "driver.log").read_text()
-    found = [line.strip() for line in text.splitlines() if "rehearsal: known optimum" in line]
-    done_at = complete_times(db, OPTUNA_NAME)
-    return {
-        "wall": time.perf_counter() - t0,
-        "cpu": per_trial(samples, done_at, n),
-        "wall_per": per_trial([(s, s - start) for s, _ in samples], done_at, n),
-        "peak_kb": peak,
-        "optuna_mb": db.stat().st_size / 1e6,
-        "mlflow_mb": (work / "mlflow.db").stat().st_size / 1e6,
-        "found": found[-1] if found else "(no line)",
-        "first_new_s": first_new,
-    }
+    return {"samples": samples, "peak_kb": peak, "first_new_s": first_new}
 
 
 def run_optuna(space_path: Path, work: Path, n: int) -> dict:
