@@ -126,6 +126,28 @@ def _base(args, space: searches.SearchSpace, rehearse: bool) -> tuple[dict, str,
     return base, model, dataset, conditions
 
 
+def _resources(space: searches.SearchSpace, model: str, rehearse: float | None) -> dict:
+    """What a trial of ``model`` takes (the space's ``models``); a rehearsal's sleeps on one CPU."""
+    mopts = schema.model_options(space.models, model)
+    if mopts["workers"] > 1:
+        raise ConfigError("searches run single-worker trials; use the grid for DDP models")
+    if rehearse is not None:
+        return {"gpu": 0.0, "cpu": 1.0, "workers": 1}
+    return {"gpu": float(mopts["gpu"]), "cpu": float(mopts["cpu"]), "workers": 1}
+
+
+def _notes(base: dict, rehearse: float | None, experiment: str) -> list[str]:
+    """What the search says before it starts: of your own data, checked in full
+    (``cli.check_data``); or, for a rehearsal, which reads no data, that it is one."""
+    if rehearse is not None:
+        return [
+            f"rehearsal: synthetic trials (about {rehearse:g} s each on one CPU), no model or data; "
+            f"recorded in experiment {experiment!r}"
+        ]
+    low = base.get("low_data") and base.get("low_data_split", "vtab1k") == "vtab1k"
+    return cli.check_data([base.get("data", "")], vtab1k=[base.get("data", "")] if low else [])
+
+
 def prepare(args) -> Job | None:
     """The search ``args`` ask for, checked and stated; None for a dry run. Raises ``ConfigError``."""
     import optuna
@@ -136,12 +158,7 @@ def prepare(args) -> Job | None:
     base, model, dataset, conditions = _base(args, space, rehearse is not None)
     studies = space.studies(conditions)
     validate(from_dict(base))
-    mopts = schema.model_options(space.models, model)
-    if mopts["workers"] > 1:
-        raise ConfigError("searches run single-worker trials; use the grid for DDP models")
-    resources = {"gpu": float(mopts["gpu"]), "cpu": float(mopts["cpu"]), "workers": 1}
-    if rehearse is not None:  # a rehearsal's trial sleeps on one CPU whatever the model would ask
-        resources = {"gpu": 0.0, "cpu": 1.0, "workers": 1}
+    resources = _resources(space, model, rehearse)
     cli.check_count("--num-samples", args.num_samples)
     cli.check_seconds("--time-budget", args.time_budget)
     cli.check_count("--num-cpus", args.num_cpus)
@@ -154,26 +171,16 @@ def prepare(args) -> Job | None:
     check_samples(space, studies, base, resources)
     uri = args.tracking_uri or connect.default_uri()
     connect.check_uri(uri)  # before any summary line: a refusal is its one line
-    low = base.get("low_data") and base.get("low_data_split", "vtab1k") == "vtab1k"
-    notes = (
-        []
-        if rehearse is not None
-        else cli.check_data([base.get("data", "")], vtab1k=[base.get("data", "")] if low else [])
-    )
-    backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
     experiment = args.experiment or f"raystudy-{space.study}-{sources.short(registry.resolve_name(model))}"
     if rehearse is not None:
         experiment = rehearsal.experiment_name(experiment)
+    notes = _notes(base, rehearse, experiment)
+    backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
     print(
         f"search {space.name}: {model} on {dataset}; studies {', '.join(label for label, _ in studies)}; "
         f"{num_samples} trials each; best re-evaluated on test with seeds {test_seeds}"
     )
     print(budget_line(time_budget, len(studies), num_samples))
-    if rehearse is not None:
-        print(
-            f"rehearsal: synthetic trials (about {rehearse:g} s each on one CPU), no model or data; "
-            f"recorded in experiment {experiment!r}"
-        )
     for note in notes:
         print(note)
     if args.dry_run:

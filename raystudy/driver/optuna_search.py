@@ -124,16 +124,13 @@ def search_condition(
     study_name = f"{space.study}-{model}-{dataset}-{label}" + ("-rehearsal" if rehearse else "")
     cl = connect.client(tracking_uri)
     ostore = optuna_storage(storage / "optuna")
-    told = record_told(ostore, study_name, Sampler(space, condition, base, resources), (cl, exp_id, parent), storage)
-    if told:
-        print(f"[{label}] {told} trial(s) ended in Tune's files but not in MLflow: recorded from their results")
-    # Runs a killed search left RUNNING mid-trial: their configs are not resampled, so close them.
-    record.close_stale(cl, exp_id, raystudy__search=study_name)
-    done = completed_trials(ostore, study_name)
+    sampler = Sampler(space, condition, base, resources)
+    done = _after_a_kill(ostore, study_name, sampler, (cl, exp_id, parent), storage, label)
     remaining = num_samples - done
     print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {max(remaining, 0)} to run", flush=True)
     if remaining > 0:
         searcher = make_searcher(space, condition, base, resources, ostore, study_name)
+        mlflow = (tracking_uri, exp_id, parent)
         tuner = _tuner(
             searcher,
             study_name,
@@ -145,23 +142,43 @@ def search_condition(
             resources,
             tuning,
             verbose,
-            (tracking_uri, exp_id, parent),
+            mlflow,
             rehearse,
         )
-
-        def close():  # every trial of this session has ended, or the driver is going down: none stays RUNNING
-            held = backlog.of(tracking_uri, exp_id, parent)
-            held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
-            stale = record.close_stale(cl, exp_id, raystudy__search=study_name)
-            if stale:
-                print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
-
+        close = _closer(cl, mlflow, study_name, label)
         if tune_glue.fit(tuner, verbose, close) and completed_trials(ostore, study_name) < num_samples:
             raise tune_glue.Stopped(f"study {study_name!r} stopped before its budget")
     best = best_of(cl, exp_id, study_name)
     if rehearse and "config" in best:
-        best["found"] = found(ostore, study_name, Sampler(space, condition, base, resources), best["key"])
+        best["found"] = found(ostore, study_name, sampler, best["key"])
     return best
+
+
+def _closer(cl, mlflow: tuple[str, str, str], study_name: str, label: str):
+    """What ``tune_glue.fit`` calls once every trial of the session has ended, or the driver is
+    going down: the writes held while the tracking server was away settled, and no run left RUNNING."""
+
+    def close():
+        tracking_uri, exp_id, parent = mlflow
+        held = backlog.of(tracking_uri, exp_id, parent)
+        held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
+        stale = record.close_stale(cl, exp_id, raystudy__search=study_name)
+        if stale:
+            print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+
+    return close
+
+
+def _after_a_kill(storage, study_name: str, sampler: Sampler, mlflow: tuple, folder: Path, label: str) -> int:
+    """What a killed session of the study left, put right before it goes on: trials Optuna holds
+    COMPLETE that MLflow never ended recorded (``record_told``), runs left RUNNING mid-trial closed
+    (their configs are not sampled again); returns the trials done."""
+    cl, exp_id, _ = mlflow
+    told = record_told(storage, study_name, sampler, mlflow, folder)
+    if told:
+        print(f"[{label}] {told} trial(s) ended in Tune's files but not in MLflow: recorded from their results")
+    record.close_stale(cl, exp_id, raystudy__search=study_name)
+    return completed_trials(storage, study_name)
 
 
 def _tuner(
@@ -184,9 +201,6 @@ def _tuner(
     from ray.tune.schedulers import ASHAScheduler
 
     from raystudy.driver import checkpoints, records
-    from raystudy.spaces import searches
-    from raystudy.train import rehearsal
-    from raystudy.train.trial import run_trial
 
     steps = int(base.get("steps", FinetuneConfig.steps))
     # max_t past the last step: a trial that reaches the end finishes itself (and is tested)
@@ -199,17 +213,7 @@ def _tuner(
         reduction_factor=space.reduction_factor,
     )
     kept, pruner = checkpoints.keep_checkpoints()
-    trainable = tune.with_resources(run_trial, {"cpu": resources["cpu"], "gpu": resources["gpu"]})
-    fixed = {
-        "storage_path": str(storage),
-        "threads": int(tuning["threads_per_trial"]),
-        "checkpoint_every_s": float(tuning["checkpoint_every_s"]),
-    }
-    run_tags = {"raystudy.search": study_name}
-    if rehearse:
-        trainable = tune.with_resources(rehearsal.rehearse_trial, tune.PlacementGroupFactory([{"CPU": 1}]))
-        fixed.update(rehearse_s=rehearse, rehearse_landscape=searches.landscape(space))
-        run_tags[tracking.REHEARSAL] = "1"
+    trainable, fixed, run_tags = _trainable(space, study_name, storage, resources, tuning, rehearse)
     return tune.Tuner(
         trainable,
         param_space=fixed,
@@ -235,6 +239,35 @@ def _tuner(
             checkpoint_config=kept,
         ),
     )
+
+
+def _trainable(
+    space: SearchSpace,
+    study_name: str,
+    storage: Path,
+    resources: dict[str, Any],
+    tuning: dict[str, Any],
+    rehearse: float | None,
+):
+    """What Tune runs for each trial of the study, the config every trial shares and the tags of
+    its runs: ``run_trial``, or a rehearsal's trial (one CPU, scored on the space's landscape)."""
+    from ray import tune
+
+    from raystudy.spaces import searches
+    from raystudy.train import rehearsal
+    from raystudy.train.trial import run_trial
+
+    fixed = {
+        "storage_path": str(storage),
+        "threads": int(tuning["threads_per_trial"]),
+        "checkpoint_every_s": float(tuning["checkpoint_every_s"]),
+    }
+    run_tags = {"raystudy.search": study_name}
+    if not rehearse:
+        return tune.with_resources(run_trial, {"cpu": resources["cpu"], "gpu": resources["gpu"]}), fixed, run_tags
+    fixed.update(rehearse_s=rehearse, rehearse_landscape=searches.landscape(space))
+    run_tags[tracking.REHEARSAL] = "1"
+    return tune.with_resources(rehearsal.rehearse_trial, tune.PlacementGroupFactory([{"CPU": 1}])), fixed, run_tags
 
 
 def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
