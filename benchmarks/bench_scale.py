@@ -117,7 +117,7 @@ def tune_variant(space: Path, work: Path, seconds: float, concurrency: int, stoc
                 tracking_uri=f"sqlite:///{work / 'mlflow.db'}", experiment_name="stock", save_artifact=False
             )
         )
-    trainable = tune.with_resources(rehearsal.rehearse_trial, tune.PlacementGroupFactory([{"CPU": 1}]))
+    trainable = rehearsal.tune_trainable()
     tuner = tune.Tuner(
         trainable,
         param_space={
@@ -137,8 +137,9 @@ def watch(
     cmd: list[str], env: dict, log: Path, profile: Path | None = None, db: Path | str | None = None, n: int = 0
 ) -> dict:
     """Run ``cmd``, sampling the driver's RSS and CPU (alone and with its process tree) twice a
-    second; with raystudy's store ``db``, also its RSS once 1,000 and once all ``n`` trials have
-    finished (before the grid's closing summary, which loads the runs for its ranking)."""
+    second; with raystudy's store ``db``, also its RSS and peak RSS (VmHWM) once 1,000, half and
+    all ``n`` trials have finished (before the grid's closing summary, which loads the runs for its
+    ranking): the slope from half to all is what a grid twice the size would add."""
     import psutil
 
     if profile is not None:
@@ -151,13 +152,14 @@ def watch(
         reader.start()
         top = psutil.Process(proc.pid)
         driver, peak, rss, cpu, tree, at, polls = None, 0, 0, 0.0, {}, {}, 0
+        marks = {1000, n // 2, n}
         while proc.poll() is None:
             polls += 1
-            if db is not None and len(at) < 2 and polls % 4 == 0 and rss:
+            if db is not None and len(at) < len(marks) and polls % 4 == 0 and rss:
                 done = _store_query(db, FINISHED_SQL) or 0
-                for mark in (1000, n):
+                for mark in marks:
                     if done >= mark and mark not in at:
-                        at[mark] = rss
+                        at[mark] = (rss, _hwm(driver.pid) if driver is not None else 0)
             try:
                 if driver is None:  # under py-spy the driver is its child
                     driver = top if profile is None else next(iter(top.children()), None)
@@ -177,7 +179,8 @@ def watch(
     if proc.returncode != 0:
         sys.exit(f"bench_scale: {cmd[:4]} exited {proc.returncode}; see {log}")
     out = {"wall": wall, "cpu": cpu, "tree_cpu": cpu + sum(tree.values()), "peak": peak, "rss": rss}
-    return out | {f"rss_at_{mark}": v for mark, v in at.items()} | eta_at_half(lines)
+    out |= {f"rss_at_{mark}": v for mark, (v, _) in at.items()}
+    return out | {f"hwm_at_{mark}": v for mark, (_, v) in at.items()} | eta_at_half(lines)
 
 
 def _stamp(stream, out, t0: float, lines: list) -> None:
@@ -370,6 +373,15 @@ def _rss(pid: int) -> int:
         return 0
 
 
+def _hwm(pid: int) -> int:
+    """The process's peak RSS so far (VmHWM), in bytes; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def top_frames(profile: Path, k: int = 12) -> list[str]:
     """py-spy's raw profile: the share of samples under the raystudy frames that weigh most."""
     from collections import Counter
@@ -495,6 +507,15 @@ def _show_store(v: str, r: dict | None, n: int) -> None:
             print(
                 f"  {v}'s driver RSS: {a:.0f} MB after 1,000 trials finished, {b:.0f} MB after all "
                 f"{n:,} ({b - a:+.0f} MB), {r['rss'] / 2**20:.0f} MB at the end, after the closing ranking"
+            )
+        half = n // 2
+        if f"rss_at_{half}" in r and f"rss_at_{n}" in r and half >= 1000:
+            slope = (r[f"rss_at_{n}"] - r[f"rss_at_{half}"]) / 1024 / (n - half)
+            hwm = (r[f"hwm_at_{n}"] - r[f"hwm_at_{half}"]) / 1024 / (n - half)
+            print(
+                f"  {v}'s driver RSS from {half:,} to {n:,} trials: {r[f'rss_at_{half}'] / 2**20:.0f} -> "
+                f"{r[f'rss_at_{n}'] / 2**20:.0f} MB, {slope:+.1f} kB a trial; peak (VmHWM) "
+                f"{r[f'hwm_at_{half}'] / 2**20:.0f} -> {r[f'hwm_at_{n}'] / 2**20:.0f} MB, {hwm:+.1f} kB a trial"
             )
         if "eta_s" in r:
             print(

@@ -198,7 +198,7 @@ def _trainable(s: Settings):
         return tune.with_resources(run_trial, _resources)
     from raystudy.train import rehearsal
 
-    return tune.with_resources(rehearsal.rehearse_trial, tune.PlacementGroupFactory([{"CPU": 1}]))
+    return rehearsal.tune_trainable()
 
 
 def _tune_path(storage, name: str):

@@ -12,6 +12,7 @@ from raystudy.driver import backlog, tune_glue
 from raystudy.spaces.searches import Sampler, SearchSpace
 from raystudy.tracking import connect, query, record
 from raystudy.tracking import tags as tracking
+from raystudy.train import rehearsal
 from raystudy.train.config import FinetuneConfig
 
 
@@ -121,29 +122,25 @@ def search_condition(
     rehearsal (``rehearse``: seconds a trial) how near the known optimum it came (``found``).
     Raises ``tune_glue.Stopped`` if the user stopped it before its budget."""
     # a rehearsal's study is its own: it never resumes, or feeds its history to, the real one
-    study_name = f"{space.study}-{model}-{dataset}-{label}" + ("-rehearsal" if rehearse else "")
+    study_name = f"{space.study}-{model}-{dataset}-{label}" + (rehearsal.SUFFIX if rehearse else "")
     cl = connect.client(tracking_uri)
     ostore = optuna_storage(storage / "optuna")
     sampler = Sampler(space, condition, base, resources)
     done = _after_a_kill(ostore, study_name, sampler, (cl, exp_id, parent), storage, label)
-    remaining = num_samples - done
-    print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {max(remaining, 0)} to run", flush=True)
-    if remaining > 0:
+    remaining = max(num_samples - done, 0)
+    print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {remaining} to run", flush=True)
+    mlflow = (tracking_uri, exp_id, parent)
+    asha = _asha(space, base)  # one for the session: its rungs go on from part to part
+    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
+    runs = parts(remaining, int(tuning["trials_per_run"]))
+    for i, n in enumerate(runs):
+        budget = None if deadline is None else deadline - time.monotonic()
+        if budget is not None and budget <= 0:
+            break
         searcher = make_searcher(space, condition, base, resources, ostore, study_name)
-        mlflow = (tracking_uri, exp_id, parent)
+        name = f"{study_name}-{int(time.time())}" + (f"-part{i + 1}of{len(runs)}" if len(runs) > 1 else "")
         tuner = _tuner(
-            searcher,
-            study_name,
-            remaining,
-            time_budget_s,
-            storage,
-            base,
-            space,
-            resources,
-            tuning,
-            verbose,
-            mlflow,
-            rehearse,
+            searcher, asha, study_name, name, n, budget, storage, space, resources, tuning, verbose, mlflow, rehearse
         )
         close = _closer(cl, mlflow, study_name, label)
         if tune_glue.fit(tuner, verbose, close) and completed_trials(ostore, study_name) < num_samples:
@@ -181,30 +178,22 @@ def _after_a_kill(storage, study_name: str, sampler: Sampler, mlflow: tuple, fol
     return completed_trials(storage, study_name)
 
 
-def _tuner(
-    searcher,
-    study_name: str,
-    num_samples: int,
-    time_budget_s: float | None,
-    storage: Path,
-    base: dict[str, Any],
-    space: SearchSpace,
-    resources: dict[str, Any],
-    tuning: dict[str, Any],
-    verbose: int,
-    mlflow: tuple[str, str, str],
-    rehearse: float | None = None,
-):
-    """The Tuner of one study's session: ``num_samples`` trials from ``searcher`` under ASHA; a
-    rehearsal's trials are ``train.rehearsal``'s, on one CPU, scored on the space's landscape."""
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
+def parts(trials: int, size: int) -> list[int]:
+    """The sizes of a session's Tune runs, in order: ``trials`` in runs of at most ``size``. Tune
+    keeps every trial of a run in memory and rewrites them all into its experiment checkpoint as
+    the run goes, so a search of thousands runs as Tune runs of this many, as a grid does (its
+    space's ``tune.trials_per_run``); each run's searcher reads the study's whole history."""
+    return [min(size, trials - i) for i in range(0, trials, size)]
 
-    from raystudy.driver import checkpoints, records
+
+def _asha(space: SearchSpace, base: dict[str, Any]):
+    """ASHA over the study's trials: stops a trial whose score at a rung falls below the best
+    1/reduction_factor of those recorded there."""
+    from ray.tune.schedulers import ASHAScheduler
 
     steps = int(base.get("steps", FinetuneConfig.steps))
     # max_t past the last step: a trial that reaches the end finishes itself (and is tested)
-    asha = ASHAScheduler(
+    return ASHAScheduler(
         time_attr="step",
         metric="score",
         mode="max",
@@ -212,6 +201,30 @@ def _tuner(
         grace_period=min(space.grace_period, steps),
         reduction_factor=space.reduction_factor,
     )
+
+
+def _tuner(
+    searcher,
+    asha,
+    study_name: str,
+    name: str,
+    num_samples: int,
+    time_budget_s: float | None,
+    storage: Path,
+    space: SearchSpace,
+    resources: dict[str, Any],
+    tuning: dict[str, Any],
+    verbose: int,
+    mlflow: tuple[str, str, str],
+    rehearse: float | None = None,
+):
+    """The Tuner of one Tune run of a study's session (Tune's folder ``name``): ``num_samples``
+    trials from ``searcher`` under ``asha``; a rehearsal's trials are ``train.rehearsal``'s, on
+    one CPU, scored on the space's landscape."""
+    from ray import tune
+
+    from raystudy.driver import checkpoints, records
+
     kept, pruner = checkpoints.keep_checkpoints()
     trainable, fixed, run_tags = _trainable(space, study_name, storage, resources, tuning, rehearse)
     return tune.Tuner(
@@ -226,7 +239,7 @@ def _tuner(
             max_concurrent_trials=tuning["max_concurrent"],
         ),
         run_config=tune.RunConfig(
-            name=f"{study_name}-{int(time.time())}",
+            name=name,
             storage_path=str(storage),
             verbose=verbose,
             # the ledger first: a result is on storage before the searcher or MLflow hear of it
@@ -254,7 +267,6 @@ def _trainable(
     from ray import tune
 
     from raystudy.spaces import searches
-    from raystudy.train import rehearsal
     from raystudy.train.trial import run_trial
 
     fixed = {
@@ -267,7 +279,7 @@ def _trainable(
         return tune.with_resources(run_trial, {"cpu": resources["cpu"], "gpu": resources["gpu"]}), fixed, run_tags
     fixed.update(rehearse_s=rehearse, rehearse_landscape=searches.landscape(space))
     run_tags[tracking.REHEARSAL] = "1"
-    return tune.with_resources(rehearsal.rehearse_trial, tune.PlacementGroupFactory([{"CPU": 1}])), fixed, run_tags
+    return rehearsal.tune_trainable(), fixed, run_tags
 
 
 def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
@@ -301,7 +313,6 @@ def found(storage, study_name: str, sampler: Sampler, chosen_key: str | None) ->
     import optuna
 
     from raystudy.spaces import searches
-    from raystudy.train import rehearsal
 
     land = searches.landscape(sampler.space)
     told = optuna.load_study(study_name=study_name, storage=storage).get_trials(

@@ -151,7 +151,31 @@ def fit(tuner, verbose: int, close: Callable[[], Any]) -> bool:
                 if not disk_full(e):
                     raise
                 # a full store: its runs stay RUNNING, and the same command, rerun, closes them
+        let_go()
     return notice.received or full_disk_said() is not None
+
+
+ENCODED = "tune_func_encode:"  # Ray's log-once key for each object Tune's JSON encoder pickles
+
+
+def let_go() -> None:
+    """What an ended Tune run leaves in the driver that nothing reads again, let go before the
+    next run of a long grid or search: Ray's log-once keys for the objects Tune's encoder could
+    not write as JSON (a trial's storage context at each save, a key each, kept for the life of
+    the process: a few kB a trial), the run's garbage, and the free pages glibc keeps mapped."""
+    import ctypes
+    import gc
+
+    from ray.util import debug
+
+    logged = getattr(debug, "_logged", None)
+    if isinstance(logged, set):
+        logged.difference_update([k for k in logged if k.startswith(ENCODED)])
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 @contextlib.contextmanager

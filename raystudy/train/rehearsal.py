@@ -259,3 +259,10 @@ def rehearse_trial(tune_config: dict[str, Any]) -> None:
 def experiment_name(experiment: str) -> str:
     """The experiment a rehearsal of ``experiment`` records in."""
     return experiment if experiment.endswith(SUFFIX) else experiment + SUFFIX
+
+
+def tune_trainable():
+    """``rehearse_trial`` as Tune runs it: on one CPU, whatever the trial would ask (it sleeps)."""
+    from ray import tune
+
+    return tune.with_resources(rehearse_trial, tune.PlacementGroupFactory([{"CPU": 1}]))

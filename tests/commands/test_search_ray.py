@@ -189,7 +189,8 @@ def test_a_rehearsal_search_records_each_trial_once_and_says_how_near_the_known_
     from raystudy.train import rehearsal
 
     tmp, ray = work
-    space = {**SPACE, "budget": {"num_samples": 12}, "tune": {"checkpoint_every_s": 0}}
+    # Tune runs of 5 trials: the study goes on from one to the next (12 = 5 + 5 + 2)
+    space = {**SPACE, "budget": {"num_samples": 12}, "tune": {"checkpoint_every_s": 0, "trials_per_run": 5}}
     (tmp / "s.yaml").write_text(yaml.safe_dump(space))
     p = subprocess.run(
         [*cmd(tmp, ray), "--rehearse", "0.2"], cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900
@@ -202,6 +203,8 @@ def test_a_rehearsal_search_records_each_trial_once_and_says_how_near_the_known_
     assert (trials["tags.raystudy.rehearsal"] == "1").all() and (trials["status"] == "FINISHED").all()
     study = optuna_trials(tmp, name)
     assert len([t for t in study if t.state.name == "COMPLETE"]) == 12
+    folders = sorted(p.name[-6:] for p in (tmp / "runs" / "search").glob(f"{name}-*-part*"))
+    assert folders == ["part1of3", "part2of3", "part3of3"], folders
     with pytest.raises(KeyError):  # the real study is not touched
         optuna_trials(tmp)
 

@@ -146,3 +146,23 @@ def test_a_tune_state_without_its_first_save_or_its_last_search_is_not_restored(
     (tmp_path / "basic-variant-state-2026-12-04_11-00-00.json").write_text("{}")
     tuner, why = tune_glue.restore(tmp_path, None)
     assert tuner is None and "experiment state" not in why and "search state" not in why, why
+
+
+def test_an_ended_tune_run_lets_go_of_the_log_once_keys_of_what_tunes_encoder_pickled():
+    # Tune's JSON encoder pickles what JSON cannot hold (a trial's storage context at each save)
+    # and keeps a log-once key of its text for the life of the process: a few kB a trial.
+    import json
+
+    from ray.tune.utils.serialization import TuneFunctionEncoder
+    from ray.util import debug
+
+    class Unwritable:
+        def __str__(self):
+            return "a trial's storage context at checkpoint 7"
+
+    json.dumps({"storage": Unwritable()}, cls=TuneFunctionEncoder)
+    debug.log_once("raystudy test: another key")
+    assert tune_glue.ENCODED + "a trial's storage context at checkpoint 7" in debug._logged
+    tune_glue.let_go()
+    assert not [k for k in debug._logged if k.startswith(tune_glue.ENCODED)]
+    assert "raystudy test: another key" in debug._logged  # Ray's other once-only warnings stay once-only
