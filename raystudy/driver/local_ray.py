@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -63,14 +64,22 @@ class term_kept:
 def _start_ray(ray, address: str | None, num_cpus: int | None, temp_dir: str | None, dashboard: bool) -> None:
     if address in (None, "", "local"):
         loopback_only()
-        ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=dashboard,
-            dashboard_host="127.0.0.1",
-            _temp_dir=temp_dir,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        # Ray says on every start of a local Ray that token authentication is on: it is what
+        # raystudy asks for, and the line tells a user nothing to do
+        said = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        muted = _Unsaid("Token authentication is enabled for this Ray cluster")
+        said.addFilter(muted)
+        try:
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=dashboard,
+                dashboard_host="127.0.0.1",
+                _temp_dir=temp_dir,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        finally:
+            said.removeFilter(muted)
         token = Path.home() / ".ray" / "auth_token"  # Ray writes it world-readable
         if token.is_file() and token.stat().st_uid == os.getuid():
             token.chmod(0o600)
@@ -79,6 +88,17 @@ def _start_ray(ray, address: str | None, num_cpus: int | None, temp_dir: str | N
             ray.init(address=address, log_to_driver=False)
         except ConnectionError as e:
             raise ConfigError(f"--address {address}: {str(e).splitlines()[0]}") from None
+
+
+class _Unsaid(logging.Filter):
+    """Drops the log records whose message starts with ``words``."""
+
+    def __init__(self, words: str):
+        super().__init__()
+        self.words = words
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.words)
 
 
 def loopback_only() -> None:

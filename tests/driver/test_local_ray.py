@@ -42,6 +42,8 @@ def test_local_ray_listens_on_loopback_only_with_token_auth(tmp_path):
     temp = tempfile.mkdtemp(prefix="rlb", dir="/tmp")  # Ray's socket paths must stay short
     p = subprocess.run([sys.executable, "-c", CODE, temp], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+    # Ray's line that token authentication is on: raystudy turned it on, the user has nothing to do
+    assert "Token authentication is enabled" not in p.stdout + p.stderr, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     names = {name for name, _, _ in got["socks"]}
     assert {"gcs_server", "raylet"} <= names, got["socks"]
