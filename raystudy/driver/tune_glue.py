@@ -127,6 +127,19 @@ class FullDiskFilter(logging.Filter):
         return not (disk_full(exc) or disk_full(record.getMessage()))
 
 
+class UnhandledFullDisk(logging.Filter):
+    """Ray's "Unhandled error" of a trial actor's task that a full disk failed (about 40 lines of
+    its traceback), logged whenever Ray lets go of the task's result: during the run, or after it
+    as the driver closes its runs. The driver says the full disk in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Unhandled error") and disk_full(message))
+
+
+UNHANDLED = UnhandledFullDisk()
+
+
 def uninterrupted():
     """Ctrl-C ignored while MLflow is being closed: a user pressing it again (Tune's graceful stop
     is slow) would otherwise cut the closing short and leave runs RUNNING."""
@@ -203,6 +216,8 @@ def tune_output(verbose: int):
     tune_logs += [logging.getLogger("mlflow.store.db.utils"), *logging.getLogger("mlflow").handlers]
     for log in tune_logs:
         log.addFilter(full)
+    # for the rest of the process: Ray may let go of a failed task's result after the run ended
+    logging.getLogger("ray._private.worker").addFilter(UNHANDLED)
     # Tune leaves its Ctrl-C handler installed after a run that was not stopped: the next Ctrl-C
     # (between a search's studies, in the next Tune run) would only set that ended run's flag.
     main = threading.current_thread() is threading.main_thread()

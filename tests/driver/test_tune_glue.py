@@ -166,3 +166,31 @@ def test_an_ended_tune_run_lets_go_of_the_log_once_keys_of_what_tunes_encoder_pi
     tune_glue.let_go()
     assert not [k for k in debug._logged if k.startswith(tune_glue.ENCODED)]
     assert "raystudy test: another key" in debug._logged  # Ray's other once-only warnings stay once-only
+
+
+def test_rays_unhandled_error_of_a_trial_that_met_a_full_disk_stays_out_during_and_after_a_run():
+    # Seen: a grid stopped by a full disk printed, between its first and last lines, Ray's
+    # "Unhandled error" with the trial actor's traceback: Ray logs it when it lets go of a failed
+    # task's result, which may be after the Tune run, as the driver closes its runs.
+    import logging
+
+    from ray._private import worker
+    from ray.exceptions import RayTaskError
+
+    trace = 'Traceback (most recent call last):\n  File "trial.py", line 1, in save\n'
+    trace += "OSError: [Errno 28] No space left on device"
+    full = RayTaskError("ImplicitFunc.train", trace, OSError(28, "No space left on device"))
+    other = RayTaskError("ImplicitFunc.train", "Traceback (most recent call last):\nValueError: a bug", ValueError("x"))
+    said = []
+    shown = logging.Handler()
+    shown.emit = lambda record: said.append(record.getMessage())
+    log = logging.getLogger("ray._private.worker")  # where Ray logs it
+    log.addHandler(shown)
+    try:
+        with tune_glue.tune_output(0):
+            worker._unhandled_error_handler(full)
+        worker._unhandled_error_handler(full)  # after the run
+        worker._unhandled_error_handler(other)
+    finally:
+        log.removeHandler(shown)
+    assert len(said) == 1 and "a bug" in said[0], said  # what a full disk did not cause is still said
