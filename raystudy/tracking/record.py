@@ -354,8 +354,9 @@ class TrialRecord:
     (``log``), then its end (``end``: ``stopped`` at its last step when the results end without a
     final one, the final results, the step it resumed from) or its failure (``fail``).
 
-    ``upto`` (kind -> last step logged) is read from the run at the first ``log``: a run reopened
-    by a retry or a rerun logs no point twice.
+    ``upto`` (kind -> last step logged) is read from the run at the first ``log``, and again after
+    a ``log`` that failed: a run reopened by a retry or a rerun, or written again after a lost
+    answer, logs no point twice.
     """
 
     def __init__(self, cl, run_id: str):
@@ -366,8 +367,15 @@ class TrialRecord:
         """Log the step metrics ``results`` carry (``steps_of``) that the run does not have yet."""
         if self.upto is None:
             self.upto = logged_upto(self.cl, self.run_id)
-        upto = dict(self.upto)  # kept as it was should the write fail midway: it is written again whole
-        log_steps(self.cl, self.run_id, steps_of(results), upto)
+        upto = dict(self.upto)
+        try:
+            log_steps(self.cl, self.run_id, steps_of(results), upto)
+        except BaseException:
+            # The write is tried again whole (the backlog, a retry): a server may have stored a
+            # batch whose answer never came (killed or stopped as it answered), so what the run
+            # has is read again rather than assumed.
+            self.upto = None
+            raise
         self.upto = upto
 
     def end(self, last: dict[str, Any], final: bool | None = None) -> None:

@@ -380,6 +380,40 @@ def test_a_trial_record_logs_its_steps_once_then_ends_stopped_finished_or_failed
         assert (tracking.ERROR in run.data.tags) == (status == "failed")
 
 
+def test_a_step_written_again_after_its_answer_was_lost_is_logged_once(store):
+    # Seen under a SLURM scancel: the tracking server stored a trial's last step and was stopped
+    # before it answered; the driver's backlog wrote the result again whole and the step (all its
+    # metrics, the same values 134 ms apart) was logged twice.
+    import requests
+
+    uri, cl, exp = store
+
+    class AnswerLost:  # the real client; once armed, a log_batch is stored and its answer lost
+        def __init__(self, cl):
+            self.cl, self.armed = cl, False
+
+        def __getattr__(self, name):
+            return getattr(self.cl, name)
+
+        def log_batch(self, *args, **kwargs):
+            self.cl.log_batch(*args, **kwargs)
+            if self.armed:
+                self.armed = False
+                raise requests.exceptions.ConnectionError("the server was stopped before it answered")
+
+    run_id = record.open_trial(cl, exp, None, "k1", CFG)
+    client = AnswerLost(cl)
+    rec = record.TrialRecord(client, run_id)
+    rec.log([{"step": 10, "loss": 1.0, "val_acc": 0.5}])
+    last, client.armed = {"step": 20, "loss": 0.5, "val_acc": 0.6}, True
+    with pytest.raises(requests.exceptions.ConnectionError):
+        rec.log([last])
+    rec.log([last])  # the backlog's retry, the same write whole
+    rec.log([{"step": 30, "loss": 0.4, "val_acc": 0.7}])
+    for key in ("loss", "val_acc"):
+        assert [m.step for m in cl.get_metric_history(run_id, key)] == [10, 20, 30], key
+
+
 def test_a_trial_ended_again_after_a_kill_between_its_final_metrics_and_status_logs_none_twice(store):
     # MLflow's log_batch commits a batch's metrics, then its tags: a driver SIGKILLed between them
     # (seen in bench_scale's kills) left the final metrics with the run still "running", and the
