@@ -57,3 +57,54 @@ def test_finetune_on_a_full_disk_is_one_line(tmp_path, small_disk, demo_weights)
     said = [ln for ln in p.stderr.splitlines() if ln.startswith("error: the disk is full")]
     assert len(said) == 1 and str(small_disk) in said[0] and "run the same command" in said[0], p.stderr[-3000:]
     assert "Traceback" not in p.stdout + p.stderr and len((p.stdout + p.stderr).splitlines()) <= 10, p.stderr[-3000:]
+
+
+def test_a_search_whose_first_sign_of_a_full_disk_is_optunas_own_write_stops_in_one_line(
+    tmp_path, small_disk, mlflow_uri, shared_ray
+):
+    # Optuna's storage alone is on the small disk: the first write to fail is the driver's own
+    # (the searcher telling Optuna a trial ended, or asking it for the next), not a trial's.
+    import sqlite3
+
+    import yaml
+
+    from tests.commands.test_search_ray import SPACE, cmd
+
+    space = {**SPACE, "budget": {"num_samples": 8}, "tune": {"checkpoint_every_s": 0, "max_concurrent": 2}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(space))
+    (tmp_path / "runs" / "search").mkdir(parents=True)
+    (small_disk / "optuna").mkdir()
+    (tmp_path / "runs" / "search" / "optuna").symlink_to(small_disk / "optuna")
+    search = [*cmd(tmp_path, shared_ray), "--rehearse", "0.5"]
+
+    def complete():
+        db = small_disk / "optuna" / "optuna.db"
+        if not db.is_file():
+            return 0
+        with sqlite3.connect(db, timeout=1) as con:
+            try:
+                return con.execute("select count(*) from trials where state = 'COMPLETE'").fetchone()[0]
+            except sqlite3.OperationalError:  # before Optuna made its tables, or while it writes
+                return 0
+
+    proc = start(search, tmp_path)
+    try:
+        assert wait_for(lambda: complete() >= 2, proc), output_of(proc)
+        fill(small_disk)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        kill_group(proc)
+    (tmp_path / "first.log").write_text(out)
+    full = [ln for ln in out.splitlines() if "full" in ln and str(small_disk) in ln]
+    assert len(full) == 1 and "run the same command" in full[0], out[-5000:]
+    assert "Traceback" not in out and proc.returncode == 130, out[-5000:]
+
+    (small_disk / "filler").unlink()
+    p = subprocess.run(search, cwd=tmp_path, env=driver_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert complete() == 8
+    df = search_runs(mlflow_uri, "raystudy-ts-vit_demo-rehearsal")
+    trials = df[df["tags.raystudy.role"] == "trial"]
+    finished = trials[trials["tags.raystudy.status"] == "finished"]
+    assert len(finished) == 8 and finished["tags.raystudy.key"].is_unique, trials["tags.raystudy.status"]
+    assert not (trials["status"] == "RUNNING").any()

@@ -10,7 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from raystudy.errors import ConfigError, fail
+from raystudy.driver import tune_glue
+from raystudy.errors import ConfigError, disk_full, fail
 from raystudy.models import registry
 from raystudy.spaces import grids, searches
 from raystudy.tracking import query, views
@@ -122,6 +123,15 @@ def _run_studies(job: Job, s, storage: Path, skey: str) -> int:
     except (ConfigError, registry.WeightsUnavailable) as e:
         return fail(e)
     except KeyboardInterrupt:  # Ctrl-C: Optuna's studies and MLflow keep what is done; the rerun goes on from there
+        print("\nsearch stopped; run the same command to resume it", flush=True)
+        return 130
+    except Exception as e:
+        if not disk_full(e):
+            raise
+        # the full disk's first sign was the driver's own write (Optuna's storage, MLflow's store), not a trial's
+        if tune_glue.full_disk_said() is None:
+            first = {"storage": storage, "the Optuna storage": (storage / "optuna").resolve()}
+            print(tune_glue.full_disk_line(tune_glue.disk_places(job.uri, first), "search"), flush=True)
         print("\nsearch stopped; run the same command to resume it", flush=True)
         return 130
     print_summary(summary)
