@@ -231,3 +231,27 @@ def add_ray_args(ap: argparse.ArgumentParser, storage_default: str) -> None:
     ap.add_argument("--storage", help=f"Ray storage path for checkpoints (default: {storage_default})")
     ap.add_argument("--num-cpus", type=int, help=f"CPUs of a local Ray (default: all; {bound('--num-cpus')})")
     ap.add_argument("--ray-temp-dir", help="temp dir of a local Ray (default: Ray's)")
+
+
+def add_rehearse_arg(ap: argparse.ArgumentParser, what: str) -> None:
+    """``--rehearse [SECONDS]``: the command's dress rehearsal, ``what`` it runs as it is."""
+    from raystudy.train import rehearsal
+
+    ap.add_argument(
+        "--rehearse",
+        nargs="?",
+        const=str(rehearsal.DEFAULT_S),
+        metavar="SECONDS",
+        help=f"a dress rehearsal: {what}, each trial reporting synthetic numbers for about SECONDS "
+        f"(default {rehearsal.DEFAULT_S:g}; {bound('--rehearse')}) without model or data; "
+        f"recorded in the experiment <experiment>{rehearsal.SUFFIX}",
+    )
+
+
+def add_data_change_arg(ap: argparse.ArgumentParser) -> None:
+    """``--accept-data-change``: go on where your own data changed under the study's runs."""
+    ap.add_argument(
+        "--accept-data-change",
+        action="store_true",
+        help="go on where your own data changed since the study's recorded runs saw it (they stay done)",
+    )

@@ -64,11 +64,7 @@ def build_parser() -> cli.Parser:
         metavar="POLICY",
         help=f"stop trials the study's answer does not need: {', '.join(adaptive.POLICIES)}",
     )
-    ap.add_argument(
-        "--accept-data-change",
-        action="store_true",
-        help="go on where your own data changed since the study's recorded runs saw it (they stay done)",
-    )
+    cli.add_data_change_arg(ap)
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/ray")
     _add_run_args(ap)
@@ -92,15 +88,9 @@ def _add_run_args(ap: cli.Parser) -> None:
         action="store_true",
         help="print only the trials that did not finish (failed, diverged, retried), not one line per trial",
     )
-    ap.add_argument(
-        "--rehearse",
-        nargs="?",
-        const=str(rehearsal.DEFAULT_S),
-        metavar="SECONDS",
-        help="a dress rehearsal: the same grid and driver (Ray, Tune, MLflow, checkpoints, recovery, --adaptive), "
-        "each trial reporting synthetic numbers on the real schedule for about SECONDS "
-        f"(default {rehearsal.DEFAULT_S:g}; {cli.bound('--rehearse')}) without model or data, "
-        f"recorded in the experiment <experiment>{rehearsal.SUFFIX}",
+    cli.add_rehearse_arg(
+        ap,
+        "the same grid and driver (Ray, Tune, MLflow, checkpoints, recovery, --adaptive) on the real schedule",
     )
     ap.add_argument(
         "--tune-output",

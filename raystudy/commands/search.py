@@ -25,6 +25,7 @@ from raystudy.bounds import BOUNDS, SEED_END_TEXT, parse_seed_list
 from raystudy.commands import cli
 from raystudy.data import userdata
 from raystudy.driver import backlog, local_ray
+from raystudy.driver.grid_job import check_data
 from raystudy.driver.search_job import Job, budget_line, check_samples, run
 from raystudy.errors import ConfigError
 from raystudy.models import preflight, registry, sources
@@ -71,17 +72,12 @@ def build_parser() -> cli.Parser:
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base config key")
     cli.add_tracking_args(ap)
     cli.add_ray_args(ap, "./runs/search, with the Optuna study")
-    ap.add_argument(
-        "--rehearse",
-        nargs="?",
-        const=str(rehearsal.DEFAULT_S),
-        metavar="SECONDS",
-        help="a dress rehearsal: the same search and driver (Ray, Tune, Optuna, ASHA, MLflow), each trial "
-        "reporting synthetic numbers for about SECONDS "
-        f"(default {rehearsal.DEFAULT_S:g}; {cli.bound('--rehearse')}) without model or data, its score a known "
-        "function of the sampled config whose optimum the summary compares with the best found; "
-        f"recorded in the experiment <experiment>{rehearsal.SUFFIX}",
+    cli.add_rehearse_arg(
+        ap,
+        "the same search and driver (Ray, Tune, Optuna, ASHA, MLflow), its score a known function of the "
+        "sampled config whose optimum the summary compares with the best found",
     )
+    cli.add_data_change_arg(ap)
     ap.add_argument("--dry-run", action="store_true", help="validate the space and stop")
     ap.add_argument("--quiet", action="store_true", help="less Ray progress output")
     return ap
@@ -174,6 +170,8 @@ def prepare(args) -> Job | None:
     experiment = args.experiment or f"raystudy-{space.study}-{sources.short(registry.resolve_name(model))}"
     if rehearse is not None:
         experiment = rehearsal.experiment_name(experiment)
+    elif base.get("data") and not args.accept_data_change:  # a study's trials all on the data as it was
+        check_data(uri, experiment, {base["data"]}, "search")
     notes = _notes(base, rehearse, experiment)
     backlog.limit_s()  # the outage limit (an environment variable) checked with the flags
     print(

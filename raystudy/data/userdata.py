@@ -495,6 +495,10 @@ def _hf():
 def _hf_load(data: str):
     """The dataset dict at ``data`` (a ``save_to_disk`` folder or ``hf:NAME``); DataError in one line."""
     hf = _hf()
+    # its progress bars (reading, preparing the splits) would come between a command's lines, or
+    # make a refusal of one line several
+    shown = hf.is_progress_bar_enabled()
+    hf.disable_progress_bars()
     try:
         if data.startswith(HF_PREFIX):
             ds = hf.load_dataset(data[len(HF_PREFIX) :], cache_dir=str(hub_cache()))
@@ -504,6 +508,9 @@ def _hf_load(data: str):
         why = (str(e).splitlines() or [type(e).__name__])[0][:200]
         where = "the hub (no network? prefetch it where there is one)" if data.startswith(HF_PREFIX) else "disk"
         raise DataError(f"data {data!r}: cannot load it from {where}: {why}") from None
+    finally:
+        if shown:
+            hf.enable_progress_bars()
     return ds if isinstance(ds, hf.DatasetDict) else hf.DatasetDict({"train": ds})
 
 

@@ -81,19 +81,39 @@ def rehearsal_line(job: Job) -> str:
 
 def done_trials(uri: str, experiment: str, known: dict[str, str], trials: list, accept: bool) -> list:
     """The ``trials`` MLflow holds done. Raises ``ConfigError`` where the grid's own data is no
-    longer what the study's ended runs on it saw (a trial's key holds its data's path, not its
-    contents: the grid would never train on the change, or mix runs on both), unless ``accept``."""
-    where = {t.config["data"] for t in trials if t.config.get("data")}
-    if known and where and not accept:
-        for loc, (seen, n) in query.recorded_data(uri, experiment, where).items():
-            what = userdata.change(seen, userdata.summary(loc)) if os.path.exists(loc) else None
-            if what:
-                raise ConfigError(
-                    f"data {loc} changed since the study's {n} recorded runs on it saw it: {what}; "
-                    f"run the grid as a new study (--experiment NEW_NAME), or add --accept-data-change "
-                    "to go on knowingly (its recorded runs stay done, on the data as it was)"
-                )
+    longer what the study's ended runs on it saw (``check_data``), unless ``accept``."""
+    if known and not accept:
+        check_data(uri, experiment, {t.config["data"] for t in trials if t.config.get("data")}, "grid")
     return [t for t in trials if known.get(t.key) in tags.TERMINAL]
+
+
+def check_data(uri: str, experiment: str, where: set[str], command: str) -> None:
+    """Raises ``ConfigError`` in one line where your own data at ``where`` (folders, tables,
+    ``hf:NAME``) is no longer what the experiment's ended runs on it saw: a trial's key holds its
+    data's location, not its contents, so a grid would never train on the change and a search
+    would mix trials on both."""
+    if not where:
+        return
+    for loc, (seen, n) in query.recorded_data(uri, experiment, where).items():
+        now = _summary(loc)
+        what = userdata.change(seen, now) if now is not None else None
+        if what:
+            raise ConfigError(
+                f"data {loc} changed since the study's {n} recorded runs on it saw it: {what}; "
+                f"run the {command} as a new study (--experiment NEW_NAME), or add --accept-data-change "
+                "to go on knowingly (its recorded runs stay done, on the data as it was)"
+            )
+
+
+def _summary(loc: str) -> dict[str, str] | None:
+    """``userdata.summary`` of ``loc``; None where it is gone (a folder) or cannot be read now (a
+    hub dataset): nothing to compare, and the trials will say why they cannot read it."""
+    if not loc.startswith(userdata.HF_PREFIX):
+        return userdata.summary(loc) if os.path.exists(loc) else None
+    try:
+        return userdata.summary(loc)
+    except userdata.DataError:
+        return None
 
 
 def experiment_scope(

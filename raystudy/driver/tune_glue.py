@@ -133,6 +133,7 @@ class UnhandledFullDisk(logging.Filter):
     as the driver closes its runs. The driver says the full disk in one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Whether Ray's log shows ``record``."""
         message = record.getMessage()
         return not (message.startswith("Unhandled error") and disk_full(message))
 

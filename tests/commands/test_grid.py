@@ -212,13 +212,16 @@ def test_dry_run_adaptive_race_projects_both_ends(capsys):
     assert "one lr per cell is left at the first milestone: 28.4% of the steps" in out
 
 
+@pytest.mark.parametrize("hub", [False, True], ids=["folder", "hf"])
 def test_a_grid_whose_data_changed_under_its_recorded_runs_says_so_in_one_line_and_refuses(
-    tmp_path, mlflow_uri, capsys
+    tmp_path, mlflow_uri, capsys, hub
 ):
+    # ``hf:`` names a hub dataset, here one Hugging Face reads from a local folder offline
     from raystudy.tracking import connect, record
 
     photos = class_folders(tmp_path / "photos")
-    argv = ["--data", f"mine={photos}", "--conditions", "MHA", "--tracking-uri", mlflow_uri, "--experiment", "e"]
+    data = f"hf:{photos}" if hub else str(photos)
+    argv = ["--data", f"mine={data}", "--conditions", "MHA", "--tracking-uri", mlflow_uri, "--experiment", "e"]
     job = grid.prepare(grid.build_parser().parse_args(argv))  # not a dry run: its trials listed
     cl = connect.client(mlflow_uri)
     exp = connect.experiment_id(cl, "e", connect.default_artifact_location(mlflow_uri))
@@ -231,7 +234,7 @@ def test_a_grid_whose_data_changed_under_its_recorded_runs_says_so_in_one_line_a
     assert grid.main(argv + ["--dry-run"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1, err
-    said = f"error: data {photos} changed since the study's 2 recorded runs on it saw it: 3 file(s) added"
+    said = f"error: data {data} changed since the study's 2 recorded runs on it saw it: 3 file(s) added"
     assert err.startswith(said), err
     assert "the test split's hash" in err and "--experiment" in err and "--accept-data-change" in err, err
     assert grid.main(argv + ["--dry-run", "--accept-data-change"]) == 0

@@ -185,3 +185,33 @@ def test_space_that_samples_invalid_configs_is_refused(tmp_path, capsys):
     raw = {**GOOD, "params": {"warmup_steps": {"randint": [0, 500]}}}  # steps is 60
     assert search.main(["--space", write(tmp_path, raw), "--dry-run"]) == 2
     assert "warmup_steps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hub", [False, True], ids=["folder", "hf"])
+def test_a_search_whose_data_changed_under_its_recorded_runs_says_so_in_one_line_and_refuses(
+    tmp_path, mlflow_uri, capsys, hub
+):
+    # A trial's key holds its data's location, not its contents: a resumed study would mix trials
+    # on both. ``hf:`` names a hub dataset, here one Hugging Face reads from a local folder offline.
+    from raystudy.tracking import connect, record
+    from tests.helpers import class_folders
+
+    photos = class_folders(tmp_path / "photos")
+    data = f"hf:{photos}" if hub else str(photos)
+    argv = ["--dataset", "mine", "--data", data, "--conditions", "MHA", "--tracking-uri", mlflow_uri]
+    argv += ["--experiment", "e", "--dry-run"]
+    cl = connect.client(mlflow_uri)
+    exp = connect.experiment_id(cl, "e", connect.default_artifact_location(mlflow_uri))
+    config = {"model": "vit_demo", "dataset": "mine", "data": data, "condition": "MHA", "lr": 0.1, "seed": 0}
+    for key in ("k1", "k2"):  # two trials of the study recorded on the data as it was
+        record.finish_trial(cl, record.open_trial(cl, exp, None, key, config), {"test_acc": 0.5})
+    assert search.main(argv) == 0  # unchanged: no word of it
+    capsys.readouterr()
+
+    class_folders(photos, classes=("cat",), n=3, start=100)  # images added under the study
+    assert search.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: data {data} changed since the study's 2 recorded runs on it saw it: 3 file(s) added")
+    assert "run the search as a new study (--experiment NEW_NAME)" in err and "--accept-data-change" in err, err
+    assert search.main([*argv, "--accept-data-change"]) == 0
