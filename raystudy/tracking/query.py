@@ -13,9 +13,11 @@ from raystudy.tracking.tags import DATA_TAG, ERROR, KEY, ROLE, STATUS, TERMINAL,
 from raystudy.train.config import FinetuneConfig, parse_value
 
 
-def find_runs(cl, exp_id: str, **tags: str):
-    """Runs of ``exp_id`` whose tags equal ``tags`` (``a__b`` names tag ``a.b``), oldest first, all pages."""
-    flt = " and ".join(f"tags.`{k.replace('__', '.')}` = '{v}'" for k, v in tags.items())
+def find_runs(cl, exp_id: str, mlflow_status: str | None = None, **tags: str):
+    """Runs of ``exp_id`` whose tags equal ``tags`` (``a__b`` names tag ``a.b``), and whose MLflow
+    status is ``mlflow_status`` if given (RUNNING, FINISHED, ...), oldest first, all pages."""
+    terms = [f"tags.`{k.replace('__', '.')}` = '{v}'" for k, v in tags.items()]
+    flt = " and ".join(terms + ([f"attributes.status = '{mlflow_status}'"] if mlflow_status else []))
     runs, token = [], None
     while True:
         page = cl.search_runs(
