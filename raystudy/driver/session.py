@@ -99,7 +99,11 @@ def parent_run(cl, exp_id: str, key: str, name: str, params: dict[str, Any], rol
         reachable = False
         raise
     except BaseException:  # a crash or an interrupt of the driver: the parent says so
-        _unless_full(record.tag_parent, cl, parent.run_id, "interrupted")
+        with uninterrupted():
+            # and no trial run stays RUNNING: a Ctrl-C (a SLURM job's scancel) outside a Tune run,
+            # as a run was being opened or recorded from Tune's files, had no Tune run to close it
+            _unless_full(record.close_stale, cl, exp_id, mlflow__parentRunId=parent.run_id)
+            _unless_full(record.tag_parent, cl, parent.run_id, "interrupted")
         raise
     else:
         _unless_full(record.tag_parent, cl, parent.run_id, parent.status)
@@ -109,11 +113,11 @@ def parent_run(cl, exp_id: str, key: str, name: str, params: dict[str, Any], rol
                 _unless_full(record.end_run, cl, parent.run_id)
 
 
-def _unless_full(write: Callable[..., Any], *args) -> None:
-    """``write(*args)``, left undone on a full disk (the driver has said so in one line; the same
-    command, rerun, writes it)."""
+def _unless_full(write: Callable[..., Any], *args, **kwargs) -> None:
+    """``write(*args, **kwargs)``, left undone on a full disk (the driver has said so in one line;
+    the same command, rerun, writes it)."""
     try:
-        write(*args)
+        write(*args, **kwargs)
     except Exception as e:
         if not disk_full(e):
             raise
