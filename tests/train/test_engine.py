@@ -341,7 +341,9 @@ def test_linear_probe_fits_on_one_augmented_epoch_as_the_papers_code(demo_weight
     cfg = FinetuneConfig(condition="linear_probe", seed=3, batch_size=64, linear_probe_data="augmented")
     res = engine.train(resolve(cfg))
     clean = engine.train(resolve(FinetuneConfig(condition="linear_probe", seed=3)))
-    assert res["test_acc"] != clean["test_acc"]
+    # a fit on other training features: its test loss differs (its accuracy, a count of 359
+    # images, can come out the same; it did on two demo backbones built on one machine)
+    assert res["test_loss"] != clean["test_loss"]
 
     model = registry.create_model("vit_demo", 10, weights=demo_weights).eval()
     splits = build_splits("digits_c", seed=3, img_size=16, mean=(0.5,), std=(0.5,), data_path="cache")
