@@ -13,7 +13,7 @@ from typing import Any
 
 from raystudy.data import userdata
 from raystudy.driver import lock
-from raystudy.errors import ConfigError, fail
+from raystudy.errors import ConfigError, disk_full, fail
 from raystudy.measure import costs
 from raystudy.models import components, registry
 from raystudy.spaces import adaptive, grids
@@ -291,6 +291,10 @@ def run_trials(job: Job, s, storage, label: str) -> int:
         return fail(e)
     except KeyboardInterrupt:  # Ctrl-C: the first once Tune has stopped (tune_glue.Stopped), or a second
         return stopped(job)
+    except Exception as e:
+        if not disk_full(e):
+            raise
+        return stopped_on_full_disk(job, storage)
     if counts["unfinished"]:  # trials Tune left unfinished unasked: the rerun goes on with them too
         return stopped(job)
     print(
@@ -313,6 +317,16 @@ def judged_by_replay(policy: str) -> str:
         f"policy {policy}: its agreement with the full grid, against the reseeding floor, comes from a "
         f"replay of a full grid: python -m raystudy replay --recording FILE --policy {policy} (docs/adaptive.md)"
     )
+
+
+def stopped_on_full_disk(job: Job, storage) -> int:
+    """A full disk whose first sign was the driver's own write (its lock, Tune's state as a Tuner
+    is made, MLflow's store), not a trial's: said in one line as a trial's is, then ``stopped``."""
+    from raystudy.driver import tune_glue
+
+    if tune_glue.full_disk_said() is None:
+        print(tune_glue.full_disk_line(tune_glue.disk_places(job.uri, {"storage": storage})), flush=True)
+    return stopped(job)
 
 
 def stopped(job: Job) -> int:

@@ -104,8 +104,7 @@ def stop_on_full_disk(places: dict[str, Any], command: str = "grid") -> None:
         return
     _full["line"] = full_disk_line(places, command)
     print(_full["line"], flush=True)
-    for h in [logging.getLogger("mlflow.store.db.utils"), *logging.getLogger("mlflow").handlers]:
-        h.addFilter(FullDiskFilter())  # each write MLflow can no longer make, logged with its traceback
+    hush_full_disk()
     if threading.current_thread() is threading.main_thread() and callable(signal.getsignal(signal.SIGUSR1)):
         os.kill(os.getpid(), signal.SIGUSR1)
 
@@ -139,6 +138,24 @@ class UnhandledFullDisk(logging.Filter):
 
 
 UNHANDLED = UnhandledFullDisk()
+FULL = FullDiskFilter()
+
+
+def hush_full_disk() -> None:
+    """For the rest of the process, what a full disk caused stays out of Tune's, Ray Train's and
+    MLflow's logs (``FullDiskFilter``): each trial's traceback, each failed save of Tune's state
+    (during a run, or as the driver stops after it), each write MLflow's store refuses (the first
+    one included: it may come before the driver has said anything). The driver says the full disk
+    in one line. A logger's filter sees only its own records, a handler's all that reach it: both,
+    the handlers as they are now (Ray sets its own as it starts)."""
+    logs = [logging.getLogger(n) for n in ("ray.tune", "ray.tune.execution.tune_controller", "ray.train")]
+    logs += [h for n in ("ray", "") for h in logging.getLogger(n).handlers]
+    logs += [logging.getLogger("mlflow.store.db.utils"), *logging.getLogger("mlflow").handlers]
+    for log in logs:
+        if FULL not in log.filters:
+            log.addFilter(FULL)
+    # Ray may let go of a failed task's result after the run ended
+    logging.getLogger("ray._private.worker").addFilter(UNHANDLED)
 
 
 def uninterrupted():
@@ -208,17 +225,7 @@ def tune_output(verbose: int):
     if quiet:
         muted.setLevel(logging.ERROR)
     tune_log.addFilter(notice)
-    full = FullDiskFilter()
-    # a logger's filter sees only its own records, a handler's all that reach it: both
-    tune_logs = [logging.getLogger(n) for n in ("ray.tune", "ray.tune.execution.tune_controller", "ray.train")]
-    tune_logs += [h for n in ("ray", "") for h in logging.getLogger(n).handlers]
-    # MLflow logs each write a full store refuses with its traceback, the first one included: a
-    # trial's run may meet the full disk before the driver has said its one line
-    tune_logs += [logging.getLogger("mlflow.store.db.utils"), *logging.getLogger("mlflow").handlers]
-    for log in tune_logs:
-        log.addFilter(full)
-    # for the rest of the process: Ray may let go of a failed task's result after the run ended
-    logging.getLogger("ray._private.worker").addFilter(UNHANDLED)
+    hush_full_disk()
     # Tune leaves its Ctrl-C handler installed after a run that was not stopped: the next Ctrl-C
     # (between a search's studies, in the next Tune run) would only set that ended run's flag.
     main = threading.current_thread() is threading.main_thread()
@@ -230,8 +237,6 @@ def tune_output(verbose: int):
             signal.signal(signal.SIGINT, handler)
         muted.setLevel(level)
         tune_log.removeFilter(notice)
-        for log in tune_logs:
-            log.removeFilter(full)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -1,9 +1,12 @@
+import subprocess
+import sys
+
 import pytest
 import yaml
 
 from raystudy.commands import grid
 from raystudy.spaces import grids, schema
-from tests.helpers import class_folders
+from tests.helpers import class_folders, driver_env, fill
 
 
 def test_paper_grid_for_vit_base_is_the_papers_grid_with_a_linear_probe_that_has_no_lr():
@@ -238,3 +241,20 @@ def test_a_grid_whose_data_changed_under_its_recorded_runs_says_so_in_one_line_a
     assert err.startswith(said), err
     assert "the test split's hash" in err and "--experiment" in err and "--accept-data-change" in err, err
     assert grid.main(argv + ["--dry-run", "--accept-data-change"]) == 0
+
+
+def test_a_grid_started_on_a_full_disk_stops_in_one_line(tmp_path, small_disk):
+    # Seen by the nemesis (seed 1, a grid on SQLite): the same command rerun while its storage's
+    # disk was still full ended in a traceback: its lock's write, or Tune's state as a Tuner was made.
+    fill(small_disk)
+    cmd = [sys.executable, "-m", "raystudy.grid", "--rehearse", "0.2", "--datasets", "digits_c", "--quiet"]
+    cmd += ["--storage", str(small_disk / "runs"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    cmd += ["--num-cpus", "2", "--ray-temp-dir", str(tmp_path / "ray")]
+    p = subprocess.run(cmd, cwd=tmp_path, env=driver_env(), capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert p.returncode == 130 and "Traceback" not in out, out[-3000:]
+    assert sum(line.startswith(f"error: the disk is full: {small_disk}") for line in lines) == 1, out[-3000:]
+    # then a rehearsal's last line, which says its numbers are no result
+    assert lines[-2] == "grid stopped: 0 of 26 trials done; run the same command to resume it", lines[-3:]
+    assert lines[-1].startswith("rehearsal: synthetic trials"), lines[-3:]
