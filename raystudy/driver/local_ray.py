@@ -12,6 +12,10 @@ from pathlib import Path
 from raystudy.errors import ConfigError
 
 
+class RayUnavailable(ConfigError):
+    """The driver's local Ray did not start: said in one line, as an unreachable store is."""
+
+
 def check_address(address: str | None) -> None:
     """An explicit HOST:PORT must answer before Ray spends a minute retrying; raises ``ConfigError``."""
     if address in (None, "", "auto", "local") or address.startswith(("ray://", "anyscale://")):
@@ -78,6 +82,14 @@ def _start_ray(ray, address: str | None, num_cpus: int | None, temp_dir: str | N
                 log_to_driver=False,
                 configure_logging=False,
             )
+        except Exception as e:  # its GCS or raylet never came up: killed as it started, a port taken
+            # (Ray raises RuntimeError for a GCS that exits, a bare Exception for a node that times out)
+            ray.shutdown()  # what did start
+            logs = Path(temp_dir or "/tmp/ray") / "session_latest" / "logs"
+            raise RayUnavailable(
+                f"the local Ray did not start ({str(e).splitlines()[0].strip()}); its logs: {logs}; "
+                "run the same command again"
+            ) from e
         finally:
             said.removeFilter(muted)
         token = Path.home() / ".ray" / "auth_token"  # Ray writes it world-readable

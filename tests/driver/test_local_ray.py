@@ -79,3 +79,27 @@ def test_sigterm_stays_ignored_across_ray_init_where_it_was(before):
         assert (after == signal.SIG_IGN) == (before == "ignored"), after
     finally:
         signal.signal(signal.SIGTERM, saved)
+
+
+@pytest.mark.slow
+def test_a_local_ray_whose_gcs_does_not_start_stops_the_grid_in_one_line(tmp_path, ray_tmp):
+    # Seen by the nemesis (seed 1, a grid on SQLite): the GCS killed as a rerun's local Ray was
+    # starting ended the grid in Ray's traceback ("Failed to start GCS"). Held here by its port,
+    # taken before it starts (about 40 s of Ray's retries).
+    import socket
+
+    from tests.helpers import driver_env
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = driver_env(RAY_GCS_SERVER_PORT=str(taken.getsockname()[1]))
+        cmd = [sys.executable, "-m", "raystudy.grid", "--rehearse", "0.2", "--datasets", "digits_c", "--quiet"]
+        cmd += ["--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+        cmd += ["--num-cpus", "1", "--ray-temp-dir", str(ray_tmp)]
+        p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 2 and "Traceback" not in out, out[-3000:]
+    said = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and said[0].startswith("error: the local Ray did not start (Failed to start GCS."), said
+    assert said[0].endswith("; run the same command again") and str(ray_tmp) in said[0], said
