@@ -344,13 +344,23 @@ def _kill_and_resume(cmd: list[str], env: dict, work: Path, n: int, fractions: l
             sys.exit(f"bench_scale: the resumed grid exited {proc.returncode}; see {work / f'driver{i}.log'}")
         if restart is not None:
             out["restarts"].append(restart | {"seconds": time.perf_counter() - t0})
-    dupes = "select count(*) from (select 1 from metrics group by run_uuid, key, step having count(*) > 1)"
-    return out | {
-        "runs": _store_query(db, f"select count(*) from runs where run_uuid in {TRIALS}"),
-        "keys": _store_query(db, KEYS_SQL),
-        "finished": _store_query(db, FINISHED_SQL),
-        "running": _store_query(db, "select count(*) from runs where status = 'RUNNING'"),
-        "steps_twice": _store_query(db, dupes),
+    return out | once(f"sqlite:///{db}", n)
+
+
+def once(store: str, n: int) -> dict:
+    """The exactly-once counts of the store's trial runs and the checker's anomalies (``benchmarks/checker.py``)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import checker
+
+    runs = checker.trial_runs(store)
+    c = checker.counts(runs)
+    return {
+        "runs": c["runs"],
+        "keys": c["keys"],
+        "finished": sum(r["status"] == "finished" for r in runs),
+        "running": c["running"],
+        "steps_twice": len(checker.steps_twice(store, [r["run"] for r in runs])),
+        "anomalies": [str(a) for a in checker.check(store, expected=n)],
     }
 
 
@@ -550,6 +560,8 @@ def _show_killed(k: dict, n: int) -> None:
         f"({k['done_cold_s']:.2f} s cold), the report's load {k['load_s']:.2f} s, the report {k['report_s']:.1f} s, "
         f"a runs page {k['page_s']:.3f} s (of {n:,})"
     )
+    found = k.get("anomalies", [])
+    print(f"  the checker: {len(found)} anomalies" + "".join(f"\n    {a}" for a in found[:20]))
 
 
 def main(argv=None) -> int:

@@ -47,6 +47,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 STUDY = "bench"  # the search file's study: its Optuna study is bench-vit_demo-digits_c-MHA-rehearsal
 OPTUNA_NAME = f"{STUDY}-vit_demo-digits_c-MHA-rehearsal"
@@ -278,34 +279,21 @@ def killed_and_resumed(space: Path, work: Path, n: int, args) -> dict:
         first = run_raystudy(space, work, address, n, args, kill_at=args.kill_at)
         second = run_raystudy(space, work, address, n, args)
     optuna_db, mlflow_db = work / "runs" / "optuna" / "optuna.db", work / "mlflow.db"
-    complete = _sql(
-        optuna_db,
-        "select count(*) from trials t join studies s using (study_id) where s.study_name = ? and state = 'COMPLETE'",
-        OPTUNA_NAME,
-    )[0][0]
-    trials = f"(select run_uuid from tags where key = 'raystudy.search' and value = '{OPTUNA_NAME}')"
-    status = dict(
-        _sql(
-            mlflow_db,
-            f"select value, count(*) from tags where key = 'raystudy.status' and run_uuid in {trials} group by value",
-        )
-    )
-    runs = _sql(mlflow_db, f"select count(*) from runs where run_uuid in {trials}")[0][0]
-    keys = _sql(
-        mlflow_db, f"select count(distinct value) from tags where key = 'raystudy.key' and run_uuid in {trials}"
-    )[0][0]
-    dupes = "select count(*) from (select 1 from metrics group by run_uuid, key, step having count(*) > 1)"
+    import checker
+
+    store = f"sqlite:///{mlflow_db}"
+    runs = checker.trial_runs(store, search=OPTUNA_NAME)
+    c = checker.counts(runs, checker.SEARCH_ENDED)
     return {
         "killed_at": first["killed_at"],
-        "complete": complete,
-        "runs": runs,
-        "keys": keys,
-        "ended": sum(v for k, v in status.items() if k in ("finished", "stopped", "diverged", "failed")),
-        "interrupted": status.get("interrupted", 0),
-        "running": _sql(mlflow_db, f"select count(*) from runs where status = 'RUNNING' and run_uuid in {trials}")[0][
-            0
-        ],
-        "steps_twice": _sql(mlflow_db, dupes)[0][0],
+        "complete": checker.optuna_states(optuna_db, OPTUNA_NAME).get("COMPLETE", 0),
+        "runs": c["runs"],
+        "keys": c["keys"],
+        "ended": sum(r["status"] in ("finished", "stopped", "diverged", "failed") for r in runs),
+        "interrupted": sum(r["status"] == "interrupted" for r in runs),
+        "running": c["running"],
+        "steps_twice": len(checker.steps_twice(store, [r["run"] for r in runs])),
+        "anomalies": [str(a) for a in checker.check(store, search=OPTUNA_NAME, optuna_db=optuna_db)],
         "first_new_s": second["first_new_s"],
         "found": second["found"],
     }
@@ -345,6 +333,8 @@ def show_killed(k: dict, n: int) -> None:
     )
     once = k["complete"] == n and k["keys"] == k["runs"] and k["ended"] == n and k["running"] == 0
     print(f"exactly once: {'yes' if once and not k['steps_twice'] else 'NO'}; {k['found']}")
+    found = k.get("anomalies", [])
+    print(f"the checker: {len(found)} anomalies" + "".join(f"\n  {a}" for a in found[:20]))
 
 
 def main(argv=None) -> int:

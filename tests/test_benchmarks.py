@@ -297,6 +297,7 @@ def test_scale_benchmark_runs_at_toy_size(tmp_path):
             assert 0 < r["first_run_s"] < r["seconds"], k
     assert k["runs"] == k["keys"] == k["finished"] == 13 and k["running"] == 0 and k["steps_twice"] == 0, k
     assert k["done_n"] == k["load_n"] == 13, k
+    assert k["anomalies"] == [] and "the checker: 0 anomalies" in p.stdout, k["anomalies"]  # benchmarks/checker.py
     assert (
         "SIGKILLed at" in p.stdout
         and "13 trial runs, 13 keys, 13 finished, 0 RUNNING, 0 metric steps twice" in p.stdout
@@ -324,3 +325,4 @@ def test_search_benchmark_runs_both_searches_and_a_killed_one_at_toy_size(tmp_pa
     assert k["killed_at"] >= 10 and k["complete"] == 20 and k["ended"] == 20, k
     assert k["runs"] == k["keys"] == 20 + k["interrupted"] and k["running"] == k["steps_twice"] == 0, k
     assert "exactly once: yes" in p.stdout
+    assert k["anomalies"] == [] and "the checker: 0 anomalies" in p.stdout, k["anomalies"]  # benchmarks/checker.py
