@@ -638,6 +638,9 @@ def parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args, seeds, workloads, stores = parse(argv)
+    # a TERM (a stopped batch) unwinds as an exit does: the run's world is closed (its Ray, its
+    # servers, its tmpfs), its folder kept
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs = []
     for seed in seeds:
         for workload in workloads:

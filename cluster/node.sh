@@ -56,7 +56,16 @@ random_secret() {
     python -c 'import secrets; print(secrets.token_urlsafe(24))'
 }
 
+# Each request's password check is a scrypt hash, costly by design (benchmarks/bench_auth.py); MLflow
+# keeps a verified credential for this many seconds in each worker (keyed by an HMAC of it, never the
+# secret itself), so a grid's thousands of requests pay it once a worker. 0 checks every request.
+auth_cache_s=${RAYSTUDY_AUTH_CACHE_S:-600}
+
 credentials() {  # $state/mlflow-credentials, made once; the basic-auth app's config from it, each start
+    if ! [[ "$auth_cache_s" =~ ^[0-9]+$ ]]; then
+        echo "error: RAYSTUDY_AUTH_CACHE_S=$auth_cache_s: use seconds a verified credential is kept, 0 or more" >&2
+        exit 2
+    fi
     mkdir -p "$state"
     if [ ! -s "$state/mlflow-credentials" ]; then
         (umask 077 && printf 'export MLFLOW_TRACKING_USERNAME=raystudy\nexport MLFLOW_TRACKING_PASSWORD=%s\n' \
@@ -72,6 +81,7 @@ database_uri = sqlite:///$state/mlflow-auth.db
 admin_username = $MLFLOW_TRACKING_USERNAME
 admin_password = $MLFLOW_TRACKING_PASSWORD
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = $auth_cache_s
 EOF
     )
 }

@@ -326,3 +326,17 @@ def test_search_benchmark_runs_both_searches_and_a_killed_one_at_toy_size(tmp_pa
     assert k["runs"] == k["keys"] == 20 + k["interrupted"] and k["running"] == k["steps_twice"] == 0, k
     assert "exactly once: yes" in p.stdout
     assert k["anomalies"] == [] and "the checker: 0 anomalies" in p.stdout, k["anomalies"]  # benchmarks/checker.py
+
+
+@pytest.mark.slow
+def test_auth_benchmark_times_the_heads_server_with_and_without_its_credential_cache():
+    p = subprocess.run(
+        [sys.executable, "benchmarks/bench_auth.py", "--requests", "5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "| 0 s |" in p.stdout and "| 600 s |" in p.stdout and "cached / uncached, mean ms a request: " in p.stdout
+    assert p.stdout.count(" | 401 |") == 2  # a wrong password refused, cached credentials or not

@@ -115,6 +115,7 @@ def test_the_head_runs_mlflow_on_its_own_postgresql_and_requires_credentials(ser
     assert status() == 401
     assert status(f"{user}:not-{secret}") == 401
     assert status(f"{user}:{secret}") == 200
+    assert status(f"{user}:not-{secret}") == 401  # a verified credential is kept, not its user's name
 
     # Every node's ~/raystudy.env gives a shell the credentials (the workers get the file from the head).
     p = node_sh(server.env, "env", "6379", server.uri.rsplit(":", 1)[1], "10.0.0.9")
