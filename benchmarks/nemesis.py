@@ -547,8 +547,8 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
                 continue
             where = phase(world, recorded, expected)
             got = fire(f, world, heals)
-            if got.get("why") == "no target" and now - due < 10:
-                continue  # its target is not there yet (Ray starting): tried again
+            if got.get("why") == "no target" and now - due < args.patience:
+                continue  # its target is not there yet (Ray starting, or gone with its GCS): tried again
             f.fired = got | {"phase": where, "t": round(now - t0, 1)}
             pending.remove(f)
             _say(f)
@@ -606,6 +606,7 @@ def parse(argv: list[str] | None):
     p.add_argument("--span", type=float, default=60.0, help="seconds over which timed faults are drawn (default 60)")
     p.add_argument("--hold-min", type=float, default=5.0, help="least seconds a pause or outage holds (default 5)")
     p.add_argument("--hold-max", type=float, default=30.0, help="most seconds a pause or outage holds (default 30)")
+    p.add_argument("--patience", type=float, default=90.0, help="seconds a fault waits for its target (default 90)")
     p.add_argument("--disk-mb", type=int, default=256, help="the storage's tmpfs in MiB (default 256)")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds a run may take (default 1200)")
     p.add_argument(
