@@ -191,7 +191,7 @@ class World:
         self.driver: subprocess.Popen | None = None
         self.starts, self.logs, self.killed_logs = 0, {}, set()
         self.paused: set[int] = set()
-        self.seen_workers: set[int] = set()
+        self.raylets: set[int] = set()
         self.server_pid: int | None = None
         self.events: dict[str, float] = {}
         self.t0 = time.time()
@@ -302,6 +302,23 @@ class World:
 
         threading.Thread(target=loop, daemon=True).start()
 
+    def note_ray(self) -> None:
+        """Note the raylets of this run's Rays as they come and go (their agents outlive a killed one)."""
+        ray = ray_processes(self.work / "ray")
+        if ray["raylet"]:
+            self.raylets.add(ray["raylet"])
+
+    def _ours(self, pid: int) -> bool:
+        """A process this run's Ray started: its command names the run's folder, or its raylet was ours."""
+        if str(self.work) in _cmdline(pid):
+            return True
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        raylet = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"RAY_RAYLET_PID=")), b"")
+        return raylet.isdigit() and int(raylet) in self.raylets
+
     def close(self) -> None:
         self.watching = False
         for pid in list(self.paused):
@@ -309,14 +326,10 @@ class World:
         if self.driver and self.driver.poll() is None:
             self.driver.kill()
             self.driver.wait()
-        ray = ray_processes(self.work / "ray")
-        for pid in [ray["raylet"], ray["gcs"], *ray["workers"], *self.seen_workers]:
-            if (
-                pid
-                and _cmdline(pid).startswith(("ray::", str(Path(sys.executable).parent)))
-                or (pid and str(self.work) in _cmdline(pid))
-            ):
-                _signal(pid, signal.SIGKILL)
+        self.note_ray()
+        for d in Path("/proc").iterdir():  # what this run's Rays started, orphans included
+            if d.name.isdigit() and int(d.name) != os.getpid() and self._ours(int(d.name)):
+                _signal(int(d.name), signal.SIGKILL)
         if self.store == "postgresql" and self.state.exists():
             self.node_sh("stop-mlflow")
             pm = self.postmaster()
@@ -394,7 +407,8 @@ def fire(f: Fault, world: World, heals: list) -> dict:
     """Hit ``world`` with ``f`` now; evidence of the target before and after. Holds are healed later (``heals``)."""
     kind, out = f.kind, {"kind": f.kind, "hit": False}
     ray = ray_processes(world.work / "ray")
-    world.seen_workers.update(ray["workers"])
+    if ray["raylet"]:
+        world.raylets.add(ray["raylet"])
     if kind in ("kill_driver", "pause_driver"):
         pid = world.driver.pid if world.driver and world.driver.poll() is None else None
     elif kind in ("kill_worker", "pause_worker"):
@@ -516,7 +530,7 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
     heals: list = []
     pending = list(faults)
     seen: dict[str, float] = world.events  # event -> when it first came
-    runs_seen, saved = set(), set()
+    runs_seen, saved, noted = set(), set(), 0.0
     world.watch_store(expected)
     t0 = world.t0 = time.time()  # the store is up: faults are timed from the command's first start
     world.start()
@@ -536,6 +550,9 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
         if world.snapshotting():
             seen.setdefault("snapshot", now)
         recorded = world.recorded
+        if now - noted > 2:
+            world.note_ray()
+            noted = now
         alive = world.driver.poll() is None
         if alive and recorded >= expected:
             seen.setdefault("closing", now)
