@@ -1,9 +1,9 @@
 """A seeded nemesis over the dress rehearsal: a study run while faults drawn from a seed hit it,
 several at once, then the shared checker (``benchmarks/checker.py``) over what it recorded.
 
-    python benchmarks/nemesis.py --seeds 1-10 --workloads grid,search --stores sqlite,postgresql
+    python benchmarks/nemesis.py --seeds 1-8             # 8 seeds x {grid, search} x {sqlite, postgresql}
     python benchmarks/nemesis.py --seeds 7 --workloads search --stores postgresql   # one run again
-    python benchmarks/nemesis.py --toy --seeds 1                                     # the slow tier's
+    python benchmarks/nemesis.py --toy --seeds 23 --workloads grid --stores sqlite  # the slow tier's
 
 Workloads: a rehearsal grid (the demo space, ``--trials`` trials in Tune runs of
 ``--trials-per-run``) and a rehearsal search (Optuna and ASHA on the optimiser space), each a
