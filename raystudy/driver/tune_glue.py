@@ -148,6 +148,14 @@ def hush_full_disk() -> None:
     one included: it may come before the driver has said anything). The driver says the full disk
     in one line. A logger's filter sees only its own records, a handler's all that reach it: both,
     the handlers as they are now (Ray sets its own as it starts)."""
+    ray_log = logging.getLogger("ray")
+    if not ray_log.handlers:
+        # a local Ray started without its logging set up: Ray's records reach Python's last resort,
+        # which no filter sees; a handler that prints as it does (warnings and worse, the message
+        # alone, to stderr) takes its place
+        last = logging.StreamHandler()
+        last.setLevel(logging.WARNING)
+        ray_log.addHandler(last)
     logs = [logging.getLogger(n) for n in ("ray.tune", "ray.tune.execution.tune_controller", "ray.train")]
     logs += [h for n in ("ray", "") for h in logging.getLogger(n).handlers]
     logs += [logging.getLogger("mlflow.store.db.utils"), *logging.getLogger("mlflow").handlers]
