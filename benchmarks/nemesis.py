@@ -450,11 +450,16 @@ def fire(f: Fault, world: World, heals: list) -> dict:
     return out
 
 
-def heal(what: str, arg, world: World) -> None:
+def heal(what: str, arg, world: World, pending: list) -> None:
+    """End a fault's hold; a process two pauses hold, or a disk filled twice, waits for the later."""
     if what == "cont":
+        held = {p for h in pending if h[1] == "cont" for p in h[2]}
         for p in arg:
-            _signal(p, signal.SIGCONT)
-            world.paused.discard(p)
+            if p not in held:
+                _signal(p, signal.SIGCONT)
+                world.paused.discard(p)
+    elif what == "free" and any(h[1] == "free" for h in pending):
+        return
     elif what == "server":
         world.start_server()
     elif what == "postgres":
@@ -539,7 +544,7 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
         now = time.time()
         for h in [h for h in heals if h[0] <= now]:
             heals.remove(h)
-            heal(h[1], h[2], world)
+            heal(h[1], h[2], world, heals)
         for run in world.tune_runs() - runs_seen:
             runs_seen.add(run)
             seen.setdefault("tune_run", now)
