@@ -69,6 +69,7 @@ FAULTS = {
 }
 EVENTS = ("restore", "tune_run", "first_save", "snapshot", "closing")
 MAX_STARTS = 40  # a run that needs more starts than this is reported, not retried for ever
+MARK = "RAYSTUDY_NEMESIS_RUN"  # in the environment of every process a run starts: its folder
 
 
 @dataclasses.dataclass
@@ -136,8 +137,8 @@ def _children(pid: int) -> list[int]:
 
 
 def ray_processes(ray_dir: Path) -> dict:
-    """The Ray of ``ray_dir``: its raylet's and GCS's pids and its trial workers' (``ray::`` children
-    of the raylet running a task, not idle)."""
+    """The Ray of ``ray_dir``: its raylet's and GCS's pids and its trial workers' (the raylet's
+    children that run a trial's actor: Tune's function trainable, ``ray::ImplicitFunc``)."""
     out: dict = {"raylet": None, "gcs": None, "workers": []}
     needle = str(ray_dir)
     for d in Path("/proc").iterdir():
@@ -151,7 +152,7 @@ def ray_processes(ray_dir: Path) -> dict:
     if out["raylet"]:
         for pid in _children(out["raylet"]):
             cmd = _cmdline(pid)
-            if cmd.startswith("ray::") and not cmd.startswith("ray::IDLE"):
+            if cmd.startswith("ray::ImplicitFunc"):  # a trial's actor (not an idle worker, not Ray's agents)
                 out["workers"].append(pid)
     return out
 
@@ -188,10 +189,12 @@ class World:
         self.state, self.env = work / "state", {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled"}
         for k in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "RAYSTUDY_TRACKING_STORE", "RAYSTUDY_SNAPSHOT_CMD"):
             self.env.pop(k, None)
+        # what this run starts carries it (Ray's processes inherit the command's environment): its
+        # processes are found by it, never by a pid seen earlier (pids are reused within minutes)
+        self.env[MARK] = str(work)
         self.driver: subprocess.Popen | None = None
         self.starts, self.logs, self.killed_logs = 0, {}, set()
         self.paused: set[int] = set()
-        self.raylets: set[int] = set()
         self.server_pid: int | None = None
         self.events: dict[str, float] = {}
         self.t0 = time.time()
@@ -302,42 +305,43 @@ class World:
 
         threading.Thread(target=loop, daemon=True).start()
 
-    def note_ray(self) -> None:
-        """Note the raylets of this run's Rays as they come and go (their agents outlive a killed one)."""
-        ray = ray_processes(self.work / "ray")
-        if ray["raylet"]:
-            self.raylets.add(ray["raylet"])
-
     def _ours(self, pid: int) -> bool:
-        """A process this run's Ray started: its command names the run's folder, or its raylet was ours."""
-        if str(self.work) in _cmdline(pid):
-            return True
+        """A process this run started: its environment carries the run's mark, or it holds a file
+        of the run's folder open (Ray's agents, which a killed driver's Ray leaves behind, start
+        with an environment of their own but keep their logs in its session folder)."""
         try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"{MARK}={self.work}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return True
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
         except OSError:
             return False
-        raylet = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"RAY_RAYLET_PID=")), b"")
-        return raylet.isdigit() and int(raylet) in self.raylets
+        for fd in fds:
+            try:
+                if os.readlink(fd).startswith(f"{self.work}/"):
+                    return True
+            except OSError:
+                continue
+        return False
 
     def close(self) -> None:
+        """Everything the run started stopped: its command, its servers (by node.sh), then every
+        process that carries its mark (Ray's, orphans included), and its tmpfs."""
         self.watching = False
         for pid in list(self.paused):
             _signal(pid, signal.SIGCONT)
         if self.driver and self.driver.poll() is None:
             self.driver.kill()
             self.driver.wait()
-        self.note_ray()
-        for d in Path("/proc").iterdir():  # what this run's Rays started, orphans included
-            if d.name.isdigit() and int(d.name) != os.getpid() and self._ours(int(d.name)):
-                _signal(int(d.name), signal.SIGKILL)
         if self.store == "postgresql" and self.state.exists():
             self.node_sh("stop-mlflow")
             pm = self.postmaster()
             if pm:
-                _signal(pm, signal.SIGCONT)
-                for c in _children(pm):
-                    _signal(c, signal.SIGCONT)
+                for p in [pm, *_children(pm)]:
+                    _signal(p, signal.SIGCONT)
             self.node_sh("stop-postgres")
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid() and self._ours(int(d.name)):
+                _signal(int(d.name), signal.SIGKILL)
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.disk)], capture_output=True)
 
@@ -407,8 +411,6 @@ def fire(f: Fault, world: World, heals: list) -> dict:
     """Hit ``world`` with ``f`` now; evidence of the target before and after. Holds are healed later (``heals``)."""
     kind, out = f.kind, {"kind": f.kind, "hit": False}
     ray = ray_processes(world.work / "ray")
-    if ray["raylet"]:
-        world.raylets.add(ray["raylet"])
     if kind in ("kill_driver", "pause_driver"):
         pid = world.driver.pid if world.driver and world.driver.poll() is None else None
     elif kind in ("kill_worker", "pause_worker"):
@@ -535,7 +537,7 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
     heals: list = []
     pending = list(faults)
     seen: dict[str, float] = world.events  # event -> when it first came
-    runs_seen, saved, noted = set(), set(), 0.0
+    runs_seen, saved = set(), set()
     world.watch_store(expected)
     t0 = world.t0 = time.time()  # the store is up: faults are timed from the command's first start
     world.start()
@@ -555,9 +557,6 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
         if world.snapshotting():
             seen.setdefault("snapshot", now)
         recorded = world.recorded
-        if now - noted > 2:
-            world.note_ray()
-            noted = now
         alive = world.driver.poll() is None
         if alive and recorded >= expected:
             seen.setdefault("closing", now)
