@@ -193,7 +193,7 @@ class World:
         # processes are found by it, never by a pid seen earlier (pids are reused within minutes)
         self.env[MARK] = str(work)
         self.driver: subprocess.Popen | None = None
-        self.starts, self.logs, self.killed_logs = 0, {}, set()
+        self.starts, self.logs, self.killed_logs = 0, [], set()  # the commands' log files, in order
         self.paused: set[int] = set()
         self.server_pid: int | None = None
         self.events: dict[str, float] = {}
@@ -268,6 +268,7 @@ class World:
         self.starts += 1
         log = self.work / f"command{self.starts}.log"
         self.log = log
+        self.logs.append(log.name)
         with log.open("w") as f:
             self.driver = subprocess.Popen(self.command(), cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT)
         self.started_at = time.time()
@@ -287,7 +288,7 @@ class World:
     def snapshotting(self) -> bool:
         return self.store == "postgresql" and any(self.state.glob("snapshot.??????"))
 
-    def watch_store(self, expected: int) -> None:
+    def watch_store(self) -> None:
         """Count, in a thread of its own, the trial runs ended as the study counts them into
         ``self.recorded``: a query to a paused PostgreSQL waits for it, the nemesis does not."""
         import threading
@@ -492,14 +493,14 @@ def run_one(seed: int, workload: str, store: str, args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="nem", dir="/tmp"))
     work.chmod(0o711)  # PostgreSQL's user reaches its folder below it
     world = World(workload, store, args, work)
-    t0 = time.time()
+    t0, faults = time.time(), []
     try:
         world.open_store()
         world.space, expected, name = write_space(world, args)
         faults = schedule(seed, store, args.faults, args.span, (args.hold_min, args.hold_max), world.mounted)
         ended = drive(world, faults, expected, args)
         time.sleep(1)  # the last command's store writes settle
-        logs = {n: (work / n).read_text(errors="replace") for n in sorted(world.logs) if n not in world.killed_logs}
+        logs = {n: (work / n).read_text(errors="replace") for n in world.logs if n not in world.killed_logs}
         snaps = list((world.disk / "backups").glob("mlflow-*")) if store == "postgresql" else []
         found = checker.check(
             world.db_uri,
@@ -515,7 +516,7 @@ def run_one(seed: int, workload: str, store: str, args) -> dict:
             found.append(checker.Anomaly("unfinished", ended))
     except (OSError, RuntimeError, subprocess.SubprocessError, sqlite3.Error, sqlalchemy.exc.SQLAlchemyError) as e:
         # the harness's own failure: said, and the next run goes on
-        found, faults = [checker.Anomaly("harness", f"{type(e).__name__}: {e}")], locals().get("faults", [])
+        found = [checker.Anomaly("harness", f"{type(e).__name__}: {e}")]
     finally:
         world.close()
     out = {
@@ -538,10 +539,9 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
     pending = list(faults)
     seen: dict[str, float] = world.events  # event -> when it first came
     runs_seen, saved = set(), set()
-    world.watch_store(expected)
+    world.watch_store()
     t0 = world.t0 = time.time()  # the store is up: faults are timed from the command's first start
     world.start()
-    world.logs[world.log.name] = True
     while time.time() - t0 < args.timeout:
         now = time.time()
         for h in [h for h in heals if h[0] <= now]:
@@ -582,7 +582,6 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
             # kill, a few seconds after a command that said why it stopped
             time.sleep(1 if world.driver.returncode < 0 else 5)
             world.start()
-            world.logs[world.log.name] = True
             seen["restore"] = time.time()
         time.sleep(0.1)
     return f"not complete after {args.timeout:g} s"
