@@ -222,7 +222,10 @@ def tune_output(verbose: int):
     """Tune silent but for errors when ``verbose`` is 0: its new output engine prints an
     experiment header even then, the classic one does not, and no default result loggers.
     Yields a ``StopNotice``: whether the user stopped the run (Tune's first-Ctrl-C handler ran)."""
-    quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"} if not verbose else {}
+    # nor Tune's traceback of each failed attempt: the driver says each in one line (retrying, or
+    # failed, with the error's last line), and the whole traceback stays in the trial's error file
+    quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "TUNE_PRINT_ALL_TRIAL_ERRORS": "0"}
+    quiet = quiet if not verbose else {}
     saved = {k: os.environ.get(k) for k in quiet}
     os.environ.update(quiet)
     # On Ctrl-C, Tune's warnings tell the user to call Tuner.restore and list the trials that
