@@ -304,13 +304,24 @@ def _unwhole(path: Path) -> str:
     the search's (which trials of the grid it has made), each a file named by the session; Tune's
     restore takes the newest of each. A driver killed before the first or between the two (as a
     Tune run begins) leaves a state whose search Tune rebuilds from the param space, which a
-    restore does not have: it makes trials with no config."""
+    restore does not have: it makes trials with no config. Tune writes its state in the driver's
+    staging folder and copies it to the storage: a disk that fills during the copy leaves the
+    search's file cut short, with the same result."""
+    import ray.cloudpickle
+
     states = sorted(path.glob("experiment_state-*.json"))
     if not states:
         return "it has no experiment state: the driver stopped before Tune's first save"
     session = states[-1].name.removeprefix("experiment_state-").removesuffix(".json")
-    if not (path / f"basic-variant-state-{session}.json").is_file():
+    search = path / f"basic-variant-state-{session}.json"
+    if not search.is_file():
         return "its search state of the last session is missing: the driver stopped while Tune saved"
+    try:
+        with search.open("rb") as f:
+            ray.cloudpickle.load(f)
+    except (pickle.UnpicklingError, EOFError):
+        size = search.stat().st_size
+        return f"its search state of the last session is cut short ({size} bytes): the disk filled as Tune saved"
     return ""
 
 
