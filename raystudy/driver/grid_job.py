@@ -324,8 +324,7 @@ def stopped_on_full_disk(job: Job, storage) -> int:
     is made, MLflow's store), not a trial's: said in one line as a trial's is, then ``stopped``."""
     from raystudy.driver import tune_glue
 
-    if tune_glue.full_disk_said() is None:
-        print(tune_glue.full_disk_line(tune_glue.disk_places(job.uri, {"storage": storage})), flush=True)
+    tune_glue.say_full_disk(job.uri, {"storage": storage})
     return stopped(job)
 
 

@@ -128,10 +128,8 @@ def _run_studies(job: Job, s, storage: Path, skey: str) -> int:
     except Exception as e:
         if not disk_full(e):
             raise
-        # the full disk's first sign was the driver's own write (Optuna's storage, MLflow's store), not a trial's
-        if tune_glue.full_disk_said() is None:
-            first = {"storage": storage, "the Optuna storage": (storage / "optuna").resolve()}
-            print(tune_glue.full_disk_line(tune_glue.disk_places(job.uri, first), "search"), flush=True)
+        first = {"storage": storage, "the Optuna storage": (storage / "optuna").resolve()}
+        tune_glue.say_full_disk(job.uri, first, "search")
         print("\nsearch stopped; run the same command to resume it", flush=True)
         return 130
     print_summary(summary)

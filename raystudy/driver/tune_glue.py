@@ -109,6 +109,13 @@ def stop_on_full_disk(places: dict[str, Any], command: str = "grid") -> None:
         os.kill(os.getpid(), signal.SIGUSR1)
 
 
+def say_full_disk(tracking_uri: str, first: dict[str, Any], command: str = "grid") -> None:
+    """A full disk whose first sign was the driver's own write (its lock, Tune's state, Optuna's
+    storage, MLflow's store), not a trial's: its line, unless a trial's already said it."""
+    if full_disk_said() is None:
+        print(full_disk_line(disk_places(tracking_uri, first), command), flush=True)
+
+
 def full_disk_said() -> str | None:
     """The full disk's line, if this process has said it."""
     return _full.get("line")

@@ -105,6 +105,19 @@ def test_the_places_a_full_disk_may_be_are_those_known(tmp_path, monkeypatch):
     assert line.startswith("error: the disk is full: /") and "holding the tensor cache" in line
 
 
+def test_the_drivers_own_full_disk_is_said_unless_a_trial_said_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RAYSTUDY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tune_glue, "_full", {})  # nothing said yet in this process
+    first = {"storage": tmp_path / "ray", "the Optuna storage": tmp_path / "ray" / "optuna"}
+    tune_glue.say_full_disk(f"sqlite:///{tmp_path / 'mlflow.db'}", first, "search")
+    out = capsys.readouterr().out
+    assert out.startswith("error: the disk is full: /") and out.count("\n") == 1, out
+    assert "holding storage, the Optuna storage, the store, the tensor cache" in out, out
+    tune_glue._full["line"] = "error: the disk is full: (a trial's line)"  # a trial met it first: said
+    tune_glue.say_full_disk(f"sqlite:///{tmp_path / 'mlflow.db'}", first, "search")
+    assert capsys.readouterr().out == ""
+
+
 def test_mlflows_own_traceback_of_a_full_store_stays_out_of_a_tune_run(tmp_path, small_disk, capfd):
     # Seen in CI: a trial's MLflow run, opened on a full store before anything else had met the
     # full disk, printed MLflow's traceback of the failed INSERT ahead of the driver's one line.
