@@ -181,15 +181,19 @@ def uninterrupted():
 
 def fit(tuner, verbose: int, close: Callable[[], Any]) -> bool:
     """Run ``tuner`` to its end, then ``close`` (Ctrl-C ignored) however it ended, so that no
-    MLflow run stays RUNNING; returns whether the user stopped the run (one Ctrl-C)."""
+    MLflow run stays RUNNING; returns whether the run was stopped (one Ctrl-C, a full disk, the
+    driver's Ray node lost)."""
+    unwatch = watch_node()
     try:
         with tune_output(verbose) as notice:
             tuner.fit()
     except Exception:
-        if full_disk_said() is None:
+        if full_disk_said() is None and node_lost() is None:
             raise
-        # stopped on a full disk: Tune's end, reading back the files it could not write, fails too
+        # stopped on a full disk or a lost node: Tune's end, reading back its files or asking its
+        # dead trials, may fail too
     finally:
+        unwatch()
         with uninterrupted():
             try:
                 close()
@@ -198,7 +202,55 @@ def fit(tuner, verbose: int, close: Callable[[], Any]) -> bool:
                     raise
                 # a full store: its runs stay RUNNING, and the same command, rerun, closes them
         let_go()
-    return notice.received or full_disk_said() is not None
+    return notice.received or full_disk_said() is not None or node_lost() is not None
+
+
+_lost: dict[str, str] = {}  # the driver's Ray node found dead: its line
+
+
+def watch_node(every: float = 1.0) -> Callable[[], None]:
+    """While a Tune run goes, the driver's own Ray node checked every ``every`` seconds; returns
+    what ends the watch. A raylet killed, or ended by Ray because an agent it needs died, leaves
+    the driver up and Tune waiting for ever on a cluster of no CPUs: the node's end is said in one
+    line and Tune stopped gracefully (its SIGUSR1, as on a full disk), so that the same command
+    resumes. A GCS that cannot be reached is Ray's own to say (it ends the driver)."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(every):
+            try:
+                alive = any(n["NodeID"] == node and n["Alive"] for n in ray.nodes())
+            except Exception:  # noqa: BLE001 - the GCS unreachable or gone: see above
+                continue
+            if not alive and not done.is_set():
+                lose_node()
+                return
+
+    threading.Thread(target=loop, name="raystudy-node-watch", daemon=True).start()
+    return done.set
+
+
+def lose_node() -> None:
+    """The driver's Ray node is dead: its one line, Tune's warnings of a cluster without
+    resources muted (the line says why), and Tune's graceful stop."""
+    if _lost:
+        return
+    _lost["line"] = (
+        "error: the Ray node this driver runs on has ended (its raylet was killed, or Ray ended it "
+        "when an agent it needs died): stopping; run the same command to resume"
+    )
+    print(_lost["line"], flush=True)
+    logging.getLogger("ray.tune.utils.resource_updater").setLevel(logging.ERROR)
+    if callable(signal.getsignal(signal.SIGUSR1)):
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def node_lost() -> str | None:
+    """The lost node's line, if this process has said it."""
+    return _lost.get("line")
 
 
 ENCODED = "tune_func_encode:"  # Ray's log-once key for each object Tune's JSON encoder pickles

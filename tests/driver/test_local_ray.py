@@ -103,3 +103,48 @@ def test_a_local_ray_whose_gcs_does_not_start_stops_the_grid_in_one_line(tmp_pat
     said = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and said[0].startswith("error: the local Ray did not start (Failed to start GCS."), said
     assert said[0].endswith("; run the same command again") and str(ray_tmp) in said[0], said
+
+
+@pytest.mark.slow
+def test_a_grid_whose_local_raylet_dies_stops_in_one_line_and_the_same_command_resumes(tmp_path, ray_tmp):
+    # Seen by the nemesis (seed 23): Ray ends a raylet whose dashboard agent was killed, and a
+    # raylet killed as the trials start leaves the driver up; Tune then waited for ever on a
+    # cluster of no CPUs ("trials waiting for resources ... on 0 nodes"). Held here by killing the
+    # grid's raylet as it says it is running its trials, before any can end.
+    import psutil
+
+    from tests.helpers import driver_env
+
+    cmd = [sys.executable, "-m", "raystudy.grid", "--rehearse", "0.2", "--datasets", "digits_c", "--quiet"]
+    cmd += ["--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    cmd += ["--num-cpus", "1", "--ray-temp-dir", str(ray_tmp)]
+    p = subprocess.Popen(
+        cmd, cwd=tmp_path, env=driver_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    ray_procs = []
+    try:
+        out = []
+        for line in p.stdout:
+            out.append(line)
+            if line.startswith("running "):
+                break
+        ray_procs = psutil.Process(p.pid).children(recursive=True)
+        raylets = [c for c in ray_procs if "raylet/raylet" in " ".join(c.cmdline())]
+        assert len(raylets) == 1, "".join(out)
+        raylets[0].kill()
+        rest, _ = p.communicate(timeout=180)  # before: no end
+    finally:
+        for proc in [p, *ray_procs]:
+            if proc.poll() is None if proc is p else proc.is_running():
+                proc.kill()
+    out = "".join(out) + rest
+    said = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert p.returncode == 130 and "Traceback" not in out, out[-3000:]
+    assert said == [
+        "error: the Ray node this driver runs on has ended (its raylet was killed, or Ray ended it when an "
+        "agent it needs died): stopping; run the same command to resume"
+    ], out[-3000:]
+    assert out.rstrip().splitlines()[-2].startswith("grid stopped: "), out[-3000:]
+    again = subprocess.run(cmd, cwd=tmp_path, env=driver_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "\ndone in " in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "26 finished" in again.stdout, again.stdout[-2000:]
