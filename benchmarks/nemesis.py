@@ -4,6 +4,7 @@ several at once, then the shared checker (``benchmarks/checker.py``) over what i
     python benchmarks/nemesis.py --seeds 1-8             # 8 seeds x {grid, search} x {sqlite, postgresql}
     python benchmarks/nemesis.py --seeds 7 --workloads search --stores postgresql   # one run again
     python benchmarks/nemesis.py --toy --seeds 23 --workloads grid --stores sqlite  # the slow tier's
+    python benchmarks/nemesis.py --hosts --seeds 1-4     # on two test hosts, with the partition
 
 Workloads: a rehearsal grid (the demo space, ``--trials`` trials in Tune runs of
 ``--trials-per-run``) and a rehearsal search (Optuna and ASHA on the optimiser space), each a
@@ -15,7 +16,9 @@ allowed (root), so that a fault can fill it.
 
 Faults (``FAULTS``): SIGKILL of the driver, a trial worker, the raylet or the GCS; SIGSTOP then
 SIGCONT of the driver, a worker, the tracking server or PostgreSQL; the tracking server killed
-and started again; PostgreSQL restarted; the storage filled and freed. Each fires at a time or on
+and started again; PostgreSQL restarted; the storage filled and freed; on two hosts (``--hosts``,
+``nemesis_hosts``: the command on a Ray head host, a Ray worker host beside it), the worker host
+cut off from the head for a while. Each fires at a time or on
 an event seen from outside (a command restarted and restoring, a Tune run begun, its first
 checkpoint saved, a snapshot being written, every trial recorded while the command closes), is
 logged with the phase it hit and evidence that its target existed and was hit, and may overlap
@@ -51,6 +54,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import checker  # noqa: E402
+import nemesis_hosts  # noqa: E402
+from nemesis_hosts import TwoHosts  # noqa: E402
 
 NODE_SH = ROOT / "cluster" / "node.sh"
 # fault -> the stores it applies to
@@ -66,6 +71,7 @@ FAULTS = {
     "kill_server": ("postgresql",),
     "pause_postgres": ("postgresql",),
     "restart_postgres": ("postgresql",),
+    "cut_host": ("sqlite", "postgresql"),  # two hosts only (--hosts)
 }
 EVENTS = ("restore", "tune_run", "first_save", "snapshot", "closing")
 MAX_STARTS = 40  # a run that needs more starts than this is reported, not retried for ever
@@ -81,18 +87,25 @@ class Fault:
     fired: dict | None = None
 
 
-def schedule(seed: int, store: str, n: int, span: float, hold: tuple[float, float], disk: bool) -> list[Fault]:
+def schedule(
+    seed: int, store: str, n: int, span: float, hold: tuple[float, float], disk: bool, hosts: bool = False
+) -> list[Fault]:
     """``n`` faults drawn from ``seed`` for ``store``: each kind at most twice, about half on events,
     times spread over the first ``span`` seconds so that holds (``hold``: least and most seconds)
-    overlap the faults after them."""
-    r = random.Random(f"{seed}:{store}")
-    kinds = [k for k, stores in FAULTS.items() if store in stores and (disk or k != "fill_disk")]
+    overlap the faults after them. A cut (``hosts``) holds up to three times longer: Ray takes a
+    node for dead after about 30 s, and both a cut it outlives and one it does not are wanted."""
+    r = random.Random(f"{seed}:{store}" + (":hosts" if hosts else ""))
+    kinds = [
+        k
+        for k, stores in FAULTS.items()
+        if store in stores and (disk or k != "fill_disk") and (hosts or k != "cut_host")
+    ]
     pool = r.sample(kinds * 2, len(kinds) * 2)
     out = []
     for i in range(n):
         kind = pool[i % len(pool)]
-        paused = kind.startswith("pause") or kind in ("kill_server", "fill_disk", "restart_postgres")
-        h = round(r.uniform(*hold), 1) if paused else 0.0
+        paused = kind.startswith("pause") or kind in ("kill_server", "fill_disk", "restart_postgres", "cut_host")
+        h = round(r.uniform(hold[0], hold[1] * (3 if kind == "cut_host" else 1)), 1) if paused else 0.0
         if r.random() < 0.5:
             ev = r.choice([e for e in EVENTS if e != "snapshot" or store == "postgresql"])
             out.append(Fault(kind, ev, round(r.uniform(0, 3), 1), h))
@@ -139,18 +152,18 @@ def _children(pid: int) -> list[int]:
 def ray_processes(ray_dir: Path) -> dict:
     """The Ray of ``ray_dir``: its raylet's and GCS's pids and its trial workers' (the raylet's
     children that run a trial's actor: Tune's function trainable, ``ray::ImplicitFunc``)."""
-    out: dict = {"raylet": None, "gcs": None, "workers": []}
+    out: dict = {"raylets": [], "gcs": None, "workers": []}
     needle = str(ray_dir)
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         cmd = _cmdline(int(d.name))
         if needle in cmd and "/raylet" in cmd.split(" ")[0]:
-            out["raylet"] = int(d.name)
+            out["raylets"] = [int(d.name)]
         elif needle in cmd and "gcs_server" in cmd.split(" ")[0]:
             out["gcs"] = int(d.name)
-    if out["raylet"]:
-        for pid in _children(out["raylet"]):
+    if out["raylets"]:
+        for pid in _children(out["raylets"][0]):
             cmd = _cmdline(pid)
             if cmd.startswith("ray::ImplicitFunc"):  # a trial's actor (not an idle worker, not Ray's agents)
                 out["workers"].append(pid)
@@ -198,6 +211,20 @@ class World:
         self.server_pid: int | None = None
         self.events: dict[str, float] = {}
         self.t0 = time.time()
+        self.cluster: TwoHosts | None = None
+
+    def open_hosts(self) -> None:
+        """Two hosts and their Ray (--hosts), made after the disk is mounted, so that both see it."""
+        self.cluster = TwoHosts(self.work / "hosts", self.env, max(1, self.args.num_cpus // 2))
+        self.cluster.start_ray()
+
+    def ray(self) -> dict:
+        """The run's Ray as the faults see it: the GCS, the raylets, the trial workers."""
+        return self.cluster.processes() if self.cluster else ray_processes(self.work / "ray")
+
+    def on_head(self, argv: list[str], **kw) -> subprocess.CompletedProcess:
+        """``argv`` run where the command runs: this machine, or the head host."""
+        return self.cluster.run(argv, **kw) if self.cluster else subprocess.run(argv, **kw)
 
     # -- the store
     def open_store(self) -> None:
@@ -218,14 +245,24 @@ class World:
             if line.startswith("export "):
                 k, _, v = line[7:].partition("=")
                 creds[k] = v.strip("'\"")
-        self.db_uri = (self.state / "mlflow-store").read_text().strip()
+        head_uri = self.db_uri = (self.state / "mlflow-store").read_text().strip()
+        if self.cluster:  # PostgreSQL listens on the head's loopback: read here through its socket
+            self.db_uri = self._through_socket(head_uri)
         os.environ["PGPASSFILE"] = str(self.state / "pgpass")  # the checker's reads
-        self.env.update(creds, PGPASSFILE=str(self.state / "pgpass"), RAYSTUDY_TRACKING_STORE=self.db_uri)
+        self.env.update(creds, PGPASSFILE=str(self.state / "pgpass"), RAYSTUDY_TRACKING_STORE=head_uri)
         self.env["RAYSTUDY_SNAPSHOT_CMD"] = f"RAYSTUDY_STATE={self.state} bash {NODE_SH} snapshot"
+
+    def _through_socket(self, uri: str) -> str:
+        """``uri`` (the head's, by 127.0.0.1) by PostgreSQL's socket in its data folder, the
+        password in it (pgpass matches a socket by the name localhost, not 127.0.0.1)."""
+        url = sqlalchemy.engine.make_url(uri)
+        secret = (self.state / "pgpass").read_text().splitlines()[0].rsplit(":", 1)[1]
+        query = {"host": str(self.state / "postgres"), "port": str(url.port)}
+        return url.set(host=None, port=None, password=secret, query=query).render_as_string(hide_password=False)
 
     def start_server(self) -> None:
         backups = self.disk / "backups"
-        p = subprocess.run(
+        p = self.on_head(
             ["bash", str(NODE_SH), "mlflow", str(self.mlflow_port), "postgres", str(self.work / "art"), str(backups)],
             env=self.node_env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
@@ -242,7 +279,7 @@ class World:
             return None
 
     def node_sh(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
+        return self.on_head(
             ["bash", str(NODE_SH), *args], env=self.node_env, capture_output=True, text=True, timeout=300
         )
 
@@ -250,7 +287,10 @@ class World:
     def command(self) -> list[str]:
         a = self.args
         common = ["--rehearse", str(a.seconds), "--storage", str(self.disk / "runs"), "--tracking-uri", self.uri]
-        common += ["--num-cpus", str(a.num_cpus), "--ray-temp-dir", str(self.work / "ray"), "--quiet"]
+        if self.cluster:
+            common += ["--address", self.cluster.address, "--quiet"]
+        else:
+            common += ["--num-cpus", str(a.num_cpus), "--ray-temp-dir", str(self.work / "ray"), "--quiet"]
         if self.workload == "grid":
             return [
                 sys.executable,
@@ -270,7 +310,8 @@ class World:
         self.log = log
         self.logs.append(log.name)
         with log.open("w") as f:
-            self.driver = subprocess.Popen(self.command(), cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT)
+            run = self.cluster.popen if self.cluster else subprocess.Popen
+            self.driver = run(self.command(), cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT)
         self.started_at = time.time()
 
     def tune_runs(self) -> set[str]:
@@ -343,6 +384,8 @@ class World:
         for d in Path("/proc").iterdir():
             if d.name.isdigit() and int(d.name) != os.getpid() and self._ours(int(d.name)):
                 _signal(int(d.name), signal.SIGKILL)
+        if self.cluster:
+            self.cluster.down()
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.disk)], capture_output=True)
 
@@ -411,13 +454,17 @@ def phase(world: World, recorded: int, expected: int) -> str:
 def fire(f: Fault, world: World, heals: list) -> dict:
     """Hit ``world`` with ``f`` now; evidence of the target before and after. Holds are healed later (``heals``)."""
     kind, out = f.kind, {"kind": f.kind, "hit": False}
-    ray = ray_processes(world.work / "ray")
+    ray = world.ray()
     if kind in ("kill_driver", "pause_driver"):
         pid = world.driver.pid if world.driver and world.driver.poll() is None else None
     elif kind in ("kill_worker", "pause_worker"):
         pid = random.Random(f.at).choice(ray["workers"]) if ray["workers"] else None
-    elif kind in ("kill_raylet", "kill_gcs"):
-        pid = ray["raylet" if kind == "kill_raylet" else "gcs"]
+    elif kind == "kill_raylet":
+        pid = random.Random(f.at).choice(ray["raylets"]) if ray["raylets"] else None
+    elif kind == "kill_gcs":
+        pid = ray["gcs"]
+    elif kind == "cut_host":
+        pid = world.cluster.raylet(2) if world.cluster and not world.cluster.cut_now else None
     elif kind in ("pause_server", "kill_server"):
         pid = world.server_pid if world.server_pid and _state(world.server_pid) else None
     elif kind in ("pause_postgres", "restart_postgres"):
@@ -442,6 +489,9 @@ def fire(f: Fault, world: World, heals: list) -> dict:
         os.killpg(pid, signal.SIGKILL)
         out["hit"] = _gone(pid)
         heals.append((time.time() + f.hold, "server", None))
+    elif kind == "cut_host":
+        out["hit"] = world.cluster.cut()
+        heals.append((time.time() + f.hold, "plug", None))
     elif kind == "restart_postgres":
         p = world.node_sh("stop-postgres")
         out["hit"] = p.returncode == 0 and _gone(pid, 30)
@@ -461,8 +511,10 @@ def heal(what: str, arg, world: World, pending: list) -> None:
             if p not in held:
                 _signal(p, signal.SIGCONT)
                 world.paused.discard(p)
-    elif what == "free" and any(h[1] == "free" for h in pending):
+    elif what in ("free", "plug") and any(h[1] == what for h in pending):
         return
+    elif what == "plug":
+        world.cluster.heal()
     elif what == "server":
         world.start_server()
     elif what == "postgres":
@@ -490,14 +542,18 @@ def _fill(disk: Path) -> None:
 
 def run_one(seed: int, workload: str, store: str, args) -> dict:
     """One seeded run: the study under its faults to its end, then the checker; what happened."""
-    work = Path(tempfile.mkdtemp(prefix="nem", dir="/tmp"))
+    # two hosts each have a /tmp of their own: their run's folder (its disk mounted inside) elsewhere
+    work = Path(tempfile.mkdtemp(prefix="nem", dir="/var/tmp" if args.hosts else "/tmp"))
     work.chmod(0o711)  # PostgreSQL's user reaches its folder below it
     world = World(workload, store, args, work)
     t0, faults = time.time(), []
     try:
+        if args.hosts:
+            world.open_hosts()
         world.open_store()
         world.space, expected, name = write_space(world, args)
-        faults = schedule(seed, store, args.faults, args.span, (args.hold_min, args.hold_max), world.mounted)
+        hold = (args.hold_min, args.hold_max)
+        faults = schedule(seed, store, args.faults, args.span, hold, world.mounted, hosts=args.hosts)
         ended = drive(world, faults, expected, args)
         time.sleep(1)  # the last command's store writes settle
         logs = {n: (work / n).read_text(errors="replace") for n in world.logs if n not in world.killed_logs}
@@ -538,7 +594,7 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
     heals: list = []
     pending = list(faults)
     seen: dict[str, float] = world.events  # event -> when it first came
-    runs_seen, saved = set(), set()
+    runs_seen, saved, mended = set(), set(), 0.0
     world.watch_store()
     t0 = world.t0 = time.time()  # the store is up: faults are timed from the command's first start
     world.start()
@@ -556,6 +612,9 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
                 seen.setdefault("first_save", now)
         if world.snapshotting():
             seen.setdefault("snapshot", now)
+        if world.cluster and now - mended > 2:
+            mended = now
+            world.cluster.mend()  # a worker node that ended joins again, once its host is back
         recorded = world.recorded
         alive = world.driver.poll() is None
         if alive and recorded >= expected:
@@ -581,6 +640,8 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
             # then the same command again, as a user or SLURM's requeue would: at once after a
             # kill, a few seconds after a command that said why it stopped
             time.sleep(1 if world.driver.returncode < 0 else 5)
+            if world.cluster:
+                world.cluster.ensure()  # its Ray up again first, as an operator would
             world.start()
             seen["restore"] = time.time()
         time.sleep(0.1)
@@ -629,6 +690,7 @@ def parse(argv: list[str] | None):
     p.add_argument("--patience", type=float, default=90.0, help="seconds a fault waits for its target (default 90)")
     p.add_argument("--disk-mb", type=int, default=256, help="the storage's tmpfs in MiB (default 256)")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds a run may take (default 1200)")
+    p.add_argument("--hosts", action="store_true", help="each run on two test hosts, with the cut fault (root)")
     p.add_argument("--toy", action="store_true", help="a toy run (the slow tier's): 13 trials, short holds")
     p.add_argument("--out", type=Path, help="append each run's record to this file (JSON lines)")
     p.add_argument("--keep", action="store_true", help="keep every run's folder (one with anomalies is always kept)")
@@ -650,9 +712,20 @@ def parse(argv: list[str] | None):
         shutil.which("pg_ctl") or list(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
     ):
         problem = "no PostgreSQL server programs (pg_ctl): apt-get install -y postgresql, or --stores sqlite"
+    elif args.hosts:
+        problem = _cannot_make_hosts()
     if problem:
         p.exit(2, f"nemesis: {problem}\n")
     return args, parse_seeds(args.seeds), workloads, stores
+
+
+def _cannot_make_hosts() -> str | None:
+    hosts_py = nemesis_hosts.hosts_module()
+    try:
+        hosts_py.check_can_make_hosts()
+    except hosts_py.HostsError as e:
+        return f"--hosts: {e}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,14 @@ def test_a_sqlite_run_draws_no_server_fault_and_no_disk_fault_without_a_disk():
         assert all(n <= 2 for n in (sum(f.kind == k for f in drawn) for k in kinds))  # each kind at most twice
         assert "snapshot" not in {f.trigger for f in drawn}  # only a head's store is snapshotted
     every = {f.kind for seed in range(40) for f in nemesis.schedule(seed, "postgresql", 7, 60.0, (5, 30), True)}
-    assert every == set(nemesis.FAULTS)
+    assert every == set(nemesis.FAULTS) - {"cut_host"}  # a cut needs two hosts
+
+
+def test_two_hosts_draw_the_cut_too_held_up_to_three_times_longer():
+    drawn = [f for seed in range(40) for f in nemesis.schedule(seed, "sqlite", 7, 60.0, (5, 20), False, hosts=True)]
+    assert {f.kind for f in drawn} == {k for k, stores in nemesis.FAULTS.items() if "sqlite" in stores} - {"fill_disk"}
+    cuts = [f.hold for f in drawn if f.kind == "cut_host"]
+    assert cuts and all(5 <= h <= 60 for h in cuts) and max(cuts) > 20, cuts
 
 
 def test_coverage_counts_the_faults_that_hit_by_phase():
