@@ -34,6 +34,10 @@ TRACEBACK = re.compile(
     r'^(Traceback \(most recent call last\)|\s+File "|\s+\^+\s*$|([\w.]+\.)?\w*(Error|Exception)(:|$))'
 )
 
+# Ray's C++ fatal error, which aborts the process after its stack: "[2026-12-06 20:14:46,641 C 22032
+# 22032] raylet_ipc_client.cc:85: ...", then "*** StackTrace Information ***".
+RAY_FATAL = re.compile(r"^(\[[\d-]+ [\d:,]+ C \d+ \d+\] |\*\*\* StackTrace Information \*\*\*)")
+
 
 @dataclasses.dataclass(frozen=True)
 class Anomaly:
@@ -203,6 +207,8 @@ def last_lines(logs: dict[str, str]) -> list[Anomaly]:
             out.append(Anomaly("last_line", f"{name} ends in a traceback: {lines[-1].strip()[:200]}"))
         elif any(x.startswith("Traceback (most recent call last)") for x in lines):
             out.append(Anomaly("last_line", f"{name} prints a traceback before its last line"))
+        elif any(RAY_FATAL.match(x) for x in lines):
+            out.append(Anomaly("last_line", f"{name} prints Ray's fatal error and its C++ stack"))
     return out
 
 

@@ -132,9 +132,17 @@ def test_a_command_must_end_in_a_clear_line():
     clear = "search stopped; run the same command to resume it\n"
     ended = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: boom\n'
     inside = "Traceback (most recent call last):\n  ...\nKeyError: 'a'\ngrid done\n"
-    found = checker.last_lines({"a.log": clear, "b.log": ended, "c.log": inside, "d.log": ""})
-    assert [(a.kind, a.detail.split(" ")[0]) for a in found] == [("last_line", "b.log"), ("last_line", "c.log")]
+    # Ray's own fatal error (a driver joining a node whose raylet had died, seen by the nemesis on
+    # two hosts), whose C++ stack ends in Python's frames: neither a Python traceback nor its last line
+    fatal = (
+        "[2026-12-06 20:14:46,641 C 22032 22032] raylet_ipc_client.cc:85: Failed to connect to socket\n"
+        "*** StackTrace Information ***\n/lib/x86_64-linux-gnu/libc.so.6(__libc_start_main+0x85) [0x7f]\n"
+    )
+    logs = {"a.log": clear, "b.log": ended, "c.log": inside, "d.log": "", "e.log": fatal}
+    found = checker.last_lines(logs)
+    assert [(a.kind, a.detail.split(" ")[0]) for a in found] == [("last_line", f"{n}.log") for n in "bce"], found
     assert "ends in a traceback: ValueError: boom" in str(found[0])
+    assert "Ray's fatal error" in str(found[2])
 
 
 def test_the_command_line_exits_1_on_an_anomaly_and_2_on_bad_input(study):

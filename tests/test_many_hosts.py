@@ -199,3 +199,26 @@ def test_a_trial_trains_across_two_hosts_and_resumes_on_another_pair_when_one_is
             (run["run_id"],),
         ).fetchall()
     assert twice == []
+
+
+def test_a_grid_joining_a_head_whose_raylet_just_died_is_refused_in_one_line(tmp_path_factory, demo_weights):
+    # Seen by the nemesis on two hosts (seed 1, a grid on SQLite): the head's raylet killed as the
+    # grid started again there. The cluster lists a dead node for seconds, Ray took the raylet of
+    # h2, which shows in the machine's one process table, for the head's own, and its driver
+    # aborted on the head's dead socket with a C++ stack (exit -6).
+    hosts, env = _ray_hosts(tmp_path_factory, workers=1)
+    try:
+        raylets = [p for p in hosts.pids(1) if "/raylet" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
+        assert len(raylets) == 1, raylets
+        os.kill(raylets[0], 9)
+        work = hosts.shared / "dead"
+        work.mkdir()
+        (work / "space.yaml").write_text(yaml.safe_dump(SPACE))
+        cmd = [sys.executable, "-m", "raystudy.grid", "--space", "space.yaml", "--address", "10.77.0.1:6379"]
+        p = hosts.run(1, cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        hosts.down()
+    out = p.stdout + p.stderr
+    assert p.returncode == 2 and "StackTrace" not in out, out[-3000:]
+    said = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and "does not answer (Connection refused): its raylet has ended" in said[0], out[-3000:]

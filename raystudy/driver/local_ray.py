@@ -96,10 +96,38 @@ def _start_ray(ray, address: str | None, num_cpus: int | None, temp_dir: str | N
         if token.is_file() and token.stat().st_uid == os.getuid():
             token.chmod(0o600)
     else:
+        check_node_answers(address)
         try:
             ray.init(address=address, log_to_driver=False)
         except ConnectionError as e:
             raise ConfigError(f"--address {address}: {str(e).splitlines()[0]}") from None
+
+
+def check_node_answers(address: str) -> None:
+    """The node of this host that ``ray.init`` will attach the driver to, as the cluster at
+    ``address`` lists it, must answer on its raylet's socket; raises ``RayUnavailable`` in one line.
+    A raylet that died is listed for seconds more, until the cluster notices, and where another
+    node's raylet shows in this host's processes (nodes sharing a machine's process table), Ray
+    picks that node and its driver aborts with a C++ stack on the dead socket."""
+    from ray._private import services
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+    from ray._raylet import GcsClient
+
+    try:
+        ensure_token_if_auth_enabled(None, create_token_if_missing=False)
+        gcs = GcsClient(address=services.canonicalize_bootstrap_address(address))
+        node = services.get_node_to_connect_for_driver(gcs, timeout_seconds=5)
+    except (RuntimeError, ConnectionError, ValueError, OSError):
+        return  # none listed (yet): ray.init waits for one, and fails in one line if none comes
+    with socket.socket(socket.AF_UNIX) as raylet:
+        try:
+            raylet.connect(node.raylet_socket_name)
+        except OSError as e:
+            raise RayUnavailable(
+                f"--address {address}: the Ray node Ray takes for this host's ({node.node_manager_address}) does "
+                f"not answer ({e.strerror or e}): its raylet has ended; start this host's node again (ray start) "
+                "and run the same command again"
+            ) from None
 
 
 class _Unsaid(logging.Filter):
