@@ -141,20 +141,34 @@ ray_args=(--num-cpus="$cpus" --num-gpus="$gpus" --temp-dir="$tmp/ray" --disable-
     --object-manager-port=$((base + 6)) --node-manager-port=$((base + 5)) --metrics-export-port=$((base + 7))
     --dashboard-agent-listen-port=$((base + 4)) --dashboard-agent-grpc-port=$((base + 8))
     --runtime-env-agent-port=$((base + 9)) --min-worker-port=$((base + 10)) --max-worker-port=$((base + 99)))
-ray start --head --block --node-ip-address="$ip" --port="$ray_port" --ray-client-server-port=$((base + 2)) \
-    --include-dashboard="${RAYSTUDY_RAY_DASHBOARD:-true}" --dashboard-host=127.0.0.1 --dashboard-port=$((base + 3)) \
-    "${ray_args[@]}" > "$tmp/ray-head.log" 2>&1 &
-ray_pid=$!
-disown "$ray_pid"   # stopped by stop_ray, by pid: bash would log its KILL ("line N: PID Killed ray start ...")
 export RAY_ADDRESS=$ip:$ray_port
-for _ in $(seq 120); do
-    if ray status --address "$RAY_ADDRESS" > /dev/null 2>&1; then break; fi
-    if ! kill -0 "$ray_pid" 2> /dev/null; then
+# The head is up once the cluster lists its node: `ray status` answers as soon as the GCS does ("No
+# cluster status"). `ray start` gives the raylet 30 s to join, which it does once its agents are up
+# (tens of seconds of imports on a busy node), then ends all it started: it is started again.
+head_up() {
+    ray start --head --block --node-ip-address="$ip" --port="$ray_port" --ray-client-server-port=$((base + 2)) \
+        --include-dashboard="${RAYSTUDY_RAY_DASHBOARD:-true}" --dashboard-host=127.0.0.1 --dashboard-port=$((base + 3)) \
+        "${ray_args[@]}" > "$tmp/ray-head.log" 2>&1 &
+    ray_pid=$!
+    disown "$ray_pid"   # stopped by stop_ray, by pid: bash would log its KILL ("line N: PID Killed ray start ...")
+    local status
+    for _ in $(seq 180); do
+        if ! kill -0 "$ray_pid" 2> /dev/null; then return 1; fi
+        status=$(timeout 30 ray status --address "$RAY_ADDRESS" 2> /dev/null || true)
+        if [[ "$status" == *" node_"* ]]; then return 0; fi
+        sleep 1
+    done
+    return 1
+}
+for try in 1 2 3; do
+    if head_up; then break; fi
+    say "Ray's head did not start (try $try of 3): $(grep -v '^[[:space:]]*$' "$tmp/ray-head.log" | tail -n 1 || true)"
+    stop_ray
+    if [ "$try" = 3 ]; then
         echo "error: Ray's head did not start; last lines of its log:" >&2
         tail -n 20 "$tmp/ray-head.log" >&2
         exit 1
     fi
-    sleep 1
 done
 nodes=${SLURM_JOB_NUM_NODES:-1}
 if [ "$nodes" -gt 1 ]; then
