@@ -749,11 +749,11 @@ def main(argv: list[str] | None = None) -> int:
                 if args.out:
                     with args.out.open("a") as f:
                         f.write(json.dumps(out) + "\n")
-    summary(runs)
+    summary(runs, flags=(" --hosts" if args.hosts else "") + (" --toy" if args.toy else ""))
     return 1 if any(r["anomalies"] for r in runs) else 0
 
 
-def summary(runs: list[dict]) -> None:
+def summary(runs: list[dict], flags: str = "") -> None:
     cov = coverage(runs)
     phases = sorted({p for _, p in cov})
     print(f"\ncoverage (faults hit, by phase), {len(runs)} runs:")
@@ -767,7 +767,7 @@ def summary(runs: list[dict]) -> None:
     for r in bad:
         print(f"  seed {r['seed']} {r['workload']} {r['store']}: {'; '.join(r['anomalies'])[:500]}")
         print(
-            f"    again: python benchmarks/nemesis.py --seeds {r['seed']} "
+            f"    again: python benchmarks/nemesis.py{flags} --seeds {r['seed']} "
             f"--workloads {r['workload']} --stores {r['store']}"
         )
 
