@@ -112,13 +112,16 @@ def check_node_answers(address: str) -> None:
     from ray._private import services
     from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
     from ray._raylet import GcsClient
+    from ray.exceptions import RpcError
 
     try:
         ensure_token_if_auth_enabled(None, create_token_if_missing=False)
         gcs = GcsClient(address=services.canonicalize_bootstrap_address(address))
         node = services.get_node_to_connect_for_driver(gcs, timeout_seconds=5)
-    except (RuntimeError, ConnectionError, ValueError, OSError):
-        return  # none listed (yet): ray.init waits for one, and fails in one line if none comes
+    except (RuntimeError, ConnectionError, ValueError, OSError, RpcError):
+        # none listed (yet), or no GCS answers (killed since check_address): ray.init waits for
+        # them, and fails in one line if they do not come
+        return
     with socket.socket(socket.AF_UNIX) as raylet:
         try:
             raylet.connect(node.raylet_socket_name)
