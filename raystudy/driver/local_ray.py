@@ -108,7 +108,9 @@ def check_node_answers(address: str) -> None:
     ``address`` lists it, must answer on its raylet's socket; raises ``RayUnavailable`` in one line.
     A raylet that died is listed for seconds more, until the cluster notices, and where another
     node's raylet shows in this host's processes (nodes sharing a machine's process table), Ray
-    picks that node and its driver aborts with a C++ stack on the dead socket."""
+    picks that node and its driver aborts with a C++ stack on the dead socket. A GCS that stopped
+    answering since ``check_address`` is refused too: ``ray.init`` retries it for about 40 s a try,
+    twenty tries."""
     from ray._private import services
     from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
     from ray._raylet import GcsClient
@@ -118,10 +120,13 @@ def check_node_answers(address: str) -> None:
         ensure_token_if_auth_enabled(None, create_token_if_missing=False)
         gcs = GcsClient(address=services.canonicalize_bootstrap_address(address))
         node = services.get_node_to_connect_for_driver(gcs, timeout_seconds=5)
-    except (RuntimeError, ConnectionError, ValueError, OSError, RpcError):
-        # none listed (yet), or no GCS answers (killed since check_address): ray.init waits for
-        # them, and fails in one line if they do not come
-        return
+    except RpcError as e:  # its GCS ended since check_address: ray.init would retry it for minutes
+        raise RayUnavailable(
+            f"--address {address}: the cluster's GCS does not answer ({str(e).splitlines()[0]}); start the "
+            "cluster again (ray start --head, or ray up) and run the same command again"
+        ) from None
+    except (RuntimeError, ConnectionError, ValueError, OSError):
+        return  # none listed (yet): ray.init waits for one, and fails in one line if none comes
     with socket.socket(socket.AF_UNIX) as raylet:
         try:
             raylet.connect(node.raylet_socket_name)
