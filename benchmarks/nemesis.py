@@ -600,7 +600,9 @@ def drive(world: World, faults: list[Fault], expected: int, args) -> str | None:
     world.start()
     while time.time() - t0 < args.timeout:
         now = time.time()
-        for h in [h for h in heals if h[0] <= now]:
+        for h in sorted((h for h in heals if h[0] <= now), key=lambda h: h[1] != "cont"):  # pauses end first
+            if h[1] in ("server", "postgres") and any(c[1] == "cont" for c in heals if c[0] > now):
+                continue  # a start would wait on a process still paused, and hold this loop: after it
             heals.remove(h)
             heal(h[1], h[2], world, heals)
         for run in world.tune_runs() - runs_seen:
