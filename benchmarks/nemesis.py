@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import checker  # noqa: E402
 import nemesis_hosts  # noqa: E402
-from nemesis_hosts import TwoHosts  # noqa: E402
+from nemesis_hosts import TwoHosts, cmdline  # noqa: E402
 
 NODE_SH = ROOT / "cluster" / "node.sh"
 # fault -> the stores it applies to
@@ -122,13 +122,6 @@ def coverage(runs: list[dict]) -> Counter:
 # ---------------------------------------------------------------- processes
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _state(pid: int) -> str | None:
     """The process's state letter (R, S, T, Z...), None when it is gone."""
     try:
@@ -157,14 +150,14 @@ def ray_processes(ray_dir: Path) -> dict:
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
-        cmd = _cmdline(int(d.name))
+        cmd = cmdline(int(d.name))
         if needle in cmd and "/raylet" in cmd.split(" ")[0]:
             out["raylets"] = [int(d.name)]
         elif needle in cmd and "gcs_server" in cmd.split(" ")[0]:
             out["gcs"] = int(d.name)
     if out["raylets"]:
         for pid in _children(out["raylets"][0]):
-            cmd = _cmdline(pid)
+            cmd = cmdline(pid)
             if cmd.startswith("ray::ImplicitFunc"):  # a trial's actor (not an idle worker, not Ray's agents)
                 out["workers"].append(pid)
     return out

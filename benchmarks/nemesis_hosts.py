@@ -12,24 +12,17 @@ machine by the host's network namespace, never by a pid seen earlier."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from host_faults import hosts_module
+
 HEAD = "10.77.0.1"
 PORT = 6379
 
 
-def hosts_module():
-    """cluster/hosts.py, which is a script, not a package module."""
-    spec = importlib.util.spec_from_file_location("hosts", ROOT / "cluster" / "hosts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """The process's command line, its arguments joined by spaces ("" when it is gone)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
@@ -70,14 +63,14 @@ class TwoHosts:
     # -- Ray on the hosts
     def ray_pids(self, k: int) -> list[int]:
         """Ray's processes on host ``k``."""
-        return [p for p in self.hosts.pids(k) if is_ray(_cmdline(p))]
+        return [p for p in self.hosts.pids(k) if is_ray(cmdline(p))]
 
     def processes(self) -> dict:
         """Both hosts' Ray as the faults see it: the GCS, each raylet, the trial workers."""
         out: dict = {"raylets": [], "gcs": None, "workers": []}
         for k in (1, 2):
             for pid in self.ray_pids(k):
-                cmd = _cmdline(pid)
+                cmd = cmdline(pid)
                 program = cmd.split(" ")[0]
                 if program.endswith("/raylet"):
                     out["raylets"].append(pid)
@@ -89,7 +82,7 @@ class TwoHosts:
 
     def raylet(self, k: int) -> int | None:
         """Host ``k``'s raylet, None when it has none."""
-        found = [p for p in self.ray_pids(k) if _cmdline(p).split(" ")[0].endswith("/raylet")]
+        found = [p for p in self.ray_pids(k) if cmdline(p).split(" ")[0].endswith("/raylet")]
         return found[0] if found else None
 
     def _end_ray(self, k: int) -> None:
