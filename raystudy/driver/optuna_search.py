@@ -66,6 +66,41 @@ def record_told(storage, study_name: str, sampler: Sampler, mlflow: tuple, folde
     return recovered.record_ended(cl, exp_id, parent, [ledger(folder, study_name)], missing, tags)
 
 
+def tell_recorded(storage, study_name: str, sampler: Sampler, mlflow: tuple, folder: Path) -> int:
+    """Tell the persisted study, COMPLETE, the trials it holds RUNNING whose runs MLflow holds
+    ended (finished, stopped, diverged; ``mlflow``: client, experiment, parent run), each with the
+    score of its last result in the ``ledger`` under ``folder``, as Ray's searcher would have told
+    it; returns how many. The searcher hears of a trial's end before MLflow does, and Ray lets a
+    tell that fails (a full disk) pass as a warning: the run is recorded, the study never heard.
+    Left RUNNING, ``completed_trials`` would fail such a trial and the search run another."""
+    import optuna
+
+    from raystudy.driver import recovered
+
+    cl, exp_id, _ = mlflow
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return 0
+    running = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        try:
+            running[sampler(optuna.trial.FixedTrial(t.params))["trial"]["key"]] = t
+        except (ValueError, KeyError, TypeError):  # its params cut short: failed as before
+            continue
+    if not running:
+        return 0
+    known = query.statuses(cl, exp_id)
+    ended = {k for k in running if known.get(k) in tracking.TERMINAL}
+    told = 0
+    for key, (_, results) in recovered.reported(ledger(folder, study_name), ended).items():
+        score = results[-1].get("score") if results else None
+        if isinstance(score, (int, float)) and math.isfinite(score):
+            storage.set_trial_state_values(running[key]._trial_id, optuna.trial.TrialState.COMPLETE, [float(score)])
+            told += 1
+    return told
+
+
 def ledger(storage: Path, study_name: str) -> Path:
     """The folder of every result the study's trials reported (``records.ResultLedger``)."""
     return storage / "results" / study_name
@@ -143,7 +178,9 @@ def search_condition(
             searcher, asha, study_name, name, n, budget, storage, space, resources, tuning, verbose, mlflow, rehearse
         )
         close = _closer(cl, mlflow, study_name, label)
-        if tune_glue.fit(tuner, verbose, close) and completed_trials(ostore, study_name) < num_samples:
+        if not tune_glue.fit(tuner, verbose, close):
+            tell_recorded(ostore, study_name, sampler, (cl, exp_id, parent), storage)  # a tell Ray let fail
+        elif completed_trials(ostore, study_name) < num_samples:
             raise tune_glue.Stopped(f"study {study_name!r} stopped before its budget")
     best = best_of(cl, exp_id, study_name)
     if rehearse and "config" in best:
@@ -168,12 +205,16 @@ def _closer(cl, mlflow: tuple[str, str, str], study_name: str, label: str):
 
 def _after_a_kill(storage, study_name: str, sampler: Sampler, mlflow: tuple, folder: Path, label: str) -> int:
     """What a killed session of the study left, put right before it goes on: trials Optuna holds
-    COMPLETE that MLflow never ended recorded (``record_told``), runs left RUNNING mid-trial closed
-    (their configs are not sampled again); returns the trials done."""
+    COMPLETE that MLflow never ended recorded (``record_told``), trials MLflow ended that Optuna
+    never heard of told (``tell_recorded``), runs left RUNNING mid-trial closed (their configs are
+    not sampled again); returns the trials done."""
     cl, exp_id, _ = mlflow
     told = record_told(storage, study_name, sampler, mlflow, folder)
     if told:
         print(f"[{label}] {told} trial(s) ended in Tune's files but not in MLflow: recorded from their results")
+    heard = tell_recorded(storage, study_name, sampler, mlflow, folder)
+    if heard:
+        print(f"[{label}] {heard} trial(s) ended in MLflow but not in Optuna: told Optuna their last scores")
     record.close_stale(cl, exp_id, raystudy__search=study_name)
     return completed_trials(storage, study_name)
 
