@@ -39,11 +39,14 @@ driver's trials a second and its RSS after 1,000 trials and when it was killed (
 most of the grid); for each start after a kill, the seconds to its first new trial (a run opened
 after it) and to its first recorded report; whether the store then holds every trial once,
 finished, nothing RUNNING, no metric step twice; and the store's waits, as for raystudy's variant.
+``--kill-store postgresql`` runs that grid through the head's tracking server on PostgreSQL (as
+``raystudy_pg``) instead of into SQLite.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -287,9 +290,10 @@ sys.stdin.read()
 """
 
 
-def killed_and_resumed(space: Path, env: dict, work: Path, n: int, args) -> dict:
+def killed_and_resumed(space: Path, env: dict, work: Path, n: int, args, head: tuple[str, str] | None = None) -> dict:
     """raystudy's grid on a Ray of its own (``HOLD_RAY``), its driver SIGKILLed at each fraction of
-    ``--kill-at`` done and started again (``_kill_and_resume``)."""
+    ``--kill-at`` done and started again (``_kill_and_resume``); into ``work``'s SQLite store, or
+    through ``head``'s tracking server (its database, its URI: ``a_head``)."""
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_RAY, str(args.concurrency), str(work / "ray")],
         env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
@@ -300,8 +304,12 @@ def killed_and_resumed(space: Path, env: dict, work: Path, n: int, args) -> dict
         for flag in ("--num-cpus", "--ray-temp-dir"):  # the Ray's own, not the driver's
             i = flags.index(flag)
             del flags[i : i + 2]
+        db: Path | str = work / "mlflow.db"
+        if head is not None:
+            db, flags[flags.index("--tracking-uri") + 1] = head
+            env = env | {"RAYSTUDY_TRACKING_STORE": db}  # what is done read from the database, as on a head
         cmd = [sys.executable, "-m", "raystudy.grid", *flags, "--address", address]
-        return _kill_and_resume(cmd, env, work, n, args.kill_at)
+        return _kill_and_resume(cmd, env, work, db, n, args.kill_at)
     finally:
         holder.stdin.close()
         try:
@@ -310,11 +318,10 @@ def killed_and_resumed(space: Path, env: dict, work: Path, n: int, args) -> dict
             os.killpg(holder.pid, 9)
 
 
-def _kill_and_resume(cmd: list[str], env: dict, work: Path, n: int, fractions: list[float]) -> dict:
-    """``killed_and_resumed``'s measurement, on a Ray ``cmd`` joins: the grid started, SIGKILLed
-    once each fraction of its ``n`` trials has finished and started again; the last start runs to
-    the end."""
-    db = work / "mlflow.db"
+def _kill_and_resume(cmd: list[str], env: dict, work: Path, db: Path | str, n: int, fractions: list[float]) -> dict:
+    """``killed_and_resumed``'s measurement, on a Ray ``cmd`` joins, its store ``db`` (a SQLite
+    file or a database URI): the grid started, SIGKILLed once each fraction of its ``n`` trials has
+    finished and started again; the last start runs to the end."""
     out: dict = {"restarts": []}
     for i, at in enumerate([*fractions, None]):
         t0, start_ms, since = time.perf_counter(), int(time.time() * 1000), _store_query(db, FINISHED_SQL) or 0
@@ -344,7 +351,7 @@ def _kill_and_resume(cmd: list[str], env: dict, work: Path, n: int, fractions: l
             sys.exit(f"bench_scale: the resumed grid exited {proc.returncode}; see {work / f'driver{i}.log'}")
         if restart is not None:
             out["restarts"].append(restart | {"seconds": time.perf_counter() - t0})
-    return out | once(f"sqlite:///{db}", n)
+    return out | once(db if isinstance(db, str) else f"sqlite:///{db}", n)
 
 
 def once(store: str, n: int) -> dict:
@@ -444,16 +451,23 @@ def one_size(n: int, args, folder: Path) -> dict:
         work = folder / f"killed{n}"
         work.mkdir()
         at = ", ".join(f"{f:g}" for f in args.kill_at)
-        print(f"  N={real_n} raystudy, killed at {at} and resumed: running", flush=True)
-        row["killed"] = killed_and_resumed(space, env, work, real_n, args)
+        print(f"  N={real_n} raystudy ({args.kill_store}), killed at {at} and resumed: running", flush=True)
+        if args.kill_store == "sqlite":
+            row["killed"] = killed_and_resumed(space, env, work, real_n, args)
+            row["killed"].update(store_waits(work, f"raystudy-scale{n}-vit_demo-rehearsal"))
+        else:
+            with a_head(work) as (db, uri):
+                row["killed"] = killed_and_resumed(space, env, work, real_n, args, (db, uri))
+                row["killed"].update(_head_waits(work, n, db, uri))
+        row["killed"]["store_kind"] = args.kill_store
         shutil.rmtree(work / "ray", ignore_errors=True)
-        row["killed"].update(store_waits(work, f"raystudy-scale{n}-vit_demo-rehearsal"))
     return row
 
 
-def through_a_server(space: Path, env: dict, work: Path, n: int, real_n: int, args) -> dict:
-    """raystudy's grid through ``mlflow server`` (4 workers) on a PostgreSQL of its own, as a
-    cluster's head runs it; its figures as ``watch`` and ``store_waits`` give them."""
+@contextlib.contextmanager
+def a_head(work: Path):
+    """``mlflow server`` (4 workers) on a PostgreSQL of its own, as a cluster's head runs them;
+    yields (the database's URI, the server's URI)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_writers import serve, stop
     from pg_server import postgres
@@ -462,21 +476,34 @@ def through_a_server(space: Path, env: dict, work: Path, n: int, real_n: int, ar
     with tempfile.TemporaryDirectory(prefix="rspg") as pg, postgres(Path(pg)) as db:
         server, uri = serve(db, 4, work)
         try:
-            flags = grid_args(space, work, args.seconds, args.concurrency, quiet=False)
-            flags[flags.index("--tracking-uri") + 1] = uri
-            cmd = [sys.executable, "-m", "raystudy.grid", *flags]
-            out = watch(cmd, env | {"RAYSTUDY_TRACKING_STORE": db}, work / "driver.log", None, db, real_n)
-            out["store"] = _store_query(db, "select pg_database_size('mlflow')") or 0
-            os.environ["RAYSTUDY_TRACKING_STORE"] = db  # as on the head, for what is done
-            try:
-                out.update(store_waits(work, f"raystudy-scale{n}-vit_demo-rehearsal", uri))
-            finally:
-                del os.environ["RAYSTUDY_TRACKING_STORE"]
+            yield db, uri
         finally:
             stop(server)
             engine = _engines.pop(db, None)
             if engine is not None:
                 engine.dispose()
+
+
+def _head_waits(work: Path, n: int, db: str, uri: str) -> dict:
+    """``store_waits`` through the head's server, what is done read from its database as on the
+    head; and the database's size."""
+    out = {"store": _store_query(db, "select pg_database_size('mlflow')") or 0}
+    os.environ["RAYSTUDY_TRACKING_STORE"] = db
+    try:
+        return out | store_waits(work, f"raystudy-scale{n}-vit_demo-rehearsal", uri)
+    finally:
+        del os.environ["RAYSTUDY_TRACKING_STORE"]
+
+
+def through_a_server(space: Path, env: dict, work: Path, n: int, real_n: int, args) -> dict:
+    """raystudy's grid through the head's server (``a_head``); its figures as ``watch`` and
+    ``store_waits`` give them."""
+    with a_head(work) as (db, uri):
+        flags = grid_args(space, work, args.seconds, args.concurrency, quiet=False)
+        flags[flags.index("--tracking-uri") + 1] = uri
+        cmd = [sys.executable, "-m", "raystudy.grid", *flags]
+        out = watch(cmd, env | {"RAYSTUDY_TRACKING_STORE": db}, work / "driver.log", None, db, real_n)
+        out.update(_head_waits(work, n, db, uri))
     shutil.rmtree(work / "ray", ignore_errors=True)
     return out
 
@@ -543,7 +570,8 @@ def _show_killed(k: dict, n: int) -> None:
     mb = 2**20
     rss = k["rss_at"].get("1000") or k["rss_at"].get(1000)  # a key read back from JSON is a string
     print(
-        f"  raystudy killed and resumed: its first driver ran {k['first_done']:,} trials in {k['first_s']:.1f} s "
+        f"  raystudy killed and resumed ({k.get('store_kind', 'sqlite')}): its first driver ran "
+        f"{k['first_done']:,} trials in {k['first_s']:.1f} s "
         f"({k['first_done'] / k['first_s']:.2f} trials/s); its RSS "
         + (f"{rss / mb:.0f} MB after 1,000 trials, " if rss else "")
         + f"{k['killed_rss'] / mb:.0f} MB at its kill"
@@ -576,6 +604,12 @@ def main(argv=None) -> int:
         "--kill-at",
         default="",
         help="also: raystudy's grid SIGKILLed at each of these fractions done (F,F2,...), resumed",
+    )
+    ap.add_argument(
+        "--kill-store",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="the killed grid's store: SQLite, or the head's tracking server on PostgreSQL (default sqlite)",
     )
     ap.add_argument("--json", help="write the measurements here as well")
     ap.add_argument("--variant", choices=("stock", "bare"), help=argparse.SUPPRESS)

@@ -264,10 +264,12 @@ def test_store_benchmarks_refuse_bad_input_in_one_line(script, args, message):
 def test_scale_benchmark_runs_at_toy_size(tmp_path):
     """The drivers on the same 13 rehearsal trials (raystudy's also through a PostgreSQL tracking
     server): each runs them all, and raystudy's store holds each once, read back by what a resumed
-    grid and the report read; raystudy's grid killed twice and resumed holds each once too."""
+    grid and the report read; raystudy's grid through the head's server, killed twice and resumed,
+    holds each once too."""
     out = tmp_path / "scale.json"
     cmd = [sys.executable, "benchmarks/bench_scale.py", "--trials", "13", "--datasets", "1"]
     cmd += ["--seconds", "0.5", "--concurrency", "4", "--kill-at", "0.2,0.45", "--json", str(out)]
+    cmd += ["--kill-store", "postgresql"]
     cmd += ["--variants", "raystudy,stock,bare,raystudy_pg"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
@@ -289,6 +291,7 @@ def test_scale_benchmark_runs_at_toy_size(tmp_path):
     # machine the killed driver can have run every trial, the store's records lagging behind
     # Tune's, and the rerun then records them from the trials' own results, opening none anew
     k = row["killed"]
+    assert k["store_kind"] == "postgresql" and k["store"] > 0, k
     assert k["first_done"] >= 3 and k["killed_rss"] > 0, k
     (first, second) = k["restarts"]
     assert first["at"] >= 3 and second["at"] >= 6, k
@@ -299,7 +302,8 @@ def test_scale_benchmark_runs_at_toy_size(tmp_path):
     assert k["done_n"] == k["load_n"] == 13, k
     assert k["anomalies"] == [] and "the checker: 0 anomalies" in p.stdout, k["anomalies"]  # benchmarks/checker.py
     assert (
-        "SIGKILLed at" in p.stdout
+        "raystudy killed and resumed (postgresql)" in p.stdout
+        and "SIGKILLed at" in p.stdout
         and "13 trial runs, 13 keys, 13 finished, 0 RUNNING, 0 metric steps twice" in p.stdout
     )
 
