@@ -57,7 +57,7 @@ def record_told(storage, study_name: str, sampler: Sampler, mlflow: tuple, folde
     except KeyError:
         return 0
     told = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    keys = {sampler(optuna.trial.FixedTrial(t.params))["trial"]["key"] for t in told}
+    keys = {drawn(sampler, t)["key"] for t in told}
     known = query.statuses(cl, exp_id)
     missing = {k for k in keys if known.get(k) not in (*tracking.TERMINAL, "failed")}
     if not missing:
@@ -85,7 +85,7 @@ def tell_recorded(storage, study_name: str, sampler: Sampler, mlflow: tuple, fol
     running = {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         try:
-            running[sampler(optuna.trial.FixedTrial(t.params))["trial"]["key"]] = t
+            running[drawn(sampler, t)["key"]] = t
         except (ValueError, KeyError, TypeError):  # its params cut short: failed as before
             continue
     if not running:
@@ -99,6 +99,14 @@ def tell_recorded(storage, study_name: str, sampler: Sampler, mlflow: tuple, fol
             storage.set_trial_state_values(running[key]._trial_id, optuna.trial.TrialState.COMPLETE, [float(score)])
             told += 1
     return told
+
+
+def drawn(sampler: Sampler, trial) -> dict[str, Any]:
+    """The raystudy trial (its ``key``, its ``sampled`` values, ...) that ``sampler`` draws again
+    from a study trial's params: how a trial of the study is known in MLflow and the ledger."""
+    import optuna
+
+    return sampler(optuna.trial.FixedTrial(trial.params))["trial"]
 
 
 def ledger(storage: Path, study_name: str) -> Path:
@@ -361,7 +369,7 @@ def found(storage, study_name: str, sampler: Sampler, chosen_key: str | None) ->
     )
     scores = {}
     for t in told:
-        trial = sampler(optuna.trial.FixedTrial(t.params))["trial"]
+        trial = drawn(sampler, t)
         scores[trial["key"]] = rehearsal.landscape_score(land, trial["sampled"])
     return {
         "optimum": rehearsal.TOP,
