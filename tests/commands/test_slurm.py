@@ -29,6 +29,7 @@ from tests.helpers import REPO, driver_env, experiment_runs, hosts_module
 LOCAL_SH = REPO / "cluster" / "slurm" / "local.sh"
 SLURM_DIR = os.environ.get("RAYSTUDY_SLURM_DIR", "/tmp/raystudy-slurm")
 EXPERIMENT = "raystudy-t-vit_demo"
+REHEARSAL = EXPERIMENT + "-rehearsal"
 # One xdist worker: the tests share the machine's one SLURM node, whose two CPUs their jobs fill.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
@@ -110,11 +111,16 @@ def study(tmp_path, slurm, demo_weights):
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 
 
-def submit(env, folder: Path, jobs: list, conditions, steps: int, *flags: str, cpus: int = 1) -> str:
-    """``raystudy slurm`` from ``folder``: the job's id."""
+def submit(
+    env, folder: Path, jobs: list, conditions, steps: int, *flags: str, cpus: int = 1, rehearse: int | None = None
+) -> str:
+    """``raystudy slurm`` from ``folder``: the job's id. ``rehearse``: the grid's trials are a
+    rehearsal's, each lasting that many seconds on any machine (a test that stops a job mid-grid
+    needs a grid that is still running then, which real training on a fast machine is not)."""
     (folder / "space.yaml").write_text(yaml.safe_dump(space(conditions, steps)))
     cmd = [sys.executable, "-m", "raystudy", "slurm", "--shared", str(folder / "shared"), "--cpus-per-node", str(cpus)]
     cmd += [*flags, "--", "grid", "--space", str(folder / "space.yaml"), "--quiet"]
+    cmd += ["--rehearse", str(rehearse)] if rehearse else []
     p = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     job = re.search(r"submitted job (\d+)", p.stdout).group(1)
@@ -163,7 +169,7 @@ def wait_log(folder: Path, job: str, pattern: str, timeout: float = 240) -> re.M
     raise AssertionError(f"no {pattern!r} in job {job}'s log:\n{log(folder, job)[-3000:]}")
 
 
-def recorded(folder: Path):
+def recorded(folder: Path, experiment: str = EXPERIMENT):
     """The newest snapshot in the shared folder, as an MLflow store: (client, its runs, its trials)."""
     from mlflow import MlflowClient
 
@@ -171,13 +177,13 @@ def recorded(folder: Path):
     db = folder / "restored.db"
     db.write_bytes(gzip.decompress(newest.read_bytes()))
     cl = MlflowClient(tracking_uri=f"sqlite:///{db}")
-    runs = experiment_runs(cl, EXPERIMENT)
+    runs = experiment_runs(cl, experiment)
     return cl, runs, [r for r in runs if r.data.tags.get("raystudy.role") == "trial"]
 
 
-def assert_once_finished(folder: Path, n: int) -> None:
+def assert_once_finished(folder: Path, n: int, experiment: str = EXPERIMENT) -> None:
     """Every trial once, finished, no metric step logged twice, no run RUNNING."""
-    cl, runs, trials = recorded(folder)
+    cl, runs, trials = recorded(folder, experiment)
     keys = [r.data.tags["raystudy.key"] for r in trials]
     assert len(keys) == n and len(set(keys)) == n, keys
     assert {r.data.tags.get("raystudy.status") for r in trials} == {"finished"}
@@ -252,13 +258,15 @@ def ray_joins(tries: dict) -> dict:
 
 def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm, tmp_path):
     """Two demo grids submitted at once share the node: ports and folders from their job ids, each
-    its own credentials and Ray token; each completes, every trial once, FINISHED."""
+    its own credentials and Ray token; each completes, every trial once, FINISHED. Two 30-second
+    rehearsal trials each: the jobs are still up while their servers and Rays are asked, on any
+    machine (real training could end a job first)."""
     a, b = tmp_path / "a", tmp_path / "b"
     for f in (a, b):
         (f / "shared").mkdir(parents=True)
     _, jobs = study
-    ja = submit(slurm, a, jobs, ["MHA", "LN2"], 200)
-    jb = submit(slurm, b, jobs, ["FC1", "LN1"], 200)
+    ja = submit(slurm, a, jobs, ["MHA", "LN2"], 200, rehearse=30)
+    jb = submit(slurm, b, jobs, ["FC1", "LN1"], 200, rehearse=30)
     where = {}
     for f, j in ((a, ja), (b, jb)):
         m = wait_log(f, j, r"Ray (\S+) \(.*MLflow (http://\S+)")
@@ -291,7 +299,7 @@ def test_two_studies_at_once_complete_and_neither_answers_the_other(study, slurm
         # the credentials' path that outlives the job (before: /tmp/rsJOBID/state/..., removed at its end)
         assert f"Its user and password: {f / 'shared' / 'secrets' / 'mlflow-credentials'} " in text, text[:2000]
         assert_reads_clean(text, [])
-        assert_once_finished(f, 2)
+        assert_once_finished(f, 2, REHEARSAL)
         assert not Path(f"/tmp/rs{j}").exists()
 
 
@@ -299,9 +307,13 @@ def test_time_limit_mid_grid_stops_requeues_and_the_next_job_completes(study, sl
     """A job whose time limit falls mid-grid: SLURM's signal before the limit stops the grid as a
     Ctrl-C does, the job requeues itself, and its next run restores the store from the snapshot and
     finishes the grid: every trial once, no step twice, nothing RUNNING. The requeued job is given
-    a longer limit, so that its next run is the last (each run pays the job's start)."""
+    a longer limit, so that its next run is the last (each run pays the job's start). The grid is
+    three 40-second rehearsal trials one at a time, so the notice, 60 s into the job, always falls
+    while trials remain: real training finished all three first on a fast machine (CI, 26 s)."""
     folder, jobs = study
-    job = submit(slurm, folder, jobs, ["MHA", "LN2", "FC1"], 300, "--time", "2", "--stop-before", "60", cpus=2)
+    job = submit(
+        slurm, folder, jobs, ["MHA", "LN2", "FC1"], 300, "--time", "2", "--stop-before", "60", cpus=2, rehearse=40
+    )
     state, restarts = wait_job(slurm, job, timeout=600, then_minutes=10)
     text = log(folder, job)
     assert (state, restarts) == ("COMPLETED", 1), text[-4000:]
@@ -317,7 +329,7 @@ def test_time_limit_mid_grid_stops_requeues_and_the_next_job_completes(study, sl
     else:
         assert "MLflow's store is new and empty" in rest, text[-4000:]
     assert "DUE TO TIME LIMIT" not in text  # stopped before the limit, never killed by it
-    assert_once_finished(folder, 3)
+    assert_once_finished(folder, 3, REHEARSAL)
 
 
 def _process(needle: str, word: str) -> int | None:
@@ -384,9 +396,10 @@ def test_a_requeue_by_slurm_then_a_scancel_mid_grid_each_stop_cleanly_and_resubm
     Then ``scancel`` mid-grid in that run: the grid stops as on a Ctrl-C (no requeue; before: aborted
     by Ray's SIGTERM handler, its stack, exit 134), nothing left RUNNING. The same submission again
     finishes the study from where it was: every trial once, finished. (Both stops in one job: a
-    job's start is much of what such a test costs.)"""
+    job's start is much of what such a test costs.) Two 40-second rehearsal trials one at a time:
+    each stop, 8 s after its run's grid starts, falls mid-grid on any machine."""
     folder, jobs = study
-    job = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
+    job = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2, rehearse=40)
     wait_log(folder, job, r"running 2 of 2 trials")
     time.sleep(8)
     subprocess.run(["scontrol", "requeue", job], env=slurm, timeout=30, check=True)
@@ -404,12 +417,12 @@ def test_a_requeue_by_slurm_then_a_scancel_mid_grid_each_stop_cleanly_and_resubm
             "stopped: scancel; the same raystudy slurm command resumes the study",
         ],
     )
-    _, runs, _ = recorded(folder)
+    _, runs, _ = recorded(folder, REHEARSAL)
     assert not [r for r in runs if r.info.status == "RUNNING"]
-    again = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2)
+    again = submit(slurm, folder, jobs, ["MHA", "LN2"], 200, cpus=2, rehearse=40)
     assert wait_job(slurm, again) == ("COMPLETED", 0), log(folder, again)[-3000:]
     assert "restored MLflow's store from the snapshot" in log(folder, again)
-    assert_once_finished(folder, 2)
+    assert_once_finished(folder, 2, REHEARSAL)
 
 
 @pytest.mark.parametrize(
