@@ -686,12 +686,14 @@ def parse(argv: list[str] | None):
     p.add_argument("--disk-mb", type=int, default=256, help="the storage's tmpfs in MiB (default 256)")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds a run may take (default 1200)")
     p.add_argument("--hosts", action="store_true", help="each run on two test hosts, with the cut fault (root)")
-    p.add_argument("--toy", action="store_true", help="a toy run (the slow tier's): 13 trials, short holds")
+    p.add_argument("--toy", action="store_true", help="a toy run (the slow tier's): 13 four-second trials, short holds")
     p.add_argument("--out", type=Path, help="append each run's record to this file (JSON lines)")
     p.add_argument("--keep", action="store_true", help="keep every run's folder (one with anomalies is always kept)")
     args = p.parse_args(argv)
     if args.toy:
-        args.trials, args.datasets, args.trials_per_run, args.num_cpus = 13, 1, 5, 4
+        # four waves of 4-second trials outlast the 15 s span on any machine: every timed fault
+        # falls on a study still running (1-second trials ended first on a fast one)
+        args.trials, args.datasets, args.trials_per_run, args.num_cpus, args.seconds = 13, 1, 5, 4, 4.0
         args.span, args.hold_min, args.hold_max, args.faults, args.disk_mb = 15.0, 2.0, 6.0, 5, 64
     workloads, stores = args.workloads.split(","), args.stores.split(",")
     problem = None

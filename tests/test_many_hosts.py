@@ -28,15 +28,15 @@ SPACE = {
 }
 
 
-def _ray_hosts(tmp_path_factory, workers: int = 2, worker_env: str = ""):
+def _ray_hosts(tmp_path_factory, workers: int = 2, worker_env: str = "", head_env: str = ""):
     """Hosts h1..h(1 + workers): Ray's head on h1 with no CPUs for trials, one CPU on each worker
-    host (their raylets started with ``worker_env``, ``NAME=VALUE ...``); (hosts, the drivers'
-    environment)."""
+    host (their raylets started with ``worker_env``, ``NAME=VALUE ...``, the head with ``head_env``);
+    (hosts, the drivers' environment)."""
     n = 1 + workers
     hosts = hosts_module().Hosts(n, tmp_path_factory.mktemp("hosts"), keep=[REPO, sys.prefix]).up()
     env = driver_env(RAY_USAGE_STATS_ENABLED="0")
     try:
-        head = "ray start --head --node-ip-address=10.77.0.1 --port=6379 --num-cpus=0"
+        head = f"{head_env} ray start --head --node-ip-address=10.77.0.1 --port=6379 --num-cpus=0"
         started = [hosts.sh(1, head, env=env, timeout=180)]
         for k in range(2, n + 1):
             join = f"{worker_env} ray start --address=10.77.0.1:6379 --node-ip-address=10.77.0.{k} --num-cpus=1"
@@ -205,8 +205,10 @@ def test_a_grid_joining_a_head_whose_raylet_just_died_is_refused_in_one_line(tmp
     # Seen by the nemesis on two hosts (seed 1, a grid on SQLite): the head's raylet killed as the
     # grid started again there. The cluster lists a dead node for seconds, Ray took the raylet of
     # h2, which shows in the machine's one process table, for the head's own, and its driver
-    # aborted on the head's dead socket with a C++ stack (exit -6).
-    hosts, env = _ray_hosts(tmp_path_factory, workers=1)
+    # aborted on the head's dead socket with a C++ stack (exit -6). The GCS is told to hold the dead
+    # node listed for the whole test (its health checks failing 1,000 times first): by default it
+    # drops it after about 15 s, and a driver slower to start than that meets another error.
+    hosts, env = _ray_hosts(tmp_path_factory, workers=1, head_env="RAY_health_check_failure_threshold=1000")
     try:
         raylets = [p for p in hosts.pids(1) if "/raylet" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
         assert len(raylets) == 1, raylets

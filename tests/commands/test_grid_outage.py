@@ -51,6 +51,7 @@ SPACE = {
     "tune": {"max_failures": 1, "checkpoint_every_s": 0, "max_concurrent": 1},
 }
 EXPERIMENT = "raystudy-t-vit_demo"
+REHEARSAL = EXPERIMENT + "-rehearsal"
 
 # The MLflow client's own retries kept short: what is tested is the driver's behaviour past them.
 CLIENT = {
@@ -68,13 +69,13 @@ def serve(tmp, port) -> subprocess.Popen:
     return server
 
 
-def runs(uri):
-    return search_runs(uri, EXPERIMENT)
+def runs(uri, experiment=EXPERIMENT):
+    return search_runs(uri, experiment)
 
 
-def reporting(uri) -> bool:
+def reporting(uri, experiment=EXPERIMENT) -> bool:
     """A trial run is RUNNING and has reported (its worker is tagged)."""
-    df = runs(uri)
+    df = runs(uri, experiment)
     return "tags.raystudy.worker" in df and bool(
         ((df["status"] == "RUNNING") & df["tags.raystudy.worker"].notna()).any()
     )
@@ -89,7 +90,10 @@ def test_a_server_away_past_the_limit_stops_the_grid_which_then_resumes_exactly_
     uri = f"http://127.0.0.1:{port}"
     space = tmp / "space.yaml"
     space.write_text(yaml.safe_dump(SPACE))
+    # 20-second rehearsal trials: the limit passes while trials remain on any machine (real training
+    # of the four could end within it on a fast one)
     cmd = [sys.executable, "-m", "raystudy.grid", "--space", str(space), *shared_ray, "--tracking-uri", uri]
+    cmd += ["--rehearse", "20"]
     # As on a cluster's head: the grid's end takes a snapshot of the server's store (node.sh snapshot),
     # whose records node.sh mlflow would have written to the head's state folder.
     state = tmp / "head"
@@ -101,7 +105,7 @@ def test_a_server_away_past_the_limit_stops_the_grid_which_then_resumes_exactly_
     proc = None
     try:
         proc = start(cmd, tmp, env=env)
-        assert wait_for(lambda: reporting(uri), proc, timeout=300), output_of(proc)
+        assert wait_for(lambda: reporting(uri, REHEARSAL), proc, timeout=300), output_of(proc)
         os.killpg(server.pid, signal.SIGKILL)  # the server and its worker, by process id, mid-trial
         server.wait(timeout=30)
         killed = time.time()
@@ -119,7 +123,7 @@ def test_a_server_away_past_the_limit_stops_the_grid_which_then_resumes_exactly_
     assert "run the same command to resume it" in out, out[-4000:]
     for noise in ("Traceback", "MlflowException"):
         assert noise not in out, out[-4000:]
-    df = runs(uri)
+    df = runs(uri, REHEARSAL)
     # Nothing left RUNNING; the parent and the unfinished trials are what a Ctrl-C leaves.
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.role", "tags.raystudy.status"]]
     parent = df[df["tags.raystudy.role"] == "grid"]
@@ -150,8 +154,9 @@ def test_a_server_away_past_the_limit_stops_the_grid_which_then_resumes_exactly_
         p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600, env=env)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         assert "resuming" in p.stdout
-        assert p.stdout.strip().splitlines()[-1].endswith("(2 kept, the newest 24)"), p.stdout[-3000:]
-        df = runs(uri)
+        last = p.stdout.strip().splitlines()[-2:]  # the snapshot, then the rehearsal's closing banner
+        assert last[0].endswith("(2 kept, the newest 24)") and last[1].startswith("rehearsal:"), p.stdout[-3000:]
+        df = runs(uri, REHEARSAL)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

@@ -12,6 +12,8 @@ from tests.helpers import count_status, kill_group, start, wait_for
 
 pytestmark = pytest.mark.slow
 
+REHEARSAL = "raystudy-t-vit_demo-rehearsal"
+
 # 2 conditions x 3 lrs x 3 seeds; halving at step 5 drops one lr per cell for every seed.
 SPACE = {
     "study": "t",
@@ -100,23 +102,24 @@ def test_live_policy_equals_replay_records_stops_once_and_resumes_after_a_kill(w
 
 def test_trials_the_policy_stopped_after_the_store_snapshot_are_recorded_stopped_from_storage(
     work,  # noqa: F811
+    ray_tmp,
 ):
     # A lost head: its store comes back from a snapshot taken before the grid, while Tune's folder
     # under --storage (the bucket) holds every trial, those the policy stopped among them.
     import shutil
 
-    tmp, ray = work
-    space = {
-        **SPACE,
-        "grid": {**SPACE["grid"], "seed": 0},  # 2 conditions x 3 lrs; halving drops one lr of each
-        "models": {"vit_demo": {"cpu": 0.5, "gpu": 0}},  # a cell's lrs side by side: stops come live
-    }
-    cmd = grid_cmd(write_space(tmp, space), ray, "--adaptive", "halving")
+    tmp, _ = work
+    space = {**SPACE, "grid": {**SPACE["grid"], "seed": 0}}  # 2 conditions x 3 lrs; halving drops one lr of each
+    # 12-second rehearsal trials, all six at once (a Ray of six logical CPUs; a rehearsal trial sleeps
+    # on one): a cell's lrs side by side, so the dropped one is stopped mid-run on any machine (real
+    # 20-step trials could end before their slowest sibling reached the milestone)
+    ray = ["--ray-temp-dir", ray_tmp, "--num-cpus", "6"]
+    cmd = grid_cmd(write_space(tmp, space), ray, "--adaptive", "halving", "--rehearse", "12")
     shutil.copy(tmp / "mlflow.db", tmp / "snapshot.db")  # the store as the newest snapshot has it
     p = run(cmd, tmp)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     uri = f"sqlite:///{tmp}/mlflow.db"
-    full = trial_runs(uri).set_index("tags.raystudy.key")
+    full = trial_runs(uri, REHEARSAL).set_index("tags.raystudy.key")
     assert len(full) == 6 and set(full["status"]) == {"FINISHED"}
     live = full["tags.raystudy.status"] == "stopped"
     if "tags.raystudy.stopped_late" in full:
@@ -129,7 +132,7 @@ def test_trials_the_policy_stopped_after_the_store_snapshot_are_recorded_stopped
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "0 unfinished" in p.stdout and "PARTIAL" not in p.stdout, p.stdout[-3000:]
     assert f"{live.sum()} trial(s) the policy stopped, missing from MLflow: recorded stopped" in p.stdout
-    df = trial_runs(uri)
+    df = trial_runs(uri, REHEARSAL)
     assert len(df) == 6 and df["tags.raystudy.key"].nunique() == 6, df[["tags.raystudy.key", "status"]]
     assert set(df["status"]) == {"FINISHED"}
     df = df.set_index("tags.raystudy.key")
