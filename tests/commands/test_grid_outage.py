@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raystudy.train.rehearsal import experiment_name
 from tests.helpers import (
     REPO,
     driver_env,
@@ -51,7 +52,7 @@ SPACE = {
     "tune": {"max_failures": 1, "checkpoint_every_s": 0, "max_concurrent": 1},
 }
 EXPERIMENT = "raystudy-t-vit_demo"
-REHEARSAL = EXPERIMENT + "-rehearsal"
+REHEARSAL = experiment_name(EXPERIMENT)  # where a rehearsal of the grid records
 
 # The MLflow client's own retries kept short: what is tested is the driver's behaviour past them.
 CLIENT = {

@@ -24,12 +24,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raystudy.train.rehearsal import experiment_name
 from tests.helpers import REPO, driver_env, experiment_runs, hosts_module
 
 LOCAL_SH = REPO / "cluster" / "slurm" / "local.sh"
 SLURM_DIR = os.environ.get("RAYSTUDY_SLURM_DIR", "/tmp/raystudy-slurm")
 EXPERIMENT = "raystudy-t-vit_demo"
-REHEARSAL = EXPERIMENT + "-rehearsal"
+REHEARSAL = experiment_name(EXPERIMENT)  # where a rehearsal of the grid records
 # One xdist worker: the tests share the machine's one SLURM node, whose two CPUs their jobs fill.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 

@@ -7,12 +7,13 @@ import subprocess
 
 import pytest
 
+from raystudy.train.rehearsal import experiment_name
 from tests.commands.test_grid_ray import grid_cmd, run, trial_runs, work, write_space  # noqa: F401 - fixtures
 from tests.helpers import count_status, kill_group, start, wait_for
 
 pytestmark = pytest.mark.slow
 
-REHEARSAL = "raystudy-t-vit_demo-rehearsal"
+REHEARSAL = experiment_name("raystudy-t-vit_demo")  # where a rehearsal of the grid records
 
 # 2 conditions x 3 lrs x 3 seeds; halving at step 5 drops one lr per cell for every seed.
 SPACE = {
