@@ -103,8 +103,9 @@ def describe(config: dict[str, Any], shown: Iterable[str] = ()) -> str:
     return " ".join(parts)
 
 
-def outcome(result: dict[str, Any] | None, error: str | None = None) -> str:
-    """What a trial ended with: accuracies in percent, or how it did not finish."""
+def outcome(result: dict[str, Any] | None, error: str | None = None, stopped_by: str | None = None) -> str:
+    """What a trial ended with: accuracies in percent, or how it did not finish (stopped early:
+    by ``stopped_by`` where the caller knows who stops trials, a search's ASHA)."""
     if error is not None:
         return f"FAILED: {error}"
     result = result or {}
@@ -116,7 +117,8 @@ def outcome(result: dict[str, Any] | None, error: str | None = None) -> str:
         f"{name} {100 * v:.1f}" for name, v in (("val", val), ("test", test)) if isinstance(v, (int, float)) and v == v
     )
     if status == "stopped" or not result.get("final"):
-        return f"stopped at step {int(result.get('step', 0))}" + (f"  {acc}" if acc else "")
+        by = f" by {stopped_by}" if stopped_by else ""
+        return f"stopped{by} at step {int(result.get('step', 0))}" + (f"  {acc}" if acc else "")
     return acc or status
 
 
@@ -193,7 +195,9 @@ class ConsoleTrials(tune.Callback):
 
     ``total`` counts the whole grid and ``done`` the trials MLflow already holds (``done_keys``),
     so a resumed grid numbers on from there; a restored trial whose key was already done is
-    not counted twice.
+    not counted twice. ``by_name``: a trial is said by its name (a search's sampled values, as
+    its MLflow run is named) rather than by its grid coordinates (``describe``); ``stopped_by``:
+    who stops trials early (a search's ASHA), said in their lines.
     """
 
     def __init__(
@@ -206,8 +210,11 @@ class ConsoleTrials(tune.Callback):
         clock: Callable[[], float] = time.time,
         every_trial: bool | None = None,
         state: Callable[[], tuple[list, list]] = ray_state,
+        by_name: bool = False,
+        stopped_by: str | None = None,
     ):
         self.total, self.done_keys, self.shown, self.quiet = total, set(done_keys), tuple(shown), quiet
+        self.by_name, self.stopped_by = by_name, stopped_by
         self.log, self.clock = log, clock
         self.every_trial = total <= EVERY_TRIAL_UP_TO if every_trial is None else every_trial
         self.done = len(self.done_keys)
@@ -224,6 +231,12 @@ class ConsoleTrials(tune.Callback):
 
     def __getstate__(self):  # Tune pickles callbacks with its experiment state; a resume gets a new one
         return {**self.__dict__, "log": print, "clock": time.time, "state": ray_state}
+
+    def _what(self, trial) -> str:
+        """How a trial is said in its line: its name (``by_name``), else its grid coordinates."""
+        t = trial.config["trial"]
+        named = t.get("name") if self.by_name else None
+        return named or describe(t["finetune"], self.shown)
 
     def _running(self, trials, trial) -> list:
         return [t for t in trials if t is not trial and t.status == "RUNNING"]
@@ -305,7 +318,7 @@ class ConsoleTrials(tune.Callback):
         pending = max(self.total - self.done - len(running), 0)
         left = eta(self.durations, [now - self.started.get(t.trial_id, now) for t in running], pending, self.slots)
         if problem or (self.every_trial and not self.quiet):
-            what = describe(trial.config["trial"]["finetune"], self.shown)
+            what = self._what(trial)
             self.log(trial_line(self.done, self.total, what, how, took, len(running), pending, left))
         if self.every_trial or self.quiet:
             return
@@ -321,7 +334,7 @@ class ConsoleTrials(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         """The line of a trial that ended: finished, diverged or stopped."""
         result = trial.last_result or {}
-        how = outcome(result)
+        how = outcome(result, stopped_by=self.stopped_by)
         diverged = result.get("status") == "diverged"
         problem = diverged or not result.get("final")
         kind = ("diverged" if diverged else "stopped") if problem else None
@@ -339,7 +352,7 @@ class ConsoleTrials(tune.Callback):
         error = _error_text(trial)
         if disk_full(error):
             return
-        what = describe(trial.config["trial"]["finetune"], self.shown)
+        what = self._what(trial)
         self.log(f"retrying {what}: {error_line(error)}")
 
 

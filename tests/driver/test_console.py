@@ -115,6 +115,26 @@ def test_quiet_callback_prints_only_trials_that_did_not_finish():
     assert out == ["[2/2] MHA digits_c lr 0.1 seed 2  diverged at step 7  0 s  | 0 running, 0 pending"]
 
 
+def test_a_searchs_trials_are_said_by_their_names_and_ashas_stops_as_its():
+    # a search numbers each study's trials over its budget, says a trial as its MLflow run is named
+    # (its sampled values), and an ASHA stop (no final result) among the trials that did not finish
+    out = []
+    cb = console.ConsoleTrials(12, {"k0"}, log=out.append, clock=lambda: 0.0, by_name=True, stopped_by="ASHA")
+    named = _trial(1, "k1", result={"final": 1, "status": "finished", "best_val_acc": 0.5, "test_acc": 0.5})
+    named.config["trial"]["name"] = "MHA·adamw·lr0.0031·wd1e-05"
+    stopped = _trial(2, "k2", result={"step": 10, "val_acc": 0.3, "best_val_acc": 0.3})
+    stopped.config["trial"]["name"] = "MHA·sgd·lr0.1·wd0"
+    unnamed = _trial(3, "k3", result={"final": 1, "status": "diverged", "steps_done": 4})
+    for t in (named, stopped, unnamed):
+        cb.on_trial_complete(0, [t], t)
+    assert [line.split("  ")[:2] for line in out] == [
+        ["[ 2/12] MHA·adamw·lr0.0031·wd1e-05", "val 50.0"],
+        ["[ 3/12] MHA·sgd·lr0.1·wd0", "stopped by ASHA at step 10"],
+        ["[ 4/12] MHA digits_c lr 0.1 seed 3", "diverged at step 4"],  # no name: its coordinates
+    ]
+    assert cb.problems == {"failed": 0, "diverged": 1, "stopped": 1}
+
+
 def _simulate(cb, total, slots, duration, fail=(), diverge=(), stop=(), refill=0.0, part=None, gap=0.0):
     """Runs a grid of ``total`` trials through ``cb`` as Tune would, ``slots`` at once, on a fake
     clock: each trial takes ``duration(i)`` seconds; trials numbered in ``fail`` fail, in
