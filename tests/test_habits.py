@@ -104,7 +104,7 @@ def test_the_module_check_sees_what_it_should():
         "analysis/test_stats.py",
         "analysis/stats/test_paired.py",
         "analysis/test_load_mlflow.py",
-        "driver/test_tune_glue.py",
+        "driver/test_tune_state.py",
         "test_e2e.py",
         "test_bounds.py",
         "models/test_nothing.py",

@@ -61,13 +61,17 @@ def layer_of(module: str) -> int:
 
 
 COMMANDS = len(LAYERS) - 2  # the command lines' layer
-# In it but no command line: the packages, the flag toolkit, the shim of `python -m raystudy.grid`.
+# In it but no command line: the packages, the flag toolkit, the shim of `python -m raystudy.grid`;
+# and any module there without a ``main`` (what a command prints: ``grid_text``, ``search_text``).
 NOT_COMMANDS = {"raystudy.commands", "analysis.commands", "raystudy.commands.cli", "raystudy.grid"}
 
 
 def is_command(module: str) -> bool:
     """Whether ``module`` is a command line (a ``main`` a subcommand runs)."""
-    return layer_of(module) == COMMANDS and module not in NOT_COMMANDS
+    if layer_of(module) != COMMANDS or module in NOT_COMMANDS or module not in modules():
+        return False
+    tree = ast.parse(modules()[module].read_text())
+    return any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body)
 
 
 def modules() -> dict[str, Path]:

@@ -264,13 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _finetune(args)
     except Exception as e:
-        from raystudy.driver import tune_glue
+        from raystudy.driver import full_disk
         from raystudy.errors import disk_full
 
         if not disk_full(e):
             raise
-        places = tune_glue.disk_places(args.tracking_uri or connect.default_uri(), {"the output": args.out or "runs"})
-        print(tune_glue.full_disk_line(places, "finetune"), file=sys.stderr)
+        places = full_disk.places(args.tracking_uri or connect.default_uri(), {"the output": args.out or "runs"})
+        print(full_disk.line(places, "finetune"), file=sys.stderr)
         return 1
 
 

@@ -22,8 +22,9 @@ import sys
 from typing import Any
 
 from raystudy.commands import cli
+from raystudy.commands.grid_text import run
 from raystudy.driver import backlog, local_ray
-from raystudy.driver.grid_job import Job, done_trials, experiment_scope, run
+from raystudy.driver.grid_job import Job, done_trials, experiment_scope
 from raystudy.errors import ConfigError
 from raystudy.measure import costs
 from raystudy.models import components, preflight, registry, sources

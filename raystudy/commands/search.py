@@ -23,10 +23,11 @@ import sys
 
 from raystudy.bounds import BOUNDS, SEED_END_TEXT, parse_seed_list
 from raystudy.commands import cli
+from raystudy.commands.search_text import budget_line, summarize
 from raystudy.data import userdata
 from raystudy.driver import backlog, local_ray
 from raystudy.driver.grid_job import check_data
-from raystudy.driver.search_job import Job, budget_line, check_samples, run
+from raystudy.driver.search_job import Job, check_samples, run
 from raystudy.errors import ConfigError
 from raystudy.models import preflight, registry, sources
 from raystudy.spaces import schema, searches
@@ -79,7 +80,16 @@ def build_parser() -> cli.Parser:
     )
     cli.add_data_change_arg(ap)
     ap.add_argument("--dry-run", action="store_true", help="validate the space and stop")
-    ap.add_argument("--quiet", action="store_true", help="less Ray progress output")
+    ap.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only the trials that did not finish (failed, diverged, retried), not one line per trial",
+    )
+    ap.add_argument(
+        "--tune-output",
+        action="store_true",
+        help="Ray Tune's own progress tables and result files (JSON, CSV, TensorBoard) as well",
+    )
     return ap
 
 
@@ -90,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         job = prepare(args)
     except (ConfigError, registry.WeightsUnavailable) as e:
         return cli.fail(e)
-    return 0 if job is None else run(job)
+    return 0 if job is None else run(job, summarize)
 
 
 def _base(args, space: searches.SearchSpace, rehearse: bool) -> tuple[dict, str, str, list[str]]:

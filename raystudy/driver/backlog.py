@@ -1,6 +1,6 @@
 """The driver's writes to a tracking server that is away: held in memory, in order, written when it is back.
 
-A grid's trial runs are written by one callback in the driver (``records.MlflowTrials``). When the
+A grid's trial runs are written by one callback in the driver (``mlflow_trials.MlflowTrials``). When the
 tracking server stops answering past the MLflow client's own retries, each write is kept in a
 ``Backlog`` instead of failing the grid; the trials go on. The backlog is written, in order, as
 soon as the server answers ``/health`` again. A server away longer than ``limit_s()``
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
-from raystudy.driver.tune_glue import sigint_as
+from raystudy.driver.interrupt import sigint_as
 from raystudy.errors import ConfigError
 from raystudy.tracking.connect import TrackingUnavailable
 

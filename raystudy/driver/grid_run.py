@@ -10,22 +10,21 @@ from typing import Any
 from ray import tune
 
 from raystudy.driver import (
-    backlog,
-    checkpoints,
     console,
+    interrupt,
+    mlflow_trials,
     placement,
-    records,
-    recovered,
+    reconcile,
     scheduler,
     session,
     shared,
-    tune_glue,
+    tune_state,
+    tuner,
 )
 from raystudy.driver.lock import grid_lock, grid_name
 from raystudy.spaces import adaptive, schema
 from raystudy.spaces.grids import Trial, grid_key
 from raystudy.tracking import query, record, tags
-from raystudy.train.trial import run_trial
 
 ENDS = ("finished", "diverged", "failed", "stopped")
 # Trials of one Tune run, unless the space's ``tune.trials_per_run`` says otherwise: Tune keeps
@@ -58,7 +57,7 @@ def run_grid(trials: list[Trial], *, label: str, experiment: str, role: str = "g
     returns counts. Resumes an interrupted run of the same grid.
 
     ``label`` names the parent run (``<role>-<label>``) and Tune's experiment folder. Raises
-    ``GridBusy`` if another driver runs the same grid, ``tune_glue.Stopped`` if the user stopped
+    ``GridBusy`` if another driver runs the same grid, ``interrupt.Stopped`` if the user stopped
     it. One line per trial that ends (``console.ConsoleTrials``; ``quiet``: only those that did
     not finish); ``verbose`` > 0 brings back Tune's own tables and its result files (JSON, CSV,
     TensorBoard). ``policy`` (``raystudy.spaces.adaptive``) stops trials the study does not need
@@ -100,7 +99,7 @@ def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent
     """Run the trials MLflow does not hold as done, a Tune run a part, count how all of them
     ended, tag the parent."""
     runs = parts(trials, grid_name(trials, label), s.trials_per_run, s.policy is not None)
-    done = _recorded(trials, runs, s, cl, exp_id, parent.run_id)
+    done = reconcile.grid_after_a_kill(trials, runs, s.storage, s.policy, _run_tags(s), cl, exp_id, parent.run_id)
     counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
     lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s.quiet)
     asked_to_stop = False
@@ -108,18 +107,17 @@ def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent
         pending = [t for t in part if t.key not in done]
         if not pending:
             continue
-        tuner = _tuner(trials, part, pending, name, lines, s, exp_id, parent.run_id)
+        run = _tuner(trials, part, pending, name, lines, s, exp_id, parent.run_id)
 
         def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
-            held = backlog.of(s.tracking_uri, exp_id, parent.run_id)
-            held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
-            counts["interrupted"] += record.close_stale(cl, exp_id, mlflow__parentRunId=parent.run_id)
+            where = {"mlflow__parentRunId": parent.run_id}
+            counts["interrupted"] += reconcile.close_run(cl, s.tracking_uri, exp_id, parent.run_id, **where)
 
-        asked_to_stop = tune_glue.fit(tuner, s.verbose, close)
+        asked_to_stop = tuner.fit(run, s.verbose, close)
         if asked_to_stop:  # a Ctrl-C, or a full disk: the next part waits for the same command
             break
     if s.policy is not None:
-        late = scheduler.stop_late(cl, exp_id, trials, s.policy)
+        late = reconcile.stop_late(cl, exp_id, trials, s.policy)
         if late:
             print(f"{late} trial(s) ended before the policy's decision to stop them; recorded stopped", flush=True)
     known = query.statuses(cl, exp_id)
@@ -132,7 +130,7 @@ def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent
     stopped = asked_to_stop and counts["unfinished"]
     parent.status = "interrupted" if stopped else "incomplete" if counts["unfinished"] else "finished"
     if stopped:
-        raise tune_glue.Stopped(f"{counts['unfinished']} of {len(trials)} trials unfinished")
+        raise interrupt.Stopped(f"{counts['unfinished']} of {len(trials)} trials unfinished")
     return counts
 
 
@@ -151,59 +149,9 @@ def parts(trials: list[Trial], name: str, size: int, seed_major: bool = False) -
     return [(f"{name}-part{i + 1:0{len(str(k))}d}of{k}", chunk) for i, chunk in enumerate(chunks)]
 
 
-def _recorded(
-    trials: list[Trial], runs: list[tuple[str, list[Trial]]], s: Settings, cl, exp_id: str, parent_id: str
-) -> set[str]:
-    """The keys of ``trials`` MLflow holds as done, once it has recorded those that finished on
-    storage only, and under an adaptive policy those it stops (``driver.recovered``: a store
-    restored to an older snapshot). Each part's Tune folder is read for its own trials alone."""
-    known = query.statuses(cl, exp_id)
-    made = _run_tags(s)  # on runs made from storage
-    missing_in = {}  # Tune's folder of a part -> the keys of its trials MLflow does not hold done
-    for name, part in runs:
-        missing = {t.key for t in part if known.get(t.key) not in tags.TERMINAL}
-        if missing:
-            missing_in[_tune_path(s.storage, name)] = missing
-    found = 0
-    for path, missing in missing_in.items():
-        n = recovered.record(cl, exp_id, parent_id, path, missing, made)
-        if n:
-            print(f"{n} trial(s) finished in {path} but missing from MLflow: recorded from their results", flush=True)
-        found += n
-    if found:
-        known = query.statuses(cl, exp_id)
-    missing = {k for keys in missing_in.values() for k in keys if known.get(k) not in tags.TERMINAL}
-    policy = s.policy
-    if missing and policy is not None:
-        paths = list(missing_in)
-        stopped = recovered.record_stopped(cl, exp_id, parent_id, paths, missing, policy, trials, made)
-        if stopped:
-            known = query.statuses(cl, exp_id)
-            where = paths[0] if len(paths) == 1 else f"{len(paths)} Tune folders under {s['storage']}"
-            print(
-                f"{stopped} trial(s) the policy stopped, missing from MLflow: recorded stopped from {where}", flush=True
-            )
-    return {t.key for t in trials if known.get(t.key) in tags.TERMINAL}
-
-
 def _run_tags(s: Settings) -> dict[str, str]:
     """Tags on every trial run the driver makes: a rehearsal's say so (its numbers are synthetic)."""
     return {tags.REHEARSAL: "1"} if s.rehearse else {}
-
-
-def _trainable(s: Settings):
-    """The function Tune runs for each trial: ``run_trial``, or a rehearsal's ``rehearse_trial``
-    (no model, no data, one CPU whatever the trial would ask: it sleeps)."""
-    if not s.rehearse:
-        return tune.with_resources(run_trial, _resources)
-    from raystudy.train import rehearsal
-
-    return rehearsal.tune_trainable()
-
-
-def _tune_path(storage, name: str):
-    """Tune's experiment folder ``name`` under the grid's storage (a local path, or a URI as a string)."""
-    return f"{str(storage).rstrip('/')}/{name}" if "://" in str(storage) else storage / name
 
 
 def _tuner(
@@ -217,77 +165,47 @@ def _tuner(
     parent_id: str,
 ):
     """The Tuner of the ``pending`` trials of a ``part`` of ``trials`` in Tune's folder ``name``:
-    the interrupted run's, restored, or a new one; ``lines``, the grid's console, goes on counting."""
-    storage = s.storage
-    path = _tune_path(storage, name)
-    trainable = _trainable(s)
-    if tune.Tuner.can_restore(str(path)):
-        with tune_glue.tune_output(s.verbose):  # restoring reads the trials' results back, and warns too
-            tuner, why = tune_glue.restore(path, trainable)
-        if tuner is not None:
-            print(f"resuming {path}: {len(pending)} of {len(part)} trials unfinished", flush=True)
-            tune_glue.set_console(tuner, lines, s.verbose)
-            _record_here(tuner, s.tracking_uri, exp_id, parent_id)
-            return tuner
+    the interrupted run's, restored, or a new one over a grid search of them; ``lines``, the
+    grid's console, goes on counting."""
+
+    def resumed(restored):
         print(
-            f"could not restore the interrupted run's Tune state at {path} ({why}); "
-            f"starting afresh over the {len(pending)} unfinished trials (MLflow knows which are done)",
+            f"resuming {tune_state.folder(s.storage, name)}: {len(pending)} of {len(part)} trials unfinished",
             flush=True,
         )
-        path = tune_glue.set_aside(path, storage, name)
-    return _new_tuner(trainable, trials, pending, lines, Path(str(path)).name, s, exp_id, parent_id)
+        tuner.set_console(restored, lines, s.verbose)
+        _record_here(restored, s.tracking_uri, exp_id, parent_id)
+
+    def new_in(folder: str):
+        policy = None
+        if s.policy is not None:  # ``parts`` put earlier seeds first, which ``pending`` keeps
+            policy = scheduler.AdaptiveScheduler(s.policy, trials, s.tracking_uri, exp_id)
+        common = tuner.shared_config(s.storage, s.threads, s.checkpoint_every_s, s.rehearse)
+        return tuner.new(
+            trainable,
+            name=folder,
+            storage=s.storage,
+            param_space={**common, "trial": tune.grid_search([t.as_dict() for t in pending])},
+            recorders=[mlflow_trials.MlflowTrials(s.tracking_uri, exp_id, parent_id, _run_tags(s)), lines],
+            max_failures=s.max_failures,
+            verbose=s.verbose,
+            max_concurrent_trials=s.max_concurrent,
+            scheduler=policy,
+            trial_name_creator=tuner.trial_name,
+            trial_dirname_creator=tuner.trial_name,
+        )
+
+    trainable = tuner.trainable(s.rehearse, _resources)
+    left = f"{len(pending)} unfinished trials"
+    return tuner.restored_or_new(s.storage, name, trainable, s.verbose, new_in, resumed, left)
 
 
-def _record_here(tuner, uri: str, exp_id: str, parent_id: str) -> None:
+def _record_here(restored, uri: str, exp_id: str, parent_id: str) -> None:
     """A restored Tuner's recording callback writes where this session records: the tracking
     server's address may have changed since (a SLURM job's server is on whichever node it got)."""
-    for cb in tuner._local_tuner.get_run_config().callbacks or []:
-        if isinstance(cb, records.MlflowTrials):
+    for cb in restored._local_tuner.get_run_config().callbacks or []:
+        if isinstance(cb, mlflow_trials.MlflowTrials):
             cb.tracking_uri, cb.experiment_id, cb.parent_id = uri, exp_id, parent_id
-
-
-def _new_tuner(
-    trainable,
-    trials: list[Trial],
-    pending: list[Trial],
-    lines,
-    name: str,
-    s: Settings,
-    exp_id: str,
-    parent_id: str,
-):
-    """A Tuner over a grid search of the pending trials, with the driver's callbacks."""
-    policy, adaptive_scheduler = s.policy, None
-    if policy is not None:  # ``parts`` put earlier seeds first, which ``pending`` keeps
-        adaptive_scheduler = scheduler.AdaptiveScheduler(policy, trials, s.tracking_uri, exp_id)
-    kept, pruner = checkpoints.keep_checkpoints()
-    base = {"storage_path": str(s.storage), "threads": s.threads, "checkpoint_every_s": s.checkpoint_every_s}
-    if s.rehearse:
-        base["rehearse_s"] = s.rehearse
-    return tune.Tuner(
-        trainable,
-        param_space={**base, "trial": tune.grid_search([t.as_dict() for t in pending])},
-        tune_config=tune.TuneConfig(
-            reuse_actors=True,
-            max_concurrent_trials=s.max_concurrent,
-            scheduler=adaptive_scheduler,
-            trial_name_creator=tune_glue.trial_name,
-            trial_dirname_creator=tune_glue.trial_name,
-        ),
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=str(s.storage),
-            verbose=s.verbose,
-            callbacks=[
-                records.MlflowTrials(s.tracking_uri, exp_id, parent_id, _run_tags(s)),
-                lines,
-                pruner,
-                *tune_glue.result_files(s.verbose),
-            ],
-            failure_config=tune.FailureConfig(max_failures=s.max_failures),
-            checkpoint_config=kept,
-        ),
-    )
 
 
 def _resources(config):

@@ -1,5 +1,5 @@
 """One Optuna study on Ray Tune: ``OptunaSearch`` (TPE, seeded, persisted in SQLite) proposes
-configs, ASHA stops weak trials early, ``records.MlflowTrials`` records each trial once."""
+configs, ASHA stops weak trials early, ``mlflow_trials.MlflowTrials`` records each trial once."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raystudy.driver import backlog, tune_glue
+from raystudy.driver import console, interrupt, reconcile, tuner
 from raystudy.spaces.searches import Sampler, SearchSpace
-from raystudy.tracking import connect, query, record
+from raystudy.tracking import connect, query
 from raystudy.tracking import tags as tracking
 from raystudy.train import rehearsal
 from raystudy.train.config import FinetuneConfig
@@ -22,96 +22,6 @@ def optuna_storage(folder: Path):
 
     folder.mkdir(parents=True, exist_ok=True)
     return optuna.storages.RDBStorage(f"sqlite:///{folder / 'optuna.db'}")
-
-
-def completed_trials(storage, study_name: str) -> int:
-    """Trials of the persisted study that finished; stale RUNNING ones (a killed search) are failed."""
-    import optuna
-
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:
-        return 0
-    done = 0
-    for t in study.get_trials(deepcopy=False):
-        if t.state == optuna.trial.TrialState.RUNNING:
-            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
-        elif t.state == optuna.trial.TrialState.COMPLETE:
-            done += 1
-    return done
-
-
-def record_told(storage, study_name: str, sampler: Sampler, mlflow: tuple, folder: Path) -> int:
-    """Record in MLflow (``mlflow``: client, experiment, parent run) the trials the persisted study
-    holds COMPLETE whose runs never ended (a driver killed as Tune ended a trial: Optuna hears of
-    the end before MLflow), from the results its trials reported to the ``ledger`` under ``folder``
-    (``recovered.record_ended``); returns how many. Each is known by its key: its config drawn
-    again by ``sampler`` from the trial's params."""
-    import optuna
-
-    from raystudy.driver import recovered
-
-    cl, exp_id, parent = mlflow
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:
-        return 0
-    told = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    keys = {drawn(sampler, t)["key"] for t in told}
-    known = query.statuses(cl, exp_id)
-    missing = {k for k in keys if known.get(k) not in (*tracking.TERMINAL, "failed")}
-    if not missing:
-        return 0
-    tags = {"raystudy.search": study_name}
-    return recovered.record_ended(cl, exp_id, parent, [ledger(folder, study_name)], missing, tags)
-
-
-def tell_recorded(storage, study_name: str, sampler: Sampler, mlflow: tuple, folder: Path) -> int:
-    """Tell the persisted study, COMPLETE, the trials it holds RUNNING whose runs MLflow holds
-    ended (finished, stopped, diverged; ``mlflow``: client, experiment, parent run), each with the
-    score of its last result in the ``ledger`` under ``folder``, as Ray's searcher would have told
-    it; returns how many. The searcher hears of a trial's end before MLflow does, and Ray lets a
-    tell that fails (a full disk) pass as a warning: the run is recorded, the study never heard.
-    Left RUNNING, ``completed_trials`` would fail such a trial and the search run another."""
-    import optuna
-
-    from raystudy.driver import recovered
-
-    cl, exp_id, _ = mlflow
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:
-        return 0
-    running = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        try:
-            running[drawn(sampler, t)["key"]] = t
-        except (ValueError, KeyError, TypeError):  # its params cut short: failed as before
-            continue
-    if not running:
-        return 0
-    known = query.statuses(cl, exp_id)
-    ended = {k for k in running if known.get(k) in tracking.TERMINAL}
-    told = 0
-    for key, (_, results) in recovered.reported(ledger(folder, study_name), ended).items():
-        score = results[-1].get("score") if results else None
-        if isinstance(score, (int, float)) and math.isfinite(score):
-            storage.set_trial_state_values(running[key]._trial_id, optuna.trial.TrialState.COMPLETE, [float(score)])
-            told += 1
-    return told
-
-
-def drawn(sampler: Sampler, trial) -> dict[str, Any]:
-    """The raystudy trial (its ``key``, its ``sampled`` values, ...) that ``sampler`` draws again
-    from a study trial's params: how a trial of the study is known in MLflow and the ledger."""
-    import optuna
-
-    return sampler(optuna.trial.FixedTrial(trial.params))["trial"]
-
-
-def ledger(storage: Path, study_name: str) -> Path:
-    """The folder of every result the study's trials reported (``records.ResultLedger``)."""
-    return storage / "results" / study_name
 
 
 def make_searcher(
@@ -158,22 +68,30 @@ def search_condition(
     resources: dict[str, Any],
     tuning: dict[str, Any],
     verbose: int,
+    quiet: bool = False,
     rehearse: float | None = None,
 ) -> dict[str, Any]:
     """One Optuna study (``label``: a condition, or ``components`` when the condition itself is
     searched); returns the best finished trial's config and score (``best_of``), and for a
     rehearsal (``rehearse``: seconds a trial) how near the known optimum it came (``found``).
-    Raises ``tune_glue.Stopped`` if the user stopped it before its budget."""
+    One line per trial that ends, as a grid's (``console.ConsoleTrials``; ``quiet``: only those
+    that did not finish, ASHA's stops among them); ``verbose`` > 0 brings back Tune's own tables.
+    Raises ``interrupt.Stopped`` if the user stopped it before its budget."""
     # a rehearsal's study is its own: it never resumes, or feeds its history to, the real one
     study_name = f"{space.study}-{model}-{dataset}-{label}" + (rehearsal.SUFFIX if rehearse else "")
     cl = connect.client(tracking_uri)
     ostore = optuna_storage(storage / "optuna")
     sampler = Sampler(space, condition, base, resources)
-    done = _after_a_kill(ostore, study_name, sampler, (cl, exp_id, parent), storage, label)
+    done = reconcile.study_after_a_kill(ostore, study_name, sampler, (cl, exp_id, parent), storage, label)
     remaining = max(num_samples - done, 0)
     print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {remaining} to run", flush=True)
     mlflow = (tracking_uri, exp_id, parent)
     asha = _asha(space, base)  # one for the session: its rungs go on from part to part
+    lines = console.ConsoleTrials(
+        num_samples, _ended_keys(cl, exp_id, study_name), quiet=quiet, by_name=True, stopped_by="ASHA"
+    )
+    output = (verbose, lines)
+    close = _closer(cl, mlflow, study_name, label)
     deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
     runs = parts(remaining, int(tuning["trials_per_run"]))
     for i, n in enumerate(runs):
@@ -182,14 +100,13 @@ def search_condition(
             break
         searcher = make_searcher(space, condition, base, resources, ostore, study_name)
         name = f"{study_name}-{int(time.time())}" + (f"-part{i + 1}of{len(runs)}" if len(runs) > 1 else "")
-        tuner = _tuner(
-            searcher, asha, study_name, name, n, budget, storage, space, resources, tuning, verbose, mlflow, rehearse
+        run = _tuner(
+            searcher, asha, study_name, name, n, budget, storage, space, resources, tuning, output, mlflow, rehearse
         )
-        close = _closer(cl, mlflow, study_name, label)
-        if not tune_glue.fit(tuner, verbose, close):
-            tell_recorded(ostore, study_name, sampler, (cl, exp_id, parent), storage)  # a tell Ray let fail
-        elif completed_trials(ostore, study_name) < num_samples:
-            raise tune_glue.Stopped(f"study {study_name!r} stopped before its budget")
+        if not tuner.fit(run, verbose, close):
+            reconcile.catch_up_optuna(ostore, study_name, sampler, (cl, exp_id, parent), storage)  # a tell Ray let fail
+        elif reconcile.completed_trials(ostore, study_name) < num_samples:
+            raise interrupt.Stopped(f"study {study_name!r} stopped before its budget")
     best = best_of(cl, exp_id, study_name)
     if rehearse and "config" in best:
         best["found"] = found(ostore, study_name, sampler, best["key"])
@@ -197,34 +114,21 @@ def search_condition(
 
 
 def _closer(cl, mlflow: tuple[str, str, str], study_name: str, label: str):
-    """What ``tune_glue.fit`` calls once every trial of the session has ended, or the driver is
-    going down: the writes held while the tracking server was away settled, and no run left RUNNING."""
+    """What ``tuner.fit`` calls once every trial of a Tune run has ended, or the driver is going
+    down: ``reconcile.close_run`` over the study's runs, and a line if any was left RUNNING."""
 
     def close():
-        tracking_uri, exp_id, parent = mlflow
-        held = backlog.of(tracking_uri, exp_id, parent)
-        held.settle(cl, wait=held.limit)  # what the trials reported while the server was away
-        stale = record.close_stale(cl, exp_id, raystudy__search=study_name)
+        stale = reconcile.close_run(cl, *mlflow, raystudy__search=study_name)
         if stale:
             print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
 
     return close
 
 
-def _after_a_kill(storage, study_name: str, sampler: Sampler, mlflow: tuple, folder: Path, label: str) -> int:
-    """What a killed session of the study left, put right before it goes on: trials Optuna holds
-    COMPLETE that MLflow never ended recorded (``record_told``), trials MLflow ended that Optuna
-    never heard of told (``tell_recorded``), runs left RUNNING mid-trial closed (their configs are
-    not sampled again); returns the trials done."""
-    cl, exp_id, _ = mlflow
-    told = record_told(storage, study_name, sampler, mlflow, folder)
-    if told:
-        print(f"[{label}] {told} trial(s) ended in Tune's files but not in MLflow: recorded from their results")
-    heard = tell_recorded(storage, study_name, sampler, mlflow, folder)
-    if heard:
-        print(f"[{label}] {heard} trial(s) ended in MLflow but not in Optuna: told Optuna their last scores")
-    record.close_stale(cl, exp_id, raystudy__search=study_name)
-    return completed_trials(storage, study_name)
+def _ended_keys(cl, exp_id: str, study_name: str) -> set[str]:
+    """The keys of the study's trials MLflow holds ended: the console numbers on from there."""
+    runs = query.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name)
+    return {r.data.tags.get(tracking.KEY) for r in runs if r.data.tags.get(tracking.STATUS) in tracking.TERMINAL}
 
 
 def parts(trials: int, size: int) -> list[int]:
@@ -263,72 +167,39 @@ def _tuner(
     space: SearchSpace,
     resources: dict[str, Any],
     tuning: dict[str, Any],
-    verbose: int,
+    output: tuple[int, Any],
     mlflow: tuple[str, str, str],
     rehearse: float | None = None,
 ):
     """The Tuner of one Tune run of a study's session (Tune's folder ``name``): ``num_samples``
-    trials from ``searcher`` under ``asha``; a rehearsal's trials are ``train.rehearsal``'s, on
-    one CPU, scored on the space's landscape."""
-    from ray import tune
-
-    from raystudy.driver import checkpoints, records
-
-    kept, pruner = checkpoints.keep_checkpoints()
-    trainable, fixed, run_tags = _trainable(space, study_name, storage, resources, tuning, rehearse)
-    return tune.Tuner(
-        trainable,
-        param_space=fixed,
-        tune_config=tune.TuneConfig(
-            search_alg=searcher,
-            scheduler=asha,
-            num_samples=num_samples,
-            time_budget_s=time_budget_s,
-            reuse_actors=True,
-            max_concurrent_trials=tuning["max_concurrent"],
-        ),
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=str(storage),
-            verbose=verbose,
-            # the ledger first: a result is on storage before the searcher or MLflow hear of it
-            callbacks=[
-                records.ResultLedger(ledger(storage, study_name)),
-                records.MlflowTrials(*mlflow, run_tags),
-                pruner,
-            ],
-            failure_config=tune.FailureConfig(max_failures=int(tuning["max_failures"])),
-            checkpoint_config=kept,
-        ),
-    )
-
-
-def _trainable(
-    space: SearchSpace,
-    study_name: str,
-    storage: Path,
-    resources: dict[str, Any],
-    tuning: dict[str, Any],
-    rehearse: float | None,
-):
-    """What Tune runs for each trial of the study, the config every trial shares and the tags of
-    its runs: ``run_trial``, or a rehearsal's trial (one CPU, scored on the space's landscape)."""
-    from ray import tune
-
+    trials from ``searcher`` under ``asha``; ``output``: Tune's verbosity and the study's console;
+    a rehearsal's trials are ``train.rehearsal``'s, on one CPU, scored on the space's landscape."""
+    verbose, lines = output
+    from raystudy.driver import ledger, mlflow_trials
     from raystudy.spaces import searches
-    from raystudy.train.trial import run_trial
 
-    fixed = {
-        "storage_path": str(storage),
-        "threads": int(tuning["threads_per_trial"]),
-        "checkpoint_every_s": float(tuning["checkpoint_every_s"]),
-    }
-    run_tags = {"raystudy.search": study_name}
-    if not rehearse:
-        return tune.with_resources(run_trial, {"cpu": resources["cpu"], "gpu": resources["gpu"]}), fixed, run_tags
-    fixed.update(rehearse_s=rehearse, rehearse_landscape=searches.landscape(space))
-    run_tags[tracking.REHEARSAL] = "1"
-    return rehearsal.tune_trainable(), fixed, run_tags
+    extra = {"rehearse_landscape": searches.landscape(space)} if rehearse else {}
+    shared = tuner.shared_config(storage, tuning["threads_per_trial"], tuning["checkpoint_every_s"], rehearse, **extra)
+    made = {"raystudy.search": study_name, **({tracking.REHEARSAL: "1"} if rehearse else {})}
+    return tuner.new(
+        tuner.trainable(rehearse, {"cpu": resources["cpu"], "gpu": resources["gpu"]}),
+        name=name,
+        storage=storage,
+        param_space=shared,
+        # the ledger first: a result is on storage before the searcher or MLflow hear of it
+        recorders=[
+            ledger.ResultLedger(ledger.of_study(storage, study_name)),
+            mlflow_trials.MlflowTrials(*mlflow, made),
+            lines,
+        ],
+        max_failures=tuning["max_failures"],
+        verbose=verbose,
+        search_alg=searcher,
+        scheduler=asha,
+        num_samples=num_samples,
+        time_budget_s=time_budget_s,
+        max_concurrent_trials=tuning["max_concurrent"],
+    )
 
 
 def best_of(cl, exp_id: str, study_name: str) -> dict[str, Any]:
@@ -369,7 +240,7 @@ def found(storage, study_name: str, sampler: Sampler, chosen_key: str | None) ->
     )
     scores = {}
     for t in told:
-        trial = drawn(sampler, t)
+        trial = reconcile.drawn(sampler, t)
         scores[trial["key"]] = rehearsal.landscape_score(land, trial["sampled"])
     return {
         "optimum": rehearsal.TOP,

@@ -7,7 +7,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from raystudy.spaces import adaptive
 from raystudy.spaces.grids import Trial
-from raystudy.tracking import connect, query, record, tags, views
+from raystudy.tracking import connect, query, tags, views
 
 
 def recorded_view(cl, exp_id: str, trials: list[Trial]) -> dict[str, adaptive.Seen]:
@@ -19,21 +19,6 @@ def recorded_view(cl, exp_id: str, trials: list[Trial]) -> dict[str, adaptive.Se
         if key in keys and (key not in seen or status in tags.TERMINAL):
             seen[key] = views.policy_view(cl, run)
     return seen
-
-
-def stop_late(cl, exp_id: str, trials: list[Trial], policy: adaptive.Policy) -> int:
-    """Runs the policy stops that finished before its decision came (their rung completed after
-    they ended): recorded ``stopped`` too, so the analysis sees what the policy decided. Returns how many."""
-    decisions = adaptive.decide(
-        policy, [adaptive.trial_of(t.key, t.config) for t in trials], recorded_view(cl, exp_id, trials)
-    )
-    n = 0
-    for key, stop in decisions.items():
-        status, run = query.trial_status(cl, exp_id, key)
-        if status == "finished":
-            record.mark_stopped_late(cl, run.info.run_id, stop.step, stop.rule)
-            n += 1
-    return n
 
 
 def observed(s: adaptive.Seen, result: dict) -> adaptive.Seen:

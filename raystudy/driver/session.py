@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
-from raystudy.driver import local_ray, lock
-from raystudy.driver.tune_glue import hush_full_disk, uninterrupted
+from raystudy.driver import full_disk, local_ray, lock
+from raystudy.driver.interrupt import uninterrupted
 from raystudy.errors import disk_full
 from raystudy.tracking import connect, record
 
@@ -60,7 +60,7 @@ class Session:
                 print(self.banner, flush=True)
             self.started = time.time()
             local_ray.start_ray(*self.ray_args)
-            hush_full_disk()  # from the first write: the handlers Ray has just set
+            full_disk.hush()  # from the first write: the handlers Ray has just set
             self._held = held.pop_all()
         return self
 

@@ -1,8 +1,7 @@
 import pytest
 import yaml
 
-from raystudy.commands import search
-from raystudy.driver import search_job
+from raystudy.commands import search, search_text
 from raystudy.spaces import schema, searches
 from raystudy.train.config import from_dict, validate
 
@@ -103,7 +102,15 @@ def test_dry_run_states_the_time_budget(capsys):
 
     assert search.main(["--dry-run", "--time-budget", "600", "--conditions", "MHA,FC1"]) == 0
     assert "time budget: 600 s per study, at most 1200 s" in capsys.readouterr().out
-    assert search_job.budget_line(None, 2, 16).startswith("time budget: none")
+    assert search_text.budget_line(None, 2, 16).startswith("time budget: none")
+
+
+def test_a_best_configs_test_accuracy_gives_a_spread_only_over_two_seeds_or_more():
+    import math
+
+    assert search_text.tested_line(0.83271, math.nan, 1) == "test 0.8327 (1 seed)"
+    assert search_text.tested_line(0.83271, 0.01234, 3) == "test 0.8327 ± 0.0123 (3 seeds)"
+    assert search_text.tested_line(math.nan, math.nan, 0) == "test: no seed finished"
 
 
 def test_dry_run_on_your_own_images_checks_them_and_says_what_it_converted(tmp_path, capsys):

@@ -7,6 +7,7 @@ import sys
 import pytest
 import yaml
 
+from raystudy.driver import faults
 from tests.helpers import (
     count_status,
     ctrl_c_twice,
@@ -110,13 +111,13 @@ def test_search_with_asha_then_fresh_seed_test_all_in_mlflow(work):
 
 def test_interrupted_search_resumes_without_repeating_trials(work):
     # Killed twice at the one point that can lose a result: as Tune ends a trial, Optuna has
-    # recorded it COMPLETE and MLflow has not ended its run (records.KILL_AT_END_ENV). Each
+    # recorded it COMPLETE and MLflow has not ended its run (``faults.KILL_AT_TRIAL_END``). Each
     # resumed session records such a trial from Tune's files; the budget is recorded once.
     tmp, ray = work
     before: dict[int, dict] = {}
     for session in (1, 2):
         log = open(tmp / f"killed{session}.log", "w")
-        proc = start(cmd(tmp, ray), tmp, stdout=log, env=driver_env(RAYSTUDY_KILL_AT_TRIAL_END="2"))
+        proc = start(cmd(tmp, ray), tmp, stdout=log, env=driver_env(**{faults.KILL_AT_TRIAL_END: "2"}))
         try:
             proc.wait(timeout=900)
         finally:

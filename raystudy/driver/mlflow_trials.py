@@ -17,15 +17,10 @@ from typing import Any
 
 from ray import tune
 
-from raystudy.driver import backlog, recovered, tune_glue
+from raystudy.driver import backlog, faults, full_disk
 from raystudy.errors import disk_full
 from raystudy.tracking import connect, query, record
 from raystudy.tracking import tags as tracking
-
-# A fault point for tests: ``N`` kills the driver (SIGKILL) as Tune ends its Nth trial, after the
-# searcher (Optuna) has heard of the end and before MLflow has: the one moment a kill leaves a
-# trial done for the searcher and running for MLflow, which a resumed driver must record.
-KILL_AT_END_ENV = "RAYSTUDY_KILL_AT_TRIAL_END"
 
 
 class MlflowTrials(tune.Callback):
@@ -73,7 +68,7 @@ class MlflowTrials(tune.Callback):
 
     def _write(self, write: Callable[[Any], Any]) -> None:
         """Write now, or after what waits for the server; past the outage limit, stop the grid; on
-        a full disk, stop it (``tune_glue.stop_on_full_disk``) and drop what cannot be written
+        a full disk, stop it (``full_disk.stop``) and drop what cannot be written
         (the trials that did not end in MLflow run again on the rerun)."""
         try:
             self.waiting.put(write, self.cl)
@@ -89,8 +84,8 @@ class MlflowTrials(tune.Callback):
         """The grid stops on a full disk: one line naming the fullest of its storage, its store and
         the tensor cache."""
         storage = (trial.config.get("storage_path") if trial is not None else None) or self._storage
-        places = tune_glue.disk_places(self.tracking_uri, {"storage": storage})
-        tune_glue.stop_on_full_disk(places, "search" if "raystudy.search" in self.tags else "grid")
+        places = full_disk.places(self.tracking_uri, {"storage": storage})
+        full_disk.stop(places, "search" if "raystudy.search" in self.tags else "grid")
 
     def _stop_if_away_too_long(self) -> None:
         """The server away past the limit: Tune stops the grid as on a Ctrl-C (its SIGUSR1 handler
@@ -165,8 +160,7 @@ class MlflowTrials(tune.Callback):
         """Logs the trial's final results and ends its run; a trial stopped early is recorded ``stopped``."""
         trial_id, t, last = trial.trial_id, trial.config["trial"], dict(trial.last_result or {})
         self._ended += 1
-        if os.environ.get(KILL_AT_END_ENV) == str(self._ended):
-            os.kill(os.getpid(), signal.SIGKILL)
+        faults.kill_at(faults.KILL_AT_TRIAL_END, self._ended)
         self._write(lambda cl: self._complete(trial_id, t, last))
 
     def _complete(self, trial_id: str, t: dict[str, Any], last: dict[str, Any]) -> None:
@@ -205,32 +199,6 @@ class MlflowTrials(tune.Callback):
                 self._records.pop(run_id, None)
 
         self._write(write)
-
-
-class ResultLedger(tune.Callback):
-    """Every result of every trial, written to ``root`` as Tune reports it, before a searcher hears
-    of the trial's end: ``root/KEY/params.json`` (``{"trial": ...}``) and ``root/KEY/result.json``
-    (one JSON line per result), the layout ``driver.recovered`` reads. Tune's own result files are
-    staged in Ray's session folder and reach the storage later; a driver killed as a trial ends
-    would leave the storage without the results its searcher already counts."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        """Appends ``result`` to the trial's file (the folder made with its config first)."""
-        import json
-
-        from ray.tune.utils.util import SafeFallbackEncoder
-
-        t = trial.config["trial"]
-        folder = self.root / t["key"]
-        if not (folder / recovered.PARAMS).is_file():
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / recovered.PARAMS).write_text(json.dumps({"trial": t}, cls=SafeFallbackEncoder))
-        line = json.dumps({k: v for k, v in result.items() if k != "config"}, cls=SafeFallbackEncoder)
-        with open(folder / recovered.RESULTS, "a") as f:
-            f.write(line + "\n")
 
 
 def error_text(trial) -> str:
