@@ -102,20 +102,19 @@ def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent
     done = reconcile.grid_after_a_kill(trials, runs, s.storage, s.policy, _run_tags(s), cl, exp_id, parent.run_id)
     counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
     lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s.quiet)
-    asked_to_stop = False
-    for name, part in runs:
-        pending = [t for t in part if t.key not in done]
-        if not pending:
-            continue
-        run = _tuner(trials, part, pending, name, lines, s, exp_id, parent.run_id)
 
-        def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
-            where = {"mlflow__parentRunId": parent.run_id}
-            counts["interrupted"] += reconcile.close_run(cl, s.tracking_uri, exp_id, parent.run_id, **where)
+    def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
+        where = {"mlflow__parentRunId": parent.run_id}
+        counts["interrupted"] += reconcile.close_run(cl, s.tracking_uri, exp_id, parent.run_id, **where)
 
-        asked_to_stop = tuner.fit(run, s.verbose, close)
-        if asked_to_stop:  # a Ctrl-C, or a full disk: the next part waits for the same command
-            break
+    def tune_runs():  # a part whose trials MLflow holds done needs no Tune run
+        for name, part in runs:
+            pending = [t for t in part if t.key not in done]
+            if pending:
+                yield _tuner(trials, part, pending, name, lines, s, exp_id, parent.run_id)
+
+    # a Ctrl-C, or a full disk, stops the part it falls in: the next parts wait for the same command
+    asked_to_stop = tuner.fit_each(tune_runs(), s.verbose, close)
     if s.policy is not None:
         late = reconcile.stop_late(cl, exp_id, trials, s.policy)
         if late:
@@ -135,18 +134,12 @@ def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent
 
 
 def parts(trials: list[Trial], name: str, size: int, seed_major: bool = False) -> list[tuple[str, list[Trial]]]:
-    """The grid's Tune runs, in the order they run: (Tune's folder name, its trials), at most
-    ``size`` trials each. One part is the whole grid, in Tune's folder ``name``; more are
-    ``name-partIofK``. The split is over the whole grid, whatever is done, so that the same grid
-    splits the same way on every rerun and each part's Tune state is found again. ``seed_major``
-    (an adaptive policy): earlier seeds first, so that the policy decides on them before later
-    seeds start."""
+    """The grid's Tune runs, in the order they run (``tuner.runs``): (Tune's folder name, its
+    trials). The split is over the whole grid, whatever is done, so that the same grid splits the
+    same way on every rerun and each part's Tune state is found again. ``seed_major`` (an adaptive
+    policy): earlier seeds first, so that the policy decides on them before later seeds start."""
     ordered = sorted(trials, key=scheduler.seed_major(trials)) if seed_major else list(trials)
-    chunks = [ordered[i : i + size] for i in range(0, len(ordered), size)] or [[]]
-    if len(chunks) == 1:
-        return [(name, chunks[0])]
-    k = len(chunks)
-    return [(f"{name}-part{i + 1:0{len(str(k))}d}of{k}", chunk) for i, chunk in enumerate(chunks)]
+    return tuner.runs(ordered, name, size)
 
 
 def _run_tags(s: Settings) -> dict[str, str]:

@@ -87,26 +87,26 @@ def search_condition(
     print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {remaining} to run", flush=True)
     mlflow = (tracking_uri, exp_id, parent)
     asha = _asha(space, base)  # one for the session: its rungs go on from part to part
-    lines = console.ConsoleTrials(
-        num_samples, _ended_keys(cl, exp_id, study_name), quiet=quiet, by_name=True, stopped_by="ASHA"
-    )
-    output = (verbose, lines)
+    lines = _console(cl, exp_id, study_name, num_samples, quiet)
     close = _closer(cl, mlflow, study_name, label)
     deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
-    runs = parts(remaining, int(tuning["trials_per_run"]))
-    for i, n in enumerate(runs):
-        budget = None if deadline is None else deadline - time.monotonic()
-        if budget is not None and budget <= 0:
-            break
-        searcher = make_searcher(space, condition, base, resources, ostore, study_name)
-        name = f"{study_name}-{int(time.time())}" + (f"-part{i + 1}of{len(runs)}" if len(runs) > 1 else "")
-        run = _tuner(
-            searcher, asha, study_name, name, n, budget, storage, space, resources, tuning, output, mlflow, rehearse
-        )
-        if not tuner.fit(run, verbose, close):
-            reconcile.catch_up_optuna(ostore, study_name, sampler, (cl, exp_id, parent), storage)  # a tell Ray let fail
-        elif reconcile.completed_trials(ostore, study_name) < num_samples:
-            raise interrupt.Stopped(f"study {study_name!r} stopped before its budget")
+
+    def tune_runs():  # each searcher reads the study's whole history, the last run's trials included
+        session = f"{study_name}-{int(time.time())}"
+        for name, part in tuner.runs(list(range(remaining)), session, int(tuning["trials_per_run"])):
+            budget = None if deadline is None else deadline - time.monotonic()
+            if not part or (budget is not None and budget <= 0):
+                return
+            searcher = make_searcher(space, condition, base, resources, ostore, study_name)
+            args = (searcher, asha, study_name, name, len(part), budget, storage, space, resources, tuning)
+            yield _tuner(*args, (verbose, lines), mlflow, rehearse)
+
+    def told():  # a tell Ray let fail (a full disk): the study hears of what MLflow ended
+        reconcile.catch_up_optuna(ostore, study_name, sampler, (cl, exp_id, parent), storage)
+
+    stopped = tuner.fit_each(tune_runs(), verbose, close, told)
+    if stopped and reconcile.completed_trials(ostore, study_name) < num_samples:
+        raise interrupt.Stopped(f"study {study_name!r} stopped before its budget")
     best = best_of(cl, exp_id, study_name)
     if rehearse and "config" in best:
         best["found"] = found(ostore, study_name, sampler, best["key"])
@@ -125,18 +125,12 @@ def _closer(cl, mlflow: tuple[str, str, str], study_name: str, label: str):
     return close
 
 
-def _ended_keys(cl, exp_id: str, study_name: str) -> set[str]:
-    """The keys of the study's trials MLflow holds ended: the console numbers on from there."""
+def _console(cl, exp_id: str, study_name: str, num_samples: int, quiet: bool) -> console.ConsoleTrials:
+    """The study's console: its trials said by name, numbered over its budget on from those MLflow
+    holds ended, ASHA's stops said."""
     runs = query.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name)
-    return {r.data.tags.get(tracking.KEY) for r in runs if r.data.tags.get(tracking.STATUS) in tracking.TERMINAL}
-
-
-def parts(trials: int, size: int) -> list[int]:
-    """The sizes of a session's Tune runs, in order: ``trials`` in runs of at most ``size``. Tune
-    keeps every trial of a run in memory and rewrites them all into its experiment checkpoint as
-    the run goes, so a search of thousands runs as Tune runs of this many, as a grid does (its
-    space's ``tune.trials_per_run``); each run's searcher reads the study's whole history."""
-    return [min(size, trials - i) for i in range(0, trials, size)]
+    ended = {r.data.tags.get(tracking.KEY) for r in runs if r.data.tags.get(tracking.STATUS) in tracking.TERMINAL}
+    return console.ConsoleTrials(num_samples, ended, quiet=quiet, by_name=True, stopped_by="ASHA")
 
 
 def _asha(space: SearchSpace, base: dict[str, Any]):

@@ -7,13 +7,26 @@ Nothing here imports Ray at module level.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from raystudy.driver import full_disk, node_watch, tune_output, tune_state
 from raystudy.driver.interrupt import uninterrupted
 from raystudy.errors import disk_full
+
+
+def runs(items: list, name: str, size: int) -> list[tuple[str, list]]:
+    """``items`` (a grid's trials, a search's budget) as the Tune runs that hold them, in the order
+    they run: (Tune's folder name, its items), at most ``size`` each. One run is all of them, in the
+    folder ``name``; more are ``name-partIofK`` (I zero-padded: the names sort in their order).
+    Tune keeps every trial of a run in memory and rewrites them all into its experiment checkpoint
+    as the run goes, so a study of thousands runs as Tune runs of ``tune.trials_per_run``."""
+    chunks = [items[i : i + size] for i in range(0, len(items), size)] or [[]]
+    if len(chunks) == 1:
+        return [(name, chunks[0])]
+    k = len(chunks)
+    return [(f"{name}-part{i + 1:0{len(str(k))}d}of{k}", chunk) for i, chunk in enumerate(chunks)]
 
 
 def trainable(rehearse: float | None, resources):
@@ -97,6 +110,18 @@ def restored_or_new(storage, name: str, trainable, verbose: int, new_in: Callabl
         )
         path = tune_state.set_aside(path, storage, name)
     return new_in(Path(str(path)).name)
+
+
+def fit_each(tuners: Iterable, verbose: int, close: Callable[[], Any], after: Callable[[], Any] | None = None) -> bool:
+    """A study's Tune runs, one after another: each Tuner of ``tuners`` (made as it comes, once the
+    run before has ended) fitted and closed (``fit``), then ``after()`` where it was not stopped.
+    Returns whether one was stopped: the runs after it wait for the same command."""
+    for tuner in tuners:
+        if fit(tuner, verbose, close):
+            return True
+        if after is not None:
+            after()
+    return False
 
 
 def fit(tuner, verbose: int, close: Callable[[], Any]) -> bool:

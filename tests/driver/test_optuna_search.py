@@ -24,10 +24,3 @@ def test_a_resumed_search_suggests_no_config_twice(tmp_path):
     reconcile.completed_trials(store, "s")
     second = session(3, 3)  # the search killed and run again: same space, same seed
     assert len(set(first + second)) == 6, (first, second)
-
-
-def test_a_session_runs_as_tune_runs_of_at_most_trials_per_run():
-    assert optuna_search.parts(12, 5) == [5, 5, 2]
-    assert optuna_search.parts(10, 5) == [5, 5]
-    assert optuna_search.parts(3, 500) == [3]
-    assert optuna_search.parts(0, 5) == []
