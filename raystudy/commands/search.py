@@ -23,7 +23,7 @@ import sys
 
 from raystudy.bounds import BOUNDS, SEED_END_TEXT, parse_seed_list
 from raystudy.commands import cli
-from raystudy.commands.search_text import budget_line, summarize
+from raystudy.commands.search_text import budget_line, stopped, summarize
 from raystudy.data import userdata
 from raystudy.driver import backlog, local_ray
 from raystudy.driver.grid_job import check_data
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         job = prepare(args)
     except (ConfigError, registry.WeightsUnavailable) as e:
         return cli.fail(e)
-    return 0 if job is None else run(job, summarize)
+    return 0 if job is None else run(job, summarize, stopped)
 
 
 def _base(args, space: searches.SearchSpace, rehearse: bool) -> tuple[dict, str, str, list[str]]:

@@ -29,9 +29,21 @@ def summarize(job, summary: list[dict[str, Any]], exp_id: str, storage) -> int:
     return 0
 
 
-def print_summary(summary: list[dict[str, Any]]) -> None:
-    """The best configuration per condition: validation and test accuracy, its knobs, the trial counts."""
-    print("\nbest configuration per condition (chosen on validation, tested with fresh seeds):")
+def stopped(summary: list[dict[str, Any]]) -> int:
+    """A stopped search: its line, then the best configuration of each study done so far (labelled
+    partial); exit status 130. The same command resumes it."""
+    print("\nsearch stopped; run the same command to resume it", flush=True)
+    if summary:
+        print_summary(summary, partial=True)
+    return 130
+
+
+def print_summary(summary: list[dict[str, Any]], partial: bool = False) -> None:
+    """The best configuration per condition: validation and test accuracy, its knobs, the trial
+    counts; ``partial``: of the studies done before the search stopped, and said so."""
+    n = len(summary)
+    head = f"PARTIAL, the {n} stud{'y' if n == 1 else 'ies'} done so far: " if partial else ""
+    print(f"\n{head}best configuration per condition (chosen on validation, tested with fresh seeds):")
     for s in summary:
         if "config" not in s:
             print(f"  {s['condition']:<16} no finished trial ({s['trials']} trials, {s['stopped']} stopped early)")

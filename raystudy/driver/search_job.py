@@ -47,9 +47,16 @@ def check_samples(space: searches.SearchSpace, studies: list, base: dict[str, An
             validate(from_dict(searches.Sampler(space, cond, base, resources)(probe.ask())["trial"]["finetune"]))
 
 
-def run(job: Job, summarize: Callable[[Job, list[dict[str, Any]], str, Path], int]) -> int:
+def run(
+    job: Job,
+    summarize: Callable[[Job, list[dict[str, Any]], str, Path], int],
+    stopped: Callable[[list[dict[str, Any]]], int],
+) -> int:
     """Every study of the search on Ray in a session of its own (``driver.job``); the exit status.
-    ``summarize(job, summary, experiment id, storage)``: the command's end, each study's best config."""
+    The command's two ends: ``summarize(job, summary, experiment id, storage)`` once every study
+    has ended (each study's best config), ``stopped(summary of the studies done)`` on Ctrl-C, a
+    full disk, or trials Tune left unfinished (Optuna's studies and MLflow keep what is done; the
+    rerun goes on from there)."""
     from raystudy.driver import job as study_job
     from raystudy.driver import placement, session, shared
 
@@ -76,6 +83,8 @@ def run(job: Job, summarize: Callable[[Job, list[dict[str, Any]], str, Path], in
         weights=job.rehearse is None,
     )
 
+    summary: list[dict[str, Any]] = []  # each study's, as it ends
+
     def inside() -> tuple[list[dict[str, Any]], str]:
         # before anything runs or is recorded: a trial the nodes cannot hold, storage they do not share
         shared.preflight(storage, [placement.shape(1, job.resources["cpu"], job.resources["gpu"])])
@@ -88,18 +97,16 @@ def run(job: Job, summarize: Callable[[Job, list[dict[str, Any]], str, Path], in
             {"space": job.space.name, "model": job.model, "dataset": job.dataset, "num_samples": job.num_samples},
             role="search",
         ) as parent:
-            return [study(job, label, cond, storage, cl, exp_id, parent.run_id) for label, cond in job.studies], exp_id
+            for label, cond in job.studies:
+                summary.append(study(job, label, cond, storage, cl, exp_id, parent.run_id))
+            return summary, exp_id
 
     def after(done: tuple[list[dict[str, Any]], str]) -> int:
         summary, exp_id = done
         return summarize(job, summary, exp_id, storage)
 
-    def stopped() -> int:  # Optuna's studies and MLflow keep what is done; the rerun goes on from there
-        print("\nsearch stopped; run the same command to resume it", flush=True)
-        return 130
-
     places = {"storage": storage, "the Optuna storage": (storage / "optuna").resolve()}
-    return study_job.run(s, "search", inside, after, stopped, (job.uri, places))
+    return study_job.run(s, "search", inside, after, lambda: stopped(summary), (job.uri, places))
 
 
 def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str, parent: str) -> dict[str, Any]:

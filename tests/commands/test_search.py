@@ -113,6 +113,27 @@ def test_a_best_configs_test_accuracy_gives_a_spread_only_over_two_seeds_or_more
     assert search_text.tested_line(math.nan, math.nan, 0) == "test: no seed finished"
 
 
+def test_a_stopped_search_says_how_to_resume_and_shows_the_studies_it_ended_as_partial(capsys):
+    assert search_text.stopped([]) == 130
+    assert capsys.readouterr().out == "\nsearch stopped; run the same command to resume it\n"
+    config = {"optimizer": "sgd", "lr": 0.3832, "weight_decay": 0.0, "warmup_steps": 30, "batch_size": 64}
+    mha = {"condition": "MHA", "config": config, "val_acc": 0.78, "test_acc": 0.73, "test_std": float("nan")}
+    mha.update(test_runs=1, finished=4, stopped=8)
+    assert search_text.stopped([mha]) == 130
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:4] == [
+        "search stopped; run the same command to resume it",
+        "",
+        "PARTIAL, the 1 study done so far: best configuration per condition (chosen on validation, "
+        "tested with fresh seeds):",
+    ]
+    assert out[4].split() == [
+        *("MHA", "val", "0.7800", "test", "0.7300", "(1", "seed)"),
+        *("[optimizer=sgd,", "lr=0.383,", "weight_decay=0,", "warmup_steps=30,", "batch_size=64]"),
+        *("trials:", "4", "finished,", "8", "stopped", "early", "by", "ASHA"),
+    ]
+
+
 def test_dry_run_on_your_own_images_checks_them_and_says_what_it_converted(tmp_path, capsys):
     from PIL import Image
 
