@@ -241,7 +241,7 @@ def run_optuna(space_path: Path, work: Path, n: int) -> dict:
     """Optuna alone: the same sampler, storage kind, space and landscape; ask, score, tell."""
     import optuna
 
-    from raystudy.driver import optuna_search
+    from raystudy.driver import reconcile
     from raystudy.spaces import searches
     from raystudy.train import rehearsal
 
@@ -263,7 +263,7 @@ def run_optuna(space_path: Path, work: Path, n: int) -> dict:
         now = time.process_time()
         samples.append((len(done_at), now))
         done_at.append(len(done_at))  # the trial's index stands for its time: one process, in order
-    best = rehearsal.landscape_score(land, optuna_search.drawn(sampler, study.best_trial)["sampled"])
+    best = rehearsal.landscape_score(land, reconcile.drawn(sampler, study.best_trial)["sampled"])
     return {
         "wall": time.perf_counter() - t0,
         "cpu": per_trial(samples, done_at, n),
