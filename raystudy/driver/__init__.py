@@ -1,8 +1,9 @@
 """The driver: the process that runs a grid or a search on Ray and writes every MLflow record.
 
 One concern a module: ``local_ray`` (start or join Ray), ``lock`` (one driver per grid),
-``session`` (a driver's lifecycle: weights, lock, Ray, its parent run), ``grid_run`` (a list of
-trials, each run once), ``optuna_search`` (one Optuna study under ASHA), ``scheduler`` (the
+``session`` (a driver's lifecycle: weights, lock, Ray, its parent run), ``study_loop`` (a
+study's trials from a source, run and counted alike), its sources ``grid_run`` (a list of trials,
+each run once) and ``optuna_search`` (one Optuna study under ASHA), ``scheduler`` (the
 adaptive policy on Tune), ``mlflow_trials`` (the Tune callback that writes each trial's MLflow
 run, from the driver only), ``ledger`` (every result a trial reported, on storage),
 ``reconcile`` (what a killed driver left, put right), ``tuner`` (a Tune run fitted and closed),

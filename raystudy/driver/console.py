@@ -195,15 +195,17 @@ class ConsoleTrials(tune.Callback):
 
     ``total`` counts the whole grid and ``done`` the trials MLflow already holds (``done_keys``),
     so a resumed grid numbers on from there; a restored trial whose key was already done is
-    not counted twice. ``by_name``: a trial is said by its name (a search's sampled values, as
-    its MLflow run is named) rather than by its grid coordinates (``describe``); ``stopped_by``:
-    who stops trials early (a search's ASHA), said in their lines.
+    not counted twice. ``done_keys`` a number: that many done, and every trial's end counted (a
+    search's trials are not restored, and two may draw the same config). ``by_name``: a trial is
+    said by its name (a search's sampled values, as its MLflow run is named) rather than by its
+    grid coordinates (``describe``); ``stopped_by``: who stops trials early (a search's ASHA),
+    said in their lines.
     """
 
     def __init__(
         self,
         total: int,
-        done_keys: Iterable[str],
+        done_keys: Iterable[str] | int,
         shown: Iterable[str] = (),
         quiet: bool = False,
         log: Callable[[str], None] = print,
@@ -213,11 +215,12 @@ class ConsoleTrials(tune.Callback):
         by_name: bool = False,
         stopped_by: str | None = None,
     ):
-        self.total, self.done_keys, self.shown, self.quiet = total, set(done_keys), tuple(shown), quiet
+        self.total, self.shown, self.quiet = total, tuple(shown), quiet
+        self.done_keys = None if isinstance(done_keys, int) else set(done_keys)
         self.by_name, self.stopped_by = by_name, stopped_by
         self.log, self.clock = log, clock
         self.every_trial = total <= EVERY_TRIAL_UP_TO if every_trial is None else every_trial
-        self.done = len(self.done_keys)
+        self.done = done_keys if self.done_keys is None else len(self.done_keys)
         self.started: dict[str, float] = {}
         self.durations: list[float] = []
         self.slots = 1
@@ -303,9 +306,10 @@ class ConsoleTrials(tune.Callback):
 
     def _ended(self, trials, trial, how: str, problem: bool, kind: str | None = None) -> None:
         key = trial.config["trial"]["key"]
-        if key in self.done_keys:  # a restored trial MLflow already had: it records nothing
-            return
-        self.done_keys.add(key)
+        if self.done_keys is not None:
+            if key in self.done_keys:  # a restored trial MLflow already had: it records nothing
+                return
+            self.done_keys.add(key)
         now = self.clock()
         took = now - self.started.pop(trial.trial_id, now)
         self.durations.append(took)

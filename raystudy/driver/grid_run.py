@@ -11,13 +11,13 @@ from ray import tune
 
 from raystudy.driver import (
     console,
-    interrupt,
     mlflow_trials,
     placement,
     reconcile,
     scheduler,
     session,
     shared,
+    study_loop,
     tune_state,
     tuner,
 )
@@ -96,41 +96,71 @@ def preflight(trials: list[Trial], s: Settings) -> None:
 
 
 def _drive(trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent) -> dict[str, Any]:
-    """Run the trials MLflow does not hold as done, a Tune run a part, count how all of them
-    ended, tag the parent."""
-    runs = parts(trials, grid_name(trials, label), s.trials_per_run, s.policy is not None)
-    done = reconcile.grid_after_a_kill(trials, runs, s.storage, s.policy, _run_tags(s), cl, exp_id, parent.run_id)
-    counts = {"trials": len(trials), "already_done": len(done), "interrupted": 0}
-    lines = console.ConsoleTrials(len(trials), done, console.varying(t.config for t in trials), quiet=s.quiet)
+    """Run the trials MLflow does not hold as done (``study_loop``), count how all of them ended,
+    tag the parent."""
+    grid = GridTrials(trials, label, s, cl, exp_id, parent.run_id)
+    left = study_loop.run(grid, s.verbose)
+    parent.status = "incomplete" if left else "finished"
+    return grid.counts
 
-    def close():  # Tune has ended every trial (or the driver is going down): no run stays RUNNING
-        where = {"mlflow__parentRunId": parent.run_id}
-        counts["interrupted"] += reconcile.close_run(cl, s.tracking_uri, exp_id, parent.run_id, **where)
 
-    def tune_runs():  # a part whose trials MLflow holds done needs no Tune run
-        for name, part in runs:
-            pending = [t for t in part if t.key not in done]
+class GridTrials:
+    """A grid's expansion as a study's source (``study_loop.Source``): the Tune runs of its
+    ``parts``, each over its trials that MLflow does not hold done, recorded under the parent run
+    ``parent_id``; ``counts`` says how the trials ended."""
+
+    def __init__(self, trials: list[Trial], label: str, s: Settings, cl, exp_id: str, parent_id: str):
+        self.trials, self.s, self.cl, self.exp_id, self.parent_id = trials, s, cl, exp_id, parent_id
+        self.name = grid_name(trials, label)
+        self.runs = parts(trials, self.name, s.trials_per_run, s.policy is not None)
+        self.counts: dict[str, Any] = {"trials": len(trials), "already_done": 0, "interrupted": 0}
+        self.done: set[str] = set()
+        self.lines: console.ConsoleTrials | None = None
+
+    def after_a_kill(self) -> None:
+        """Trials finished on storage but not in MLflow recorded, and those the policy stops; the
+        console numbered on from what is done."""
+        made = tags.of_rehearsal(self.s.rehearse)
+        self.done = reconcile.grid_after_a_kill(
+            self.trials, self.runs, self.s.storage, self.s.policy, made, self.cl, self.exp_id, self.parent_id
+        )
+        self.counts["already_done"] = len(self.done)
+        shown = console.varying(t.config for t in self.trials)
+        self.lines = console.ConsoleTrials(len(self.trials), self.done, shown, quiet=self.s.quiet)
+
+    def tune_runs(self):
+        """A Tune run a part, over its trials MLflow does not hold done: the interrupted run restored, or a new one."""
+        for name, part in self.runs:  # a part whose trials MLflow holds done needs no Tune run
+            pending = [t for t in part if t.key not in self.done]
             if pending:
-                yield _tuner(trials, part, pending, name, lines, s, exp_id, parent.run_id)
+                yield _tuner(self.trials, part, pending, name, self.lines, self.s, self.exp_id, self.parent_id)
 
-    # a Ctrl-C, or a full disk, stops the part it falls in: the next parts wait for the same command
-    asked_to_stop = tuner.fit_each(tune_runs(), s.verbose, close)
-    if s.policy is not None:
-        late = reconcile.stop_late(cl, exp_id, trials, s.policy)
-        if late:
-            print(f"{late} trial(s) ended before the policy's decision to stop them; recorded stopped", flush=True)
-    known = query.statuses(cl, exp_id)
-    statuses = [known.get(t.key) for t in trials]
-    for end in ENDS:
-        counts[end] = statuses.count(end)
-    counts["unfinished"] = len(trials) - sum(counts[end] for end in ENDS)
-    if counts["interrupted"] and not counts["unfinished"]:  # Tune ended them, yet MLflow had no end
-        print(f"{counts['interrupted']} trial run(s) had no end from Tune; marked interrupted", flush=True)
-    stopped = asked_to_stop and counts["unfinished"]
-    parent.status = "interrupted" if stopped else "incomplete" if counts["unfinished"] else "finished"
-    if stopped:
-        raise interrupt.Stopped(f"{counts['unfinished']} of {len(trials)} trials unfinished")
-    return counts
+    def close(self) -> None:
+        """Tune has ended every trial (or the driver is going down): no run stays RUNNING."""
+        where = {"mlflow__parentRunId": self.parent_id}
+        self.counts["interrupted"] += reconcile.close_run(
+            self.cl, self.s.tracking_uri, self.exp_id, self.parent_id, **where
+        )
+
+    def after_run(self) -> None:
+        """Nothing: a grid's trials are known before it runs."""
+        pass
+
+    def unfinished(self) -> int:
+        """How every trial of the grid ended (``counts``), after the policy's late stops; the trials with no end."""
+        counts, trials = self.counts, self.trials
+        if self.s.policy is not None:
+            late = reconcile.stop_late(self.cl, self.exp_id, trials, self.s.policy)
+            if late:
+                print(f"{late} trial(s) ended before the policy's decision to stop them; recorded stopped", flush=True)
+        known = query.statuses(self.cl, self.exp_id)
+        statuses = [known.get(t.key) for t in trials]
+        for end in ENDS:
+            counts[end] = statuses.count(end)
+        counts["unfinished"] = len(trials) - sum(counts[end] for end in ENDS)
+        if counts["interrupted"] and not counts["unfinished"]:  # Tune ended them, yet MLflow had no end
+            print(f"{counts['interrupted']} trial run(s) had no end from Tune; marked interrupted", flush=True)
+        return counts["unfinished"]
 
 
 def parts(trials: list[Trial], name: str, size: int, seed_major: bool = False) -> list[tuple[str, list[Trial]]]:
@@ -140,11 +170,6 @@ def parts(trials: list[Trial], name: str, size: int, seed_major: bool = False) -
     policy): earlier seeds first, so that the policy decides on them before later seeds start."""
     ordered = sorted(trials, key=scheduler.seed_major(trials)) if seed_major else list(trials)
     return tuner.runs(ordered, name, size)
-
-
-def _run_tags(s: Settings) -> dict[str, str]:
-    """Tags on every trial run the driver makes: a rehearsal's say so (its numbers are synthetic)."""
-    return {tags.REHEARSAL: "1"} if s.rehearse else {}
 
 
 def _tuner(
@@ -179,7 +204,10 @@ def _tuner(
             name=folder,
             storage=s.storage,
             param_space={**common, "trial": tune.grid_search([t.as_dict() for t in pending])},
-            recorders=[mlflow_trials.MlflowTrials(s.tracking_uri, exp_id, parent_id, _run_tags(s)), lines],
+            recorders=[
+                mlflow_trials.MlflowTrials(s.tracking_uri, exp_id, parent_id, tags.of_rehearsal(s.rehearse)),
+                lines,
+            ],
             max_failures=s.max_failures,
             verbose=s.verbose,
             max_concurrent_trials=s.max_concurrent,

@@ -161,7 +161,8 @@ class MlflowTrials(tune.Callback):
         trial_id, t, last = trial.trial_id, trial.config["trial"], dict(trial.last_result or {})
         self._ended += 1
         faults.kill_at(faults.KILL_AT_TRIAL_END, self._ended)
-        self._write(lambda cl: self._complete(trial_id, t, last))
+        if not faults.at(faults.LOSE_TRIAL_END, self._ended):
+            self._write(lambda cl: self._complete(trial_id, t, last))
 
     def _complete(self, trial_id: str, t: dict[str, Any], last: dict[str, Any]) -> None:
         """``on_trial_complete``'s writes."""

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raystudy.driver import console, interrupt, reconcile, tuner
+from raystudy.driver import console, interrupt, reconcile, study_loop, tuner
 from raystudy.spaces.searches import Sampler, SearchSpace
 from raystudy.tracking import connect, query
 from raystudy.tracking import tags as tracking
@@ -51,86 +51,144 @@ def make_searcher(
     )
 
 
-def search_condition(
-    space: SearchSpace,
-    label: str,
-    condition: str | None,
-    *,
-    model: str,
-    dataset: str,
-    base: dict[str, Any],
-    tracking_uri: str,
-    exp_id: str,
-    parent: str,
-    storage: Path,
-    num_samples: int,
-    time_budget_s: float | None,
-    resources: dict[str, Any],
-    tuning: dict[str, Any],
-    verbose: int,
-    quiet: bool = False,
-    rehearse: float | None = None,
-) -> dict[str, Any]:
-    """One Optuna study (``label``: a condition, or ``components`` when the condition itself is
-    searched); returns the best finished trial's config and score (``best_of``), and for a
-    rehearsal (``rehearse``: seconds a trial) how near the known optimum it came (``found``).
-    One line per trial that ends, as a grid's (``console.ConsoleTrials``; ``quiet``: only those
-    that did not finish, ASHA's stops among them); ``verbose`` > 0 brings back Tune's own tables.
-    Raises ``interrupt.Stopped`` if the user stopped it before its budget."""
-    # a rehearsal's study is its own: it never resumes, or feeds its history to, the real one
-    study_name = f"{space.study}-{model}-{dataset}-{label}" + (rehearsal.SUFFIX if rehearse else "")
-    cl = connect.client(tracking_uri)
-    ostore = optuna_storage(storage / "optuna")
-    sampler = Sampler(space, condition, base, resources)
-    done = reconcile.study_after_a_kill(ostore, study_name, sampler, (cl, exp_id, parent), storage, label)
-    remaining = max(num_samples - done, 0)
-    print(f"\n[{label}] Optuna study {study_name!r}: {done} trials done, {remaining} to run", flush=True)
-    mlflow = (tracking_uri, exp_id, parent)
-    asha = _asha(space, base)  # one for the session: its rungs go on from part to part
-    lines = _console(cl, exp_id, study_name, num_samples, quiet)
-    close = _closer(cl, mlflow, study_name, label)
-    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
-
-    def tune_runs():  # each searcher reads the study's whole history, the last run's trials included
-        session = f"{study_name}-{int(time.time())}"
-        for name, part in tuner.runs(list(range(remaining)), session, int(tuning["trials_per_run"])):
-            budget = None if deadline is None else deadline - time.monotonic()
-            if not part or (budget is not None and budget <= 0):
-                return
-            searcher = make_searcher(space, condition, base, resources, ostore, study_name)
-            args = (searcher, asha, study_name, name, len(part), budget, storage, space, resources, tuning)
-            yield _tuner(*args, (verbose, lines), mlflow, rehearse)
-
-    def told():  # a tell Ray let fail (a full disk): the study hears of what MLflow ended
-        reconcile.catch_up_optuna(ostore, study_name, sampler, (cl, exp_id, parent), storage)
-
-    stopped = tuner.fit_each(tune_runs(), verbose, close, told)
-    if stopped and reconcile.completed_trials(ostore, study_name) < num_samples:
-        raise interrupt.Stopped(f"study {study_name!r} stopped before its budget")
-    best = best_of(cl, exp_id, study_name)
-    if rehearse and "config" in best:
-        best["found"] = found(ostore, study_name, sampler, best["key"])
+def search(study: OptunaTrials) -> dict[str, Any]:
+    """Run one Optuna study (``OptunaTrials``) by the study loop (``study_loop``); returns the best
+    finished trial's config and score (``best_of``), and for a rehearsal how near the known
+    optimum it came (``found``). Raises ``interrupt.Stopped`` where a Tune run was stopped, or
+    Tune left trials without an end, before the budget was spent."""
+    if study_loop.run(study, study.verbose):
+        raise interrupt.Stopped(f"{study.name}: trials Tune left without an end")
+    best = best_of(study.cl, study.mlflow[1], study.name)
+    if study.rehearse and "config" in best:
+        best["found"] = found(study.ostore, study.name, study.sampler, best["key"])
     return best
 
 
-def _closer(cl, mlflow: tuple[str, str, str], study_name: str, label: str):
-    """What ``tuner.fit`` calls once every trial of a Tune run has ended, or the driver is going
-    down: ``reconcile.close_run`` over the study's runs, and a line if any was left RUNNING."""
+class OptunaTrials:
+    """An Optuna study as a study's source (``study_loop.Source``): its trials drawn by Ray's
+    ``OptunaSearch`` (``make_searcher``), stopped early by ASHA, in Tune runs of
+    ``tune.trials_per_run`` until ``budget`` (trials, seconds or None) is spent; recorded under
+    the parent run of ``mlflow`` (tracking URI, experiment id, parent run id). ``label``: a
+    condition, or ``components`` when the condition itself is searched. One line per trial that
+    ends, as a grid's (``console.ConsoleTrials``); ``output``: Tune's verbosity (> 0: its own
+    tables) and ``quiet`` (only the trials that did not finish, ASHA's stops among them). A
+    rehearsal's (``rehearse``: seconds a trial) study is its own."""
 
-    def close():
-        stale = reconcile.close_run(cl, *mlflow, raystudy__search=study_name)
+    def __init__(
+        self,
+        space: SearchSpace,
+        label: str,
+        condition: str | None,
+        *,
+        model: str,
+        dataset: str,
+        base: dict[str, Any],
+        mlflow: tuple[str, str, str],
+        storage: Path,
+        budget: tuple[int, float | None],
+        resources: dict[str, Any],
+        tuning: dict[str, Any],
+        output: tuple[int, bool],
+        rehearse: float | None = None,
+    ):
+        self.space, self.label, self.condition, self.base = space, label, condition, base
+        self.mlflow, self.storage, self.resources, self.tuning = mlflow, storage, resources, tuning
+        (self.num_samples, self.time_budget_s), (self.verbose, self.quiet) = budget, output
+        self.rehearse = rehearse
+        # a rehearsal's study is its own: it never resumes, or feeds its history to, the real one
+        self.name = f"{space.study}-{model}-{dataset}-{label}" + (rehearsal.SUFFIX if rehearse else "")
+        self.cl = connect.client(mlflow[0])
+        self.ostore = optuna_storage(storage / "optuna")
+        self.sampler = Sampler(space, condition, base, resources)
+        self.asha = _asha(space, base)  # one for the session: its rungs go on from part to part
+        self.remaining, self.ended_before, self.deadline = self.num_samples, 0, None
+        self.lines: console.ConsoleTrials | None = None
+
+    def _recorded(self) -> tuple:
+        return self.cl, self.mlflow[1], self.mlflow[2]
+
+    def after_a_kill(self) -> None:
+        """Optuna and MLflow caught up with each other (``reconcile.study_after_a_kill``); the
+        budget left, the console and the time budget's deadline set."""
+        # the trials done are Optuna's (what the budget counts), the console's count included
+        done = reconcile.study_after_a_kill(
+            self.ostore, self.name, self.sampler, self._recorded(), self.storage, self.label
+        )
+        self.remaining = max(self.num_samples - done, 0)
+        print(f"\n[{self.label}] Optuna study {self.name!r}: {done} trials done, {self.remaining} to run", flush=True)
+        self.lines = console.ConsoleTrials(self.num_samples, done, quiet=self.quiet, by_name=True, stopped_by="ASHA")
+        self.ended_before = self._ended()
+        self.deadline = None if self.time_budget_s is None else time.monotonic() + self.time_budget_s
+
+    def _ended(self) -> int:
+        """The study's trial runs MLflow holds ended, failed ones too."""
+        runs = query.find_runs(self.cl, self.mlflow[1], raystudy__role="trial", raystudy__search=self.name)
+        return sum(r.data.tags.get(tracking.STATUS) in (*tracking.TERMINAL, "failed") for r in runs)
+
+    def _spent(self) -> bool:
+        """Whether the time budget is spent: Tune cuts the trials it holds then, as their end."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def tune_runs(self):
+        """Tune runs of ``tune.trials_per_run`` over the budget left, each with a searcher that
+        reads the study's whole history; none once the time budget is spent."""
+        session = f"{self.name}-{int(time.time())}"
+        for name, part in tuner.runs(list(range(self.remaining)), session, int(self.tuning["trials_per_run"])):
+            if not part or self._spent():
+                return
+            budget = None if self.deadline is None else self.deadline - time.monotonic()
+            yield self._tuner(name, len(part), budget)
+
+    def close(self) -> None:
+        """The study's runs left RUNNING closed ``interrupted``, said in a line."""
+        stale = reconcile.close_run(self.cl, *self.mlflow, raystudy__search=self.name)
         if stale:
-            print(f"[{label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
+            print(f"[{self.label}] {stale} trial run(s) had no end from Tune; marked interrupted", flush=True)
 
-    return close
+    def after_run(self) -> None:
+        """Optuna told what MLflow ended and it never heard of (a tell Ray let fail: a full disk)."""
+        reconcile.catch_up_optuna(self.ostore, self.name, self.sampler, self._recorded(), self.storage)
 
+    def unfinished(self) -> int:
+        """The budget left that has no end in MLflow; none once the time budget is spent (Tune cut what it held)."""
+        if self._spent():
+            return 0
+        return max(self.remaining - (self._ended() - self.ended_before), 0)
 
-def _console(cl, exp_id: str, study_name: str, num_samples: int, quiet: bool) -> console.ConsoleTrials:
-    """The study's console: its trials said by name, numbered over its budget on from those MLflow
-    holds ended, ASHA's stops said."""
-    runs = query.find_runs(cl, exp_id, raystudy__role="trial", raystudy__search=study_name)
-    ended = {r.data.tags.get(tracking.KEY) for r in runs if r.data.tags.get(tracking.STATUS) in tracking.TERMINAL}
-    return console.ConsoleTrials(num_samples, ended, quiet=quiet, by_name=True, stopped_by="ASHA")
+    def _tuner(self, name: str, num_samples: int, time_budget_s: float | None):
+        """The Tuner of one Tune run of the study's session (Tune's folder ``name``): ``num_samples``
+        trials from a searcher over the study's whole history, under the session's ASHA; a
+        rehearsal's trials are ``train.rehearsal``'s, on one CPU, scored on the space's landscape."""
+        from raystudy.driver import ledger, mlflow_trials
+        from raystudy.spaces import searches
+
+        space, tuning, rehearse = self.space, self.tuning, self.rehearse
+        searcher = make_searcher(space, self.condition, self.base, self.resources, self.ostore, self.name)
+        extra = {"rehearse_landscape": searches.landscape(space)} if rehearse else {}
+        shared = tuner.shared_config(
+            self.storage, tuning["threads_per_trial"], tuning["checkpoint_every_s"], rehearse, **extra
+        )
+        return tuner.new(
+            tuner.trainable(rehearse, {"cpu": self.resources["cpu"], "gpu": self.resources["gpu"]}),
+            name=name,
+            storage=self.storage,
+            param_space=shared,
+            # the ledger first: a result is on storage before the searcher or MLflow hear of it
+            recorders=[
+                ledger.ResultLedger(ledger.of_study(self.storage, self.name)),
+                mlflow_trials.MlflowTrials(
+                    *self.mlflow, {"raystudy.search": self.name, **tracking.of_rehearsal(rehearse)}
+                ),
+                self.lines,
+            ],
+            max_failures=tuning["max_failures"],
+            verbose=self.verbose,
+            search_alg=searcher,
+            scheduler=self.asha,
+            num_samples=num_samples,
+            time_budget_s=time_budget_s,
+            max_concurrent_trials=tuning["max_concurrent"],
+        )
 
 
 def _asha(space: SearchSpace, base: dict[str, Any]):
@@ -147,52 +205,6 @@ def _asha(space: SearchSpace, base: dict[str, Any]):
         max_t=steps + 1,
         grace_period=min(space.grace_period, steps),
         reduction_factor=space.reduction_factor,
-    )
-
-
-def _tuner(
-    searcher,
-    asha,
-    study_name: str,
-    name: str,
-    num_samples: int,
-    time_budget_s: float | None,
-    storage: Path,
-    space: SearchSpace,
-    resources: dict[str, Any],
-    tuning: dict[str, Any],
-    output: tuple[int, Any],
-    mlflow: tuple[str, str, str],
-    rehearse: float | None = None,
-):
-    """The Tuner of one Tune run of a study's session (Tune's folder ``name``): ``num_samples``
-    trials from ``searcher`` under ``asha``; ``output``: Tune's verbosity and the study's console;
-    a rehearsal's trials are ``train.rehearsal``'s, on one CPU, scored on the space's landscape."""
-    verbose, lines = output
-    from raystudy.driver import ledger, mlflow_trials
-    from raystudy.spaces import searches
-
-    extra = {"rehearse_landscape": searches.landscape(space)} if rehearse else {}
-    shared = tuner.shared_config(storage, tuning["threads_per_trial"], tuning["checkpoint_every_s"], rehearse, **extra)
-    made = {"raystudy.search": study_name, **({tracking.REHEARSAL: "1"} if rehearse else {})}
-    return tuner.new(
-        tuner.trainable(rehearse, {"cpu": resources["cpu"], "gpu": resources["gpu"]}),
-        name=name,
-        storage=storage,
-        param_space=shared,
-        # the ledger first: a result is on storage before the searcher or MLflow hear of it
-        recorders=[
-            ledger.ResultLedger(ledger.of_study(storage, study_name)),
-            mlflow_trials.MlflowTrials(*mlflow, made),
-            lines,
-        ],
-        max_failures=tuning["max_failures"],
-        verbose=verbose,
-        search_alg=searcher,
-        scheduler=asha,
-        num_samples=num_samples,
-        time_budget_s=time_budget_s,
-        max_concurrent_trials=tuning["max_concurrent"],
     )
 
 

@@ -111,28 +111,25 @@ def run(
 
 def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str, parent: str) -> dict[str, Any]:
     """One condition's Optuna study, then its best config re-run on test with fresh seeds; its summary."""
-    from raystudy.driver import grid_run, optuna_search
+    from raystudy.driver import grid_run, interrupt, optuna_search
 
     tuning = job.tuning
-    best = optuna_search.search_condition(
+    study = optuna_search.OptunaTrials(
         job.space,
         label,
         cond,
         model=job.model,
         dataset=job.dataset,
         base=job.base,
-        tracking_uri=job.uri,
-        exp_id=exp_id,
-        parent=parent,
+        mlflow=(job.uri, exp_id, parent),
         storage=storage,
-        num_samples=job.num_samples,
-        time_budget_s=job.time_budget,
+        budget=(job.num_samples, job.time_budget),
         resources=job.resources,
         tuning=tuning,
-        verbose=1 if job.args.tune_output else 0,
-        quiet=job.args.quiet,
+        output=(1 if job.args.tune_output else 0, job.args.quiet),
         rehearse=job.rehearse,
     )
+    best = optuna_search.search(study)
     if "config" not in best:
         print(f"[{label}] no trial finished: nothing to evaluate on test")
         return {"condition": label, **best}
@@ -155,6 +152,8 @@ def study(job: Job, label: str, cond: str | None, storage: Path, cl, exp_id: str
         role="search-test",
         rehearse=job.rehearse,
     )
+    if counts["unfinished"]:  # as a grid does: the same command goes on with them
+        raise interrupt.Stopped(f"{best['study']}-test: {counts['unfinished']} trials unfinished")
     keys = {t.key for t in trials}
     rows = [
         r

@@ -17,6 +17,12 @@ STOPPED_AT = "raystudy.stopped_at"  # the step an adaptive policy stopped the tr
 WORKER, RESUMED_FROM, LAST_ERROR = "raystudy.worker", "raystudy.resumed_from", "raystudy.last_error"
 REHEARSAL = "raystudy.rehearsal"  # "1" on a dress rehearsal's runs (``raystudy grid --rehearse``): synthetic numbers
 
+
+def of_rehearsal(rehearse: float | None) -> dict[str, str]:
+    """Tags on every trial run a driver makes: a dress rehearsal's say so (its numbers are synthetic)."""
+    return {REHEARSAL: "1"} if rehearse else {}
+
+
 # Final results logged as metrics; class0_*: a run that diverged before its first evaluation,
 # the accuracies of predicting class 0 everywhere (what the paper's code tests for it).
 FINAL_METRICS = (

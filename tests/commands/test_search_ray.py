@@ -222,3 +222,41 @@ def test_a_rehearsal_search_records_each_trial_once_and_says_how_near_the_known_
     params = {t.params["lr"]: t.params for t in study if t.state.name == "COMPLETE"}
     assert chosen == round(rehearsal.landscape_score(land, params[float(best["params.lr"])]), 3)
     assert chosen <= closest <= optimum
+
+
+def test_a_search_stops_on_a_trial_tune_left_without_an_end_and_the_same_command_records_it(work):
+    # MLflow never hears that Tune ended the second trial (``faults.LOSE_TRIAL_END``): its run is
+    # closed interrupted as the Tune run ends. As a grid does, the search stops there rather than
+    # test a best config chosen without it; the same command records it from Tune's files.
+    tmp, ray = work
+    (tmp / "s.yaml").write_text(yaml.safe_dump({**SPACE, "budget": {"num_samples": 4}}))
+    rehearse = [*cmd(tmp, ray), "--rehearse", "0.2"]
+    lose = driver_env(**{faults.LOSE_TRIAL_END: "2"})
+    p = subprocess.run(rehearse, cwd=tmp, env=lose, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 130, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "1 trial run(s) had no end from Tune; marked interrupted" in p.stdout, p.stdout[-3000:]
+    assert "search stopped; run the same command to resume it" in p.stdout
+    assert "best configuration per condition" not in p.stdout  # nothing tested, no study done
+    p = subprocess.run(rehearse, cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "1 trial(s) ended in Tune's files but not in MLflow: recorded from their results" in p.stdout
+    assert "4 trials done, 0 to run" in p.stdout and "best configuration per condition" in p.stdout
+    df = search_runs(f"sqlite:///{tmp}/mlflow.db", "raystudy-ts-vit_demo-rehearsal")
+    trials = df[df["tags.raystudy.search"] == "ts-vit_demo-digits_c-MHA-rehearsal"]
+    assert len(trials) == 4 and trials["tags.raystudy.key"].is_unique
+    assert set(trials["tags.raystudy.status"]) <= {"finished", "stopped"}, trials["tags.raystudy.status"]
+
+
+def test_a_search_whose_time_budget_ends_its_study_is_done_not_stopped(work):
+    # Tune's time budget ends the run and cuts the trials it holds without telling the callbacks:
+    # trials without an end, but the budget's, so the study is done and its best config tested.
+    tmp, ray = work
+    (tmp / "s.yaml").write_text(yaml.safe_dump({**SPACE, "budget": {"num_samples": 60}}))
+    argv = [*cmd(tmp, ray), "--rehearse", "0.5", "--time-budget", "6"]
+    p = subprocess.run(argv, cwd=tmp, env=driver_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "search stopped" not in p.stdout and "best configuration per condition" in p.stdout, p.stdout[-3000:]
+    done = [t for t in optuna_trials(tmp, "ts-vit_demo-digits_c-MHA-rehearsal") if t.state.name == "COMPLETE"]
+    assert 0 < len(done) < 60
+    df = search_runs(f"sqlite:///{tmp}/mlflow.db", "raystudy-ts-vit_demo-rehearsal")
+    assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.status"]]

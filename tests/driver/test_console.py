@@ -135,6 +135,21 @@ def test_a_searchs_trials_are_said_by_their_names_and_ashas_stops_as_its():
     assert cb.problems == {"failed": 0, "diverged": 1, "stopped": 1}
 
 
+def test_a_count_of_done_trials_numbers_on_from_it_and_counts_every_end_even_of_a_config_drawn_twice():
+    # a search's done trials are a count (Optuna's): two trials that drew the same config end twice
+    out = []
+    cb = console.ConsoleTrials(6, 2, log=out.append, clock=lambda: 0.0, by_name=True, stopped_by="ASHA")
+    first = _trial(1, "k1", result={"final": 1, "status": "finished", "best_val_acc": 0.5, "test_acc": 0.5})
+    again = _trial(2, "k1", result={"final": 1, "status": "finished", "best_val_acc": 0.5, "test_acc": 0.5})
+    for t in (first, again):
+        cb.on_trial_complete(0, [t], t)
+    assert [line.split("  ")[0] for line in out] == [
+        "[3/6] MHA digits_c lr 0.1 seed 1",
+        "[4/6] MHA digits_c lr 0.1 seed 2",
+    ]
+    assert cb.done == 4
+
+
 def _simulate(cb, total, slots, duration, fail=(), diverge=(), stop=(), refill=0.0, part=None, gap=0.0):
     """Runs a grid of ``total`` trials through ``cb`` as Tune would, ``slots`` at once, on a fake
     clock: each trial takes ``duration(i)`` seconds; trials numbered in ``fail`` fail, in

@@ -27,3 +27,10 @@ def test_a_point_left_unset_does_nothing():
 def test_a_point_set_to_n_kills_the_process_at_its_nth_pass():
     p = _run({faults.KILL_AT_TRIAL_END: "2"})
     assert (p.returncode, p.stdout.split()) == (-9, ["1", "2"]), p.stderr
+
+
+def test_at_says_whether_a_point_is_set_to_this_count(monkeypatch):
+    monkeypatch.delenv(faults.LOSE_TRIAL_END, raising=False)
+    assert not faults.at(faults.LOSE_TRIAL_END, 1)
+    monkeypatch.setenv(faults.LOSE_TRIAL_END, "2")
+    assert [faults.at(faults.LOSE_TRIAL_END, n) for n in (1, 2, 3)] == [False, True, False]
