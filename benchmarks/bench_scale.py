@@ -25,7 +25,9 @@ variant is a process of its own with a Ray of its own:
 Printed per N: wall seconds and their ratio to the minimum (N x SECONDS / CONCURRENCY) and to each
 other; the driver's CPU seconds per trial (the driver process alone, and with the Ray processes it
 started: GCS, raylet, workers); the driver's peak and final RSS (raystudy's also after 1,000
-finished trials, where N > 1,000, and after all N, before its closing ranking); the store's size per trial; and,
+finished trials, where N > 1,000, and after all N, before its closing ranking); the store's size per trial;
+the worker processes each variant's Ray started a trial (``worker-*.out`` in its session's logs); the
+pace, N x SECONDS trial-seconds completed a wall second (``bench_search.py``'s figure beside it); and,
 on raystudy's store, what a resumed grid reads to know what is done (``query.known_statuses``),
 the report's load (``analysis.load.from_mlflow``), the report itself (``python -m raystudy report
 --no-figures``, a process of its own) and the MLflow runs page's query (one page of
@@ -415,6 +417,8 @@ def top_frames(profile: Path, k: int = 12) -> list[str]:
 
 
 def one_size(n: int, args, folder: Path) -> dict:
+    from raystudy.driver import local_ray
+
     space, real_n = space_file(n, folder, args.datasets)
     env = {
         **os.environ,
@@ -446,6 +450,7 @@ def one_size(n: int, args, folder: Path) -> dict:
             row[v].update(store_waits(work, f"raystudy-scale{n}-vit_demo-rehearsal"))
             if prof is not None and prof.is_file():
                 row[v]["profile"] = top_frames(prof)
+        row[v]["workers"] = local_ray.worker_processes(work / "ray")
         shutil.rmtree(work / "ray", ignore_errors=True)
     if args.kill_at:
         work = folder / f"killed{n}"
@@ -460,6 +465,7 @@ def one_size(n: int, args, folder: Path) -> dict:
                 row["killed"] = killed_and_resumed(space, env, work, real_n, args, (db, uri))
                 row["killed"].update(_head_waits(work, n, db, uri))
         row["killed"]["store_kind"] = args.kill_store
+        row["killed"]["workers"] = local_ray.worker_processes(work / "ray")
         shutil.rmtree(work / "ray", ignore_errors=True)
     return row
 
@@ -513,14 +519,20 @@ def show(row: dict, args) -> None:
     least = n * args.seconds / args.concurrency
     print(f"\nN = {n:,} trials of {args.seconds:g} s, {args.concurrency} at once: the minimum is {least:.1f} s")
     cols = ("wall s", 9), ("x min", 8), ("trials/s", 10), ("drv CPU s/trial", 17), ("+Ray CPU s/trial", 18)
-    cols += ("peak MB", 9), ("final MB", 9), ("store kB/trial", 15)
+    cols += ("peak MB", 9), ("final MB", 9), ("store kB/trial", 15), ("workers/trial", 14)
     print(" " * 10 + "".join(f"{c:>{w}}" for c, w in cols))
     for v in args.variants:
         r = row[v]
+        workers = f"{r['workers'] / n:14.3f}" if "workers" in r else f"{'-':>14}"  # raystudy_pg: not counted
         print(
             f"{v:10}{r['wall']:9.1f}{r['wall'] / least:8.1f}{n / r['wall']:10.2f}{r['cpu'] / n:17.3f}"
             f"{r['tree_cpu'] / n:18.3f}{r['peak'] / 2**20:9.0f}{r['rss'] / 2**20:9.0f}{r['store'] / 1024 / n:15.1f}"
+            f"{workers}"
         )
+    print(
+        f"  pace (trial-seconds completed a wall second, {args.concurrency} at once): "
+        + ", ".join(f"{v} {n * args.seconds / row[v]['wall']:.2f}" for v in args.variants)
+    )
     names = args.variants
     for a, b in ((x, y) for i, x in enumerate(names) for y in names[i + 1 :]):
         print(f"  wall {a} / {b}: {row[a]['wall'] / row[b]['wall']:.2f}x")
@@ -588,6 +600,7 @@ def _show_killed(k: dict, n: int) -> None:
         f"({k['done_cold_s']:.2f} s cold), the report's load {k['load_s']:.2f} s, the report {k['report_s']:.1f} s, "
         f"a runs page {k['page_s']:.3f} s (of {n:,})"
     )
+    print(f"  its Ray's worker processes: {k['workers']:,} ({k['workers'] / n:.3f} a trial)")
     found = k.get("anomalies", [])
     print(f"  the checker: {len(found)} anomalies" + "".join(f"\n    {a}" for a in found[:20]))
 

@@ -2,7 +2,7 @@
 in one run, and a rehearsal search killed and resumed.
 
     python benchmarks/bench_search.py --trials 2000                       # minutes on 2 cores
-    python benchmarks/bench_search.py --trials 2000 --kill-at 0.5         # and a SIGKILL at half-way
+    python benchmarks/bench_search.py --trials 2000 --kill-at 0.3,0.6     # and SIGKILLs at 30% and 60% done
     python benchmarks/bench_search.py --trials 24 --seconds 0.2 --concurrency 4 --kill-at 0.5   # toy size (the test's)
 
 Both variants draw from the same space (``search_spaces/optuna/optimiser.yaml``'s parameters, one
@@ -20,19 +20,24 @@ Printed for each: the driver's CPU seconds a trial (raystudy: the driver process
 and the sampler run; optuna: the process) over the trials before each mark (the last tenth of the
 trials up to it), and the growth from the first mark to the last, with the ratio of the two
 growths; raystudy's wall seconds a trial at each mark, its RSS then (peak, VmHWM), the sizes of the
-Optuna storage and the MLflow store; and how near each search came to the known optimum.
+Optuna storage and the MLflow store; the worker processes its Ray started (``worker-*.out`` in the
+Ray session's logs, one each) a trial; its pace, the rehearsal seconds its trials ran (ASHA stops
+most at a rung) a wall second, to set beside the grid's (``bench_scale.py``: N x SECONDS / wall);
+and how near each search came to the known optimum.
 
-``--kill-at F`` adds raystudy's search once more in a fresh folder, its driver SIGKILLed once F of
-the trials are COMPLETE in Optuna's storage and the same command run again to the end. Printed:
+``--kill-at F[,F2...]`` adds raystudy's search once more in a fresh folder, its driver SIGKILLed once F of
+the trials are COMPLETE in Optuna's storage, the same command run again and SIGKILLed at F2, and so
+on; the last runs to the end. Printed:
 trials COMPLETE in Optuna (the budget, not more), MLflow's runs of the study (each key once),
 those ended, interrupted (a killed trial's run: its config is not sampled again) and RUNNING, every
-COMPLETE trial's run ended (none lost), metric steps logged twice, and the seconds the rerun took
-to its first new trial.
+COMPLETE trial's run ended (none lost), metric steps logged twice, the seconds each rerun took
+to its first new trial COMPLETE, and the worker processes its Ray started.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import sqlite3
@@ -49,9 +54,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from raystudy.driver import local_ray  # noqa: E402
+
 STUDY = "bench"  # the search file's study: its Optuna study is bench-vit_demo-digits_c-MHA-rehearsal
 OPTUNA_NAME = f"{STUDY}-vit_demo-digits_c-MHA-rehearsal"
 EXPERIMENT = f"raystudy-{STUDY}-vit_demo-rehearsal"
+STEPS = 120  # a trial's schedule: ASHA's first rung at 20
 # The Ray a benchmark holds and the drivers that join it: no token to hand between them.
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
 # A Ray that outlives the drivers joining it: started, its address printed, shut down when stdin closes.
@@ -75,7 +83,7 @@ def space_file(n: int, folder: Path) -> Path:
         test_seeds=[100],
         tune={"max_failures": 1, "threads_per_trial": 1, "checkpoint_every_s": 0},
     )
-    raw["base"].update(steps=120, eval_every=20, log_every=20)
+    raw["base"].update(steps=STEPS, eval_every=20, log_every=20)
     path = folder / "space.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -124,15 +132,34 @@ def per_trial(samples: list[tuple[float, float]], done_at: list[float], n: int) 
     """Seconds of the sampled quantity a trial at each mark: ``samples`` are (time, cumulative value)
     pairs, ``done_at`` the time each trial ended; over the ``window`` of trials before the mark."""
 
+    times = [s for s, _ in samples]
+
     def value_at(t: float) -> float:
-        before = [v for s, v in samples if s <= t]
-        return before[-1] if before else samples[0][1]
+        """The sampled value at ``t``, linear between the samples either side (trials end faster
+        than the samples come at toy size)."""
+        i = bisect.bisect_right(times, t)
+        if i == 0 or i == len(samples):
+            return samples[max(i - 1, 0)][1]
+        (t0, v0), (t1, v1) = samples[i - 1], samples[i]
+        return v0 + (v1 - v0) * (t - t0) / (t1 - t0) if t1 > t0 else v1
 
     w, out = window(n), {}
     for m in marks(n):
         if m <= len(done_at) and m - w >= 1:
             out[m] = (value_at(done_at[m - 1]) - value_at(done_at[m - w - 1])) / w
     return out
+
+
+def trial_seconds(mlflow_db: Path, seconds: float) -> float:
+    """The rehearsal seconds the store's trials ran: each trial's last step over the schedule's
+    ``STEPS``, times ``seconds`` (a rehearsal sleeps in proportion to its steps; ASHA ends most
+    search trials at a rung)."""
+    rows = _sql(
+        mlflow_db,
+        "select max(m.step) from metrics m join tags t on t.run_uuid = m.run_uuid "
+        "where t.key = 'raystudy.role' and t.value = 'trial' and m.key = 'val_acc' group by m.run_uuid",
+    )
+    return sum(min(step, STEPS) / STEPS * seconds for (step,) in rows or [])
 
 
 def rss_kb(pid: int, field: str) -> int:
@@ -198,8 +225,10 @@ def run_raystudy(space: Path, work: Path, address: str, n: int, args, kill_at: f
     found = [line.strip() for line in text.splitlines() if "rehearsal: known optimum" in line]
     done_at = complete_times(db, OPTUNA_NAME)
     samples = watched["samples"]
+    wall = time.perf_counter() - t0
     return {
-        "wall": time.perf_counter() - t0,
+        "wall": wall,
+        "pace": trial_seconds(work / "mlflow.db", args.seconds) / wall,
         "cpu": per_trial(samples, done_at, n),
         "wall_per": per_trial([(s, s - start) for s, _ in samples], done_at, n),
         "peak_kb": watched["peak_kb"],
@@ -232,7 +261,7 @@ def _watch(proc, work: Path, n: int, kill_at: float | None, t0: float) -> dict:
         if kill_at is not None and done >= kill_at * n:
             proc.kill()
             proc.wait()
-            return {"killed_at": done}
+            return {"killed_at": done, "first_new_s": first_new}
         time.sleep(0.5)
     return {"samples": samples, "peak_kb": peak, "first_new_s": first_new}
 
@@ -275,8 +304,8 @@ def run_optuna(space_path: Path, work: Path, n: int) -> dict:
 def killed_and_resumed(space: Path, work: Path, n: int, args) -> dict:
     """raystudy's search SIGKILLed at ``--kill-at`` and run again to the end; what the stores then hold."""
     with HeldRay(args.concurrency, work / "ray") as address:
-        first = run_raystudy(space, work, address, n, args, kill_at=args.kill_at)
-        second = run_raystudy(space, work, address, n, args)
+        starts = [run_raystudy(space, work, address, n, args, kill_at=at) for at in args.kill_at]
+        starts.append(run_raystudy(space, work, address, n, args))
     optuna_db, mlflow_db = work / "runs" / "optuna" / "optuna.db", work / "mlflow.db"
     import checker
 
@@ -284,7 +313,8 @@ def killed_and_resumed(space: Path, work: Path, n: int, args) -> dict:
     runs = checker.trial_runs(store, search=OPTUNA_NAME)
     c = checker.counts(runs, checker.SEARCH_ENDED)
     return {
-        "killed_at": first["killed_at"],
+        "killed_at": [r["killed_at"] for r in starts[:-1]],
+        "workers": local_ray.worker_processes(work / "ray"),
         "complete": checker.optuna_states(optuna_db, OPTUNA_NAME).get("COMPLETE", 0),
         "runs": c["runs"],
         "keys": c["keys"],
@@ -293,8 +323,8 @@ def killed_and_resumed(space: Path, work: Path, n: int, args) -> dict:
         "running": c["running"],
         "steps_twice": len(checker.steps_twice(store, [r["run"] for r in runs])),
         "anomalies": [str(a) for a in checker.check(store, search=OPTUNA_NAME, optuna_db=optuna_db)],
-        "first_new_s": second["first_new_s"],
-        "found": second["found"],
+        "first_new_s": [r["first_new_s"] for r in starts[1:]],  # after each restart
+        "found": starts[-1]["found"],
     }
 
 
@@ -307,6 +337,10 @@ def show(n: int, rs: dict | None, op: dict | None, args) -> None:
         cpu = ", ".join(f"{m:,}: {v * 1000:.1f}" for m, v in r["cpu"].items())
         print(f"{name:<9} wall {r['wall']:.1f} s; CPU ms a trial at {cpu}; optuna.db {r['optuna_mb']:.1f} MB")
         if name == "raystudy":
+            print(
+                f"          worker processes {r['workers']:,} ({r['workers'] / n:.3f} a trial); pace "
+                f"{r['pace']:.2f} trial-seconds completed a wall second ({args.concurrency} at once)"
+            )
             wall = ", ".join(f"{m:,}: {v:.3f}" for m, v in r["wall_per"].items())
             print(f"          wall s a trial at {wall} (the trials alone: {args.seconds / args.concurrency:.3f})")
             print(f"          driver peak RSS (VmHWM) {r['peak_kb'] / 1024:.0f} MB; mlflow.db {r['mlflow_mb']:.1f} MB")
@@ -324,11 +358,14 @@ def show(n: int, rs: dict | None, op: dict | None, args) -> None:
 
 def show_killed(k: dict, n: int) -> None:
     lost = k["complete"] - k["ended"]
+    at = ", ".join(f"{c:,}" for c in k["killed_at"])
+    first = ", ".join("never" if s is None else f"{s:.1f} s" for s in k["first_new_s"])
     print(
-        f"killed at {k['killed_at']:,} of {n:,} COMPLETE, run again: {k['complete']:,} COMPLETE in Optuna; "
+        f"killed at {at} of {n:,} COMPLETE, run again: {k['complete']:,} COMPLETE in Optuna; "
         f"MLflow {k['runs']:,} runs, {k['keys']:,} keys, {k['ended']:,} ended, {k['interrupted']} interrupted, "
         f"{k['running']} RUNNING; COMPLETE without an ended run: {max(lost, 0)}; steps twice {k['steps_twice']}; "
-        f"first new trial {k['first_new_s'] or float('nan'):.1f} s after the restart"
+        f"first new trial COMPLETE after each restart: {first}; worker processes {k['workers']:,} "
+        f"({k['workers'] / n:.3f} a trial)"
     )
     once = k["complete"] == n and k["keys"] == k["runs"] and k["ended"] == n and k["running"] == 0
     print(f"exactly once: {'yes' if once and not k['steps_twice'] else 'NO'}; {k['found']}")
@@ -342,7 +379,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=1.0, help="seconds of one rehearsal trial (default 1)")
     ap.add_argument("--concurrency", type=int, default=16, help="logical CPUs of the Ray: trials at once")
     ap.add_argument("--variants", default="raystudy,optuna", help="which side-by-side runs (default both; '' none)")
-    ap.add_argument("--kill-at", type=float, help="also a search SIGKILLed at this fraction done, then resumed")
+    ap.add_argument(
+        "--kill-at", help="also a search SIGKILLed at each of these fractions done (F[,F2...]), then run to the end"
+    )
     ap.add_argument("--keep", help="keep the work folders here")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
@@ -354,9 +393,18 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.kill_at is not None and not 0 < args.kill_at < 1:
-        print(f"error: --kill-at {args.kill_at:g}: a fraction of the trials, > 0 and < 1", file=sys.stderr)
-        return 2
+    if args.kill_at is not None:
+        args.kill_at_text = args.kill_at
+        try:
+            args.kill_at = [float(f) for f in args.kill_at.split(",")]
+        except ValueError:
+            args.kill_at = []
+        if not args.kill_at or any(not 0 < f < 1 for f in args.kill_at) or args.kill_at != sorted(set(args.kill_at)):
+            print(
+                f"error: --kill-at {args.kill_at_text}: fractions of the trials, each > 0 and < 1, rising",
+                file=sys.stderr,
+            )
+            return 2
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_search-"))
     base.mkdir(parents=True, exist_ok=True)
     space = space_file(args.trials, base)
@@ -366,6 +414,7 @@ def main(argv=None) -> int:
         with HeldRay(args.concurrency, base / "ray") as address:
             (base / "raystudy").mkdir()
             rs = run_raystudy(space, base / "raystudy", address, args.trials, args)
+        rs["workers"] = local_ray.worker_processes(base / "ray")
     if "optuna" in variants:
         op = run_optuna(space, base / "optuna", args.trials)
     show(args.trials, rs, op, args)

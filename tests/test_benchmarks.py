@@ -299,6 +299,7 @@ def test_scale_benchmark_runs_at_toy_size(tmp_path):
     for v in ("raystudy", "stock", "bare"):
         assert row[v]["wall"] > 13 * 0.5 / 4  # not under the minimum
         assert row[v]["cpu"] > 0 and row[v]["peak"] > 0
+        assert 0 < row[v]["workers"] <= 13, row[v]  # its Ray's worker processes, from the session's logs
     assert row["raystudy"]["done_n"] == row["raystudy"]["load_n"] == 13 and row["raystudy"]["report_s"] > 0
     # through a tracking server on PostgreSQL, as a cluster's head runs it
     pg = row["raystudy_pg"]
@@ -306,7 +307,9 @@ def test_scale_benchmark_runs_at_toy_size(tmp_path):
     assert "raystudy_pg's store: what is done" in p.stdout
     assert row["stock"]["store"] > 0 and row["bare"]["store"] == 0  # bare Tune records nothing
     assert "N = 13 trials of 0.5 s, 4 at once: the minimum is 1.6 s" in p.stdout
-    assert "wall raystudy / stock:" in p.stdout
+    assert (
+        "wall raystudy / stock:" in p.stdout and "pace (trial-seconds completed a wall second, 4 at once)" in p.stdout
+    )
     # killed once 3 of 13 had finished in the store, then again at 6; the store holds each once,
     # finished, no step twice. A rerun's first new run is timed where it opens one: on a loaded
     # machine the killed driver can have run every trial, the store's records lagging behind
@@ -346,8 +349,12 @@ def test_search_benchmark_runs_both_searches_and_a_killed_one_at_toy_size(tmp_pa
     assert rs["wall"] > 20 * 0.2 / 4 and rs["peak_kb"] > 0 and rs["optuna_mb"] > 0 and rs["mlflow_mb"] > 0
     assert rs["found"].startswith("rehearsal: known optimum 0.950; chosen config"), rs["found"]
     assert "growth from 4 to 20 trials: raystudy" in p.stdout
+    # the worker processes its Ray started (Ray's session logs), the rehearsal seconds run a wall second
+    assert 0 < rs["workers"] <= 20 and 0 < rs["pace"] <= 4, rs
+    assert f"worker processes {rs['workers']} ({rs['workers'] / 20:.3f} a trial); pace" in p.stdout
     # killed once 10 of 20 were COMPLETE: the budget COMPLETE once, each ended in one run, none RUNNING
-    assert k["killed_at"] >= 10 and k["complete"] == 20 and k["ended"] == 20, k
+    assert k["killed_at"][0] >= 10 and k["complete"] == 20 and k["ended"] == 20, k
+    assert len(k["first_new_s"]) == 1 and k["workers"] > 0, k
     assert k["runs"] == k["keys"] == 20 + k["interrupted"] and k["running"] == k["steps_twice"] == 0, k
     assert "exactly once: yes" in p.stdout
     assert k["anomalies"] == [] and "the checker: 0 anomalies" in p.stdout, k["anomalies"]  # benchmarks/checker.py

@@ -195,9 +195,11 @@ def _tuner(
         _record_here(restored, s.tracking_uri, exp_id, parent_id)
 
     def new_in(folder: str):
-        policy = None
+        # under a cap, the newest pending trial starts first, on an ended trial's process
+        capped = s.max_concurrent is not None
+        policy = scheduler.NewestFirst() if capped else None
         if s.policy is not None:  # ``parts`` put earlier seeds first, which ``pending`` keeps
-            policy = scheduler.AdaptiveScheduler(s.policy, trials, s.tracking_uri, exp_id)
+            policy = scheduler.AdaptiveScheduler(s.policy, trials, s.tracking_uri, exp_id, newest_first=capped)
         common = tuner.shared_config(s.storage, s.threads, s.checkpoint_every_s, s.rehearse)
         return tuner.new(
             trainable,

@@ -158,3 +158,11 @@ def loopback_only() -> None:
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def worker_processes(temp_dir: str | Path) -> int:
+    """How many worker processes the Ray sessions under ``temp_dir`` (a local Ray's ``_temp_dir``)
+    have started: each leaves one ``worker-*.out`` in its session's logs, where Ray keeps it (or in
+    ``old/`` once the process has ended)."""
+    sessions = [d for d in Path(temp_dir).glob("session_*") if not d.is_symlink()]  # not session_latest
+    return sum(len(list(d.glob("logs/worker-*.out"))) + len(list(d.glob("logs/old/worker-*.out"))) for d in sessions)

@@ -187,18 +187,30 @@ class OptunaTrials:
             scheduler=self.asha,
             num_samples=num_samples,
             time_budget_s=time_budget_s,
-            max_concurrent_trials=tuning["max_concurrent"],
+            max_concurrent_trials=tuning["max_concurrent"] or self._at_once(),
         )
+
+    def _at_once(self) -> int | None:
+        """The cap on concurrent trials where the space sets none: the trials the cluster holds at
+        once (``placement.at_once``), its autoscaler's nodes included; None (Tune's default) where
+        it may add nodes whose resources are not known here. Without a cap, Tune starts a
+        searcher's trials one at a time, each waiting for the last one's process."""
+        from raystudy.driver import placement
+
+        c = placement.cluster()
+        shape = placement.shape(1, self.resources["cpu"], self.resources["gpu"], rehearse=bool(self.rehearse))
+        return None if c.unknown else placement.at_once(shape, c) or None
 
 
 def _asha(space: SearchSpace, base: dict[str, Any]):
     """ASHA over the study's trials: stops a trial whose score at a rung falls below the best
-    1/reduction_factor of those recorded there."""
-    from ray.tune.schedulers import ASHAScheduler
+    1/reduction_factor of those recorded there; the newest pending trial starts first, on an
+    ended trial's process (``scheduler.newest_pending``)."""
+    from raystudy.driver import scheduler
 
     steps = int(base.get("steps", FinetuneConfig.steps))
     # max_t past the last step: a trial that reaches the end finishes itself (and is tested)
-    return ASHAScheduler(
+    return scheduler.NewestFirstASHA(
         time_attr="step",
         metric="score",
         mode="max",

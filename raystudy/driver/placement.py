@@ -128,6 +128,18 @@ class Cluster:
         return [r for _, r in self.nodes] + [r for _, r, n in self.addable for _ in range(min(n, 64))]
 
 
+def at_once(s: Shape, c: Cluster) -> int:
+    """How many trials of shape ``s`` the nodes of ``c`` hold at once, those its autoscaler may add
+    included (``Cluster.capacity``): 0 where none known holds one."""
+    nodes = c.capacity()
+    if not s.worker:
+        return sum(min(count(s.own, n), 1 << 20) for n in nodes)
+    held = [count(s.worker, n) for n in nodes]
+    if s.strategy == "STRICT_PACK":
+        return sum(h // s.workers for h in held)
+    return sum(held) // s.workers
+
+
 def autoscaling(config: dict[str, Any] | None) -> tuple[list[tuple[str, dict[str, float], int]], list[str]]:
     """From a cluster's autoscaling config: (the worker node types it may add, with their resources
     and how many; the names of those whose resources it does not list)."""

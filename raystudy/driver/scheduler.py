@@ -1,13 +1,46 @@
-"""Study-level early stopping on Tune: ``raystudy.spaces.adaptive``'s policy decides, Tune stops."""
+"""Tune's schedulers as the driver runs them: study-level early stopping (``raystudy.spaces.adaptive``'s
+policy decides, Tune stops), and the trial to start chosen so that a trial's process is reused
+(``newest_pending``)."""
 
 from __future__ import annotations
 
 from ray.tune.experiment import Trial as TuneTrial
-from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from raystudy.spaces import adaptive
 from raystudy.spaces.grids import Trial
 from raystudy.tracking import connect, query, tags, views
+
+
+def newest_pending(tune_controller) -> TuneTrial | None:
+    """The pending trial Tune added last, for Tune to start next; None where none is pending.
+
+    Tune gives an ended trial's actor (its worker process) to the trial the scheduler chooses.
+    Under a cap on concurrent trials, Tune's own choice, the oldest pending trial, is one whose
+    actor is already starting: Tune kills that actor for the reused one, then starts another for
+    the trial the freed slot brought, so nearly every trial costs a new worker process. The
+    newest pending trial is the one the freed slot brought, with no actor yet."""
+    for trial in reversed(tune_controller.get_trials()):
+        if trial.status == TuneTrial.PENDING:
+            return trial
+    return None
+
+
+class NewestFirst(FIFOScheduler):
+    """Tune's FIFO scheduler, the newest pending trial started first (``newest_pending``): a grid's
+    under a cap on concurrent trials."""
+
+    def choose_trial_to_run(self, tune_controller):
+        """The newest pending trial, else the oldest paused one."""
+        return newest_pending(tune_controller) or super().choose_trial_to_run(tune_controller)
+
+
+class NewestFirstASHA(ASHAScheduler):
+    """ASHA, the newest pending trial started first (``newest_pending``): a search's."""
+
+    def choose_trial_to_run(self, tune_controller):
+        """The newest pending trial, else the oldest paused one."""
+        return newest_pending(tune_controller) or super().choose_trial_to_run(tune_controller)
 
 
 def recorded_view(cl, exp_id: str, trials: list[Trial]) -> dict[str, adaptive.Seen]:
@@ -61,9 +94,17 @@ class AdaptiveScheduler(FIFOScheduler):
     driver rebuilds it from there instead of from Tune's pickle.
     """
 
-    def __init__(self, policy: adaptive.Policy, trials: list[Trial], tracking_uri: str, experiment_id: str):
+    def __init__(
+        self,
+        policy: adaptive.Policy,
+        trials: list[Trial],
+        tracking_uri: str,
+        experiment_id: str,
+        newest_first: bool = False,
+    ):
         super().__init__()
         self.policy, self.tracking_uri, self.experiment_id = policy, tracking_uri, experiment_id
+        self.newest_first = newest_first  # under a cap on concurrent trials (``newest_pending``)
         self.trials = [adaptive.trial_of(t.key, t.config) for t in trials]
         self._grid = trials
         self._seen: dict[str, adaptive.Seen] | None = None
@@ -105,7 +146,9 @@ class AdaptiveScheduler(FIFOScheduler):
         for trial in list(tune_controller.get_trials()):
             if trial.status == TuneTrial.PENDING and trial.config["trial"]["key"] in self.decisions:
                 tune_controller.stop_trial(trial)  # recorded stopped at step 0; never started
-        return super().choose_trial_to_run(tune_controller)
+        # a Tune state pickled before ``newest_first`` existed restores without it
+        newest = newest_pending(tune_controller) if getattr(self, "newest_first", False) else None
+        return newest or super().choose_trial_to_run(tune_controller)
 
     def debug_string(self) -> str:
         """Tune's status line for the scheduler."""

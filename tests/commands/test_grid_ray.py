@@ -514,3 +514,38 @@ def test_a_trial_waiting_for_resources_another_job_holds_is_said_then_runs_when_
         assert "1 finished" in log.read_text()
     finally:
         kill_group(hog)
+
+
+def test_a_trial_on_a_reused_process_logs_what_it_logs_on_a_fresh_one(work):
+    # Tune starts a trial on an ended trial's process (``reuse_actors``): nothing the first trial
+    # left there (torch's random state, its threads, a loaded model or dataset) may reach the
+    # second trial's numbers. Two seeds one at a time, then the second alone in a store of its own.
+    import shutil
+
+    from raystudy.tracking import connect
+
+    tmp, ray = work
+    alone = tmp / "alone"
+    alone.mkdir()
+    shutil.copy(tmp / "mlflow.db", alone / "mlflow.db")  # an empty store, as the fixture's
+    grid = {"condition": "MHA", "lr": 0.1, "seed": {"grid_search": [0, 1]}}
+    p = run(grid_cmd(write_space(tmp, {**SPACE, "grid": grid}), ray, "--quiet"), tmp)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    both = trial_runs(f"sqlite:///{tmp}/mlflow.db").sort_values("start_time")
+    first, second = both.to_dict("records")
+    assert first["tags.raystudy.worker"] == second["tags.raystudy.worker"]  # ip:pid: one process
+    seed = int(second["params.seed"])
+    p = run(grid_cmd(write_space(alone, {**SPACE, "grid": {**grid, "seed": seed}}), ray, "--quiet"), alone)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    (fresh,) = trial_runs(f"sqlite:///{alone}/mlflow.db").to_dict("records")
+    assert fresh["tags.raystudy.worker"] != second["tags.raystudy.worker"]
+
+    def history(uri: str, run_id: str) -> dict:
+        """Every metric's steps and values but the seconds it took (``wall_s``: a warm process is faster)."""
+        cl = connect.client(uri)
+        keys = [k for k in cl.get_run(run_id).data.metrics if not k.endswith("_s")]
+        return {k: [(m.step, m.value) for m in cl.get_metric_history(run_id, k)] for k in keys}
+
+    reused = history(f"sqlite:///{tmp}/mlflow.db", second["run_id"])
+    assert {"val_acc", "loss", "grad_norm/MHA"} <= set(reused), sorted(reused)
+    assert history(f"sqlite:///{alone}/mlflow.db", fresh["run_id"]) == reused

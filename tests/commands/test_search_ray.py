@@ -260,3 +260,23 @@ def test_a_search_whose_time_budget_ends_its_study_is_done_not_stopped(work):
     assert 0 < len(done) < 60
     df = search_runs(f"sqlite:///{tmp}/mlflow.db", "raystudy-ts-vit_demo-rehearsal")
     assert (df["status"] != "RUNNING").all(), df[["status", "tags.raystudy.status"]]
+
+
+def test_a_search_runs_its_trials_on_a_few_reused_processes(tmp_path, mlflow_uri, ray_tmp):
+    # 100 short rehearsal trials on a Ray of 12 logical CPUs of the search's own, no cap in the
+    # space: the search caps its trials at the 12 the Ray holds and starts each on an ended trial's
+    # process. Uncapped, Tune started a searcher's trials one at a time; under a cap it gave an
+    # ended trial's process to the oldest waiting trial, killing the one already starting for it:
+    # 44 worker processes for these 100 trials before, about 15 now.
+    from raystudy.driver import local_ray
+
+    n = 100
+    space = {**SPACE, "budget": {"num_samples": n}, "test_seeds": [100], "tune": {"checkpoint_every_s": 0}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(space))
+    own = ["--num-cpus", "12", "--ray-temp-dir", ray_tmp, "--rehearse", "0.2"]
+    p = subprocess.run(cmd(tmp_path, own), cwd=tmp_path, env=driver_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    name = "ts-vit_demo-digits_c-MHA-rehearsal"
+    assert len([t for t in optuna_trials(tmp_path, name) if t.state.name == "COMPLETE"]) == n
+    workers = local_ray.worker_processes(ray_tmp)
+    assert 0 < workers <= 0.3 * n, workers

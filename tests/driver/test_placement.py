@@ -170,3 +170,20 @@ def test_a_search_refuses_a_trial_its_local_ray_cannot_hold_before_anything_runs
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "{CPU: 2} on one node" in errors[0] and "{CPU: 1} on 127.0.0.1" in errors[0], errors
     assert not (tmp_path / "runs" / "search" / "optuna").exists()  # no study begun
+
+
+def test_the_trials_a_cluster_holds_at_once_count_every_node_and_what_its_autoscaler_may_add():
+    c = nodes((4, 0), (2, 1), (0, 0))
+    assert placement.at_once(placement.shape(1, 1, 0), c) == 6
+    assert placement.at_once(placement.shape(1, 2, 0), c) == 3
+    assert placement.at_once(placement.shape(1, 1, 1), c) == 1
+    # a rehearsal's trial asks one CPU whatever the trial would
+    assert placement.at_once(placement.shape(1, 4, 1, rehearse=True), c) == 6
+    # a multi-worker trial: its workers' bundles over the nodes (PACK: any nodes), not its own process
+    assert placement.at_once(placement.shape(2, 1, 0), c) == 3
+    assert placement.at_once(placement.Shape({"CPU": 0.0}, {"CPU": 1.0}, 3, "STRICT_PACK"), c) == 1
+    # none known holds one: 0
+    assert placement.at_once(placement.shape(1, 8, 0), c) == 0
+    # the autoscaler's node types count, as many as it may add
+    auto = placement.Cluster(c.nodes, [("gpu", {"CPU": 8.0, "GPU": 2.0, "memory": GIB}, 3)], [], [])
+    assert placement.at_once(placement.shape(1, 1, 1), auto) == 1 + 3 * 2
